@@ -1,0 +1,31 @@
+"""Error types the library raises; the CLI maps each to one line and an exit code."""
+
+from __future__ import annotations
+
+
+class CapplanError(Exception):
+    """A user-facing failure: one line naming what is wrong, plus how to fix it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class SpecError(CapplanError):
+    """The spec YAML is unreadable or invalid."""
+
+
+class PlanError(CapplanError):
+    """A plan file is unreadable, invalid, or inconsistent with itself."""
+
+
+class UsageError(CapplanError):
+    """The command line asks for something impossible."""
+
+    exit_code = 2

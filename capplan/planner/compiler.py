@@ -1,0 +1,81 @@
+"""spec -> Plan. Pure: no I/O, no torch, no vLLM."""
+
+from __future__ import annotations
+
+from capplan.planner.candidates import build_ranges
+from capplan.planner.capture_sizes import resolve_capture_sizes
+from capplan.planner.deviations import describe_deviations
+from capplan.planner.descriptors import capture_order, descriptors_by_mode
+from capplan.planner.dummy_layout import dummy_layout
+from capplan.planner.hashing import fingerprint, spec_hash
+from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map
+from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
+from capplan.schemas.spec import Fix, Spec
+
+VLLM_RANGES = {"0.25": "0.25.x", "0.33": ">=0.31,<=0.33"}
+
+DP_SYNC = (
+    "ranks all-reduce num_tokens and cg_mode; all pad to the max num_tokens, the "
+    "lowest mode wins, then each rank re-dispatches with its own LoRA count"
+)
+
+
+def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
+    sizes, max_size = resolve_capture_sizes(spec)
+    cases = lora_capture_cases(spec)
+    by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
+    ordered = capture_order(by_mode)
+    ids = {d.key(): i for i, d in enumerate(ordered)}
+    per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
+    graphs = [
+        PlannedGraph(id=i, descriptor=d, dummy=dummy_layout(d, spec)) for i, d in enumerate(ordered)
+    ]
+    plan = Plan(
+        format_version=FORMAT_VERSION,
+        spec_hash=spec_hash(spec),
+        target={"runner": spec.target.runner, "vllm": VLLM_RANGES[spec.target.vllm]},
+        fingerprint=fingerprint(spec, sizes, cases),
+        spec=spec,
+        fixes=[f.value for f in spec.fixes],
+        deviations=[],
+        decode_query_len=spec.decode_query_len,
+        capture_sizes=sizes,
+        max_capture_size=max_size,
+        lora_capture_cases=cases,
+        lora_dispatch_key="kernel_slots" if spec.has(Fix.lora_slot) else "adapters",
+        lora_dispatch_map=lora_dispatch_map(cases),
+        graphs=graphs,
+        dispatch=build_ranges(by_mode, cases, ids, per_mode),
+        dp=DPPolicy(
+            data_parallel_size=spec.parallel.data_parallel_size,
+            sync=DP_SYNC,
+            lora_agreement="local",
+            padded_tokens_lora_invariant=_lora_invariant(by_mode, cases),
+        ),
+        stats=_stats(ordered, cases),
+    )
+    if with_deviations and spec.fixes:
+        exact = compile_plan(spec.model_copy(update={"fixes": []}), with_deviations=False)
+        plan = plan.model_copy(update={"deviations": describe_deviations(plan, exact)})
+    return plan
+
+
+def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:
+    """Every LoRA case has the same token sizes per mode, so a rank's LoRA count
+    can never change the padded token count the DP ranks agreed on."""
+    for descs in by_mode.values():
+        sizes = {c: sorted(d.num_tokens for d in descs if d.num_active_loras == c) for c in cases}
+        if len({tuple(v) for v in sizes.values()}) > 1:
+            return False
+    return True
+
+
+def _stats(ordered: list, cases: list[int]) -> dict[str, dict[str, int]]:
+    stats: dict[str, dict[str, int]] = {}
+    for mode in ("PIECEWISE", "FULL"):
+        row = {str(c): sum(1 for d in ordered if d.cg_mode == mode and d.num_active_loras == c) for c in cases}
+        if any(row.values()):
+            stats[mode] = row
+    stats["total"] = {mode: sum(row.values()) for mode, row in stats.items()}
+    stats["total"]["graphs"] = len(ordered)
+    return stats

@@ -1,0 +1,68 @@
+"""Capture descriptors: vLLM's `CudaGraphManager._init_candidates`, first half.
+
+For every (capture size, LoRA case), in that order: a uniform-decode FULL
+descriptor when the mode separates decode (token count rounded up to a
+multiple of decode_query_len, dropped past max_num_seqs requests or the max
+capture size), then a mixed descriptor (PIECEWISE: no request padding; FULL:
+min(tokens, max_num_seqs) requests). Capture runs PIECEWISE then FULL, each
+largest first.
+"""
+
+from __future__ import annotations
+
+from capplan.schemas.plan import Descriptor
+from capplan.schemas.spec import Spec
+
+CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def descriptors_by_mode(
+    spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int]
+) -> dict[str, list[Descriptor]]:
+    """Descriptors per cg_mode, in vLLM's insertion order (ascending tokens)."""
+    mode = spec.cudagraph.mode
+    by_mode: dict[str, list[Descriptor]] = {}
+    if not capture_sizes or mode.value == "NONE":
+        return by_mode
+    max_num_seqs = spec.scheduler.max_num_seqs
+    dql = spec.decode_query_len
+    decode_mode, mixed_mode = mode.decode_mode, mode.mixed_mode
+    seen: set[tuple] = set()
+    for num_tokens in capture_sizes:
+        for case in lora_cases:
+            if mode.separate_routine:
+                rounded = _round_up(num_tokens, dql)
+                reqs = rounded // dql
+                if rounded <= max_capture_size and reqs <= max_num_seqs:
+                    desc = Descriptor(
+                        cg_mode=decode_mode,
+                        num_tokens=rounded,
+                        num_reqs=reqs,
+                        uniform_token_count=dql,
+                        num_active_loras=case,
+                    )
+                    if desc.key() not in seen:
+                        seen.add(desc.key())
+                        by_mode.setdefault(decode_mode, []).append(desc)
+            if mixed_mode != "NONE":
+                desc = Descriptor(
+                    cg_mode=mixed_mode,
+                    num_tokens=num_tokens,
+                    num_reqs=min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None,
+                    num_active_loras=case,
+                )
+                by_mode.setdefault(mixed_mode, []).append(desc)
+    return by_mode
+
+
+def capture_order(by_mode: dict[str, list[Descriptor]]) -> list[Descriptor]:
+    """PIECEWISE first (larger activations fill the pool), then FULL; largest first."""
+    ordered: list[Descriptor] = []
+    for mode in CAPTURE_MODE_ORDER:
+        # sorted() is stable: equal token counts keep insertion (LoRA case) order.
+        ordered += sorted(by_mode.get(mode, []), key=lambda d: d.num_tokens, reverse=True)
+    return ordered

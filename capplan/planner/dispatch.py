@@ -1,0 +1,149 @@
+"""Dispatch: which captured graph serves a batch, from the plan's tables alone.
+
+Mirrors vLLM's runner: derive the uniform-decode token count the way the
+target version does, map the LoRA count to a captured case, look up the
+candidates for (tokens, case) and return the first compatible one
+(`_is_compatible`), else eager (cg_mode NONE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capplan.planner.lora_cases import kernel_slots
+from capplan.schemas.plan import Descriptor, Plan
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One scheduled batch, as the runner sees it before dispatch."""
+
+    num_reqs: int
+    num_tokens: int
+    max_query_len: int
+    num_active_loras: int = 0
+    """Distinct adapters in the batch (vLLM's num_active_loras for dispatch)."""
+    base: bool = False
+    """Some requests use no adapter."""
+    has_prefill: bool = False
+    """The batch holds a real prefill chunk (0.31+ keeps it out of decode graphs)."""
+    uniform_token_count: int | None = None
+    """Override; None derives it as the target vLLM's runner does."""
+
+
+def derive_uniform(batch: Batch, vllm: str) -> int | None:
+    """vLLM 0.25 `get_uniform_token_count`; 0.31+ `get_uniform_decode_token_count`."""
+    if batch.uniform_token_count is not None:
+        return batch.uniform_token_count
+    r, t, q = batch.num_reqs, batch.num_tokens, batch.max_query_len
+    if r <= 0:
+        return None
+    if vllm == "0.25":
+        return q if q == t // r and t == q * r else None
+    return q if not batch.has_prefill and t == q * r else None
+
+
+def _compatible(desc: Descriptor, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
+    return (
+        (desc.uniform_token_count is None or desc.uniform_token_count == uniform)
+        and (desc.max_query_len is None or (max_q is not None and desc.max_query_len >= max_q))
+        and (desc.num_reqs is None or desc.num_reqs >= num_reqs)
+    )
+
+
+class Dispatcher:
+    """O(1) lookup: per LoRA case, a list indexed by token count of candidate tuples."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.vllm = plan.spec.target.vllm
+        self.by_slots = plan.lora_dispatch_key == "kernel_slots"
+        self.lora_map = dict(plan.lora_dispatch_map)
+        self.max_case = max(self.lora_map.values(), default=0)
+        descs = plan.descriptors
+        top = max((row.hi for row in plan.dispatch), default=0)
+        self.max_tokens = top
+        self.table: dict[int, list[tuple[Descriptor, ...]]] = {}
+        for row in plan.dispatch:
+            column = self.table.setdefault(row.lora_case, [()] * (top + 1))
+            cands = tuple(descs[i] for i in row.candidates)
+            for n in range(row.lo, row.hi + 1):
+                column[n] = cands
+
+    def lora_count(self, batch: Batch) -> int:
+        """The count the plan dispatches LoRA by: adapters, or kernel slots under lora_slot."""
+        if self.by_slots:
+            return kernel_slots(batch.num_active_loras, batch.base)
+        return batch.num_active_loras
+
+    def lora_case(self, count: int) -> int:
+        if count <= 0 or not self.lora_map:
+            return count
+        return self.lora_map.get(count, self.max_case)
+
+    def dispatch(self, batch: Batch) -> Descriptor:
+        return self.explain(batch, trace=None)
+
+    def explain(self, batch: Batch, trace: list[str] | None = None) -> Descriptor:
+        """Dispatch, appending one human-readable reason per step to `trace`."""
+        uniform = derive_uniform(batch, self.vllm)
+        max_q = None if (batch.has_prefill and self.vllm != "0.25") else batch.max_query_len
+        count = self.lora_count(batch)
+        case = self.lora_case(count)
+        if trace is not None:
+            kind = "kernel slots" if self.by_slots else "adapters"
+            trace.append(
+                f"uniform_token_count={uniform} "
+                f"(num_reqs={batch.num_reqs}, num_tokens={batch.num_tokens}, "
+                f"max_query_len={batch.max_query_len}, vLLM {self.vllm} rule)"
+            )
+            trace.append(
+                f"LoRA: {batch.num_active_loras} adapter(s)"
+                f"{' + base requests' if batch.base else ''} -> {count} {kind} -> case {case}"
+            )
+        column = self.table.get(case)
+        n = batch.num_tokens
+        if column is not None and 0 < n <= self.max_tokens:
+            for desc in column[n]:
+                if _compatible(desc, batch.num_reqs, uniform, max_q):
+                    if trace is not None:
+                        trace.append(f"replays {_short(desc)}")
+                    return desc
+                if trace is not None:
+                    trace.append(f"skips {_short(desc)}: {_why_not(desc, batch, uniform)}")
+        if trace is not None:
+            if column is None:
+                trace.append(f"eager: no graphs captured for LoRA case {case}")
+            elif not 0 < n <= self.max_tokens:
+                trace.append(f"eager: {n} tokens is above the largest graph ({self.max_tokens})")
+            else:
+                trace.append("eager: no compatible graph")
+        return Descriptor.model_construct(
+            cg_mode="NONE",
+            num_tokens=n,
+            num_reqs=batch.num_reqs,
+            uniform_token_count=None,
+            max_query_len=None,
+            num_active_loras=case,
+        )
+
+
+def _short(desc: Descriptor) -> str:
+    parts = [f"{desc.cg_mode}:{desc.num_tokens} tokens"]
+    if desc.num_reqs is not None:
+        parts.append(f"{desc.num_reqs} reqs")
+    if desc.uniform_token_count is not None:
+        parts.append(f"uniform {desc.uniform_token_count}")
+    parts.append(f"LoRA case {desc.num_active_loras}")
+    return ", ".join(parts)
+
+
+def _why_not(desc: Descriptor, batch: Batch, uniform: int | None) -> str:
+    if desc.uniform_token_count is not None and desc.uniform_token_count != uniform:
+        return (
+            f"needs a uniform decode batch of {desc.uniform_token_count} tokens/request "
+            f"(batch: {uniform if uniform is not None else 'not uniform'})"
+        )
+    if desc.num_reqs is not None and desc.num_reqs < batch.num_reqs:
+        return f"holds {desc.num_reqs} requests (batch: {batch.num_reqs})"
+    return "max_query_len bound"

@@ -1,0 +1,66 @@
+"""Dummy batches that warm up and capture each graph.
+
+vLLM: the capture path's `create_forward_fn` (requests = desc.num_reqs or
+min(tokens, max_num_seqs)), `InputBatch.make_dummy` and
+`create_lora_capture_hook` (tokens per request), and
+`LoRAModelRunnerMixin.maybe_select_dummy_loras` (adapter ids).
+"""
+
+from __future__ import annotations
+
+from capplan.planner.lora_cases import kernel_grid
+from capplan.schemas.plan import Descriptor, DummyLayout
+from capplan.schemas.spec import Fix, Spec
+
+
+def token_runs(num_tokens: int, num_reqs: int, spread: bool) -> list[tuple[int, int]]:
+    """[requests, tokens each] runs summing to num_tokens.
+
+    vLLM 0.25 piles the remainder on the last request, which can make it
+    longer than max_model_len (DESIGN.md failure class 5, seed 004); 0.31+
+    and the `dummy_remainder` fix give one extra token to each of the last
+    `remainder` requests instead.
+    """
+    base, extra = divmod(num_tokens, num_reqs)
+    if extra == 0:
+        return [(num_reqs, base)]
+    if spread:
+        runs = [(num_reqs - extra, base), (extra, base + 1)]
+    else:
+        runs = [(num_reqs - 1, base), (1, base + extra)]
+    return [run for run in runs if run[0] > 0]
+
+
+def dummy_lora_ids(case: int, spec: Spec) -> list[int] | None:
+    """Adapter ids cycled over the dummy requests for a graph of LoRA case `case`.
+
+    vLLM uses ids 1..min(case, max_loras) and, for the max_loras + 1 case,
+    still only 1..max_loras: its comment promises -1 rows but the code never
+    adds them, so with specialize_active the kernels record a grid of
+    max_loras for that graph. Under `lora_slot` the case really includes the
+    no-adapter slot, placed last so a one-request dummy still runs a real
+    adapter (an all -1 batch would skip the kernels: failure class 1).
+    """
+    if not spec.lora.enabled:
+        return None
+    if case == 0:
+        return [-1]
+    max_loras = spec.lora.max_loras
+    ids = list(range(1, min(case, max_loras) + 1))
+    if case > max_loras and spec.has(Fix.lora_slot):
+        ids.append(-1)
+    return ids
+
+
+def dummy_layout(desc: Descriptor, spec: Spec) -> DummyLayout:
+    num_reqs = desc.num_reqs or min(desc.num_tokens, spec.scheduler.max_num_seqs)
+    spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
+    runs = token_runs(desc.num_tokens, num_reqs, spread)
+    ids = dummy_lora_ids(desc.num_active_loras, spec)
+    return DummyLayout(
+        num_reqs=num_reqs,
+        tokens=runs,
+        max_query_len=max(tokens for _, tokens in runs),
+        lora_ids=ids,
+        kernel_grid=None if ids is None else kernel_grid(ids, num_reqs, spec),
+    )

@@ -1,0 +1,34 @@
+"""Content hashes: sha256 over canonical JSON (sorted keys, no whitespace)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from capplan.schemas.spec import Spec
+
+
+def canonical_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def sha256(value: object) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def spec_hash(spec: Spec) -> str:
+    return sha256(spec.model_dump(mode="json"))
+
+
+# Spec fields that cannot change which graphs exist or how they are keyed.
+# Everything else is in the fingerprint, so a new field is never left out by
+# accident (vLLM's hand-kept factor list dropped specialize_active_lora).
+FINGERPRINT_IGNORE = {("scheduler", "max_model_len"), ("parallel", "data_parallel_size")}
+
+
+def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> str:
+    data = spec.model_dump(mode="json")
+    for section, field in FINGERPRINT_IGNORE:
+        data[section].pop(field)
+    data["resolved"] = {"capture_sizes": capture_sizes, "lora_capture_cases": lora_cases}
+    return sha256(data)

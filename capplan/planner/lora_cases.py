@@ -1,0 +1,66 @@
+"""LoRA capture cases and the map from a batch's LoRA count to a captured case.
+
+vLLM: `get_lora_capture_cases` (v1/worker/gpu/lora_utils.py),
+`get_captured_lora_counts` (lora/utils.py), `CudaGraphManager._build_lora_dispatch_map`.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from capplan.schemas.spec import Spec
+
+
+def captured_lora_counts(max_loras: int, specialize_active: bool) -> list[int]:
+    """Counts the LoRA kernels round their grid up to (powers of two, max_loras + 1)."""
+    if not specialize_active:
+        return [max_loras + 1]
+    return [n for n in range(1, max_loras + 2) if n & (n - 1) == 0 or n == max_loras + 1]
+
+
+def lora_capture_cases(spec: Spec) -> list[int]:
+    """num_active_loras values graphs are captured for; 0 is the no-LoRA case."""
+    lora = spec.lora
+    if not lora.enabled:
+        return [0]
+    if lora.specialize:
+        return [0] + captured_lora_counts(lora.max_loras, lora.specialize_active)
+    return [0, lora.max_loras + 1]
+
+
+def lora_dispatch_map(cases: list[int]) -> dict[int, int]:
+    """Count -> smallest captured case >= count, for 1..largest case."""
+    with_lora = sorted(c for c in cases if c > 0)
+    if not with_lora:
+        return {}
+    return {n: with_lora[bisect.bisect_left(with_lora, n)] for n in range(1, with_lora[-1] + 1)}
+
+
+def kernel_slots(num_adapters: int, has_base: bool) -> int:
+    """Distinct ids the LoRA kernels see: adapters, plus the -1 slot when base requests share the batch.
+
+    The kernels size their grid by distinct ids *including* -1 (no adapter),
+    while vLLM dispatches by adapters alone (DESIGN.md failure class 6).
+    """
+    if num_adapters <= 0:
+        return 0
+    return num_adapters + (1 if has_base else 0)
+
+
+def kernel_grid(lora_ids: list[int], num_reqs: int, spec: Spec) -> int:
+    """Grid the LoRA kernels record when a dummy batch with these cycled ids is captured.
+
+    Mirrors `LoRAKernelMeta.prepare_tensors`/`meta_args`: all -1 short-circuits
+    (no kernels recorded); otherwise specialize_active uses the distinct-id
+    count rounded up to the captured counts, else max_loras + 1.
+    """
+    present = set(lora_ids[: min(num_reqs, len(lora_ids))])
+    if present <= {-1}:
+        return 0
+    lora = spec.lora
+    if not lora.specialize_active:
+        return lora.max_loras + 1
+    distinct = len(present)
+    counts = captured_lora_counts(lora.max_loras, True)
+    idx = bisect.bisect_left(counts, distinct)
+    return counts[idx] if idx < len(counts) else distinct

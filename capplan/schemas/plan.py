@@ -1,0 +1,124 @@
+"""The capture plan: everything MRV2 derives at startup, made explicit.
+
+Field names of `Descriptor` are vLLM's `BatchExecutionDescriptor` names. The
+plan is validated on load; `capplan.planner.plan_io` renders and reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capplan.schemas.spec import Spec
+
+FORMAT_VERSION = 1
+
+CgMode = Literal["NONE", "PIECEWISE", "FULL"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Descriptor(_Frozen):
+    """vLLM's BatchExecutionDescriptor: the key a CUDA graph is captured and replayed under."""
+
+    cg_mode: CgMode
+    num_tokens: int = Field(ge=0)
+    num_reqs: int | None = Field(description="None: no request padding (PIECEWISE).")
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    num_active_loras: int = Field(0, ge=0)
+
+    def key(self) -> tuple:
+        return (
+            self.cg_mode,
+            self.num_tokens,
+            self.num_reqs,
+            self.uniform_token_count,
+            self.max_query_len,
+            self.num_active_loras,
+        )
+
+
+class DummyLayout(_Frozen):
+    """The dummy batch that warms up and captures one descriptor."""
+
+    num_reqs: int = Field(ge=1)
+    tokens: list[tuple[int, int]] = Field(
+        description="Runs of [requests, tokens each], in request order."
+    )
+    max_query_len: int = Field(ge=1, description="Longest dummy request, in tokens.")
+    lora_ids: list[int] | None = Field(
+        description=(
+            "Adapter ids cycled over the dummy requests (request i gets "
+            "lora_ids[i % len]); -1 is the no-adapter slot. None: LoRA off."
+        )
+    )
+    kernel_grid: int | None = Field(
+        description=(
+            "Adapter slots the LoRA kernels' grid covers in the captured graph "
+            "(0: kernels not recorded). None: LoRA off."
+        )
+    )
+
+
+class PlannedGraph(_Frozen):
+    """One graph to capture: its descriptor and its dummy layout."""
+
+    id: int = Field(ge=0, description="Position in capture order.")
+    descriptor: Descriptor
+    dummy: DummyLayout
+
+
+class DispatchRange(_Frozen):
+    """Batches of `lo..hi` tokens with LoRA case `lora_case` try `candidates` in order."""
+
+    lora_case: int = Field(ge=0)
+    lo: int = Field(ge=1)
+    hi: int = Field(ge=1)
+    candidates: list[int] = Field(description="Graph ids, highest priority first.")
+
+
+class Deviation(_Frozen):
+    """A capplan fix and what it changed against vLLM for this spec."""
+
+    fix: str
+    failure_class: str
+    changes: list[str]
+
+
+class DPPolicy(_Frozen):
+    """How data-parallel ranks agree on a graph."""
+
+    data_parallel_size: int = Field(ge=1)
+    sync: str
+    lora_agreement: Literal["local"]
+    padded_tokens_lora_invariant: bool
+
+
+class Plan(_Frozen):
+    """A serialized capture plan."""
+
+    format_version: int
+    spec_hash: str
+    target: dict[str, str]
+    fingerprint: str
+    spec: Spec
+    fixes: list[str]
+    deviations: list[Deviation]
+    decode_query_len: int = Field(ge=1)
+    capture_sizes: list[int]
+    max_capture_size: int = Field(ge=0)
+    lora_capture_cases: list[int]
+    lora_dispatch_key: Literal["adapters", "kernel_slots"]
+    lora_dispatch_map: dict[int, int]
+    graphs: list[PlannedGraph]
+    dispatch: list[DispatchRange]
+    dp: DPPolicy
+    stats: dict[str, dict[str, int]]
+
+    @property
+    def descriptors(self) -> list[Descriptor]:
+        return [g.descriptor for g in self.graphs]

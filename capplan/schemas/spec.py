@@ -1,0 +1,304 @@
+"""The deployment spec: what a user writes in `configs/*.yaml`.
+
+Every field has a default and a description; unknown keys are errors. Field
+names follow the issue that defined them and are public API: tools script
+against them. vLLM's own names are given in each description.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class CudagraphMode(str, enum.Enum):
+    """vLLM's `CompilationConfig.cudagraph_mode` values."""
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    @property
+    def separate_routine(self) -> bool:
+        """True for the two modes that give uniform-decode batches their own graphs."""
+        return self in (CudagraphMode.FULL_DECODE_ONLY, CudagraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def decode_mode(self) -> str:
+        return "FULL" if self.separate_routine else self.value
+
+    @property
+    def mixed_mode(self) -> str:
+        if self is CudagraphMode.FULL_DECODE_ONLY:
+            return "NONE"
+        if self is CudagraphMode.FULL_AND_PIECEWISE:
+            return "PIECEWISE"
+        return self.value
+
+
+class Fix(str, enum.Enum):
+    """capplan's deliberate deviations from vLLM (DESIGN.md failure classes)."""
+
+    lora_slot = "lora_slot"
+    dummy_remainder = "dummy_remainder"
+    mixed_ranges = "mixed_ranges"
+
+
+ALL_FIXES: tuple[Fix, ...] = (Fix.lora_slot, Fix.dummy_remainder, Fix.mixed_ranges)
+
+# Limits that reject absurd values with a clear message instead of letting a
+# typo (max_num_seqs: 2560000) build a plan of millions of lines.
+MAX_NUM_SEQS_LIMIT = 16384
+MAX_BATCHED_TOKENS_LIMIT = 1 << 20
+MAX_MODEL_LEN_LIMIT = 1 << 24
+MAX_LORAS_LIMIT = 512
+MAX_SPEC_TOKENS = 16
+MAX_DP_SIZE = 1024
+MAX_CAPTURE_SIZES = 2048
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Target(_Strict):
+    """Which runner and which vLLM planning semantics the plan reproduces."""
+
+    runner: Literal["mrv2"] = Field(
+        "mrv2", description="Model runner. Only vLLM's Model Runner V2 is supported."
+    )
+    vllm: Literal["0.25", "0.33"] = Field(
+        "0.33",
+        description=(
+            "vLLM planning semantics: '0.25' (vLLM 0.25.x) or '0.33' (vLLM 0.31-0.33). "
+            "They differ in default capture sizes, token ranges and dummy layouts."
+        ),
+    )
+    blackwell: bool = Field(
+        False,
+        description=(
+            "Data-center Blackwell GPU (SM10x). vLLM 0.33 raises the default "
+            "capture ceiling from 512 to 1024 tokens there; ignored for 0.25."
+        ),
+    )
+
+    @field_validator("vllm", mode="before")
+    @classmethod
+    def _accept_unquoted(cls, value: object) -> object:
+        # `vllm: 0.33` unquoted is a YAML float; take it as the string it looks like.
+        if isinstance(value, float):
+            return f"{value:.2f}"
+        return value
+
+
+class Scheduler(_Strict):
+    """vLLM's SchedulerConfig limits (`--max-num-seqs` and friends)."""
+
+    max_num_seqs: int = Field(
+        256, ge=1, le=MAX_NUM_SEQS_LIMIT, description="vLLM max_num_seqs: requests per batch."
+    )
+    max_num_batched_tokens: int = Field(
+        8192,
+        ge=1,
+        le=MAX_BATCHED_TOKENS_LIMIT,
+        description="vLLM max_num_batched_tokens: tokens per batch (scheduler budget).",
+    )
+    max_model_len: int = Field(
+        4096,
+        ge=1,
+        le=MAX_MODEL_LEN_LIMIT,
+        description="vLLM max_model_len: no dummy request may be longer than this.",
+    )
+
+    @model_validator(mode="after")
+    def _budget_holds_a_batch(self) -> Scheduler:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}), as vLLM requires"
+            )
+        return self
+
+
+class Cudagraph(_Strict):
+    """vLLM's CompilationConfig CUDA-graph settings."""
+
+    mode: CudagraphMode = Field(
+        CudagraphMode.FULL_AND_PIECEWISE,
+        description="vLLM cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY | FULL_AND_PIECEWISE.",
+    )
+    capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        max_length=MAX_CAPTURE_SIZES,
+        description=(
+            "vLLM cudagraph_capture_sizes: token counts to capture, strictly increasing. "
+            "null: vLLM's default for the target version."
+        ),
+    )
+    max_capture_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BATCHED_TOKENS_LIMIT,
+        description=(
+            "vLLM max_cudagraph_capture_size. null: vLLM's default "
+            "(min(max_num_seqs * (1 + spec tokens) * 2, 512), or the largest capture size)."
+        ),
+    )
+    performance_mode: Literal["balanced", "interactivity", "throughput"] = Field(
+        "balanced",
+        description=(
+            "vLLM performance_mode. 'interactivity' captures every size 1..32 "
+            "when capture_sizes is null."
+        ),
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_from_str(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return CudagraphMode(value)
+            except ValueError:
+                allowed = " | ".join(m.value for m in CudagraphMode)
+                raise ValueError(f"must be one of {allowed}") from None
+        return value
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _sorted_unique(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is None:
+            return None
+        if not sizes:
+            raise ValueError("must list at least one size, or be null for vLLM's default")
+        for prev, cur in zip(sizes, sizes[1:]):
+            if cur <= prev:
+                kind = "duplicate" if cur == prev else "unsorted"
+                raise ValueError(
+                    f"{kind} size {cur} after {prev}; list sizes strictly increasing"
+                )
+        return sizes
+
+    @model_validator(mode="after")
+    def _max_matches_sizes(self) -> Cudagraph:
+        if (
+            self.capture_sizes is not None
+            and self.max_capture_size is not None
+            and self.max_capture_size != self.capture_sizes[-1]
+        ):
+            raise ValueError(
+                f"max_capture_size ({self.max_capture_size}) must equal the largest "
+                f"capture size ({self.capture_sizes[-1]}), as vLLM requires; drop one of them"
+            )
+        return self
+
+
+class Lora(_Strict):
+    """vLLM's LoRAConfig and the LoRA CUDA-graph switches."""
+
+    enabled: bool = Field(False, description="vLLM enable_lora.")
+    max_loras: int = Field(
+        1, ge=1, le=MAX_LORAS_LIMIT, description="vLLM max_loras: adapters per batch."
+    )
+    specialize: bool = Field(
+        True,
+        description="vLLM CompilationConfig.cudagraph_specialize_lora: separate graphs per LoRA case.",
+    )
+    specialize_active: bool = Field(
+        False,
+        description=(
+            "vLLM LoRAConfig.specialize_active_lora: also specialize on the number of "
+            "active adapters (powers of two up to max_loras, plus max_loras + 1)."
+        ),
+    )
+
+
+class Speculative(_Strict):
+    """vLLM's SpeculativeConfig, as far as it shapes graphs."""
+
+    num_speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=MAX_SPEC_TOKENS,
+        description="Draft tokens per step; a uniform decode request schedules 1 + this many.",
+    )
+
+
+class Parallel(_Strict):
+    """vLLM's ParallelConfig, as far as it shapes graphs and dispatch."""
+
+    data_parallel_size: int = Field(
+        1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size."
+    )
+
+
+class Spec(_Strict):
+    """A vLLM MRV2 deployment, as far as CUDA-graph capture is concerned."""
+
+    target: Target = Field(default_factory=Target, description="Runner and vLLM semantics.")
+    scheduler: Scheduler = Field(default_factory=Scheduler, description="Scheduler limits.")
+    cudagraph: Cudagraph = Field(default_factory=Cudagraph, description="CUDA-graph settings.")
+    lora: Lora = Field(default_factory=Lora, description="LoRA settings.")
+    speculative: Speculative = Field(
+        default_factory=Speculative, description="Speculative decoding."
+    )
+    parallel: Parallel = Field(default_factory=Parallel, description="Data parallelism.")
+    fixes: list[Fix] = Field(
+        default_factory=lambda: list(ALL_FIXES),
+        max_length=len(ALL_FIXES),
+        description=(
+            "capplan's deliberate deviations from vLLM: lora_slot, dummy_remainder, "
+            "mixed_ranges. [] reproduces vLLM exactly."
+        ),
+    )
+
+    @field_validator("fixes", mode="before")
+    @classmethod
+    def _fixes_from_str(cls, value: object) -> object:
+        if isinstance(value, list):
+            out = []
+            for item in value:
+                if isinstance(item, str):
+                    try:
+                        item = Fix(item)
+                    except ValueError:
+                        allowed = ", ".join(f.value for f in ALL_FIXES)
+                        raise ValueError(f"unknown fix {item!r}; known: {allowed}") from None
+                out.append(item)
+            return out
+        return value
+
+    @field_validator("fixes")
+    @classmethod
+    def _canonical_fixes(cls, fixes: list[Fix]) -> list[Fix]:
+        if len(set(fixes)) != len(fixes):
+            raise ValueError("lists a fix twice; name each fix once")
+        return [f for f in ALL_FIXES if f in fixes]
+
+    @model_validator(mode="after")
+    def _sizes_fit_budget(self) -> Spec:
+        budget = self.scheduler.max_num_batched_tokens
+        sizes = self.cudagraph.capture_sizes
+        if sizes is not None and sizes[-1] > budget:
+            raise ValueError(
+                f"cudagraph.capture_sizes: size {sizes[-1]} exceeds "
+                f"scheduler.max_num_batched_tokens ({budget}); no batch can reach it"
+            )
+        if self.cudagraph.mode is CudagraphMode.NONE and (
+            sizes is not None or self.cudagraph.max_capture_size is not None
+        ):
+            raise ValueError(
+                "cudagraph: capture sizes are set but mode is NONE; "
+                "remove them or choose a capturing mode"
+            )
+        return self
+
+    def has(self, fix: Fix) -> bool:
+        return fix in self.fixes
+
+    @property
+    def decode_query_len(self) -> int:
+        return 1 + self.speculative.num_speculative_tokens
