@@ -59,7 +59,9 @@ def _lora_slot(plan: Plan, exact: Plan) -> list[str]:
 def _dummy_remainder(plan: Plan, exact: Plan) -> list[str]:
     changed = [(a, b) for a, b in zip(plan.graphs, exact.graphs) if a.dummy.tokens != b.dummy.tokens]
     if not changed:
-        return ["no change: no dummy batch piles a remainder (vLLM 0.31+ already spreads it)"]
+        if plan.spec.target.vllm != "0.25":
+            return ["no change: vLLM 0.31+ already spreads the remainder"]
+        return ["no change: no dummy batch of this spec has a token remainder"]
     limit = plan.spec.scheduler.max_model_len
     longest_before = max(b.dummy.max_query_len for _, b in changed)
     longest_after = max(a.dummy.max_query_len for a, _ in changed)

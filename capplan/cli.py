@@ -1,0 +1,290 @@
+"""The `capplan` command: thin typer commands over the library.
+
+Data goes to stdout, diagnostics to stderr. Library errors become one line
+and an exit code here, in one place: 1 for bad input, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from capplan.errors import CapplanError, UsageError
+
+app = typer.Typer(
+    name="capplan",
+    help=(
+        "Compile a vLLM deployment spec into a reviewable CUDA-graph capture plan, "
+        "inspect it, and ask which graph serves a batch.\n\n"
+        "  capplan compile configs/deploy.yaml        # -> configs/deploy.plan.yaml\n\n"
+        "  capplan show configs/deploy.plan.yaml\n\n"
+        "  capplan dispatch configs/deploy.plan.yaml --reqs 3 --tokens 17 --loras 2 --base"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+_DEBUG = False
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")
+    ] = False,
+) -> None:
+    global _DEBUG
+    _DEBUG = debug
+
+
+def _errors_to_exit(fn: Callable) -> Callable:
+    """Map library errors to `error: ...` on stderr and an exit code; no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CapplanError as exc:
+            if _DEBUG:
+                raise
+            typer.echo(f"error: {exc.one_line()}", err=True)
+            raise typer.Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted: nothing was written", err=True)
+            raise typer.Exit(code=130) from None
+        except OSError as exc:
+            if _DEBUG:
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            raise typer.Exit(code=1) from None
+
+    return wrapper
+
+
+def _display_path(path: Path) -> str:
+    """A path for the plan header: relative to the working directory when inside
+    it, else the bare file name, so headers never carry absolute paths."""
+    try:
+        rel = os.path.relpath(path.resolve(), Path.cwd())
+    except ValueError:
+        return path.name
+    return path.name if rel.startswith("..") else Path(rel).as_posix()
+
+
+def default_plan_path(spec_path: Path) -> Path:
+    name = spec_path.name
+    for suffix in (".yaml", ".yml"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return spec_path.with_name(name + ".plan.yaml")
+
+
+def regenerate_command(spec_path: Path, plan_path: Path) -> str:
+    """The normalized command: default output path and one-off flags dropped."""
+    command = f"capplan compile {_display_path(spec_path)}"
+    if plan_path.resolve() != default_plan_path(spec_path).resolve():
+        command += f" -o {_display_path(plan_path)}"
+    return command
+
+
+def _summary(plan) -> str:
+    parts = []
+    for mode in ("PIECEWISE", "FULL"):
+        row = plan.stats.get(mode)
+        if row:
+            cases = ", ".join(f"case {c}: {n}" for c, n in row.items())
+            parts.append(f"{mode} {sum(row.values())} ({cases})")
+    total = plan.stats["total"]["graphs"]
+    return f"{total} graphs" + (": " + "; ".join(parts) if parts else " (cudagraph mode NONE: all eager)")
+
+
+@app.command("compile")
+@_errors_to_exit
+def compile_cmd(
+    spec: Annotated[Path, typer.Argument(help="Deployment spec (YAML).", show_default=False)],
+    output: Annotated[
+        Optional[Path],
+        typer.Option("-o", "--output", help="Plan path. Default: SPEC with .plan.yaml."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the plan as JSON on stdout.")
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Recompile in memory and compare with the existing plan; exit 1 if stale. Writes nothing.",
+        ),
+    ] = False,
+) -> None:
+    """Compile SPEC into a capture plan (atomic write; summary on stderr)."""
+    from capplan.loading import load_spec
+    from capplan.planner import compile_plan
+    from capplan.planner.render import plan_to_json, render_plan
+    from capplan.yaml_io import write_atomic
+
+    plan_path = output or default_plan_path(spec)
+    plan = compile_plan(load_spec(spec))
+    text = render_plan(plan, regenerate_command(spec, plan_path))
+    if check:
+        try:
+            current = plan_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            current = None
+        if current != text:
+            raise CapplanError(
+                f"plan is stale: run {regenerate_command(spec, plan_path)}"
+                + ("" if current is not None else f" ({plan_path} does not exist)")
+            )
+        typer.echo(f"{plan_path}: up to date ({_summary(plan)})", err=True)
+        return
+    if as_json:
+        typer.echo(json.dumps(plan_to_json(plan), indent=2))
+    if dry_run:
+        if not as_json:
+            sys.stdout.write(text)
+        typer.echo(f"dry run: would write {plan_path}: {_summary(plan)}", err=True)
+        return
+    try:
+        unchanged = plan_path.read_text(encoding="utf-8") == text
+    except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
+        unchanged = False
+    if unchanged:
+        typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
+        return
+    write_atomic(plan_path, text)
+    typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
+
+
+@app.command("show")
+@_errors_to_exit
+def show_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Machine-readable plan: capture_sizes, lora_capture_cases, lora_dispatch_map, "
+            "descriptors (capture order), and everything else the plan holds.",
+        ),
+    ] = False,
+) -> None:
+    """Tables of what will be captured and how token ranges and LoRA counts dispatch."""
+    from capplan.loading import load_plan
+    from capplan.planner.render import plan_to_json
+    from capplan.planner.show import render_show
+
+    loaded = load_plan(plan)
+    if as_json:
+        typer.echo(json.dumps(plan_to_json(loaded), indent=2))
+    else:
+        sys.stdout.write(render_show(loaded, str(plan)))
+
+
+@app.command("dispatch")
+@_errors_to_exit
+def dispatch_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
+    reqs: Annotated[Optional[int], typer.Option("--reqs", help="Requests in the batch.")] = None,
+    tokens: Annotated[
+        Optional[int], typer.Option("--tokens", help="Tokens scheduled in the batch.")
+    ] = None,
+    loras: Annotated[
+        int, typer.Option("--loras", help="Distinct LoRA adapters in the batch.")
+    ] = 0,
+    base: Annotated[
+        bool, typer.Option("--base", help="Some requests use no adapter (base model).")
+    ] = False,
+    uniform: Annotated[
+        Optional[int],
+        typer.Option("--uniform", help="Uniform tokens per request. Default: derived as vLLM does."),
+    ] = None,
+    max_query_len: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-query-len",
+            help="Longest request in tokens. Default: ceil(tokens / reqs), the most even batch.",
+        ),
+    ] = None,
+    has_prefill: Annotated[
+        bool,
+        typer.Option("--has-prefill", help="The batch holds a real prefill chunk (0.31+ rule)."),
+    ] = False,
+    queries: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--queries",
+            help="JSON lines, one batch each: {num_reqs, num_tokens, max_query_len, "
+            "num_active_loras, base?, has_prefill?, uniform_token_count?}; prints one "
+            "descriptor object per line, in order.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the descriptor as a JSON object.")
+    ] = False,
+) -> None:
+    """Which captured graph serves a batch (or eager), and why."""
+    from capplan.loading import load_plan
+    from capplan.planner.dispatch import Dispatcher
+    from capplan.planner.queries import batch_from_args, read_queries
+
+    if queries is not None:
+        if reqs is not None or tokens is not None:
+            raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
+        batches = read_queries(queries)
+        dispatcher = Dispatcher(load_plan(plan))
+        out = sys.stdout
+        for batch in batches:
+            out.write(json.dumps(dispatcher.dispatch(batch).model_dump()) + "\n")
+        return
+    if reqs is None or tokens is None:
+        raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
+    batch = batch_from_args(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
+    dispatcher = Dispatcher(load_plan(plan))
+    trace: list[str] = []
+    desc = dispatcher.explain(batch, trace)
+    if as_json:
+        typer.echo(json.dumps(desc.model_dump()))
+        return
+    if desc.cg_mode == "NONE":
+        typer.echo(f"eager (cg_mode NONE): {batch.num_tokens} tokens, no graph replay")
+    else:
+        graph_id = next(g.id for g in dispatcher.plan.graphs if g.descriptor == desc)
+        padding = desc.num_tokens - batch.num_tokens
+        typer.echo(
+            f"graph #{graph_id}: {desc.cg_mode} num_tokens={desc.num_tokens} "
+            f"num_reqs={desc.num_reqs} uniform_token_count={desc.uniform_token_count} "
+            f"num_active_loras={desc.num_active_loras} (pads {padding} token(s))"
+        )
+    for line in trace:
+        typer.echo(f"  - {line}")
+
+
+@app.command("schema")
+@_errors_to_exit
+def schema_cmd() -> None:
+    """Print the spec's JSON Schema (for editor completion and validation)."""
+    from capplan.schemas.spec import Spec
+
+    typer.echo(json.dumps(Spec.model_json_schema(), indent=2))
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

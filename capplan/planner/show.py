@@ -1,0 +1,97 @@
+"""Human tables for `capplan show`, drawn from the same Plan the JSON form dumps."""
+
+from __future__ import annotations
+
+from capplan.schemas.plan import Plan
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def _label(plan: Plan, graph_id: int) -> str:
+    d = plan.graphs[graph_id].descriptor
+    extra = []
+    if d.num_reqs is not None:
+        extra.append(f"{d.num_reqs}r")
+    if d.uniform_token_count is not None:
+        extra.append(f"u{d.uniform_token_count}")
+    return f"{d.cg_mode}:{d.num_tokens}" + (f"({','.join(extra)})" if extra else "")
+
+
+def _ranges(plan: Plan) -> list[str]:
+    by_case: dict[int, list[tuple[int, int, str]]] = {}
+    for row in plan.dispatch:
+        labels = " > ".join(_label(plan, i) for i in row.candidates)
+        by_case.setdefault(row.lora_case, []).append((row.lo, row.hi, labels))
+    # Cases share token ranges when the plan is LoRA-invariant: print them once.
+    groups: dict[tuple, list[int]] = {}
+    for case, rows in by_case.items():
+        groups.setdefault(tuple(rows), []).append(case)
+    lines: list[str] = []
+    for rows, cases in groups.items():
+        lines.append(f"Token ranges, LoRA case{'s' if len(cases) > 1 else ''} {', '.join(map(str, cases))} "
+                     "(candidates in priority order; r = request slots, u = uniform tokens/request):")
+        lines += _table(
+            ["tokens", "candidates"],
+            [[f"{lo}" if lo == hi else f"{lo}..{hi}", labels] for lo, hi, labels in rows],
+        )
+        lines.append("")
+    top = max((row.hi for row in plan.dispatch), default=0)
+    budget = plan.spec.scheduler.max_num_batched_tokens
+    if top < budget:
+        lines.append(f"Batches of {top + 1}..{budget} tokens run eager (above the largest graph).")
+        lines.append("")
+    return lines
+
+
+def render_show(plan: Plan, name: str) -> str:
+    spec = plan.spec
+    lora = spec.lora
+    lines = [
+        f"{name}",
+        f"  target: vLLM {plan.target['vllm']} ({plan.target['runner']}), mode "
+        f"{spec.cudagraph.mode.value}, decode_query_len {plan.decode_query_len}, "
+        f"DP {spec.parallel.data_parallel_size}",
+        f"  LoRA: " + (
+            f"max_loras {lora.max_loras}, specialize {str(lora.specialize).lower()}, "
+            f"specialize_active {str(lora.specialize_active).lower()}" if lora.enabled else "off"
+        ),
+        f"  fixes: {', '.join(plan.fixes) or 'none (exactly vLLM)'}",
+        f"  spec_hash {plan.spec_hash[:19]}  fingerprint {plan.fingerprint[:19]}",
+        "",
+        f"Capture sizes ({len(plan.capture_sizes)}, max {plan.max_capture_size}): "
+        + (", ".join(map(str, plan.capture_sizes)) or "none"),
+        "",
+        "Graphs to capture (PIECEWISE first, then FULL, largest first):",
+    ]
+    cases = plan.lora_capture_cases
+    rows = []
+    for mode in ("PIECEWISE", "FULL"):
+        row = plan.stats.get(mode)
+        if row:
+            rows.append([mode, *(str(row.get(str(c), 0)) for c in cases), str(sum(row.values()))])
+    rows.append(["total", *(str(sum(1 for g in plan.graphs if g.descriptor.num_active_loras == c))
+                            for c in cases), str(len(plan.graphs))])
+    lines += _table(["mode", *(f"case {c}" for c in cases), "total"], rows)
+    lines.append("")
+    if plan.lora_dispatch_map:
+        key = "kernel slots (adapters + 1 with base requests)" if plan.lora_dispatch_key == "kernel_slots" else "adapters"
+        lines.append(f"LoRA dispatch by {key}:")
+        lines += _table(["count", "case"], [[str(k), str(v)] for k, v in plan.lora_dispatch_map.items()])
+        lines.append("")
+    lines += _ranges(plan)
+    if plan.deviations:
+        lines.append("Deviations from vLLM:")
+        for dev in plan.deviations:
+            lines.append(f"  {dev.fix} (failure class {dev.failure_class})")
+            lines += [f"    - {change}" for change in dev.changes]
+        lines.append("")
+    dp = plan.dp
+    lines.append(
+        f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
+        f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
+    )
+    return "\n".join(lines) + "\n"
