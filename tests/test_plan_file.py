@@ -1,0 +1,62 @@
+from pathlib import Path
+
+import pytest
+
+from capplan.errors import PlanError
+from capplan.loading import load_plan
+from capplan.planner import compile_plan
+from capplan.planner.render import render_plan
+from tests.conftest import make_spec
+
+SPEC = make_spec(lora={"enabled": True, "max_loras": 2, "specialize_active": True}, scheduler={"max_num_seqs": 16})
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_compile_is_byte_deterministic():
+    assert render_plan(compile_plan(SPEC), "c") == render_plan(compile_plan(SPEC.model_copy()), "c")
+
+
+def test_round_trip(tmp_path):
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    loaded = load_plan(write(tmp_path, text))
+    assert loaded == compile_plan(SPEC)
+    assert render_plan(loaded, "capplan compile x.yaml") == text
+
+
+def test_no_absolute_paths_or_timestamps():
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    assert "/tmp" not in text and "/work" not in text and "2026" not in text
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ("num_active_loras: 3}", "num_active_loras: 2}", "graphs does not match"),
+        ("max_loras: 2,", "max_loras: 3,", "spec_hash does not match"),
+        ("lora_dispatch_map: {1: 1, 2: 2, 3: 3}", "lora_dispatch_map: {1: 1, 2: 3, 3: 3}", "lora_dispatch_map does not match"),
+        ("format_version: 1", "format_version: 2", "format_version: 2 is newer"),
+        ("format_version: 1", "format_version: 0", "format_version: must be 1"),
+        ("lora_dispatch_key: kernel_slots", "lora_dispatch_key: slots", "lora_dispatch_key"),
+    ],
+)
+def test_hand_edits_are_caught(tmp_path, old, new, message):
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    assert old in text
+    with pytest.raises(PlanError) as info:
+        load_plan(write(tmp_path, text.replace(old, new, 1)))
+    assert message in info.value.one_line()
+
+
+def test_unsafe_yaml_is_refused(tmp_path):
+    with pytest.raises(PlanError, match="could not determine a constructor"):
+        load_plan(write(tmp_path, "format_version: !!python/object/apply:os.system ['true']\n"))
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    with pytest.raises(PlanError, match="duplicate key 'format_version'"):
+        load_plan(write(tmp_path, "format_version: 1\nformat_version: 1\n"))
