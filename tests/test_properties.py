@@ -1,0 +1,134 @@
+"""Properties over random valid specs (hypothesis)."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capplan.loading import spec_from_data
+from capplan.planner import Batch, Dispatcher, compile_plan
+from capplan.planner.lora_cases import kernel_slots
+from capplan.planner.render import render_plan
+from capplan.schemas.plan import Plan
+
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+
+
+@st.composite
+def specs(draw, fixes=None):
+    seqs = draw(st.integers(1, 48))
+    budget = draw(st.integers(seqs, 1024))
+    mode = draw(st.sampled_from(MODES))
+    cudagraph = {"mode": mode}
+    if mode != "NONE" and draw(st.booleans()):
+        sizes = draw(st.lists(st.integers(1, budget), min_size=1, max_size=12, unique=True))
+        cudagraph["capture_sizes"] = sorted(sizes)
+    lora_on = draw(st.booleans())
+    return spec_from_data({
+        "target": {"vllm": draw(st.sampled_from(["0.25", "0.33"]))},
+        "scheduler": {"max_num_seqs": seqs, "max_num_batched_tokens": budget,
+                      "max_model_len": draw(st.integers(1, 4096))},
+        "cudagraph": cudagraph,
+        "lora": {"enabled": lora_on, "max_loras": draw(st.integers(1, 9)),
+                 "specialize": draw(st.booleans()), "specialize_active": draw(st.booleans())},
+        "speculative": {"num_speculative_tokens": draw(st.integers(0, 4))},
+        "parallel": {"data_parallel_size": draw(st.sampled_from([1, 2, 4]))},
+        "fixes": fixes if fixes is not None else draw(
+            st.lists(st.sampled_from(["lora_slot", "dummy_remainder", "mixed_ranges"]), unique=True)),
+    }, "hypothesis")
+
+
+@st.composite
+def batches(draw, spec):
+    reqs = draw(st.integers(1, spec.scheduler.max_num_seqs))
+    tokens = draw(st.integers(reqs, spec.scheduler.max_num_batched_tokens))
+    max_q = draw(st.integers(-(-tokens // reqs), tokens - reqs + 1))
+    adapters = draw(st.integers(0, min(reqs, spec.lora.max_loras))) if spec.lora.enabled else 0
+    base = draw(st.booleans()) if adapters < reqs else False
+    return Batch(reqs, tokens, max_q, adapters, base, draw(st.booleans()))
+
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(specs())
+def test_compile_is_deterministic_and_round_trips(spec):
+    plan = compile_plan(spec)
+    text = render_plan(plan, "capplan compile x.yaml")
+    assert render_plan(compile_plan(spec), "capplan compile x.yaml") == text
+    import yaml
+
+    assert render_plan(Plan.model_validate(yaml.safe_load(text)), "capplan compile x.yaml") == text
+
+
+@FAST
+@given(st.data())
+def test_dispatch_returns_a_compatible_graph_or_eager(data):
+    spec = data.draw(specs())
+    plan = compile_plan(spec)
+    dispatcher = Dispatcher(plan)
+    graphs = set(plan.descriptors)
+    for _ in range(20):
+        batch = data.draw(batches(spec))
+        desc = dispatcher.dispatch(batch)
+        case = dispatcher.lora_case(dispatcher.lora_count(batch))
+        assert desc.num_active_loras == case
+        if desc.cg_mode == "NONE":
+            continue
+        assert desc in graphs
+        assert desc.num_tokens >= batch.num_tokens
+        assert desc.num_reqs is None or desc.num_reqs >= batch.num_reqs
+
+
+@FAST
+@given(st.data())
+def test_fixed_plans_cover_every_batch_a_piecewise_graph_can_hold(data):
+    # Failure class 8: with per-mode ranges, a batch only runs eager when no
+    # graph of its LoRA case is large enough (or the mode captures none).
+    spec = data.draw(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
+    plan = compile_plan(spec)
+    dispatcher = Dispatcher(plan)
+    for _ in range(20):
+        batch = data.draw(batches(spec))
+        desc = dispatcher.dispatch(batch)
+        if desc.cg_mode != "NONE":
+            continue
+        case = desc.num_active_loras
+        assert not any(
+            d.num_active_loras == case and d.num_reqs is None and d.num_tokens >= batch.num_tokens
+            for d in plan.descriptors
+        )
+
+
+@FAST
+@given(st.data())
+def test_lora_slot_grid_always_covers_the_batch(data):
+    # Failure class 6: the graph a batch replays records a LoRA grid with a
+    # block for every distinct id in the batch, the no-adapter -1 included.
+    spec = data.draw(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
+    plan = compile_plan(spec)
+    dispatcher = Dispatcher(plan)
+    grid = {g.descriptor: g.dummy.kernel_grid for g in plan.graphs}
+    for _ in range(20):
+        batch = data.draw(batches(spec))
+        desc = dispatcher.dispatch(batch)
+        if desc.cg_mode != "NONE" and spec.lora.enabled:
+            assert grid[desc] >= kernel_slots(batch.num_active_loras, batch.base)
+
+
+@FAST
+@given(st.data())
+def test_padded_tokens_do_not_depend_on_lora_count(data):
+    # Failure class 7: DP ranks re-dispatch the agreed token count with their
+    # own LoRA counts; the padded size must be the same for every count.
+    spec = data.draw(specs())
+    plan = compile_plan(spec)
+    assert plan.dp.padded_tokens_lora_invariant
+    dispatcher = Dispatcher(plan)
+    batch = data.draw(batches(spec))
+    results = set()
+    for adapters in range(0, min(batch.num_reqs, spec.lora.max_loras if spec.lora.enabled else 0) + 1):
+        desc = dispatcher.dispatch(Batch(batch.num_reqs, batch.num_tokens, batch.max_query_len,
+                                         adapters, batch.base and adapters < batch.num_reqs,
+                                         batch.has_prefill))
+        results.add((desc.cg_mode, desc.num_tokens))
+    assert len(results) == 1
