@@ -1,0 +1,352 @@
+"""Prove a plan free of DESIGN.md's failure classes over the reachable batch space.
+
+Every check walks the plan's own tables (graphs, dispatch ranges), never a
+recompiled copy, so a mutated or hand-edited plan is judged on what it says;
+a final check compares the plan with what its spec compiles to. The batch
+space (num_reqs 1..max_num_seqs, num_tokens 1..max_num_batched_tokens,
+uniform or mixed, 0..max_loras adapters with or without base requests, every
+DP rank combination) is covered through the range structure: within one
+dispatch range the candidates are fixed, so the worst batch of the range
+decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from capplan.planner.lora_cases import kernel_grid, kernel_slots
+from capplan.schemas.plan import Descriptor, Plan
+
+CLASSES = {
+    "structure": "plan tables reference graphs that cannot serve them",
+    "coverage": "8: coverage hole",
+    "lora_kernels": "1: LoRA kernels missing from a graph",
+    "lora_case": "3: graph warmed with the wrong active-LoRA count",
+    "lora_grid": "6: no-LoRA slot not counted",
+    "dummy_length": "5: dummy request too long",
+    "dp": "7: DP ranks can disagree",
+    "consistency": "hand edit: plan does not match its spec",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    message: str
+
+    def line(self) -> str:
+        return f"[{self.kind}] {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    violations: list[Violation] = field(default_factory=list)
+    eager_regions: list[str] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, kind: str, message: str) -> None:
+        self.violations.append(Violation(kind, message))
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "violations": [{"kind": v.kind, "failure_class": CLASSES[v.kind], "message": v.message}
+                           for v in self.violations],
+            "eager_regions": self.eager_regions,
+            "checked": self.checked,
+        }
+
+
+def _label(d: Descriptor) -> str:
+    return f"{d.cg_mode}:{d.num_tokens}"
+
+
+def _cap(d: Descriptor) -> float:
+    return float("inf") if d.num_reqs is None else d.num_reqs
+
+
+class _Tables:
+    """The plan's dispatch ranges per LoRA case, checked for structural sanity."""
+
+    def __init__(self, plan: Plan, report: VerifyReport) -> None:
+        self.descs = plan.descriptors
+        self.rows: dict[int, list] = {}
+        n = len(self.descs)
+        for g_index, graph in enumerate(plan.graphs):
+            if graph.id != g_index:
+                report.add("structure", f"graph #{graph.id} is listed at position {g_index}")
+        for row in plan.dispatch:
+            bad = [i for i in row.candidates if not 0 <= i < n]
+            if bad or row.lo > row.hi:
+                report.add("structure", f"dispatch range case {row.lora_case} tokens {row.lo}..{row.hi} "
+                                        f"is malformed (unknown graph ids {bad})" if bad else
+                           f"dispatch range case {row.lora_case} has lo {row.lo} > hi {row.hi}")
+                continue
+            for i in row.candidates:
+                d = self.descs[i]
+                if d.num_active_loras != row.lora_case or d.num_tokens < row.hi:
+                    report.add("structure", f"case {row.lora_case} tokens {row.lo}..{row.hi} lists graph "
+                                            f"#{i} ({_label(d)}, case {d.num_active_loras}) that cannot hold them")
+            self.rows.setdefault(row.lora_case, []).append(row)
+        for case, rows in self.rows.items():
+            rows.sort(key=lambda r: r.lo)
+            for a, b in zip(rows, rows[1:]):
+                if b.lo <= a.hi:
+                    report.add("structure", f"case {case}: dispatch ranges {a.lo}..{a.hi} and {b.lo}..{b.hi} overlap")
+
+    def row_at(self, case: int, tokens: int):
+        rows = self.rows.get(case, [])
+        i = bisect.bisect_right([r.lo for r in rows], tokens) - 1
+        if i >= 0 and rows[i].lo <= tokens <= rows[i].hi:
+            return rows[i]
+        return None
+
+    def candidates(self, case: int, tokens: int) -> list[Descriptor]:
+        row = self.row_at(case, tokens)
+        return [] if row is None else [self.descs[i] for i in row.candidates]
+
+
+def _serves(d: Descriptor, uniform: int | None, reqs: int) -> bool:
+    return (d.uniform_token_count is None or d.uniform_token_count == uniform) and _cap(d) >= reqs
+
+
+def _padded(tables: _Tables, case: int, tokens: int, uniform: int | None, reqs: int) -> int:
+    for d in tables.candidates(case, tokens):
+        if _serves(d, uniform, reqs):
+            return d.num_tokens
+    return tokens  # eager: no padding
+
+
+def _span(lo: int, hi: int) -> str:
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+
+def _cases(cases: list[int], all_cases: list[int]) -> str:
+    if len(all_cases) > 1 and cases == all_cases:
+        return "all LoRA cases"
+    return ("LoRA case " if len(cases) == 1 else "LoRA cases ") + ", ".join(map(str, cases))
+
+
+def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
+    spec = plan.spec
+    seqs, budget, dql = spec.scheduler.max_num_seqs, spec.scheduler.max_num_batched_tokens, plan.decode_query_len
+    top = max((d.num_tokens for d in tables.descs), default=0)
+    kinds = [("mixed", None), ("uniform-decode", dql)]
+    # (hole?, kind, served, could-mode) -> case -> merged token spans
+    found: dict[tuple, dict[int, list[list[int]]]] = {}
+    for case in plan.lora_capture_cases:
+        graphs = sorted((d for d in tables.descs if d.num_active_loras == case), key=lambda d: d.num_tokens)
+        edges = sorted({1, top + 1} | {r.lo for r in tables.rows.get(case, [])}
+                       | {r.hi + 1 for r in tables.rows.get(case, [])})
+        for lo, nxt in zip(edges, edges[1:]):
+            hi = min(nxt - 1, budget)
+            if lo > hi:
+                continue
+            cands = tables.candidates(case, lo)
+            for kind, uniform in kinds:
+                # Largest request count any batch of this kind and range can have.
+                if uniform is None:
+                    first_t, worst_r = lo, min(hi, seqs)
+                else:
+                    first_t = -(-lo // dql) * dql
+                    if first_t > hi:
+                        continue
+                    worst_r = min(hi // dql, seqs)
+                served = max((_cap(d) for d in cands if _serves(d, uniform, 1)), default=0)
+                if served >= worst_r:
+                    continue
+                eager_r = int(served) + 1
+                t = max(first_t, eager_r * (dql if uniform else 1))
+                if t > hi:
+                    continue
+                could = next((d for d in graphs if d.num_tokens >= t and _serves(d, uniform, eager_r)), None)
+                key = (could is not None, kind, int(served), could.cg_mode if could else "")
+                spans = found.setdefault(key, {}).setdefault(case, [])
+                if spans and spans[-1][1] + 1 >= t:
+                    spans[-1][1] = hi
+                else:
+                    spans.append([t, hi])
+    all_cases = list(plan.lora_capture_cases)
+    for (hole, kind, served, mode), by_case in sorted(found.items()):
+        groups: dict[tuple, list[int]] = {}
+        for case, spans in by_case.items():
+            groups.setdefault(tuple(map(tuple, spans)), []).append(case)
+        for spans, cases in groups.items():
+            count = sum(hi - lo + 1 for lo, hi in spans)
+            listed = ", ".join(_span(lo, hi) for lo, hi in spans[:8]) + (", ..." if len(spans) > 8 else "")
+            who = f"{kind} batches" + (f" of more than {served} requests" if served else "")
+            where = f"{_cases(cases, all_cases)}: {who}, {count} token count(s) ({listed})"
+            if hole:
+                report.add("coverage", f"{where} run eager although a captured {mode} graph could serve them")
+            else:
+                report.eager_regions.append(f"{where} run eager (no captured graph can hold them)")
+    if top < budget:
+        report.eager_regions.append(f"all batches of {top + 1}..{budget} tokens run eager (above the largest graph)")
+    report.checked["dispatch_ranges"] = len(plan.dispatch)
+
+
+def _check_graphs(plan: Plan, report: VerifyReport) -> None:
+    spec = plan.spec
+    lora = spec.lora
+    seqs, model_len = spec.scheduler.max_num_seqs, spec.scheduler.max_model_len
+    slots_needed = _slots_by_case(plan)
+    short_grids: dict[tuple, list[Descriptor]] = {}
+    piled: list[tuple[int, int, int]] = []
+    for g in plan.graphs:
+        d, dummy = g.descriptor, g.dummy
+        name = f"graph #{g.id} ({_label(d)}, case {d.num_active_loras})"
+        reqs = d.num_reqs or min(d.num_tokens, seqs)
+        tokens = [t for count, t in dummy.tokens for _ in range(count)]
+        if dummy.num_reqs != reqs or len(tokens) != reqs or sum(tokens) != d.num_tokens or min(tokens, default=0) < 1:
+            report.add("structure", f"{name}: dummy layout of {len(tokens)} requests / {sum(tokens)} tokens "
+                                    f"does not capture {reqs} requests / {d.num_tokens} tokens")
+            continue
+        longest = max(tokens)
+        if dummy.max_query_len != longest:
+            report.add("structure", f"{name}: dummy max_query_len {dummy.max_query_len} != longest request {longest}")
+        even = -(-d.num_tokens // reqs)
+        if longest > model_len:
+            report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds max_model_len {model_len}")
+        elif longest > even:
+            piled.append((g.id, longest, even))
+        if d.max_query_len is not None and longest > d.max_query_len:
+            report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds the graph's max_query_len")
+        if not lora.enabled:
+            if dummy.lora_ids is not None or d.num_active_loras:
+                report.add("lora_case", f"{name}: LoRA is off but the graph carries a LoRA case or dummy adapters")
+            continue
+        ids = dummy.lora_ids or []
+        rows = [ids[i % len(ids)] for i in range(reqs)] if ids else []
+        if not rows or any(i != -1 and not 1 <= i <= lora.max_loras for i in ids):
+            report.add("lora_case", f"{name}: dummy adapter ids {ids} are not -1 or 1..{lora.max_loras}")
+            continue
+        real = {i for i in rows if i != -1}
+        if d.num_active_loras == 0:
+            if real:
+                report.add("lora_case", f"{name}: a no-LoRA graph is warmed with adapters {sorted(real)}")
+        elif not real:
+            report.add("lora_kernels", f"{name}: every dummy request is -1, so the LoRA kernels "
+                                       "short-circuit and are not recorded in the graph")
+            continue
+        elif len(real) != min(d.num_active_loras, lora.max_loras, reqs):
+            report.add("lora_case", f"{name}: warmed with {len(real)} adapters, the case needs "
+                                    f"{min(d.num_active_loras, lora.max_loras, reqs)}")
+        grid = kernel_grid(ids, reqs, spec)
+        if dummy.kernel_grid != grid:
+            report.add("structure", f"{name}: kernel_grid {dummy.kernel_grid} does not follow from its dummy ({grid})")
+        need = slots_needed.get(d.num_active_loras, [])
+        idx = bisect.bisect_right([s for s, _ in need], reqs) - 1
+        if idx >= 0 and need[idx][0] > grid:
+            slots, example = need[idx]
+            short_grids.setdefault((d.num_active_loras, grid, slots, example), []).append(d)
+    for (case, grid, slots, example), descs in sorted(short_grids.items()):
+        report.add("lora_grid", f"LoRA case {case}: {len(descs)} graph(s) ({_sample(descs)}) record a kernel grid "
+                                f"of {grid} but serve {example} ({slots} kernel slots): an adapter is skipped")
+    if piled:
+        worst = max(piled, key=lambda p: p[1] - p[2])
+        report.add("dummy_length", f"{len(piled)} dummy batch(es) pile the token remainder on one request "
+                                   f"(worst: graph #{worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})")
+    report.checked["graphs"] = len(plan.graphs)
+
+
+def _sample(descs: list[Descriptor]) -> str:
+    labels = [_label(d) for d in descs[:4]]
+    return ", ".join(labels) + (", ..." if len(descs) > 4 else "")
+
+
+def _slots_by_case(plan: Plan) -> dict[int, list[tuple[int, str]]]:
+    """Per LoRA case: (kernel slots, example batch) of every adapter mix that
+    dispatches to it, sorted, keeping the largest slots per request count."""
+    lora = plan.spec.lora
+    if not lora.enabled:
+        return {}
+    by_slots = plan.lora_dispatch_key == "kernel_slots"
+    mapping = plan.lora_dispatch_map
+    top = max(mapping.values(), default=0)
+    out: dict[int, list[tuple[int, str]]] = {}
+    for k in range(1, lora.max_loras + 1):
+        for base in (False, True):
+            slots = kernel_slots(k, base)
+            count = slots if by_slots else k
+            case = mapping.get(count, top)
+            out.setdefault(case, []).append(
+                (slots, f"{k} adapter(s)" + (" + base requests" if base else "")))
+    for case, rows in out.items():
+        rows.sort()
+        # Running max: a graph holding R requests must cover every mix of <= R slots.
+        best: list[tuple[int, str]] = []
+        for slots, example in rows:
+            if not best or slots > best[-1][0]:
+                best.append((slots, example))
+        out[case] = best
+    return out
+
+
+def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
+    spec = plan.spec
+    size = spec.parallel.data_parallel_size
+    if plan.dp.data_parallel_size != size:
+        report.add("consistency", f"dp.data_parallel_size {plan.dp.data_parallel_size} != spec {size}")
+    dql, seqs = plan.decode_query_len, spec.scheduler.max_num_seqs
+    cases = plan.lora_capture_cases
+    points = sorted({r.lo for rows in tables.rows.values() for r in rows}
+                    | {r.hi for rows in tables.rows.values() for r in rows})
+    disagreements = []
+    lora_dependent = False
+    for tokens in points:
+        for uniform in (None, dql):
+            if uniform is not None and tokens % dql:
+                continue
+            max_r = min(tokens, seqs) if uniform is None else min(tokens // dql, seqs)
+            if max_r < 1:
+                continue
+            padded = {(c, r): _padded(tables, c, tokens, uniform, r) for c in cases for r in {1, max_r}}
+            if len(set(padded.values())) > 1:
+                disagreements.append((tokens, uniform, padded))
+                if any(len({padded[(c, r)] for c in cases}) > 1 for r in {1, max_r}):
+                    lora_dependent = True
+    invariant = not lora_dependent
+    if plan.dp.padded_tokens_lora_invariant != invariant:
+        report.add("consistency", f"dp.padded_tokens_lora_invariant says {plan.dp.padded_tokens_lora_invariant}, "
+                                  f"the tables say {invariant}")
+    if size > 1:
+        for tokens, uniform, padded in disagreements[:20]:
+            kind = "mixed" if uniform is None else "uniform-decode"
+            values = sorted(set(padded.values()))
+            (c1, r1), (c2, r2) = (next(k for k, v in padded.items() if v == values[0]),
+                                  next(k for k, v in padded.items() if v == values[-1]))
+            side = lambda v: "runs eager" if v == tokens else f"pads to {v}"  # noqa: E731
+            report.add("dp", f"an agreed {kind} batch of {tokens} tokens {side(values[0])} on a rank with LoRA "
+                             f"case {c1} and {r1} request(s) but {side(values[-1])} on one with case {c2} "
+                             f"and {r2}")
+        if len(disagreements) > 20:
+            report.add("dp", f"... and {len(disagreements) - 20} more token counts where DP ranks can disagree")
+    report.checked["dp_points"] = len(points)
+
+
+def _check_consistency(plan: Plan, report: VerifyReport) -> None:
+    from capplan.planner.compiler import compile_plan
+    from capplan.planner.hashing import spec_hash
+
+    if plan.spec_hash != spec_hash(plan.spec):
+        report.add("consistency", "spec_hash does not match the embedded spec")
+    expected = compile_plan(plan.spec)
+    for name in type(plan).model_fields:
+        if getattr(expected, name) != getattr(plan, name):
+            report.add("consistency", f"{name} differs from what the embedded spec compiles to")
+
+
+def verify_plan(plan: Plan, *, consistency: bool = True) -> VerifyReport:
+    report = VerifyReport()
+    tables = _Tables(plan, report)
+    _check_coverage(plan, tables, report)
+    _check_graphs(plan, report)
+    _check_dp(plan, tables, report)
+    if consistency:
+        _check_consistency(plan, report)
+    return report

@@ -1,0 +1,158 @@
+"""verify proves compiled plans sound and rejects each failure class with its reason."""
+
+import pytest
+from hypothesis import given, settings
+from typer.testing import CliRunner
+
+from capplan.cli import app
+from capplan.planner import compile_plan
+from capplan.planner.render import render_plan
+from capplan.planner.verify import verify_plan
+from capplan.schemas.plan import Plan
+from tests.conftest import make_spec
+from tests.test_properties import specs
+
+SPEC = dict(
+    scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 1024},
+    lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+    speculative={"num_speculative_tokens": 1},
+    parallel={"data_parallel_size": 2},
+)
+
+
+def kinds(plan: Plan, consistency: bool = False) -> set[str]:
+    return {v.kind for v in verify_plan(plan, consistency=consistency).violations}
+
+
+def mutate(plan: Plan, edit) -> Plan:
+    data = plan.model_dump(mode="json")
+    edit(data)
+    return Plan.model_validate(data)
+
+
+def drop_graph(data, predicate):
+    """Remove graphs matching `predicate`, renumbering ids and dispatch candidates."""
+    keep = [g for g in data["graphs"] if not predicate(g["descriptor"])]
+    new_id = {g["id"]: i for i, g in enumerate(keep)}
+    for i, g in enumerate(keep):
+        g["id"] = i
+    data["graphs"] = keep
+    for row in data["dispatch"]:
+        row["candidates"] = [new_id[c] for c in row["candidates"] if c in new_id]
+    data["dispatch"] = [r for r in data["dispatch"] if r["candidates"]]
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return compile_plan(make_spec(**SPEC))
+
+
+def test_compiled_plan_verifies(plan):
+    report = verify_plan(plan)
+    assert report.ok, [v.line() for v in report.violations]
+    assert report.eager_regions == ["all batches of 65..1024 tokens run eager (above the largest graph)"]
+
+
+def test_exact_vllm_plans_show_their_failure_classes():
+    assert kinds(compile_plan(make_spec(**SPEC, fixes=[]))) == {"lora_grid"}
+    assert kinds(compile_plan(make_spec(**SPEC, target={"vllm": "0.25"}, fixes=[]))) == {
+        "lora_grid", "dummy_length"
+    }
+    # decode_query_len 3 puts FULL-only sizes between the PIECEWISE ones on 0.25.
+    spec3 = {**SPEC, "speculative": {"num_speculative_tokens": 2}}
+    assert kinds(compile_plan(make_spec(**spec3, target={"vllm": "0.25"}, fixes=["lora_slot"]))) == {
+        "coverage", "dummy_length"
+    }
+
+
+def test_dropped_graph_is_a_coverage_hole(plan):
+    mutated = mutate(plan, lambda d: drop_graph(
+        d, lambda desc: desc["cg_mode"] == "PIECEWISE" and desc["num_tokens"] == 8 and desc["num_active_loras"] == 0))
+    report = verify_plan(mutated, consistency=False)
+    # The eager case-0 rank also breaks DP agreement, and the plan's DP claim.
+    assert [v.kind for v in report.violations] == ["coverage", "consistency", "dp"]
+    assert "LoRA case 0: mixed batches, 4 token count(s) (5..8) run eager although a captured PIECEWISE" in report.violations[0].message
+
+
+def test_shrunk_lora_case_skips_an_adapter(plan):
+    def shrink(data):
+        data["lora_dispatch_map"]["5"] = 4
+    assert kinds(mutate(plan, shrink)) == {"lora_grid"}
+
+
+def test_all_no_lora_dummy_records_no_kernels(plan):
+    def blank(data):
+        for g in data["graphs"]:
+            if g["descriptor"]["num_active_loras"] == 2:
+                g["dummy"]["lora_ids"], g["dummy"]["kernel_grid"] = [-1], 0
+    assert kinds(mutate(plan, blank)) == {"lora_kernels"}
+
+
+def test_wrong_warmup_count_is_caught(plan):
+    def fewer(data):
+        for g in data["graphs"]:
+            if g["descriptor"]["num_active_loras"] == 4 and g["dummy"]["num_reqs"] >= 4:
+                g["dummy"]["lora_ids"], g["dummy"]["kernel_grid"] = [1, 2], 2
+    assert "lora_case" in kinds(mutate(plan, fewer))
+
+
+def test_piled_dummy_remainder_is_caught(plan):
+    def pile(data):
+        g = next(g for g in data["graphs"] if g["descriptor"]["num_tokens"] == 40 and g["dummy"]["num_reqs"] == 16)
+        assert g["dummy"]["tokens"] == [[8, 2], [8, 3]]
+        g["dummy"]["tokens"], g["dummy"]["max_query_len"] = [[15, 2], [1, 10]], 10
+    assert kinds(mutate(plan, pile)) == {"dummy_length"}
+
+
+def test_dummy_over_max_model_len_is_caught():
+    plan = compile_plan(make_spec(scheduler={"max_num_seqs": 2, "max_num_batched_tokens": 512, "max_model_len": 100},
+                                  cudagraph={"capture_sizes": [8, 256]}))
+    report = verify_plan(plan)
+    assert {v.kind for v in report.violations} == {"dummy_length"}
+    assert "dummy request of 128 tokens exceeds max_model_len 100" in report.violations[0].message
+
+
+def test_desynced_dp_is_rejected(plan):
+    # Case 5 loses its 8-token graphs and pads 5..8-token batches to 16: a rank
+    # with 4 adapters + base pads an agreed 8-token batch to 16, its peers to 8.
+    def desync(data):
+        drop_graph(data, lambda desc: desc["num_tokens"] == 8 and desc["num_active_loras"] == 5)
+        row = next(r for r in data["dispatch"] if r["lora_case"] == 5 and r["lo"] == 9)
+        row["lo"] = 5
+
+    report = verify_plan(mutate(plan, desync), consistency=False)
+    assert {v.kind for v in report.violations} == {"dp", "consistency"}
+    assert any(v.kind == "dp" and "pads to 8 on a rank with LoRA case 0" in v.message
+               and "pads to 16 on one with case 5" in v.message for v in report.violations)
+    single = compile_plan(make_spec(**{**SPEC, "parallel": {"data_parallel_size": 1}}))
+    assert "dp" not in kinds(mutate(single, desync))  # one rank: nobody to disagree with
+
+
+def test_hand_edit_is_caught(plan):
+    def edit(data):
+        data["stats"]["total"]["graphs"] += 1
+    report = verify_plan(mutate(plan, edit))
+    assert [v.line() for v in report.violations] == ["[consistency] stats differs from what the embedded spec compiles to"]
+
+
+def test_cli_verify_exit_codes(tmp_path):
+    good = tmp_path / "good.plan.yaml"
+    good.write_text(render_plan(compile_plan(make_spec(**SPEC)), "capplan compile good.yaml"))
+    bad = tmp_path / "bad.plan.yaml"
+    bad.write_text(render_plan(compile_plan(make_spec(**SPEC, fixes=[])), "capplan compile bad.yaml"))
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(good)])
+    assert ok.exit_code == 0 and ok.stdout.splitlines()[-1].startswith("ok: ")
+    failed = runner.invoke(app, ["verify", str(bad)])
+    assert failed.exit_code == 1
+    assert failed.stderr.splitlines()[0].startswith("violation: [lora_grid] LoRA case 1: ")
+    assert "Traceback" not in failed.output
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
+def test_verify_passes_on_every_fixed_plan(spec):
+    report = verify_plan(compile_plan(spec))
+    # A dummy longer than max_model_len is the one thing the planner cannot
+    # fix by itself: the spec asks for graphs no valid request fits.
+    assert {v.kind for v in report.violations} <= {"dummy_length"}, [v.line() for v in report.violations]
