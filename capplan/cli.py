@@ -89,10 +89,12 @@ def default_plan_path(spec_path: Path) -> Path:
     return spec_path.with_name(name + ".plan.yaml")
 
 
-def regenerate_command(spec_path: Path, plan_path: Path) -> str:
+def regenerate_command(spec_path: Path, plan_path: Path, plan_dir: Path | None = None) -> str:
     """The normalized command: default output path and one-off flags dropped."""
     command = f"capplan compile {_display_path(spec_path)}"
-    if plan_path.resolve() != default_plan_path(spec_path).resolve():
+    if plan_dir is not None:
+        command += f" --plan-dir {_display_path(plan_dir)}"
+    elif plan_path.resolve() != default_plan_path(spec_path).resolve():
         command += f" -o {_display_path(plan_path)}"
     return command
 
@@ -111,10 +113,16 @@ def _summary(plan) -> str:
 @app.command("compile")
 @_errors_to_exit
 def compile_cmd(
-    spec: Annotated[Path, typer.Argument(help="Deployment spec (YAML).", show_default=False)],
+    specs: Annotated[
+        list[Path], typer.Argument(help="Deployment spec(s) (YAML).", show_default=False)
+    ],
     output: Annotated[
         Optional[Path],
-        typer.Option("-o", "--output", help="Plan path. Default: SPEC with .plan.yaml."),
+        typer.Option("-o", "--output", help="Plan path (one spec only). Default: SPEC with .plan.yaml."),
+    ] = None,
+    plan_dir: Annotated[
+        Optional[Path],
+        typer.Option("--plan-dir", help="Put each plan in this folder as NAME.plan.yaml."),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")
@@ -136,37 +144,49 @@ def compile_cmd(
     from capplan.planner.render import plan_to_json, render_plan
     from capplan.yaml_io import write_atomic
 
-    plan_path = output or default_plan_path(spec)
-    plan = compile_plan(load_spec(spec))
-    text = render_plan(plan, regenerate_command(spec, plan_path))
-    if check:
+    if output is not None and (len(specs) > 1 or plan_dir is not None):
+        raise UsageError("-o names one plan: give one spec and no --plan-dir")
+    # Compile everything before writing anything: one bad spec writes nothing.
+    jobs = []
+    for spec in specs:
+        plan_path = output or default_plan_path(spec)
+        if plan_dir is not None:
+            plan_path = plan_dir / default_plan_path(spec).name
+        plan = compile_plan(load_spec(spec))
+        jobs.append((spec, plan_path, plan, render_plan(plan, regenerate_command(spec, plan_path, plan_dir))))
+    stale = []
+    for spec, plan_path, plan, text in jobs:
+        if check:
+            try:
+                current = plan_path.read_text(encoding="utf-8")
+            except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+                current = None
+            if current != text:
+                stale.append(f"plan is stale: run {regenerate_command(spec, plan_path, plan_dir)}"
+                             + ("" if current is not None else f" ({plan_path} does not exist)"))
+            else:
+                typer.echo(f"{plan_path}: up to date ({_summary(plan)})", err=True)
+            continue
+        if as_json:
+            typer.echo(json.dumps(plan_to_json(plan), indent=2))
+        if dry_run:
+            if not as_json:
+                sys.stdout.write(text)
+            typer.echo(f"dry run: would write {plan_path}: {_summary(plan)}", err=True)
+            continue
         try:
-            current = plan_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            current = None
-        if current != text:
-            raise CapplanError(
-                f"plan is stale: run {regenerate_command(spec, plan_path)}"
-                + ("" if current is not None else f" ({plan_path} does not exist)")
-            )
-        typer.echo(f"{plan_path}: up to date ({_summary(plan)})", err=True)
-        return
-    if as_json:
-        typer.echo(json.dumps(plan_to_json(plan), indent=2))
-    if dry_run:
-        if not as_json:
-            sys.stdout.write(text)
-        typer.echo(f"dry run: would write {plan_path}: {_summary(plan)}", err=True)
-        return
-    try:
-        unchanged = plan_path.read_text(encoding="utf-8") == text
-    except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
-        unchanged = False
-    if unchanged:
-        typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
-        return
-    write_atomic(plan_path, text)
-    typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
+            unchanged = plan_path.read_text(encoding="utf-8") == text
+        except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
+            unchanged = False
+        if unchanged:
+            typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
+            continue
+        write_atomic(plan_path, text)
+        typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
+    if stale:
+        for line in stale[:-1]:
+            typer.echo(f"error: {line}", err=True)
+        raise CapplanError(stale[-1])
 
 
 @app.command("show")
@@ -181,17 +201,26 @@ def show_cmd(
             "descriptors (capture order), and everything else the plan holds.",
         ),
     ] = False,
+    calibration: Annotated[
+        Optional[Path], typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+    ] = None,
 ) -> None:
     """Tables of what will be captured and how token ranges and LoRA counts dispatch."""
     from capplan.loading import load_plan
+    from capplan.planner.cost import load_cost_model
     from capplan.planner.render import plan_to_json
     from capplan.planner.show import render_show
 
     loaded = load_plan(plan)
+    cost = load_cost_model(calibration)
+    estimate = cost.estimate(loaded)
     if as_json:
-        typer.echo(json.dumps(plan_to_json(loaded), indent=2))
+        data = plan_to_json(loaded)
+        data["estimate"] = {"graphs": estimate.graphs, "capture_seconds": round(estimate.capture_seconds, 2),
+                            "graph_memory_gib": round(estimate.graph_memory_gib, 3), "calibration": cost.name}
+        typer.echo(json.dumps(data, indent=2))
     else:
-        sys.stdout.write(render_show(loaded, str(plan)))
+        sys.stdout.write(render_show(loaded, str(plan), f"{estimate.text()} (calibration {cost.name})"))
 
 
 @app.command("dispatch")
@@ -307,6 +336,49 @@ def verify_cmd(
         typer.echo(f"violation: {violation.line()}", err=True)
     if not report.ok:
         raise typer.Exit(code=1)
+
+
+@app.command("diff")
+@_errors_to_exit
+def diff_cmd(
+    old: Annotated[Path, typer.Argument(help="Old plan (or spec with --spec).", show_default=False)],
+    new: Annotated[Path, typer.Argument(help="New plan (or spec with --spec).", show_default=False)],
+    fmt: Annotated[
+        str, typer.Option("--format", help="text | markdown (pastes into a pull request) | json.")
+    ] = "text",
+    specs: Annotated[
+        bool, typer.Option("--spec", help="OLD and NEW are specs: compile both in memory and compare.")
+    ] = False,
+    calibration: Annotated[
+        Optional[Path], typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+    ] = None,
+) -> None:
+    """Semantic diff: graphs added/removed per mode and LoRA case, dispatch changes,
+    fixes, and the estimated capture time and memory delta.
+
+    Exit 0 when the plans are equal, 2 when they differ, 1 on error.
+    """
+    from capplan.loading import load_plan, load_spec
+    from capplan.planner import compile_plan
+    from capplan.planner.cost import load_cost_model
+    from capplan.planner.diff import diff_plans, render_markdown, render_text
+
+    if fmt not in ("text", "markdown", "json"):
+        raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
+    cost = load_cost_model(calibration)
+    if specs:
+        a, b = compile_plan(load_spec(old)), compile_plan(load_spec(new))
+    else:
+        a, b = load_plan(old), load_plan(new)
+    result = diff_plans(a, b, cost, str(old), str(new))
+    if fmt == "json":
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    elif fmt == "markdown":
+        sys.stdout.write(render_markdown(result))
+    else:
+        sys.stdout.write(render_text(result))
+    if not result.equal:
+        raise typer.Exit(code=2)
 
 
 @app.command("schema")

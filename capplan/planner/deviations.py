@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from capplan.planner.regions import target_changes
 from capplan.schemas.plan import Deviation, Plan
 from capplan.schemas.spec import Fix
 
@@ -74,58 +75,9 @@ def _dummy_remainder(plan: Plan, exact: Plan) -> list[str]:
     ]
 
 
-def _targets(plan: Plan, ids: list[int]) -> tuple[str, str]:
-    """(graph a mixed batch replays, graph a uniform-decode batch replays) from a candidate list."""
-    descs = [plan.graphs[i].descriptor for i in ids]
-    mixed = next((d for d in descs if d.uniform_token_count is None), None)
-    decode = next((d for d in descs if d.uniform_token_count == plan.decode_query_len), mixed)
-    label = lambda d: "eager" if d is None else f"{d.cg_mode}:{d.num_tokens}"  # noqa: E731
-    return label(mixed), label(decode)
-
-
-def _expand(plan: Plan) -> dict[tuple[int, int], list[int]]:
-    return {
-        (row.lora_case, n): row.candidates for row in plan.dispatch for n in range(row.lo, row.hi + 1)
-    }
-
-
 def _mixed_ranges(plan: Plan, exact: Plan) -> list[str]:
     if plan.dispatch == exact.dispatch:
         if plan.spec.target.vllm != "0.25":
             return ["no change: vLLM 0.31+ already builds ranges per mode"]
         return ["no change: for this spec 0.25's union ranges offer the same candidates"]
-    before, after = _expand(exact), _expand(plan)
-    # (batch kind, old target, new target) -> case -> token runs
-    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
-    for case, n in sorted(set(before) | set(after)):
-        old = _targets(exact, before.get((case, n), []))
-        new = _targets(plan, after.get((case, n), []))
-        kinds = [("mixed", old[0], new[0])]
-        if n % plan.decode_query_len == 0:
-            kinds.append(("uniform-decode", old[1], new[1]))
-        for kind, o, w in kinds:
-            if o == w:
-                continue
-            case_runs = runs.setdefault((kind, _shape(o), _shape(w)), {}).setdefault(case, [])
-            if case_runs and case_runs[-1][1] == n - 1:
-                case_runs[-1][1] = n
-            else:
-                case_runs.append([n, n])
-    lines = []
-    for (kind, old, new), by_case in sorted(runs.items()):
-        token_runs = next(iter(by_case.values()))
-        same = all(r == token_runs for r in by_case.values())
-        count = sum(hi - lo + 1 for lo, hi in token_runs)
-        where = "all LoRA cases" if same else "LoRA cases " + ", ".join(map(str, sorted(by_case)))
-        sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
-        more = ", ..." if len(token_runs) > 6 else ""
-        lines.append(
-            f"dispatch: {kind} batches of {count} token count(s) ({sample}{more}; {where}): "
-            f"{old} -> {new}"
-        )
-    return lines
-
-
-def _shape(label: str) -> str:
-    """Mode only: the exact size follows from the token count."""
-    return label.split(":")[0]
+    return ["dispatch: " + line for line in target_changes(exact, plan)]

@@ -47,7 +47,7 @@ def _ranges(plan: Plan) -> list[str]:
     return lines
 
 
-def render_show(plan: Plan, name: str) -> str:
+def render_show(plan: Plan, name: str, estimate: str = "") -> str:
     spec = plan.spec
     lora = spec.lora
     lines = [
@@ -67,6 +67,9 @@ def render_show(plan: Plan, name: str) -> str:
         "",
         "Graphs to capture (PIECEWISE first, then FULL, largest first):",
     ]
+    if estimate:
+        lines.insert(-1, f"Estimated: {estimate}")
+        lines.insert(-1, "")
     cases = plan.lora_capture_cases
     rows = []
     for mode in ("PIECEWISE", "FULL"):

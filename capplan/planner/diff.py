@@ -1,0 +1,165 @@
+"""Semantic diff of two plans: what a reviewer needs to judge a change.
+
+Graphs added and removed per mode and LoRA case, dispatch regions whose
+target changed, spec fields, fixes and deviations, and the estimated capture
+time and memory delta. Rendered as text, markdown (for a pull request) or
+JSON, all from one `PlanDiff`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from capplan.planner.cost import CostModel, Estimate
+from capplan.planner.regions import target_changes
+from capplan.schemas.plan import Plan
+
+
+@dataclass
+class PlanDiff:
+    old_name: str
+    new_name: str
+    equal: bool
+    spec_changes: list[str] = field(default_factory=list)
+    graph_changes: list[tuple[str, int, int, int]] = field(default_factory=list)  # mode, case, added, removed
+    added_sample: list[str] = field(default_factory=list)
+    removed_sample: list[str] = field(default_factory=list)
+    dispatch_changes: list[str] = field(default_factory=list)
+    lora_map_changes: list[str] = field(default_factory=list)
+    fix_changes: list[str] = field(default_factory=list)
+    old_estimate: Estimate | None = None
+    new_estimate: Estimate | None = None
+    calibration: str = ""
+
+    def headline(self) -> str:
+        if self.equal:
+            return "no changes"
+        o, n = self.old_estimate, self.new_estimate
+        what = "; ".join(self.spec_changes[:3]) or "plan changed"
+        if len(self.spec_changes) > 3:
+            what += f"; +{len(self.spec_changes) - 3} more"
+        return (f"{what}: {_signed(n.graphs - o.graphs)} graphs, {_signed(n.capture_seconds - o.capture_seconds, '.0f')} s "
+                f"capture, {_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)")
+
+    def to_json(self) -> dict:
+        est = lambda e: None if e is None else {  # noqa: E731
+            "graphs": e.graphs, "capture_seconds": round(e.capture_seconds, 2),
+            "graph_memory_gib": round(e.graph_memory_gib, 3)}
+        return {
+            "old": self.old_name, "new": self.new_name, "equal": self.equal, "headline": self.headline(),
+            "spec_changes": self.spec_changes,
+            "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
+            "dispatch_changes": self.dispatch_changes, "lora_dispatch_changes": self.lora_map_changes,
+            "fix_changes": self.fix_changes,
+            "estimate": {"old": est(self.old_estimate), "new": est(self.new_estimate), "calibration": self.calibration},
+        }
+
+
+def _signed(value: float, fmt: str = "d") -> str:
+    return f"{value:+{fmt}}" if fmt != "d" else f"{int(value):+d}"
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def _label(d) -> str:
+    extra = f"({d.num_reqs}r)" if d.num_reqs is not None else ""
+    return f"{d.cg_mode}:{d.num_tokens}{extra}@{d.num_active_loras}"
+
+
+def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new_name: str = "new") -> PlanDiff:
+    result = PlanDiff(old_name, new_name, equal=old == new, calibration=cost.name)
+    result.old_estimate, result.new_estimate = cost.estimate(old), cost.estimate(new)
+    if result.equal:
+        return result
+    a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
+    result.spec_changes = [f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in a if a.get(k) != b.get(k)]
+    old_set, new_set = set(old.descriptors), set(new.descriptors)
+    added, removed = [d for d in new.descriptors if d not in old_set], [d for d in old.descriptors if d not in new_set]
+    plus = Counter((d.cg_mode, d.num_active_loras) for d in added)
+    minus = Counter((d.cg_mode, d.num_active_loras) for d in removed)
+    result.graph_changes = [(m, c, plus[(m, c)], minus[(m, c)]) for m, c in sorted(set(plus) | set(minus))]
+    result.added_sample = [_label(d) for d in added[:8]]
+    result.removed_sample = [_label(d) for d in removed[:8]]
+    result.dispatch_changes = target_changes(old, new, exact_sizes=True)
+    if old.lora_dispatch_key != new.lora_dispatch_key:
+        result.lora_map_changes.append(f"LoRA dispatch by {old.lora_dispatch_key} -> {new.lora_dispatch_key}")
+    for count in sorted(set(old.lora_dispatch_map) | set(new.lora_dispatch_map)):
+        o, n = old.lora_dispatch_map.get(count), new.lora_dispatch_map.get(count)
+        if o != n:
+            result.lora_map_changes.append(f"LoRA count {count}: case {_fmt(o)} -> case {_fmt(n)}")
+    if old.fixes != new.fixes:
+        result.fix_changes.append(f"fixes: {old.fixes} -> {new.fixes}")
+    old_dev = {d.fix: d.changes for d in old.deviations}
+    new_dev = {d.fix: d.changes for d in new.deviations}
+    for fix in list(old_dev) + [f for f in new_dev if f not in old_dev]:
+        before, after = old_dev.get(fix, []), new_dev.get(fix, [])
+        result.fix_changes += [f"- {fix}: {c}" for c in before if c not in after]
+        result.fix_changes += [f"+ {fix}: {c}" for c in after if c not in before]
+    return result
+
+
+def _fmt(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+def render_text(d: PlanDiff) -> str:
+    lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
+    if d.equal:
+        return lines[0] + "\n"
+    o, n = d.old_estimate, d.new_estimate
+    lines.append(f"  estimate ({d.calibration}): {o.text()}  ->  {n.text()}")
+    sections = [
+        ("spec", d.spec_changes),
+        ("graphs", [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
+         + ([f"added e.g. {', '.join(d.added_sample)}"] if d.added_sample else [])
+         + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else [])),
+        ("LoRA dispatch", d.lora_map_changes),
+        ("dispatch (what a batch replays)", d.dispatch_changes),
+        ("fixes and deviations", d.fix_changes),
+    ]
+    for title, items in sections:
+        if items:
+            lines.append(f"{title}:")
+            bullet = "  " if title.startswith("fixes") else "  - "
+            lines += [f"{bullet}{item}" for item in items]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(d: PlanDiff) -> str:
+    lines = [f"### capplan plan diff: `{d.old_name}` → `{d.new_name}`", "", f"**{d.headline()}**", ""]
+    if d.equal:
+        return "\n".join(lines)
+    o, n = d.old_estimate, d.new_estimate
+    lines += [
+        "| | old | new | change |",
+        "|---|---:|---:|---:|",
+        f"| graphs | {o.graphs} | {n.graphs} | {_signed(n.graphs - o.graphs)} |",
+        f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
+        f"{_signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
+        f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
+        f"{_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
+        "",
+        f"<sub>Estimates from calibration `{d.calibration}`.</sub>",
+        "",
+    ]
+    if d.spec_changes:
+        lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
+    if d.graph_changes:
+        lines += ["**Graphs per mode and LoRA case**", "", "| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+        lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
+    for title, items in (("LoRA dispatch", d.lora_map_changes), ("Dispatch changes", d.dispatch_changes)):
+        if items:
+            lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
+    if d.fix_changes:
+        lines += ["**Fixes and deviations**", "", "```diff", *d.fix_changes, "```", ""]
+    return "\n".join(lines)

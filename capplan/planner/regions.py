@@ -1,0 +1,74 @@
+"""Dispatch targets per token count, and how they change between two plans.
+
+Shared by the deviations (a plan against its exact-vLLM twin) and `capplan
+diff` (two plans): what a mixed batch and a uniform-decode batch of N tokens
+replay in each LoRA case, merged into token runs.
+"""
+
+from __future__ import annotations
+
+from capplan.schemas.plan import Plan
+
+
+def _targets(plan: Plan, ids: list[int]) -> tuple[str, str]:
+    """(graph a mixed batch replays, graph a uniform-decode batch replays) from a candidate list."""
+    descs = [plan.graphs[i].descriptor for i in ids]
+    mixed = next((d for d in descs if d.uniform_token_count is None), None)
+    decode = next((d for d in descs if d.uniform_token_count == plan.decode_query_len), mixed)
+    label = lambda d: "eager" if d is None else f"{d.cg_mode}:{d.num_tokens}"  # noqa: E731
+    return label(mixed), label(decode)
+
+
+def _expand(plan: Plan) -> dict[tuple[int, int], list[int]]:
+    return {
+        (row.lora_case, n): row.candidates for row in plan.dispatch for n in range(row.lo, row.hi + 1)
+    }
+
+
+def _shape(label: str) -> str:
+    """Mode only: the exact size follows from the token count."""
+    return label.split(":")[0]
+
+
+def target_changes(old: Plan, new: Plan, *, exact_sizes: bool = False) -> list[str]:
+    """One line per (batch kind, old target, new target): token runs and LoRA cases.
+
+    Only LoRA cases both plans capture are compared; with `exact_sizes` the
+    lines name graph sizes ("PIECEWISE:8"), otherwise modes only.
+    """
+    before, after = _expand(old), _expand(new)
+    shared_cases = set(old.lora_capture_cases) & set(new.lora_capture_cases)
+    top = max([k[1] for k in before] + [k[1] for k in after], default=0)
+    dql = new.decode_query_len if new.decode_query_len == old.decode_query_len else 0
+    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
+    for case in sorted(shared_cases):
+        for n in range(1, top + 1):
+            o = _targets(old, before.get((case, n), []))
+            w = _targets(new, after.get((case, n), []))
+            kinds = [("mixed", o[0], w[0])]
+            if dql and n % dql == 0:
+                kinds.append(("uniform-decode", o[1], w[1]))
+            for kind, a, b in kinds:
+                if not exact_sizes:
+                    a, b = _shape(a), _shape(b)
+                if a == b:
+                    continue
+                case_runs = runs.setdefault((kind, a, b), {}).setdefault(case, [])
+                if case_runs and case_runs[-1][1] == n - 1:
+                    case_runs[-1][1] = n
+                else:
+                    case_runs.append([n, n])
+    lines = []
+    all_cases = sorted(shared_cases)
+    for (kind, a, b), by_case in sorted(runs.items()):
+        groups: dict[tuple, list[int]] = {}
+        for case, case_runs in by_case.items():
+            groups.setdefault(tuple(map(tuple, case_runs)), []).append(case)
+        for token_runs, cases in groups.items():
+            count = sum(hi - lo + 1 for lo, hi in token_runs)
+            sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
+            more = ", ..." if len(token_runs) > 6 else ""
+            where = ("all LoRA cases" if cases == all_cases and len(all_cases) > 1
+                     else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases)))
+            lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {a} -> {b}")
+    return lines

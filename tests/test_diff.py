@@ -1,0 +1,87 @@
+"""capplan diff: semantic content, exit codes, and golden output in all three formats."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capplan.cli import app
+from capplan.planner import compile_plan
+from capplan.planner.cost import load_cost_model
+from capplan.planner.diff import diff_plans
+from tests.conftest import make_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+runner = CliRunner()
+
+
+def test_cost_model_reproduces_its_calibration_runs():
+    model = load_cost_model()
+    for lora, seconds, gib in (({"enabled": False}, 8, 0.27), ({"enabled": True, "max_loras": 4}, 30, 0.44),
+                               ({"enabled": True, "max_loras": 4, "specialize_active": True}, 44, 0.94)):
+        est = model.estimate(compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora)))
+        assert est.capture_seconds == pytest.approx(seconds) and est.graph_memory_gib == pytest.approx(gib)
+
+
+def test_diff_counts_graphs_per_mode_and_case():
+    old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}))
+    new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}))
+    d = diff_plans(old, new, load_cost_model())
+    assert not d.equal
+    assert d.spec_changes == ["lora.specialize_active: False -> True"]
+    assert d.graph_changes == [("FULL", 1, 35, 0), ("FULL", 2, 35, 0), ("FULL", 4, 35, 0),
+                               ("PIECEWISE", 1, 51, 0), ("PIECEWISE", 2, 51, 0), ("PIECEWISE", 4, 51, 0)]
+    assert d.new_estimate.graphs - d.old_estimate.graphs == 258
+    assert d.headline().startswith("lora.specialize_active: False -> True: +258 graphs, +14 s capture")
+    same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4})), load_cost_model())
+    assert same.equal and same.headline() == "no changes"
+
+
+def test_diff_reports_dispatch_region_changes():
+    spec = dict(scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64}, speculative={"num_speculative_tokens": 2},
+                cudagraph={"capture_sizes": [1, 2, 4, 8]}, target={"vllm": "0.25"})
+    d = diff_plans(compile_plan(make_spec(**spec, fixes=[])), compile_plan(make_spec(**spec, fixes=["mixed_ranges"])),
+                   load_cost_model())
+    assert "mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE:4" not in d.dispatch_changes
+    assert any(line.startswith("mixed batches of 1 token count(s) (3; LoRA case 0): eager -> PIECEWISE:4")
+               for line in d.dispatch_changes), d.dispatch_changes
+    assert "+ mixed_ranges: dispatch: mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE" in d.fix_changes
+
+
+@pytest.fixture
+def spec_pair(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "configs" / "h200-tiny-llama-025.yaml", "old.yaml")
+    Path("new.yaml").write_text(Path("old.yaml").read_text().replace("max_loras: 4", "max_loras: 8"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json")])
+def test_golden_diff_output(spec_pair, fmt, suffix):
+    assert runner.invoke(app, ["compile", "old.yaml"]).exit_code == 0
+    assert runner.invoke(app, ["compile", "new.yaml"]).exit_code == 0
+    result = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml", "--format", fmt])
+    assert result.exit_code == 2, result.output
+    golden = GOLDEN / f"diff_max_loras_4_to_8.{suffix}"
+    if os.environ.get("CAPPLAN_UPDATE_GOLDEN") == "1":
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text()
+    if fmt == "json":
+        data = json.loads(result.stdout)
+        assert data["equal"] is False and data["estimate"]["new"]["graphs"] == 108
+    same = runner.invoke(app, ["diff", "old.plan.yaml", "old.plan.yaml", "--format", fmt])
+    assert same.exit_code == 0
+
+
+def test_diff_specs_directly(spec_pair):
+    result = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"])
+    assert result.exit_code == 2
+    assert result.stdout.startswith("capplan diff old.yaml -> new.yaml: lora.max_loras: 4 -> 8: +18 graphs")
+    bad = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "html"])
+    assert bad.exit_code == 2 and "--format must be text, markdown or json" in bad.stderr
+    missing = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml"])
+    assert missing.exit_code == 1 and "no such file" in missing.stderr
