@@ -58,6 +58,6 @@ def build_ranges(
                 else:
                     candidates += by_tokens.get(hi, [])
             if candidates:
-                rows.append(DispatchRange(lora_case=case, lo=lo, hi=hi, candidates=candidates))
+                rows.append(DispatchRange.trusted(lora_case=case, lo=lo, hi=hi, candidates=candidates))
             lo = hi + 1
     return rows

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 from capplan.planner.candidates import build_ranges
 from capplan.planner.capture_sizes import resolve_capture_sizes
-from capplan.planner.deviations import describe_deviations
+from capplan.planner.deviations import ExactTwin, describe_deviations
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
-from capplan.planner.dummy_layout import dummy_layout
+from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
@@ -21,16 +23,32 @@ DP_SYNC = (
 
 
 def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
+    """Compile a validated spec into its plan (deterministic, pure)."""
+    # Thousands of small acyclic objects: the cycle collector would only run
+    # (and stall) mid-build, so pause it for the duration.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(spec, with_deviations)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _compile(spec: Spec, with_deviations: bool) -> Plan:
     sizes, max_size = resolve_capture_sizes(spec)
     cases = lora_capture_cases(spec)
     by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
     ordered = capture_order(by_mode)
     ids = {d.key(): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
+    layout = DummyLayouts(spec)
     graphs = [
-        PlannedGraph(id=i, descriptor=d, dummy=dummy_layout(d, spec)) for i, d in enumerate(ordered)
+        PlannedGraph.trusted(id=i, descriptor=d, dummy=layout(d)) for i, d in enumerate(ordered)
     ]
-    plan = Plan(
+    # Inputs are validated; the plan is assembled without re-validation, and
+    # validated in full whenever a plan file is loaded.
+    plan = Plan.trusted(
         format_version=FORMAT_VERSION,
         spec_hash=spec_hash(spec),
         target={"runner": spec.target.runner, "vllm": VLLM_RANGES[spec.target.vllm]},
@@ -46,7 +64,7 @@ def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
         lora_dispatch_map=lora_dispatch_map(cases),
         graphs=graphs,
         dispatch=build_ranges(by_mode, cases, ids, per_mode),
-        dp=DPPolicy(
+        dp=DPPolicy.trusted(
             data_parallel_size=spec.parallel.data_parallel_size,
             sync=DP_SYNC,
             lora_agreement="local",
@@ -55,8 +73,8 @@ def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
         stats=_stats(ordered, cases),
     )
     if with_deviations and spec.fixes:
-        exact = compile_plan(spec.model_copy(update={"fixes": []}), with_deviations=False)
-        plan = plan.model_copy(update={"deviations": describe_deviations(plan, exact)})
+        twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode))
+        plan.__dict__["deviations"] = describe_deviations(plan, twin)
     return plan
 
 

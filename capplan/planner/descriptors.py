@@ -20,6 +20,15 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _desc(mode: str, tokens: int, reqs: int | None, uniform: int | None, case: int) -> Descriptor:
+    # Built by the planner from validated inputs; construct without re-validating
+    # (compile runs on every commit and must stay cheaper than vLLM's own startup).
+    return Descriptor.trusted(
+        cg_mode=mode, num_tokens=tokens, num_reqs=reqs, uniform_token_count=uniform,
+        max_query_len=None, num_active_loras=case,
+    )
+
+
 def descriptors_by_mode(
     spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int]
 ) -> dict[str, list[Descriptor]]:
@@ -38,24 +47,13 @@ def descriptors_by_mode(
                 rounded = _round_up(num_tokens, dql)
                 reqs = rounded // dql
                 if rounded <= max_capture_size and reqs <= max_num_seqs:
-                    desc = Descriptor(
-                        cg_mode=decode_mode,
-                        num_tokens=rounded,
-                        num_reqs=reqs,
-                        uniform_token_count=dql,
-                        num_active_loras=case,
-                    )
-                    if desc.key() not in seen:
-                        seen.add(desc.key())
-                        by_mode.setdefault(decode_mode, []).append(desc)
+                    key = (rounded, case)
+                    if key not in seen:
+                        seen.add(key)
+                        by_mode.setdefault(decode_mode, []).append(_desc(decode_mode, rounded, reqs, dql, case))
             if mixed_mode != "NONE":
-                desc = Descriptor(
-                    cg_mode=mixed_mode,
-                    num_tokens=num_tokens,
-                    num_reqs=min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None,
-                    num_active_loras=case,
-                )
-                by_mode.setdefault(mixed_mode, []).append(desc)
+                reqs = min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None
+                by_mode.setdefault(mixed_mode, []).append(_desc(mixed_mode, num_tokens, reqs, None, case))
     return by_mode
 
 

@@ -13,7 +13,37 @@ FAILURE_CLASSES = {
 }
 
 
-def describe_deviations(plan: Plan, exact: Plan) -> list[Deviation]:
+class ExactTwin:
+    """What vLLM itself (fixes: []) would plan for the same spec, computed lazily.
+
+    Fixes never change which graphs exist, so the twin shares the plan's
+    descriptors and only recomputes what a fix touches: dummy layouts of the
+    graphs it can change, and (on 0.25) the dispatch ranges.
+    """
+
+    def __init__(self, plan: Plan, ranges) -> None:
+        from capplan.planner.dummy_layout import DummyLayouts
+
+        self.spec = plan.spec.model_copy(update={"fixes": []})
+        self.graphs = plan.graphs
+        self.decode_query_len = plan.decode_query_len
+        self.lora_capture_cases = plan.lora_capture_cases
+        self.lora_dispatch_map = plan.lora_dispatch_map
+        self._layout = DummyLayouts(self.spec)
+        self._ranges = ranges
+        self._dispatch = None
+
+    def dummy(self, graph):
+        return self._layout(graph.descriptor)
+
+    @property
+    def dispatch(self):
+        if self._dispatch is None:
+            self._dispatch = self._ranges(per_mode=self.spec.target.vllm != "0.25")
+        return self._dispatch
+
+
+def describe_deviations(plan: Plan, exact: ExactTwin) -> list[Deviation]:
     describe = {
         Fix.lora_slot: _lora_slot,
         Fix.dummy_remainder: _dummy_remainder,
@@ -25,13 +55,13 @@ def describe_deviations(plan: Plan, exact: Plan) -> list[Deviation]:
     ]
 
 
-def _case(plan: Plan, count: int) -> int:
+def _case(plan, count: int) -> int:
     if count <= 0 or not plan.lora_dispatch_map:
         return 0 if count <= 0 else count
     return plan.lora_dispatch_map.get(count, max(plan.lora_dispatch_map.values()))
 
 
-def _lora_slot(plan: Plan, exact: Plan) -> list[str]:
+def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:
     if not plan.spec.lora.enabled:
         return ["no change: LoRA is off"]
     changes = []
@@ -40,15 +70,20 @@ def _lora_slot(plan: Plan, exact: Plan) -> list[str]:
         if before != after:
             changes.append(f"dispatch: {k} adapter(s) + base requests -> LoRA case {after} (vLLM: {before})")
     grids: dict[tuple[int, int, int], int] = {}
-    for new, old in zip(plan.graphs, exact.graphs):
-        if new.dummy.kernel_grid != old.dummy.kernel_grid:
-            key = (new.descriptor.num_active_loras, old.dummy.kernel_grid, new.dummy.kernel_grid)
+    id_changes = 0
+    # Only the max_loras + 1 case gets a different dummy (its -1 row).
+    for new in plan.graphs:
+        if new.descriptor.num_active_loras <= plan.spec.lora.max_loras:
+            continue
+        old = exact.dummy(new)
+        id_changes += old.lora_ids != new.dummy.lora_ids
+        if new.dummy.kernel_grid != old.kernel_grid:
+            key = (new.descriptor.num_active_loras, old.kernel_grid, new.dummy.kernel_grid)
             grids[key] = grids.get(key, 0) + 1
     for (case, old, new), n in sorted(grids.items()):
         changes.append(
             f"capture: {n} graph(s) of LoRA case {case} get a -1 dummy row: kernel grid {old} -> {new}"
         )
-    id_changes = sum(1 for a, b in zip(plan.graphs, exact.graphs) if a.dummy.lora_ids != b.dummy.lora_ids)
     if id_changes and not grids:
         changes.append(
             f"capture: {id_changes} dummy layout(s) of case {plan.spec.lora.max_loras + 1} "
@@ -57,17 +92,23 @@ def _lora_slot(plan: Plan, exact: Plan) -> list[str]:
     return changes or ["no change: every adapter count already maps to a case covering its kernel slots"]
 
 
-def _dummy_remainder(plan: Plan, exact: Plan) -> list[str]:
-    changed = [(a, b) for a, b in zip(plan.graphs, exact.graphs) if a.dummy.tokens != b.dummy.tokens]
+def _dummy_remainder(plan: Plan, exact: ExactTwin) -> list[str]:
+    changed = []
+    if plan.spec.target.vllm == "0.25":  # 0.31+ already spreads: nothing to compare
+        for graph in plan.graphs:
+            if len(graph.dummy.tokens) > 1:  # a remainder exists
+                old = exact.dummy(graph)
+                if old.tokens != graph.dummy.tokens:
+                    changed.append((graph.dummy, old))
     if not changed:
         if plan.spec.target.vllm != "0.25":
             return ["no change: vLLM 0.31+ already spreads the remainder"]
         return ["no change: no dummy batch of this spec has a token remainder"]
     limit = plan.spec.scheduler.max_model_len
-    longest_before = max(b.dummy.max_query_len for _, b in changed)
-    longest_after = max(a.dummy.max_query_len for a, _ in changed)
-    over_before = sum(1 for _, b in changed if b.dummy.max_query_len > limit)
-    over_after = sum(1 for a, _ in changed if a.dummy.max_query_len > limit)
+    longest_before = max(b.max_query_len for _, b in changed)
+    longest_after = max(a.max_query_len for a, _ in changed)
+    over_before = sum(1 for _, b in changed if b.max_query_len > limit)
+    over_after = sum(1 for a, _ in changed if a.max_query_len > limit)
     return [
         f"capture: {len(changed)} dummy batch(es) spread the token remainder over the last requests; "
         f"longest dummy request {longest_before} -> {longest_after} tokens "
@@ -75,9 +116,10 @@ def _dummy_remainder(plan: Plan, exact: Plan) -> list[str]:
     ]
 
 
-def _mixed_ranges(plan: Plan, exact: Plan) -> list[str]:
+def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:
+    if plan.spec.target.vllm != "0.25":
+        return ["no change: vLLM 0.31+ already builds ranges per mode"]
     if plan.dispatch == exact.dispatch:
-        if plan.spec.target.vllm != "0.25":
-            return ["no change: vLLM 0.31+ already builds ranges per mode"]
         return ["no change: for this spec 0.25's union ranges offer the same candidates"]
-    return ["dispatch: " + line for line in target_changes(exact, plan)]
+    lines = ["dispatch: " + line for line in target_changes(exact, plan)]
+    return lines or ["no change in what any batch replays (fallback candidates added behind the first)"]

@@ -52,15 +52,34 @@ def dummy_lora_ids(case: int, spec: Spec) -> list[int] | None:
     return ids
 
 
+class DummyLayouts:
+    """Dummy layouts for one spec; grids are memoized per (LoRA case, requests)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.max_num_seqs = spec.scheduler.max_num_seqs
+        self.spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
+        self._ids: dict[int, list[int] | None] = {}
+        self._grids: dict[tuple[int, int], int | None] = {}
+
+    def __call__(self, desc: Descriptor) -> DummyLayout:
+        num_reqs = desc.num_reqs or min(desc.num_tokens, self.max_num_seqs)
+        runs = token_runs(desc.num_tokens, num_reqs, self.spread)
+        case = desc.num_active_loras
+        if case not in self._ids:
+            self._ids[case] = dummy_lora_ids(case, self.spec)
+        ids = self._ids[case]
+        grid_key = (case, min(num_reqs, len(ids) if ids else 0))
+        if grid_key not in self._grids:
+            self._grids[grid_key] = None if ids is None else kernel_grid(ids, num_reqs, self.spec)
+        return DummyLayout.trusted(
+            num_reqs=num_reqs,
+            tokens=runs,
+            max_query_len=runs[-1][1],
+            lora_ids=ids,
+            kernel_grid=self._grids[grid_key],
+        )
+
+
 def dummy_layout(desc: Descriptor, spec: Spec) -> DummyLayout:
-    num_reqs = desc.num_reqs or min(desc.num_tokens, spec.scheduler.max_num_seqs)
-    spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
-    runs = token_runs(desc.num_tokens, num_reqs, spread)
-    ids = dummy_lora_ids(desc.num_active_loras, spec)
-    return DummyLayout(
-        num_reqs=num_reqs,
-        tokens=runs,
-        max_query_len=max(tokens for _, tokens in runs),
-        lora_ids=ids,
-        kernel_grid=None if ids is None else kernel_grid(ids, num_reqs, spec),
-    )
+    return DummyLayouts(spec)(desc)

@@ -15,10 +15,26 @@ from capplan.schemas.spec import Spec
 FORMAT_VERSION = 1
 
 CgMode = Literal["NONE", "PIECEWISE", "FULL"]
+_set = object.__setattr__
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def trusted(cls, **values):
+        """Build from values the planner derived itself, skipping validation.
+
+        `model_construct` costs ~8 us per object; a plan has thousands, and
+        compile must stay cheaper than vLLM's own startup. Every field must be
+        given. Plans read from disk are always fully validated.
+        """
+        obj = cls.__new__(cls)
+        _set(obj, "__dict__", values)
+        _set(obj, "__pydantic_fields_set__", set(values))
+        _set(obj, "__pydantic_extra__", None)
+        _set(obj, "__pydantic_private__", None)
+        return obj
 
 
 class Descriptor(_Frozen):
