@@ -132,3 +132,13 @@ def test_padded_tokens_do_not_depend_on_lora_count(data):
                                          batch.has_prefill))
         results.add((desc.cg_mode, desc.num_tokens))
     assert len(results) == 1
+
+
+@FAST
+@given(st.data())
+def test_fast_dispatch_equals_explained_dispatch(data):
+    spec = data.draw(specs())
+    dispatcher = Dispatcher(compile_plan(spec))
+    for _ in range(30):
+        batch = data.draw(batches(spec))
+        assert dispatcher.dispatch(batch) == dispatcher.explain(batch, [])

@@ -52,23 +52,38 @@ def _compatible(desc: Descriptor, num_reqs: int, uniform: int | None, max_q: int
 
 
 class Dispatcher:
-    """O(1) lookup: per LoRA case, a list indexed by token count of candidate tuples."""
+    """O(1) dispatch from precomputed tables.
+
+    Per LoRA case, a list indexed by token count holds the candidates as
+    (required uniform count or None, request capacity, descriptor), and a
+    list indexed by LoRA count holds the case; `dispatch` is a few integer
+    comparisons, no search and no function call per candidate.
+    """
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.vllm = plan.spec.target.vllm
+        self.is_025 = self.vllm == "0.25"
         self.by_slots = plan.lora_dispatch_key == "kernel_slots"
         self.lora_map = dict(plan.lora_dispatch_map)
         self.max_case = max(self.lora_map.values(), default=0)
+        # count -> case for 0..largest case; larger counts clamp (vLLM's rule).
+        self.case_of = [0] + [self.lora_map[n] for n in range(1, self.max_case + 1)]
         descs = plan.descriptors
         top = max((row.hi for row in plan.dispatch), default=0)
         self.max_tokens = top
-        self.table: dict[int, list[tuple[Descriptor, ...]]] = {}
+        unbounded = 1 << 62
+        self.table: dict[int, list[tuple]] = {}
         for row in plan.dispatch:
             column = self.table.setdefault(row.lora_case, [()] * (top + 1))
-            cands = tuple(descs[i] for i in row.candidates)
+            cands = tuple(
+                (descs[i].uniform_token_count, descs[i].num_reqs or unbounded, descs[i]) for i in row.candidates
+            )
             for n in range(row.lo, row.hi + 1):
                 column[n] = cands
+        # Plans from this capplan never bound max_query_len (no varlen decode
+        # graphs); a plan that does takes the general path in `explain`.
+        self.fast = all(d.max_query_len is None for d in descs)
 
     def lora_count(self, batch: Batch) -> int:
         """The count the plan dispatches LoRA by: adapters, or kernel slots under lora_slot."""
@@ -82,7 +97,33 @@ class Dispatcher:
         return self.lora_map.get(count, self.max_case)
 
     def dispatch(self, batch: Batch) -> Descriptor:
-        return self.explain(batch, trace=None)
+        if not self.fast:
+            return self.explain(batch)
+        r, t = batch.num_reqs, batch.num_tokens
+        u = batch.uniform_token_count
+        if u is None:
+            q = batch.max_query_len
+            # 0.25: q == t // r and t == q * r (the same for r >= 1); 0.31+ also
+            # keeps batches with a real prefill out of decode graphs.
+            if t == q * r and (self.is_025 or not batch.has_prefill):
+                u = q
+        k = batch.num_active_loras
+        if k > 0:
+            if self.by_slots and batch.base:
+                k += 1
+            case_of = self.case_of
+            case = case_of[k] if k < len(case_of) else (self.max_case if len(case_of) > 1 else k)
+        else:
+            case = k
+        column = self.table.get(case)
+        if column is not None and 0 < t <= self.max_tokens:
+            for need_u, cap, desc in column[t]:
+                if (need_u is None or need_u == u) and r <= cap:
+                    return desc
+        return Descriptor.trusted(
+            cg_mode="NONE", num_tokens=t, num_reqs=r, uniform_token_count=None,
+            max_query_len=None, num_active_loras=case,
+        )
 
     def explain(self, batch: Batch, trace: list[str] | None = None) -> Descriptor:
         """Dispatch, appending one human-readable reason per step to `trace`."""
@@ -104,7 +145,7 @@ class Dispatcher:
         column = self.table.get(case)
         n = batch.num_tokens
         if column is not None and 0 < n <= self.max_tokens:
-            for desc in column[n]:
+            for _, _, desc in column[n]:
                 if _compatible(desc, batch.num_reqs, uniform, max_q):
                     if trace is not None:
                         trace.append(f"replays {_short(desc)}")
@@ -118,13 +159,9 @@ class Dispatcher:
                 trace.append(f"eager: {n} tokens is above the largest graph ({self.max_tokens})")
             else:
                 trace.append("eager: no compatible graph")
-        return Descriptor.model_construct(
-            cg_mode="NONE",
-            num_tokens=n,
-            num_reqs=batch.num_reqs,
-            uniform_token_count=None,
-            max_query_len=None,
-            num_active_loras=case,
+        return Descriptor.trusted(
+            cg_mode="NONE", num_tokens=n, num_reqs=batch.num_reqs, uniform_token_count=None,
+            max_query_len=None, num_active_loras=case,
         )
 
 
