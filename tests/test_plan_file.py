@@ -60,3 +60,44 @@ def test_unsafe_yaml_is_refused(tmp_path):
 def test_duplicate_keys_are_refused(tmp_path):
     with pytest.raises(PlanError, match="duplicate key 'format_version'"):
         load_plan(write(tmp_path, "format_version: 1\nformat_version: 1\n"))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "  - {id: 0, descriptor: {cg_mode: on}}",
+        "  - {id: 007, x: 1}",
+        "  - {id: 0x1F}",
+        "  - {id: 1_000}",
+        "  - {a: yes, b: [1, 2]}",
+        "  - {a: 1, a: 2}",
+        "  - {a: [1, {b: null}], c: -3}",
+    ],
+)
+def test_fast_flow_parser_matches_yaml_or_falls_back(tmp_path, line):
+    import yaml
+
+    from capplan.errors import PlanError as Err
+    from capplan.yaml_io import read_yaml
+
+    path = tmp_path / "x.plan.yaml"
+    path.write_text(f"format_version: 1\ngraphs:\n{line}\ndispatch: []\n")
+    try:
+        expected = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        expected = None
+    if expected is None or "a: 1, a: 2" in line:
+        with pytest.raises(Err):
+            read_yaml(path, "plan", Err)
+    else:
+        assert read_yaml(path, "plan", Err) == expected
+
+
+def test_fast_parser_equals_yaml_on_examples():
+    import yaml
+
+    from capplan.errors import PlanError as Err
+    from capplan.yaml_io import read_yaml
+
+    for path in sorted(Path(__file__).resolve().parents[1].glob("examples/*.plan.yaml")):
+        assert read_yaml(path, "plan", Err) == yaml.safe_load(path.read_text())

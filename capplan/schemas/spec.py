@@ -62,7 +62,7 @@ MAX_CAPTURE_SIZES = 2048
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Target(_Strict):

@@ -1,0 +1,1 @@
+"""capplan benchmarks against vLLM's own planning code, measured in one run."""
