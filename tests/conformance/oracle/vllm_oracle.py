@@ -263,11 +263,18 @@ def _run_hook(lora_config, max_loras_key, desc, num_reqs: int):
     return hit
 
 
-def _run_spec(entry: dict) -> dict:
-    name = entry["name"]
-    spec = entry["spec"]
-    queries = entry.get("queries") or []
-    notes: list[str] = []
+def build_manager(spec: dict, notes: list[str] | None = None) -> SimpleNamespace:
+    """vLLM's own startup planning for one spec: configs, capture sizes, mode
+    resolution, LoRA capture cases and a CudaGraphManager ready to dispatch.
+    Also used by bench/ to time vLLM building the same tables capplan plans."""
+    notes = [] if notes is None else notes
+
+    target = spec.get("target") or {}
+    want = str(target.get("vllm", ""))
+    if want and not (VLLM_VERSION == want or VLLM_VERSION.startswith(want + ".")):
+        notes.append(f"spec targets vLLM {want} but this oracle runs {VLLM_VERSION}")
+    if target.get("runner", "mrv2") != "mrv2":
+        notes.append(f"spec targets runner {target.get('runner')!r}; oracle models MRV2 only")
 
     sched = _scheduler_config(spec["scheduler"], notes)
     max_num_seqs = int(spec["scheduler"]["max_num_seqs"])
@@ -285,7 +292,7 @@ def _run_spec(entry: dict) -> dict:
         data_parallel_size=dp_size,
         pipeline_parallel_size=1,
     )
-    _set_blackwell(bool(spec["target"].get("blackwell", False)))
+    _set_blackwell(bool(target.get("blackwell", False)))
 
     # VllmConfig._set_cudagraph_sizes, unbound, on a namespace "self".
     fake_self = SimpleNamespace(
@@ -332,6 +339,30 @@ def _run_spec(entry: dict) -> dict:
         vllm_config_like, torch.device("cpu"), cudagraph_mode, **mgr_kwargs
     )
     manager._graphs_captured = True
+    return SimpleNamespace(
+        manager=manager, compilation_config=compilation_config, cudagraph_mode=cudagraph_mode,
+        lora_config=lora_config, lora_capture_cases=lora_capture_cases,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    )
+
+
+def uniform_rule():
+    """The runner's uniform-decode rule for this version, as f(reqs, tokens, max_query_len, has_prefill)."""
+    if IS_V033:
+        return lambda r, t, q, prefill: get_uniform_decode_token_count(r, t, q, decode_graph_eligible=not prefill)
+    return lambda r, t, q, prefill: get_uniform_token_count(r, t, q)
+
+
+def _run_spec(entry: dict) -> dict:
+    name = entry["name"]
+    spec = entry["spec"]
+    queries = entry.get("queries") or []
+    notes: list[str] = []
+    built = build_manager(spec, notes)
+    manager, compilation_config = built.manager, built.compilation_config
+    cudagraph_mode, lora_config = built.cudagraph_mode, built.lora_config
+    lora_capture_cases = built.lora_capture_cases
+    max_num_seqs, max_num_batched_tokens = built.max_num_seqs, built.max_num_batched_tokens
 
     # Descriptors in capture order and the dummy batch each is captured with.
     descriptors: list = []

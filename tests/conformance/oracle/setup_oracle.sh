@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Prepare the vLLM test oracle's environment (idempotent).
+#
+#   setup_oracle.sh CACHE_DIR
+#
+# Creates, each step skipped when its marker file says it is already done:
+#   CACHE_DIR/venv            python3.11 venv with requirements-vllm.txt (--no-deps)
+#   CACHE_DIR/src/0.25.0      vllm/*.py unzipped from the vllm==0.25.0 wheel
+#   CACHE_DIR/src/0.33.0      vllm/*.py unzipped from the vllm==0.33.0 wheel
+# Wheels are downloaded into CACHE_DIR/wheels and deleted once unzipped.
+#
+# Then run the oracle with one version's sources on PYTHONPATH:
+#   PYTHONPATH=CACHE_DIR/src/0.33.0 CACHE_DIR/venv/bin/python \
+#       tests/conformance/oracle/vllm_oracle.py --input IN.json --output OUT.json
+#
+# `--no-deps` matters: resolving vLLM's own dependencies pulls several GB of
+# CUDA wheels. The venv marker records a hash of the requirements file, so
+# editing requirements-vllm.txt rebuilds the venv on the next run.
+set -euo pipefail
+
+VERSIONS=(0.25.0 0.33.0)
+PYTHON=${PYTHON:-python3.11}
+
+if [[ $# -ne 1 || -z "${1:-}" ]]; then
+    echo "usage: $0 CACHE_DIR" >&2
+    exit 2
+fi
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REQS="$HERE/requirements-vllm.txt"
+mkdir -p "$1"
+CACHE=$(cd "$1" && pwd)
+
+log() { echo "[setup_oracle] $*"; }
+die() { echo "[setup_oracle] ERROR: $*" >&2; exit 1; }
+
+[[ -f "$REQS" ]] || die "missing $REQS"
+command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found"
+command -v unzip >/dev/null 2>&1 || die "unzip not found (apt-get install unzip)"
+
+req_hash() { sha256sum "$REQS" | cut -d' ' -f1; }
+
+# ---------------------------------------------------------------- venv
+VENV="$CACHE/venv"
+VENV_MARK="$VENV/.oracle-venv-ok"
+want_hash=$(req_hash)
+if [[ -f "$VENV_MARK" && "$(cat "$VENV_MARK")" == "$want_hash" && -x "$VENV/bin/python" ]]; then
+    log "venv: up to date ($VENV)"
+else
+    log "venv: creating $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" || die "venv creation failed"
+    log "venv: pip install --no-deps -r $(basename "$REQS") (torch is large; ~1-2 min)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --no-deps -r "$REQS" 2> >(grep -v "is ignored: it is neither" >&2) \
+        || die "pip install failed"
+    echo "$want_hash" > "$VENV_MARK"
+    log "venv: done"
+fi
+
+# ---------------------------------------------------------------- vLLM sources
+WHEELS="$CACHE/wheels"
+for v in "${VERSIONS[@]}"; do
+    SRC="$CACHE/src/$v"
+    MARK="$SRC/.oracle-src-ok"
+    if [[ -f "$MARK" && -f "$SRC/vllm/__init__.py" ]]; then
+        log "vllm $v: sources present ($SRC)"
+        continue
+    fi
+    mkdir -p "$WHEELS"
+    whl=$(ls "$WHEELS"/vllm-"$v"-*.whl 2>/dev/null | head -n1 || true)
+    if [[ -z "$whl" ]]; then
+        log "vllm $v: downloading wheel (several hundred MB)"
+        "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check \
+            --no-deps "vllm==$v" -d "$WHEELS" 2> >(grep -v "is ignored: it is neither" >&2) \
+            || die "download of vllm==$v failed"
+        whl=$(ls "$WHEELS"/vllm-"$v"-*.whl 2>/dev/null | head -n1 || true)
+        [[ -n "$whl" ]] || die "no vllm-$v wheel in $WHEELS after download"
+    else
+        log "vllm $v: reusing $(basename "$whl")"
+    fi
+    log "vllm $v: unzipping vllm/*.py"
+    rm -rf "$SRC"
+    mkdir -p "$SRC"
+    unzip -q -o "$whl" 'vllm/*.py' -d "$SRC" || die "unzip of $whl failed"
+    [[ -f "$SRC/vllm/__init__.py" ]] || die "unzip produced no vllm/__init__.py"
+    touch "$MARK"
+    rm -f "$whl"
+    log "vllm $v: done (wheel deleted)"
+done
+rmdir "$WHEELS" 2>/dev/null || true
+
+# ---------------------------------------------------------------- smoke check
+CHECK_MARK="$CACHE/.oracle-check-ok"
+check_key="$want_hash ${VERSIONS[*]}"
+if [[ -f "$CHECK_MARK" && "$(cat "$CHECK_MARK")" == "$check_key" ]]; then
+    log "import check: already passed"
+else
+    for v in "${VERSIONS[@]}"; do
+        log "import check: vllm $v"
+        out=$(VLLM_LOGGING_LEVEL=ERROR PYTHONPATH="$CACHE/src/$v" "$VENV/bin/python" -c '
+import vllm
+import vllm.config, vllm.v1.worker.gpu.cudagraph_utils, vllm.v1.worker.gpu.lora_utils
+import vllm.v1.worker.gpu.input_batch, vllm.v1.worker.lora_model_runner_mixin
+print("ORACLE-IMPORT-OK", vllm.__version__)
+' 2>&1) || { echo "$out" | tail -n 20 >&2; die "importing vllm $v's planning modules failed"; }
+        got=$(echo "$out" | sed -n 's/^ORACLE-IMPORT-OK //p')
+        [[ "$got" == "$v" ]] || die "vllm in $CACHE/src/$v reports version '$got', expected $v"
+        log "import check: vllm $got OK"
+    done
+    echo "$check_key" > "$CHECK_MARK"
+fi
+
+log "ready: PYTHONPATH=$CACHE/src/<version> $VENV/bin/python $HERE/vllm_oracle.py --input IN.json --output OUT.json"
