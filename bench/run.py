@@ -145,7 +145,7 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
     }
     if vllm_side is None:
         return result
-    manager = vllm_side.build_manager(spec.model_dump(mode="json"))
+    manager = vllm_side.build_manager(spec.model_dump(mode="json")).manager
     derive = vllm_side.uniform_rule()
     args = [(r, t, q, k, p) for r, t, q, k, _, p in queries]
 

@@ -277,7 +277,7 @@ def dispatch_cmd(
         dispatcher = Dispatcher(load_plan(plan))
         out = sys.stdout
         for batch in batches:
-            out.write(json.dumps(dispatcher.dispatch(batch).model_dump()) + "\n")
+            out.write(json.dumps(dispatcher.dispatch(batch).descriptor()) + "\n")
         return
     if reqs is None or tokens is None:
         raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
@@ -286,12 +286,12 @@ def dispatch_cmd(
     trace: list[str] = []
     desc = dispatcher.explain(batch, trace)
     if as_json:
-        typer.echo(json.dumps(desc.model_dump()))
+        typer.echo(json.dumps(desc.descriptor()))
         return
     if desc.cg_mode == "NONE":
         typer.echo(f"eager (cg_mode NONE): {batch.num_tokens} tokens, no graph replay")
     else:
-        graph_id = next(g.id for g in dispatcher.plan.graphs if g.descriptor == desc)
+        graph_id = desc.graph_id
         padding = desc.num_tokens - batch.num_tokens
         typer.echo(
             f"graph #{graph_id}: {desc.cg_mode} num_tokens={desc.num_tokens} "

@@ -65,7 +65,6 @@ def _grid_covers_slots(spec) -> list[tuple[int, bool, int]]:
     """(adapters, base, num_reqs) batches whose replayed graph's kernel grid is short."""
     plan = compile_plan(spec)
     dispatcher = Dispatcher(plan)
-    grid = {g.descriptor: g.dummy.kernel_grid for g in plan.graphs}
     short = []
     for reqs in range(1, 9):
         for adapters in range(0, min(reqs, 4) + 1):
@@ -73,7 +72,8 @@ def _grid_covers_slots(spec) -> list[tuple[int, bool, int]]:
                 if base and adapters == reqs:
                     continue
                 desc = dispatcher.dispatch(Batch(reqs, reqs, 1, adapters, base))
-                if desc.cg_mode != "NONE" and grid[desc] < kernel_slots(adapters, base):
+                grid = plan.graphs[desc.graph_id].dummy.kernel_grid
+                if desc.cg_mode != "NONE" and grid < kernel_slots(adapters, base):
                     short.append((adapters, base, reqs))
     return short
 

@@ -9,9 +9,38 @@ candidates for (tokens, case) and return the first compatible one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from capplan.planner.lora_cases import kernel_slots
 from capplan.schemas.plan import Descriptor, Plan
+
+DESCRIPTOR_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras")
+
+
+class Dispatch(NamedTuple):
+    """What serves a batch: vLLM's BatchExecutionDescriptor fields plus the graph id.
+
+    A tuple, not a model: graph hits return one prebuilt per graph, and an
+    eager result costs one tuple, so dispatch stays cheap on the per-step path.
+    """
+
+    cg_mode: str
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None
+    max_query_len: int | None
+    num_active_loras: int
+    graph_id: int
+    """Position of the graph in capture order; -1 when the batch runs eager."""
+
+    def descriptor(self) -> dict:
+        """The descriptor fields alone, named as vLLM names them (public JSON)."""
+        return dict(zip(DESCRIPTOR_FIELDS, self[:6]))
+
+
+def _as_dispatch(desc: Descriptor, graph_id: int) -> Dispatch:
+    return Dispatch(desc.cg_mode, desc.num_tokens, desc.num_reqs, desc.uniform_token_count,
+                    desc.max_query_len, desc.num_active_loras, graph_id)
 
 
 @dataclass(frozen=True)
@@ -43,7 +72,7 @@ def derive_uniform(batch: Batch, vllm: str) -> int | None:
     return q if not batch.has_prefill and t == q * r else None
 
 
-def _compatible(desc: Descriptor, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
+def _compatible(desc: Dispatch, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
     return (
         (desc.uniform_token_count is None or desc.uniform_token_count == uniform)
         and (desc.max_query_len is None or (max_q is not None and desc.max_query_len >= max_q))
@@ -77,7 +106,8 @@ class Dispatcher:
         for row in plan.dispatch:
             column = self.table.setdefault(row.lora_case, [()] * (top + 1))
             cands = tuple(
-                (descs[i].uniform_token_count, descs[i].num_reqs or unbounded, descs[i]) for i in row.candidates
+                (descs[i].uniform_token_count, descs[i].num_reqs or unbounded, _as_dispatch(descs[i], i))
+                for i in row.candidates
             )
             for n in range(row.lo, row.hi + 1):
                 column[n] = cands
@@ -96,7 +126,7 @@ class Dispatcher:
             return count
         return self.lora_map.get(count, self.max_case)
 
-    def dispatch(self, batch: Batch) -> Descriptor:
+    def dispatch(self, batch: Batch) -> Dispatch:
         if not self.fast:
             return self.explain(batch)
         r, t = batch.num_reqs, batch.num_tokens
@@ -120,12 +150,9 @@ class Dispatcher:
             for need_u, cap, desc in column[t]:
                 if (need_u is None or need_u == u) and r <= cap:
                     return desc
-        return Descriptor.trusted(
-            cg_mode="NONE", num_tokens=t, num_reqs=r, uniform_token_count=None,
-            max_query_len=None, num_active_loras=case,
-        )
+        return Dispatch("NONE", t, r, None, None, case, -1)
 
-    def explain(self, batch: Batch, trace: list[str] | None = None) -> Descriptor:
+    def explain(self, batch: Batch, trace: list[str] | None = None) -> Dispatch:
         """Dispatch, appending one human-readable reason per step to `trace`."""
         uniform = derive_uniform(batch, self.vllm)
         max_q = None if (batch.has_prefill and self.vllm != "0.25") else batch.max_query_len
@@ -159,13 +186,10 @@ class Dispatcher:
                 trace.append(f"eager: {n} tokens is above the largest graph ({self.max_tokens})")
             else:
                 trace.append("eager: no compatible graph")
-        return Descriptor.trusted(
-            cg_mode="NONE", num_tokens=n, num_reqs=batch.num_reqs, uniform_token_count=None,
-            max_query_len=None, num_active_loras=case,
-        )
+        return Dispatch("NONE", n, batch.num_reqs, None, None, case, -1)
 
 
-def _short(desc: Descriptor) -> str:
+def _short(desc: Dispatch) -> str:
     parts = [f"{desc.cg_mode}:{desc.num_tokens} tokens"]
     if desc.num_reqs is not None:
         parts.append(f"{desc.num_reqs} reqs")
@@ -175,7 +199,7 @@ def _short(desc: Descriptor) -> str:
     return ", ".join(parts)
 
 
-def _why_not(desc: Descriptor, batch: Batch, uniform: int | None) -> str:
+def _why_not(desc: Dispatch, batch: Batch, uniform: int | None) -> str:
     if desc.uniform_token_count is not None and desc.uniform_token_count != uniform:
         return (
             f"needs a uniform decode batch of {desc.uniform_token_count} tokens/request "
