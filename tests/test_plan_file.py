@@ -101,3 +101,17 @@ def test_fast_parser_equals_yaml_on_examples():
 
     for path in sorted(Path(__file__).resolve().parents[1].glob("examples/*.plan.yaml")):
         assert read_yaml(path, "plan", Err) == yaml.safe_load(path.read_text())
+
+
+def test_fast_graph_lines_equal_generic_flow_rendering():
+    from capplan.planner.render import flow
+
+    plan = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+                                  target={"vllm": "0.25"}, fixes=[]))
+    text = render_plan(plan, "c").splitlines()
+    start = text.index("graphs:") + 1
+    for graph, line in zip(plan.graphs, text[start:start + len(plan.graphs)], strict=True):
+        assert line == "  - " + flow(graph.model_dump(mode="json"))
+    start = text.index("dispatch:") + 1
+    for row, line in zip(plan.dispatch, text[start:], strict=True):
+        assert line == "  - " + flow(row.model_dump(mode="json"))

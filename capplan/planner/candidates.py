@@ -18,20 +18,19 @@ from capplan.schemas.plan import Descriptor, DispatchRange
 
 
 def _by_case_and_tokens(
-    descs: list[Descriptor], ids: dict[tuple, int]
+    descs: list[Descriptor], ids: dict[int, int]
 ) -> dict[int, dict[int, list[int]]]:
+    """case -> tokens -> graph ids; `ids` maps id(descriptor) to its capture position."""
     table: dict[int, dict[int, list[int]]] = {}
     for desc in descs:
-        table.setdefault(desc.num_active_loras, {}).setdefault(desc.num_tokens, []).append(
-            ids[desc.key()]
-        )
+        table.setdefault(desc.num_active_loras, {}).setdefault(desc.num_tokens, []).append(ids[id(desc)])
     return table
 
 
 def build_ranges(
     by_mode: dict[str, list[Descriptor]],
     lora_cases: list[int],
-    ids: dict[tuple, int],
+    ids: dict[int, int],
     per_mode: bool,
 ) -> list[DispatchRange]:
     rows: list[DispatchRange] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections import Counter
 
 from capplan.planner.candidates import build_ranges
 from capplan.planner.capture_sizes import resolve_capture_sizes
@@ -40,7 +41,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     cases = lora_capture_cases(spec)
     by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
     ordered = capture_order(by_mode)
-    ids = {d.key(): i for i, d in enumerate(ordered)}
+    ids = {id(d): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
     layout = DummyLayouts(spec)
     graphs = [
@@ -82,16 +83,19 @@ def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:
     """Every LoRA case has the same token sizes per mode, so a rank's LoRA count
     can never change the padded token count the DP ranks agreed on."""
     for descs in by_mode.values():
-        sizes = {c: sorted(d.num_tokens for d in descs if d.num_active_loras == c) for c in cases}
-        if len({tuple(v) for v in sizes.values()}) > 1:
+        sizes: dict[int, list[int]] = {c: [] for c in cases}
+        for d in descs:
+            sizes[d.num_active_loras].append(d.num_tokens)
+        if len({tuple(sorted(v)) for v in sizes.values()}) > 1:
             return False
     return True
 
 
 def _stats(ordered: list, cases: list[int]) -> dict[str, dict[str, int]]:
+    counts = Counter((d.cg_mode, d.num_active_loras) for d in ordered)
     stats: dict[str, dict[str, int]] = {}
     for mode in ("PIECEWISE", "FULL"):
-        row = {str(c): sum(1 for d in ordered if d.cg_mode == mode and d.num_active_loras == c) for c in cases}
+        row = {str(c): counts[(mode, c)] for c in cases}
         if any(row.values()):
             stats[mode] = row
     stats["total"] = {mode: sum(row.values()) for mode, row in stats.items()}

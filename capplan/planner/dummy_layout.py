@@ -61,11 +61,20 @@ class DummyLayouts:
         self.spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
         self._ids: dict[int, list[int] | None] = {}
         self._grids: dict[tuple[int, int], int | None] = {}
+        # Graphs of the same size, request count and case (a PIECEWISE and a
+        # FULL graph, say) share one immutable layout.
+        self._layouts: dict[tuple[int, int, int], DummyLayout] = {}
 
     def __call__(self, desc: Descriptor) -> DummyLayout:
         num_reqs = desc.num_reqs or min(desc.num_tokens, self.max_num_seqs)
-        runs = token_runs(desc.num_tokens, num_reqs, self.spread)
-        case = desc.num_active_loras
+        key = (desc.num_tokens, num_reqs, desc.num_active_loras)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = self._build(desc.num_tokens, num_reqs, desc.num_active_loras)
+        return layout
+
+    def _build(self, num_tokens: int, num_reqs: int, case: int) -> DummyLayout:
+        runs = token_runs(num_tokens, num_reqs, self.spread)
         if case not in self._ids:
             self._ids[case] = dummy_lora_ids(case, self.spec)
         ids = self._ids[case]

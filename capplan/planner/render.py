@@ -51,17 +51,25 @@ def _opt(value: int | None) -> str:
     return "null" if value is None else str(value)
 
 
-def _graph_line(graph) -> str:
-    # The hot loop of `compile`: formatted directly, same text as flow(model_dump()).
-    d, m = graph.descriptor, graph.dummy
+def _dummy_text(m) -> str:
     runs = ", ".join(f"[{count}, {tokens}]" for count, tokens in m.tokens)
     ids = "null" if m.lora_ids is None else "[" + ", ".join(map(str, m.lora_ids)) + "]"
     return (
-        f"  - {{id: {graph.id}, descriptor: {{cg_mode: {d.cg_mode}, num_tokens: {d.num_tokens}, "
-        f"num_reqs: {_opt(d.num_reqs)}, uniform_token_count: {_opt(d.uniform_token_count)}, "
-        f"max_query_len: {_opt(d.max_query_len)}, num_active_loras: {d.num_active_loras}}}, "
         f"dummy: {{num_reqs: {m.num_reqs}, tokens: [{runs}], max_query_len: {m.max_query_len}, "
         f"lora_ids: {ids}, kernel_grid: {_opt(m.kernel_grid)}}}}}"
+    )
+
+
+def _graph_line(graph, dummies: dict[int, str]) -> str:
+    # The hot loop of `compile`: formatted directly, same text as flow(model_dump()).
+    d, m = graph.descriptor, graph.dummy
+    dummy = dummies.get(id(m))
+    if dummy is None:
+        dummy = dummies[id(m)] = _dummy_text(m)  # layouts are shared between graphs
+    return (
+        f"  - {{id: {graph.id}, descriptor: {{cg_mode: {d.cg_mode}, num_tokens: {d.num_tokens}, "
+        f"num_reqs: {_opt(d.num_reqs)}, uniform_token_count: {_opt(d.uniform_token_count)}, "
+        f"max_query_len: {_opt(d.max_query_len)}, num_active_loras: {d.num_active_loras}}}, {dummy}"
     )
 
 
@@ -96,8 +104,9 @@ def iter_plan_lines(plan: Plan, command: str) -> Iterator[str]:
     for mode, row in data["stats"].items():
         yield f"  {mode}: {flow(row)}"
     yield "graphs:" + ("" if plan.graphs else " []")
+    dummies: dict[int, str] = {}
     for graph in plan.graphs:
-        yield _graph_line(graph)
+        yield _graph_line(graph, dummies)
     yield "dispatch:" + ("" if plan.dispatch else " []")
     for row in plan.dispatch:
         cands = ", ".join(map(str, row.candidates))

@@ -31,7 +31,13 @@ class _Frozen(BaseModel):
         """
         obj = cls.__new__(cls)
         _set(obj, "__dict__", values)
-        _set(obj, "__pydantic_fields_set__", set(values))
+        # Every field is given, so the fields-set is the same for all of them;
+        # pydantic only reads it (exclude_unset), so one shared set suffices.
+        fields = cls.__dict__.get("_trusted_fields")
+        if fields is None:
+            fields = set(cls.model_fields)
+            type.__setattr__(cls, "_trusted_fields", fields)
+        _set(obj, "__pydantic_fields_set__", fields)
         _set(obj, "__pydantic_extra__", None)
         _set(obj, "__pydantic_private__", None)
         return obj
