@@ -1,0 +1,111 @@
+"""Fuzzing: mutated specs, plans and random YAML never escape as anything but a
+capplan error (which the CLI turns into one line and exit 1)."""
+
+import copy
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capplan.errors import CapplanError
+from capplan.loading import load_plan, load_spec, spec_from_data
+from capplan.planner import compile_plan
+from capplan.planner.render import render_plan
+from capplan.planner.verify import verify_plan
+
+VALID = {
+    "target": {"runner": "mrv2", "vllm": "0.25", "blackwell": False},
+    "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 256},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE", "capture_sizes": None, "max_capture_size": None,
+                  "performance_mode": "balanced"},
+    "lora": {"enabled": True, "max_loras": 3, "specialize": True, "specialize_active": True},
+    "speculative": {"num_speculative_tokens": 1},
+    "parallel": {"data_parallel_size": 2},
+    "fixes": ["lora_slot", "dummy_remainder", "mixed_ranges"],
+}
+WEIRD = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+    st.text(max_size=20), st.lists(st.integers(-5, 5), max_size=5),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def mutated_specs(draw):
+    data = copy.deepcopy(VALID)
+    for _ in range(draw(st.integers(1, 4))):
+        section = draw(st.sampled_from(sorted(data)))
+        action = draw(st.sampled_from(["drop", "retype", "extreme", "extra", "field"]))
+        if action == "drop":
+            data.pop(section, None)
+        elif action == "retype":
+            data[section] = draw(WEIRD)
+        elif action == "extra":
+            data[draw(st.text(min_size=1, max_size=8))] = draw(WEIRD)
+        elif isinstance(data.get(section), dict) and data[section]:
+            key = draw(st.sampled_from(sorted(data[section])))
+            if action == "extreme":
+                data[section][key] = draw(st.sampled_from([0, -1, 2**31, 2**63, 10**12, 1.5, "", None]))
+            else:
+                data[section][key] = draw(WEIRD)
+    return data
+
+
+@SETTINGS
+@given(mutated_specs())
+def test_mutated_specs_fail_closed(data):
+    try:
+        spec = spec_from_data(data, "fuzz")
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    plan = compile_plan(spec)  # whatever validates must compile
+    assert plan.spec == spec
+
+
+@SETTINGS
+@given(st.text(max_size=300))
+def test_random_yaml_specs_fail_closed(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "x.yaml"
+    path.write_text(text)
+    try:
+        load_spec(path)
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+
+
+PLAN_TEXT = render_plan(compile_plan(spec_from_data(VALID, "fuzz")), "capplan compile fuzz.yaml")
+PLAN_LINES = PLAN_TEXT.splitlines()
+
+
+@SETTINGS
+@given(st.data())
+def test_mutated_plans_fail_closed(tmp_path_factory, data):
+    lines = list(PLAN_LINES)
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        action = data.draw(st.sampled_from(["drop", "duplicate", "digit", "truncate", "swap"]))
+        if action == "drop":
+            lines.pop(i)
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        elif action == "digit":
+            digits = [k for k, c in enumerate(lines[i]) if c.isdigit()]
+            if digits:
+                k = data.draw(st.sampled_from(digits))
+                lines[i] = lines[i][:k] + data.draw(st.sampled_from("0123456789-x ")) + lines[i][k + 1:]
+        elif action == "truncate":
+            lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+        else:
+            j = data.draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+    path = tmp_path_factory.mktemp("fuzz") / "x.plan.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        plan = load_plan(path)
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    # Only an edit that changed nothing the plan means (a comment, say) loads.
+    assert verify_plan(plan).ok
+    assert render_plan(plan, "capplan compile fuzz.yaml") == PLAN_TEXT
