@@ -32,7 +32,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     errors = exc.errors(include_url=False)
     err = errors[0]
     loc = tuple(err["loc"])
-    path = ".".join(str(p) for p in loc)
+    path = ".".join(p if isinstance(p, str) and p.isidentifier() else repr(p) for p in loc)
     kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
     if kind == "extra_forbidden":
         known = _allowed_keys(model, loc)
