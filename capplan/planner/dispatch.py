@@ -138,19 +138,25 @@ class Dispatcher:
             if t == q * r and (self.is_025 or not batch.has_prefill):
                 u = q
         k = batch.num_active_loras
-        if k > 0:
-            if self.by_slots and batch.base:
-                k += 1
+        if k > 0 and self.by_slots and batch.base:
+            k += 1
+        return self.lookup(r, t, u, k)
+
+    def lookup(self, num_reqs: int, num_tokens: int, uniform: int | None, count: int) -> Dispatch:
+        """Dispatch with the uniform token count already derived and `count` the
+        number the plan keys LoRA by (kernel slots or adapters): the call the
+        runtime makes from inside vLLM, which derives both itself."""
+        if count > 0:
             case_of = self.case_of
-            case = case_of[k] if k < len(case_of) else (self.max_case if len(case_of) > 1 else k)
+            case = case_of[count] if count < len(case_of) else (self.max_case if len(case_of) > 1 else count)
         else:
-            case = k
+            case = count
         column = self.table.get(case)
-        if column is not None and 0 < t <= self.max_tokens:
-            for need_u, cap, desc in column[t]:
-                if (need_u is None or need_u == u) and r <= cap:
+        if column is not None and 0 < num_tokens <= self.max_tokens:
+            for need_u, cap, desc in column[num_tokens]:
+                if (need_u is None or need_u == uniform) and num_reqs <= cap:
                     return desc
-        return Dispatch("NONE", t, r, None, None, case, -1)
+        return Dispatch("NONE", num_tokens, num_reqs, None, None, case, -1)
 
     def explain(self, batch: Batch, trace: list[str] | None = None) -> Dispatch:
         """Dispatch, appending one human-readable reason per step to `trace`."""

@@ -1,0 +1,80 @@
+"""Check a plan against the live engine before anything is captured."""
+
+from __future__ import annotations
+
+from capplan.schemas.plan import Plan
+
+
+class PlanMismatch(RuntimeError):
+    """The engine's settings are not the ones the plan was compiled for."""
+
+
+def engine_settings(manager) -> dict[str, object]:
+    """The settings the plan depends on, read off a CudaGraphManager and its VllmConfig."""
+    cfg = manager.vllm_config
+    comp = cfg.compilation_config
+    lora = getattr(cfg, "lora_config", None)
+    model = getattr(cfg, "model_config", None)
+    mode = manager.cudagraph_mode
+    return {
+        "scheduler.max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "scheduler.max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "scheduler.max_model_len": getattr(model, "max_model_len", None),
+        "cudagraph.mode": getattr(mode, "name", str(mode)),
+        "cudagraph.capture_sizes (resolved)": list(comp.cudagraph_capture_sizes or []),
+        "cudagraph.max_capture_size (resolved)": comp.max_cudagraph_capture_size or 0,
+        "lora.enabled": lora is not None,
+        "lora.max_loras": getattr(lora, "max_loras", None),
+        "lora.specialize": bool(comp.cudagraph_specialize_lora),
+        "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
+        "lora_capture_cases (resolved)": list(manager.lora_capture_cases),
+        "speculative.num_speculative_tokens": manager.decode_query_len - 1,
+        "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
+    }
+
+
+def plan_settings(plan: Plan) -> dict[str, object]:
+    spec = plan.spec
+    return {
+        "scheduler.max_num_seqs": spec.scheduler.max_num_seqs,
+        "scheduler.max_num_batched_tokens": spec.scheduler.max_num_batched_tokens,
+        "scheduler.max_model_len": spec.scheduler.max_model_len,
+        "cudagraph.mode": spec.cudagraph.mode.value,
+        "cudagraph.capture_sizes (resolved)": plan.capture_sizes,
+        "cudagraph.max_capture_size (resolved)": plan.max_capture_size,
+        "lora.enabled": spec.lora.enabled,
+        "lora.max_loras": spec.lora.max_loras if spec.lora.enabled else None,
+        "lora.specialize": spec.lora.specialize,
+        "lora.specialize_active": spec.lora.specialize_active if spec.lora.enabled else False,
+        "lora_capture_cases (resolved)": plan.lora_capture_cases,
+        "speculative.num_speculative_tokens": spec.speculative.num_speculative_tokens,
+        "parallel.data_parallel_size": spec.parallel.data_parallel_size,
+    }
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def differences(plan: Plan, manager) -> list[str]:
+    ours, theirs = plan_settings(plan), engine_settings(manager)
+    out = []
+    for key, want in ours.items():
+        have = theirs[key]
+        if key == "lora.specialize" and not ours["lora.enabled"]:
+            continue  # irrelevant without LoRA
+        if key == "scheduler.max_model_len" and have is None:
+            continue  # not visible from this manager
+        if want != have:
+            out.append(f"{key}: plan {_short(want)}, engine {_short(have)}")
+    return out
+
+
+def check_engine(plan: Plan, plan_path: str, manager) -> None:
+    diffs = differences(plan, manager)
+    if diffs:
+        raise PlanMismatch(
+            f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
+            "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
+        )

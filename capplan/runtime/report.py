@@ -1,0 +1,108 @@
+"""Counters kept while a plan is in force, and the end-of-run report."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from collections import Counter
+
+from capplan.schemas.plan import Plan
+
+
+class Report:
+    def __init__(self, plan: Plan, plan_path: str) -> None:
+        self.plan = plan
+        self.plan_path = plan_path
+        self.hits: Counter[int] = Counter()
+        self.eager = 0
+        self.vllm_planned: int | None = None
+        self.capture_seconds = 0.0
+        self.graph_memory_bytes: int | None = None
+        self.captured: Counter[tuple[str, int]] = Counter()
+        self._t0 = 0.0
+        self._free0: int | None = None
+        self._written = False
+        atexit.register(self.finish)
+
+    def planned(self, vllm_planned_count: int) -> None:
+        self.vllm_planned = vllm_planned_count
+
+    def hit(self, graph_id: int) -> None:
+        self.hits[graph_id] += 1
+
+    def capture_started(self) -> None:
+        self._t0 = time.perf_counter()
+        self._free0 = _free_memory()
+
+    def capture_finished(self, manager) -> None:
+        self.capture_seconds = time.perf_counter() - self._t0
+        free1 = _free_memory()
+        if self._free0 is not None and free1 is not None:
+            self.graph_memory_bytes = self._free0 - free1
+        # FULL graphs are objects in manager.graphs; PIECEWISE ones live in the
+        # compiled model, so count the descriptors capture walked through.
+        for descs in manager._capture_descs.values():
+            for d in descs:
+                if d.cg_mode.name == "PIECEWISE" or d in manager.graphs:
+                    self.captured[(d.cg_mode.name, d.num_active_loras)] += 1
+
+    def to_json(self) -> dict:
+        planned = Counter((g.descriptor.cg_mode, g.descriptor.num_active_loras) for g in self.plan.graphs)
+        rows = [
+            {"cg_mode": m, "lora_case": c, "planned": n, "captured": self.captured.get((m, c), 0)}
+            for (m, c), n in sorted(planned.items())
+        ]
+        total = sum(self.hits.values()) + self.eager
+        return {
+            "plan": self.plan_path,
+            "fingerprint": self.plan.fingerprint,
+            "pid": os.getpid(),
+            "graphs": rows,
+            "graphs_planned": len(self.plan.graphs),
+            "graphs_captured": sum(self.captured.values()),
+            "vllm_would_capture": self.vllm_planned,
+            "capture_seconds": round(self.capture_seconds, 3),
+            "graph_memory_gib": None if self.graph_memory_bytes is None
+            else round(self.graph_memory_bytes / 2**30, 4),
+            "dispatch": {"calls": total, "graph_hits": sum(self.hits.values()), "eager": self.eager,
+                         "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())}},
+        }
+
+    def render(self) -> str:
+        data = self.to_json()
+        lines = [f"capplan: plan {self.plan_path} ({self.plan.fingerprint[:19]})"]
+        for row in data["graphs"]:
+            lines.append(f"  {row['cg_mode']:<9} case {row['lora_case']:<3} planned {row['planned']:>4}  "
+                         f"captured {row['captured']:>4}")
+        lines.append(f"  graphs: {data['graphs_captured']}/{data['graphs_planned']} captured "
+                     f"(vLLM alone would capture {data['vllm_would_capture']}), "
+                     f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB")
+        d = data["dispatch"]
+        lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
+        return "\n".join(lines)
+
+    def finish(self) -> None:
+        if self._written or self.vllm_planned is None:
+            return  # this process never built a model graph manager
+        self._written = True
+        print(self.render(), file=sys.stderr)
+        path = os.environ.get("CAPPLAN_REPORT")
+        if path:
+            if "{pid}" in path:
+                path = path.format(pid=os.getpid())
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(self.to_json(), handle, indent=2)
+
+
+def _free_memory() -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.mem_get_info()[0]
+    except Exception:  # noqa: BLE001 - a report must never break the engine
+        return None
+    return None

@@ -1,0 +1,120 @@
+"""Install a capplan plan into vLLM's real MRV2 classes on CPU and check them.
+
+Run in the oracle venv: PYTHONPATH=SRC/<version>:REPO python runtime_check.py OUT.json
+Prints nothing on success; writes a JSON report the pytest side asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
+
+import vllm  # noqa: E402
+import vllm_oracle  # noqa: E402
+
+import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
+import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from capplan.loading import spec_from_data  # noqa: E402
+from capplan.planner import Batch, Dispatcher, compile_plan  # noqa: E402
+from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime.fingerprint import PlanMismatch  # noqa: E402
+from capplan.runtime.versions import detect_semantics  # noqa: E402
+
+SEMANTICS = detect_semantics(vllm.__version__)
+SPEC = {
+    "target": {"vllm": SEMANTICS},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 512},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+    "speculative": {"num_speculative_tokens": 1},
+}
+
+
+def model_manager(spec_dict: dict):
+    """vLLM's ModelCudaGraphManager for a spec, built as the oracle builds the base class."""
+    original = cg.CudaGraphManager
+    cg.CudaGraphManager = cg.ModelCudaGraphManager  # the oracle builds whatever this names
+    try:
+        vllm_oracle.CudaGraphManager = cg.ModelCudaGraphManager
+        built = vllm_oracle.build_manager(spec_dict)
+    finally:
+        cg.CudaGraphManager = original
+        vllm_oracle.CudaGraphManager = original
+    return built.manager
+
+
+def row(desc) -> list:
+    return [desc.cg_mode.name, desc.num_tokens, desc.num_reqs, desc.uniform_token_count,
+            getattr(desc, "max_query_len", None), desc.num_active_loras]
+
+
+def main(out: Path) -> None:
+    spec = spec_from_data(SPEC, "runtime")
+    plan = compile_plan(spec)
+    report: dict = {"vllm": vllm.__version__}
+    # vLLM's own tables before capplan is installed, for comparison.
+    vanilla = model_manager(spec.model_dump(mode="json"))
+    report["vanilla_graphs"] = sum(len(v) for v in vanilla._capture_descs.values())
+
+    mrv2.install(plan, "runtime.plan.yaml")
+    manager = model_manager(spec.model_dump(mode="json"))
+    captured = [row(d) for mode in ("PIECEWISE", "FULL")
+                for d in manager._capture_descs.get(getattr(cg.CUDAGraphMode, mode), [])]
+    report["capture_list_equals_plan"] = captured == [
+        [d.cg_mode, d.num_tokens, d.num_reqs, d.uniform_token_count, d.max_query_len, d.num_active_loras]
+        for d in plan.descriptors
+    ]
+    dispatcher = Dispatcher(plan)
+    mismatches = 0
+    checked = 0
+    for r in range(1, 17):
+        for t in range(r, 80):
+            for k in range(0, min(r, 4) + 1):
+                for base in (False, True):
+                    if base and k == r:
+                        continue
+                    q = -(-t // r)
+                    u = q if t == q * r else None
+                    ours = dispatcher.dispatch(Batch(r, t, q, k, base))
+                    count = k + 1 if base and k > 0 else k
+                    theirs = manager.dispatch(r, t, u, count)
+                    checked += 1
+                    mismatches += list(ours[:6]) != row(theirs)
+    report["dispatch_checked"] = checked
+    report["dispatch_mismatches"] = mismatches
+
+    # The runner's LoRA count: kernel slots under lora_slot.
+    lora_state = SimpleNamespace(lora_requests={"a": 1, "b": 2},
+                                 get_activate_loras=lambda ids: {x for x in ids if x in ("a", "b")})
+    count = runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=4), lora_state,
+                                                         ["a", "b", "c"], False)
+    report["slots_for_2_adapters_plus_base"] = count
+
+    # The capture hook warms the max_loras + 1 graph with a -1 (0) row.
+    calls = []
+    fake_runner = SimpleNamespace(_set_active_loras=lambda p, t, reqs: calls.append((p, t, reqs)))
+    hook = runner_mod.create_lora_capture_hook(SimpleNamespace(max_loras=4), fake_runner)
+    graph = next(g for g in plan.graphs if g.descriptor.num_active_loras == 5 and g.dummy.num_reqs >= 5)
+    hook(5, graph.dummy.num_reqs, graph.descriptor.num_tokens)
+    prompt, token, reqs = calls[-1]
+    report["case5_prompt_ids"] = sorted(set(prompt))
+    report["case5_tokens"] = len(token) == graph.descriptor.num_tokens
+    report["case5_requests"] = sorted(r.lora_int_id for r in reqs)
+
+    # A mismatched engine stops before capture.
+    other = spec_from_data({**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}}, "other").model_dump(mode="json")
+    try:
+        model_manager(other)
+        report["mismatch_error"] = None
+    except PlanMismatch as exc:
+        report["mismatch_error"] = str(exc)
+    out.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,55 @@
+"""The runtime against vLLM's real MRV2 classes on CPU (0.25.0 and 0.33.0)."""
+
+import json
+import os
+import subprocess
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+def test_plan_installed_into_real_manager(version, tmp_path):
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": f"{ORACLE_DIR / 'src' / version}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([str(ORACLE_DIR / "venv" / "bin" / "python"),
+                           str(Path(__file__).parent / "runtime_check.py"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["vllm"] == version
+    assert report["capture_list_equals_plan"] is True
+    assert report["dispatch_checked"] > 5000 and report["dispatch_mismatches"] == 0
+    assert report["slots_for_2_adapters_plus_base"] == 3
+    assert report["case5_prompt_ids"] == [0, 1, 2, 3, 4]  # 0 is vLLM's "no adapter" id
+    assert report["case5_tokens"] is True
+    assert report["case5_requests"] == [1, 2, 3, 4]
+    assert "does not match this engine" in report["mismatch_error"]
+    assert "lora.max_loras: plan 4, engine 8" in report["mismatch_error"]
+    assert "Nothing was captured" in report["mismatch_error"]
+
+
+def test_plugin_is_registered_for_vllm():
+    (plugin,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "capplan"]
+    assert plugin.value == "capplan.runtime.plugin:register"
+    register = plugin.load()
+    os.environ.pop("CAPPLAN_PLAN", None)
+    assert register() is None  # no plan named: the plugin does nothing
+
+
+def test_plugin_refuses_a_bad_plan(tmp_path, monkeypatch):
+    from capplan.runtime.plugin import register
+
+    bad = tmp_path / "x.plan.yaml"
+    bad.write_text("format_version: 9\n")
+    monkeypatch.setenv("CAPPLAN_PLAN", str(bad))
+    with pytest.raises(SystemExit, match="format_version: 9 is newer"):
+        register()

@@ -1,0 +1,49 @@
+"""Build a tiny random Llama with peaked logits and four random LoRA adapters.
+
+    python tests/gpu/make_model.py OUT_DIR
+
+Random weights (nothing is downloaded); lm_head scaled x20 so greedy tokens
+are stable between graph and eager runs; peft adapters on q/k/v/o with
+init_lora_weights=False, so each adapter really changes the output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def build(out: Path, num_adapters: int = 4, seed: int = 0) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (out / "done.json").exists():
+        return
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    base = out / "base"
+    model.save_pretrained(base, safe_serialization=True)
+    for i in range(1, num_adapters + 1):
+        torch.manual_seed(seed + i)
+        lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                          init_lora_weights=False, lora_dropout=0.0)
+        peft_model = get_peft_model(LlamaForCausalLM(config).to(torch.bfloat16), lora)
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_" in name:
+                    param.mul_(4.0)  # big enough that dropping an adapter changes tokens
+        peft_model.save_pretrained(out / f"lora{i}")
+    (out / "done.json").write_text(json.dumps({"adapters": num_adapters}))
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1]))
