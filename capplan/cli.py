@@ -381,6 +381,49 @@ def diff_cmd(
         raise typer.Exit(code=2)
 
 
+@app.command(
+    "apply",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+@_errors_to_exit
+def apply_cmd(
+    ctx: typer.Context,
+    plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
+    runner: Annotated[str, typer.Option("--runner", help="Model runner: mrv2.")] = "mrv2",
+    report: Annotated[
+        Optional[Path], typer.Option("--report", help="Write the end-of-run report as JSON here ({pid} allowed).")
+    ] = None,
+) -> None:
+    """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
+
+    Any command that starts vLLM works (vllm serve, python my_script.py): vLLM
+    loads capplan's plugin (entry point vllm.general_plugins) in every engine
+    and worker process, and CAPPLAN_PLAN names the plan. Setting
+    CAPPLAN_PLAN=PATH yourself does the same without this wrapper.
+    """
+    from importlib.metadata import entry_points
+
+    from capplan.loading import load_plan
+
+    if runner != "mrv2":
+        raise UsageError(f"--runner must be mrv2 (got {runner!r})")
+    command = list(ctx.args)
+    if not command:
+        raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
+    loaded = load_plan(plan)  # refuse a bad plan before starting anything
+    if not any(ep.name == "capplan" for ep in entry_points(group="vllm.general_plugins")):
+        raise CapplanError("capplan's vLLM plugin is not installed in this environment",
+                           "pip install capplan (or pip install -e .) where vLLM runs")
+    env = {**os.environ, "CAPPLAN_PLAN": str(plan.resolve()), "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    if report is not None:
+        env["CAPPLAN_REPORT"] = str(report.resolve())
+    typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {' '.join(command)}", err=True)
+    try:
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        raise CapplanError(f"{command[0]}: command not found") from None
+
+
 @app.command("schema")
 @_errors_to_exit
 def schema_cmd() -> None:
