@@ -56,8 +56,16 @@ def run_engine(name: str, model: Path, work: Path, specialize_active: int, cache
     return data
 
 
+def _compile(work: Path, name: str, text: str) -> Path:
+    spec = work / f"{name}.yaml"
+    spec.write_text(text)
+    plan = work / f"{name}.plan.yaml"
+    subprocess.run([sys.executable, "-m", "capplan.cli", "compile", str(spec), "-o", str(plan)], check=True)
+    return plan
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def setup(tmp_path_factory):
     import vllm
 
     sys.path.insert(0, str(HERE))
@@ -67,23 +75,57 @@ def runs(tmp_path_factory):
     model = work / "model"
     build(model)
     version = "0.25" if vllm.__version__.startswith("0.25") else "0.33"
-    spec = work / "tiny.yaml"
-    spec.write_text(SPEC.format(version=version))
-    plan = work / "tiny.plan.yaml"
-    subprocess.run([sys.executable, "-m", "capplan.cli", "compile", str(spec), "-o", str(plan)], check=True)
+    return work, model, _compile(work, "tiny", SPEC.format(version=version)), version
+
+
+def _save(name: str, data: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"gpu_{name}.json").write_text(json.dumps(data, indent=2))
+
+
+@pytest.fixture(scope="module")
+def runs(setup):
+    work, model, plan, _ = setup
     shared = work / "cache-shared"
     results = {
         "vanilla": run_engine("vanilla", model, work, 1, work / "cache-vanilla"),
         "reference": run_engine("reference", model, work, 0, shared),
         "planned": run_engine("planned", model, work, 1, shared, plan=plan),
     }
-    results["cache_dirs"] = sorted(p.name for p in (shared / "torch_compile_cache").iterdir()) \
-        if (shared / "torch_compile_cache").exists() else []
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "gpu_summary.json").write_text(json.dumps(
-        {k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
-         for k, v in results.items()}, indent=2))
+    results["cache_dirs"] = _cache_dirs(shared)
+    summary = {k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
+               for k, v in results.items()}
+    ref = _by_key(results["reference"])
+    for name in ("vanilla", "planned"):
+        diff = _differing(results["reference"], results[name])
+        summary[f"{name}_vs_reference"] = {
+            "requests": len(ref), "differing": len(diff),
+            "by_batch": sorted({f"{ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}"
+                                for k in diff}),
+        }
+    _save("summary", summary)
     return results
+
+
+def _cache_dirs(root: Path) -> list[str]:
+    cache = root / "torch_compile_cache"
+    return sorted(p.name for p in cache.iterdir() if p.name != "torch_aot_compile") if cache.exists() else []
+
+
+@pytest.fixture(scope="module")
+def order_runs(setup):
+    """The other start order in one shared cache: plan first, then the
+    reference, then the plan again (which must reuse its own artifact)."""
+    work, model, plan, _ = setup
+    root = work / "cache-order"
+    out = {"planned_first": run_engine("planned_first", model, work, 1, root, plan=plan),
+           "reference_after": run_engine("reference_after", model, work, 0, root)}
+    out["dirs_after_two"] = _cache_dirs(root)
+    out["planned_again"] = run_engine("planned_again", model, work, 1, root, plan=plan)
+    out["dirs_after_three"] = _cache_dirs(root)
+    _save("order", {k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
+                    for k, v in out.items()})
+    return out
 
 
 def _by_key(run: dict) -> dict:
@@ -122,4 +164,28 @@ def test_plan_was_in_force(runs):
 def test_compile_cache_not_shared_between_plans(runs):
     # reference and planned share one cache root: the plan's fingerprint must
     # give the planned engine its own artifact (DESIGN.md failure class 9).
-    assert len(runs["cache_dirs"]) >= 2, runs["cache_dirs"]
+    assert len(runs["cache_dirs"]) == 2, runs["cache_dirs"]
+
+
+def test_order_plan_first_then_reference(order_runs, runs):
+    reference = runs["reference"]
+    for name in ("planned_first", "reference_after", "planned_again"):
+        assert _differing(reference, order_runs[name]) == [], name
+    assert len(order_runs["dirs_after_two"]) == 2
+    # The same plan reuses its own artifact: no third cache directory.
+    assert order_runs["dirs_after_three"] == order_runs["dirs_after_two"]
+
+
+def test_mismatched_plan_stops_engine_before_capture(setup):
+    work, model, _, version = setup
+    wrong = _compile(work, "wrong", SPEC.format(version=version).replace("max_loras: 4", "max_loras: 8"))
+    out = work / "wrong.json"
+    env = {**os.environ, "CAPPLAN_PLAN": str(wrong), "VLLM_CACHE_ROOT": str(work / "cache-wrong")}
+    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out),
+                           "--specialize-active", "1"], env=env, capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    _save("mismatch", {"returncode": proc.returncode,
+                       "lines": [line for line in text.splitlines() if "capplan" in line][-5:]})
+    assert proc.returncode != 0
+    assert "does not match this engine" in text and "lora.max_loras: plan 8, engine 4" in text
+    assert "Graph capturing finished" not in text and not out.exists()
