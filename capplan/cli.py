@@ -393,6 +393,12 @@ def apply_cmd(
     report: Annotated[
         Optional[Path], typer.Option("--report", help="Write the end-of-run report as JSON here ({pid} allowed).")
     ] = None,
+    smoke: Annotated[
+        Optional[Path],
+        typer.Option("--smoke", help="Instead of a command: build the plan's engine on DIR (base/ plus LoRA "
+                     "adapter folders), generate LoRA batches with graphs and eager, compare. Needs a GPU."),
+    ] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")] = 0.1,
 ) -> None:
     """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
 
@@ -408,6 +414,14 @@ def apply_cmd(
     if runner != "mrv2":
         raise UsageError(f"--runner must be mrv2 (got {runner!r})")
     command = list(ctx.args)
+    if smoke is not None:
+        from capplan.runtime.smoke import run_smoke
+
+        if command:
+            raise UsageError("--smoke runs its own engines: give no command")
+        passed, text = run_smoke(plan, smoke, tolerance)
+        typer.echo(text)
+        raise typer.Exit(code=0 if passed else 1)
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything

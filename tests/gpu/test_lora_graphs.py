@@ -189,3 +189,14 @@ def test_mismatched_plan_stops_engine_before_capture(setup):
     assert proc.returncode != 0
     assert "does not match this engine" in text and "lora.max_loras: plan 8, engine 4" in text
     assert "Graph capturing finished" not in text and not out.exists()
+
+
+def test_apply_smoke(setup):
+    work, model, plan, _ = setup
+    env = {**os.environ, "CAPPLAN_SMOKE_LLM_ARGS": json.dumps(
+        {"attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.3, "dtype": "bfloat16", "max_lora_rank": 8})}
+    proc = subprocess.run([sys.executable, "-m", "capplan.cli", "apply", "--runner", "mrv2", str(plan),
+                           "--smoke", str(model)], env=env, capture_output=True, text=True, timeout=500)
+    _save("smoke", {"returncode": proc.returncode, "stdout": proc.stdout[-2000:], "stderr": proc.stderr[-1500:]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.startswith("capplan smoke: 72/72 requests match eager"), proc.stdout
