@@ -92,3 +92,13 @@ def test_explain_says_why():
     assert trace[1] == "LoRA: 2 adapter(s) + base requests -> 3 kernel slots -> case 4"
     assert trace[2].startswith("skips FULL:6 tokens") and "not uniform" in trace[2]
     assert trace[3] == "replays PIECEWISE:8 tokens, LoRA case 4"
+
+
+def test_smoke_batches_hold_exactly_k_adapters_plus_base():
+    from capplan.runtime.smoke import assign_adapters
+
+    for k in range(0, 5):
+        for base in (False, True):
+            loras = assign_adapters(["a", "b", "c", "d"], k, base, 8)
+            assert len({x for x in loras if x is not None}) == k
+            assert (None in loras) == (base or k == 0)

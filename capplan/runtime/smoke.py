@@ -56,6 +56,20 @@ def batches(max_loras: int, num_adapters: int) -> list[tuple[int, bool]]:
     return [(k, base) for k in range(1, top + 1) for base in (True, False)] + [(0, True)]
 
 
+def assign_adapters(adapters: list, k: int, base: bool, num_reqs: int) -> list:
+    """Per request: one of the first k adapters in turn, or None (base model) for
+    every other request when `base`; so the batch holds exactly k distinct adapters
+    (num_reqs >= 2k) plus the no-adapter slot when `base` is on."""
+    loras, used = [], 0
+    for j in range(num_reqs):
+        if k == 0 or (base and j % 2 == 1):
+            loras.append(None)
+        else:
+            loras.append(adapters[used % k])
+            used += 1
+    return loras
+
+
 def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
@@ -77,13 +91,7 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
     for b, (k, base) in enumerate(batches(max_loras, len(adapters))):
         prompts = [{"prompt_token_ids": [(31 * b + 17 * j + t) % (vocab - 10) + 5 for t in range(4 + j)]}
                    for j in range(REQS_PER_BATCH)]
-        loras, used = [], 0
-        for j in range(REQS_PER_BATCH):
-            if k == 0 or (base and j % 2 == 1):
-                loras.append(None)
-            else:
-                loras.append(adapters[used % k])
-                used += 1
+        loras = assign_adapters(adapters, k, base, REQS_PER_BATCH)
         for j, o in enumerate(llm.generate(prompts, params, lora_request=loras, use_tqdm=False)):
             c = o.outputs[0]
             results.append({"batch": b, "adapters": k, "base": base, "req": j, "tokens": list(c.token_ids),

@@ -40,6 +40,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
+    from capplan.runtime.smoke import assign_adapters
+
     t0 = time.perf_counter()
     llm = LLM(
         model=str(args.model_dir / "base"), enable_lora=True, max_lora_rank=8,
@@ -53,13 +55,7 @@ def main() -> None:
     results = []
     for b, (k, base) in enumerate(BATCHES):
         prompts = [{"prompt_token_ids": p} for p in prompts_for(b)]
-        loras, used = [], 0
-        for j in range(REQS_PER_BATCH):
-            if k == 0 or (base and j % 2 == 1):
-                loras.append(None)
-            else:
-                loras.append(adapters[used % k])
-                used += 1
+        loras = assign_adapters(adapters, k, base, REQS_PER_BATCH)
         outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         for j, out in enumerate(outs):
             comp = out.outputs[0]
