@@ -155,7 +155,7 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
                 for r, t, q, k, p in args]
 
     def vllm_derive_only():
-        for r, t, q, k, p in args:
+        for r, t, q, _, p in args:
             derive(r, t, q, p)
 
     theirs = vllm_run()

@@ -55,7 +55,7 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         f"  target: vLLM {plan.target['vllm']} ({plan.target['runner']}), mode "
         f"{spec.cudagraph.mode.value}, decode_query_len {plan.decode_query_len}, "
         f"DP {spec.parallel.data_parallel_size}",
-        f"  LoRA: " + (
+        "  LoRA: " + (
             f"max_loras {lora.max_loras}, specialize {str(lora.specialize).lower()}, "
             f"specialize_active {str(lora.specialize_active).lower()}" if lora.enabled else "off"
         ),

@@ -125,7 +125,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         check_engine(plan, plan_path, self)  # raises before anything is captured
         self._capture_descs = {}
-        for graph, desc in zip(plan.graphs, vllm_descs):
+        for desc in vllm_descs:  # plan order: PIECEWISE then FULL, largest first
             self._capture_descs.setdefault(desc.cg_mode, []).append(desc)
         self._candidates = {}
         for row in plan.dispatch:
