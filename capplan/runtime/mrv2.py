@@ -6,8 +6,9 @@ vLLM function it replaces first and refuses to install on a mismatch, so an
 unexpected vLLM fails at start instead of half-way through capture:
 
 - `ModelCudaGraphManager._init_candidates`: checks the plan against the live
-  config (fingerprint), then installs the plan's capture list (plan order),
-  LoRA dispatch map and candidate table.
+  config (fingerprint) and, with DP > 1, that every rank loaded the same plan
+  (all-gathered over vLLM's DP group), then installs the plan's capture list
+  (plan order), LoRA dispatch map and candidate table.
 - `ModelCudaGraphManager.dispatch`: the plan's O(1) dispatcher.
 - `ModelCudaGraphManager.capture`: timing, graph memory and the report.
 - `model_runner.get_num_active_loras_for_dispatch`: kernel slots, not
@@ -124,6 +125,13 @@ def install(plan: Plan, plan_path: str) -> Installed:
         original_init_candidates(self)  # vLLM's own tables, kept for the report
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         check_engine(plan, plan_path, self)  # raises before anything is captured
+        if self.vllm_config.parallel_config.data_parallel_size > 1:
+            from vllm.distributed.parallel_state import get_dp_group
+
+            from capplan.runtime.dp_check import check_same_plan, plan_identity
+
+            dp = get_dp_group()
+            check_same_plan(plan_identity(plan), dp.cpu_group, f" (DP rank {dp.rank_in_group})")
         self._capture_descs = {}
         for desc in vllm_descs:  # plan order: PIECEWISE then FULL, largest first
             self._capture_descs.setdefault(desc.cg_mode, []).append(desc)

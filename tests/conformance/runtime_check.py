@@ -72,6 +72,8 @@ def main(out: Path) -> None:
     dispatcher = Dispatcher(plan)
     mismatches = 0
     checked = 0
+    expected_eager = 0
+    counters = mrv2.installed().report
     for r in range(1, 17):
         for t in range(r, 80):
             for k in range(0, min(r, 4) + 1):
@@ -83,10 +85,15 @@ def main(out: Path) -> None:
                     ours = dispatcher.dispatch(Batch(r, t, q, k, base))
                     count = k + 1 if base and k > 0 else k
                     theirs = manager.dispatch(r, t, u, count)
+                    expected_eager += ours.cg_mode == "NONE"
                     checked += 1
                     mismatches += list(ours[:6]) != row(theirs)
     report["dispatch_checked"] = checked
     report["dispatch_mismatches"] = mismatches
+    # A batch the plan does not cover runs eager, and is counted.
+    report["eager_expected"] = expected_eager
+    report["eager_counted"] = counters.eager
+    report["graph_hits_counted"] = sum(counters.hits.values())
 
     # The runner's LoRA count: kernel slots under lora_slot.
     lora_state = SimpleNamespace(lora_requests={"a": 1, "b": 2},

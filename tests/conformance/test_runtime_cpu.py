@@ -28,6 +28,8 @@ def test_plan_installed_into_real_manager(version, tmp_path):
     assert report["vllm"] == version
     assert report["capture_list_equals_plan"] is True
     assert report["dispatch_checked"] > 5000 and report["dispatch_mismatches"] == 0
+    assert report["eager_expected"] > 0 and report["eager_counted"] == report["eager_expected"]
+    assert report["graph_hits_counted"] == report["dispatch_checked"] - report["eager_expected"]
     assert report["slots_for_2_adapters_plus_base"] == 3
     assert report["case5_prompt_ids"] == [0, 1, 2, 3, 4]  # 0 is vLLM's "no adapter" id
     assert report["case5_tokens"] is True
