@@ -89,6 +89,3 @@ class DummyLayouts:
             kernel_grid=self._grids[grid_key],
         )
 
-
-def dummy_layout(desc: Descriptor, spec: Spec) -> DummyLayout:
-    return DummyLayouts(spec)(desc)

@@ -53,16 +53,6 @@ class Descriptor(_Frozen):
     max_query_len: int | None = None
     num_active_loras: int = Field(0, ge=0)
 
-    def key(self) -> tuple:
-        return (
-            self.cg_mode,
-            self.num_tokens,
-            self.num_reqs,
-            self.uniform_token_count,
-            self.max_query_len,
-            self.num_active_loras,
-        )
-
 
 class DummyLayout(_Frozen):
     """The dummy batch that warms up and captures one descriptor."""
