@@ -80,17 +80,22 @@ def test_dispatch_returns_a_compatible_graph_or_eager(data):
         assert desc.num_reqs is None or desc.num_reqs >= batch.num_reqs
 
 
+def fixed_plan_dispatches(data, count: int = 20):
+    """A random plan with every fix, and `count` random batches with what each replays."""
+    spec = data.draw(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
+    plan = compile_plan(spec)
+    dispatcher = Dispatcher(plan)
+    batches_drawn = [data.draw(batches(spec)) for _ in range(count)]
+    return spec, plan, [(b, dispatcher.dispatch(b)) for b in batches_drawn]
+
+
 @FAST
 @given(st.data())
 def test_fixed_plans_cover_every_batch_a_piecewise_graph_can_hold(data):
     # Failure class 8: with per-mode ranges, a batch only runs eager when no
     # graph of its LoRA case is large enough (or the mode captures none).
-    spec = data.draw(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
-    plan = compile_plan(spec)
-    dispatcher = Dispatcher(plan)
-    for _ in range(20):
-        batch = data.draw(batches(spec))
-        desc = dispatcher.dispatch(batch)
+    _, plan, results = fixed_plan_dispatches(data)
+    for batch, desc in results:
         if desc.cg_mode != "NONE":
             continue
         case = desc.num_active_loras
@@ -105,12 +110,8 @@ def test_fixed_plans_cover_every_batch_a_piecewise_graph_can_hold(data):
 def test_lora_slot_grid_always_covers_the_batch(data):
     # Failure class 6: the graph a batch replays records a LoRA grid with a
     # block for every distinct id in the batch, the no-adapter -1 included.
-    spec = data.draw(specs(fixes=["lora_slot", "dummy_remainder", "mixed_ranges"]))
-    plan = compile_plan(spec)
-    dispatcher = Dispatcher(plan)
-    for _ in range(20):
-        batch = data.draw(batches(spec))
-        desc = dispatcher.dispatch(batch)
+    spec, plan, results = fixed_plan_dispatches(data)
+    for batch, desc in results:
         if desc.cg_mode != "NONE" and spec.lora.enabled:
             grid = plan.graphs[desc.graph_id].dummy.kernel_grid
             assert grid >= kernel_slots(batch.num_active_loras, batch.base)
