@@ -391,7 +391,8 @@ def apply_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
     runner: Annotated[str, typer.Option("--runner", help="Model runner: mrv2.")] = "mrv2",
     report: Annotated[
-        Optional[Path], typer.Option("--report", help="Write the end-of-run report as JSON here ({pid} allowed).")
+        Optional[Path], typer.Option("--report", help="Write the end-of-run report as JSON here; {pid} and {rank} "
+                                     "(the DP rank) are filled in, so each process of a DP launch writes its own.")
     ] = None,
     smoke: Annotated[
         Optional[Path],

@@ -1,10 +1,17 @@
-"""Every data-parallel rank must run the same plan.
+"""Every data-parallel rank must run the same plan, or none may start.
 
 The ranks of an MoE deployment pad to one token count every step; two ranks
 with different plans would pick graphs of different sizes and desynchronise
 (DESIGN.md failure class 7). Before anything is captured, each rank
-all-gathers its plan identity over vLLM's DP group (its CPU/gloo group) and
-refuses to start unless all are equal.
+all-gathers its plan identity and its own verdict on the plan (does it match
+this rank's engine?) over vLLM's DP group (its CPU/gloo group). Every rank
+then takes the same decision: start, or refuse naming the rank at fault. A
+rank that refuses alone would leave the others blocked in the next
+collective, so nobody raises before the exchange.
+
+A rank started without a plan takes part too (the plugin installs only this
+check then) and reports "no plan", so a launch that forgot CAPPLAN_PLAN on one
+rank fails at start instead of hanging.
 """
 
 from __future__ import annotations
@@ -12,20 +19,43 @@ from __future__ import annotations
 from capplan.runtime.fingerprint import PlanMismatch
 from capplan.schemas.plan import Plan
 
+NO_PLAN = "no plan"
+
 
 def plan_identity(plan: Plan) -> str:
     """The spec determines the plan, and the fingerprint the graph set: both must agree."""
     return f"{plan.spec_hash}|{plan.fingerprint}"
 
 
-def check_same_plan(identity: str, group=None, rank_label: str = "") -> None:
+def _short(identity: str) -> str:
+    return identity if identity == NO_PLAN else identity.split("|")[0][:19]
+
+
+def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = "") -> str | None:
+    """The one-line refusal every rank raises, or None to start. Pure: tested without torch."""
+    identities = [g[0] for g in gathered]
+    if len(set(identities)) > 1:
+        ranks = "; ".join(f"rank {i}: {_short(g)}" for i, g in enumerate(identities))
+        return (f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
+                "captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does)")
+    refused = [(i, why) for i, (_, why) in enumerate(gathered) if why]
+    if not refused:
+        return None
+    own = next((why for i, why in refused if i == rank), None)
+    if own is not None:
+        return own
+    i, why = refused[0]
+    return (f"capplan{rank_label}: DP rank {i} refused the plan, so this rank stops too. Nothing was "
+            f"captured. Rank {i} said: {why}")
+
+
+def check_same_plan(identity: str, problem: str | None = None, group=None, rank_label: str = "") -> None:
+    """All-gather (identity, problem) and raise PlanMismatch on every rank unless all agree and none objects."""
     import torch.distributed as dist
 
-    gathered: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, identity, group=group)
-    if len(set(gathered)) > 1:
-        ranks = "; ".join(f"rank {i}: {g.split('|')[0][:19] if g else 'no plan'}" for i, g in enumerate(gathered))
-        raise PlanMismatch(
-            f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
-            "captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does)"
-        )
+    gathered: list[tuple[str, str | None] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (identity, problem), group=group)
+    verdict = decide([g if g is not None else (NO_PLAN, None) for g in gathered],
+                     dist.get_rank(group), rank_label)
+    if verdict is not None:
+        raise PlanMismatch(verdict)

@@ -71,10 +71,16 @@ def differences(plan: Plan, manager) -> list[str]:
     return out
 
 
-def check_engine(plan: Plan, plan_path: str, manager) -> None:
+def engine_problem(plan: Plan, plan_path: str, manager) -> str | None:
+    """The one-line refusal for this engine, or None when the plan fits it."""
     diffs = differences(plan, manager)
-    if diffs:
-        raise PlanMismatch(
-            f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
-            "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
-        )
+    if not diffs:
+        return None
+    return (f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
+            "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC")
+
+
+def check_engine(plan: Plan, plan_path: str, manager) -> None:
+    problem = engine_problem(plan, plan_path, manager)
+    if problem:
+        raise PlanMismatch(problem)

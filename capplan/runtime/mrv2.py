@@ -27,7 +27,8 @@ import inspect
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
-from capplan.runtime.fingerprint import check_engine
+from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
+from capplan.runtime.fingerprint import PlanMismatch, engine_problem
 from capplan.runtime.report import Report
 from capplan.runtime.versions import detect_semantics
 from capplan.schemas.plan import Plan
@@ -43,6 +44,9 @@ EXPECTED = {
     "make_dummy": ("num_reqs", "num_tokens", "input_buffers"),
     "compute_hash_025": ("self",),
     "compute_hash_033": ("self", "include_version"),
+    "dp_dispatch": ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count", "dp_size", "dp_rank"),
+    "dp_sync": ("cudagraph_manager", "desired_batch_desc", "num_tokens", "num_reqs", "uniform_token_count",
+                "dp_size", "dp_rank"),
 }
 
 
@@ -72,6 +76,7 @@ class Installed:
         self.plan_path = plan_path
         self.dispatcher = Dispatcher(plan)
         self.report = Report(plan, plan_path)
+        self.in_step = False
         self.layouts = {
             (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy
             for g in plan.graphs
@@ -119,19 +124,19 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     vllm_descs = [to_vllm(g.descriptor) for g in plan.graphs]
     state.vllm_descs = vllm_descs
+    state.report.graph_ids = {desc: i for i, desc in enumerate(vllm_descs)}
     original_init_candidates = manager_cls._init_candidates
 
     def _init_candidates(self) -> None:
         original_init_candidates(self)  # vLLM's own tables, kept for the report
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
-        check_engine(plan, plan_path, self)  # raises before anything is captured
+        problem = engine_problem(plan, plan_path, self)
         if self.vllm_config.parallel_config.data_parallel_size > 1:
-            from vllm.distributed.parallel_state import get_dp_group
-
-            from capplan.runtime.dp_check import check_same_plan, plan_identity
-
-            dp = get_dp_group()
-            check_same_plan(plan_identity(plan), dp.cpu_group, f" (DP rank {dp.rank_in_group})")
+            # Every rank exchanges its verdict before any rank raises: a rank
+            # refusing alone would leave the others blocked in a collective.
+            _agree_across_dp(plan_identity(plan), problem)
+        if problem:
+            raise PlanMismatch(problem)  # before anything is captured
         self._capture_descs = {}
         for desc in vllm_descs:  # plan order: PIECEWISE then FULL, largest first
             self._capture_descs.setdefault(desc.cg_mode, []).append(desc)
@@ -148,23 +153,26 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     lookup = state.dispatcher.lookup
     none_mode = CUDAGraphMode.NONE
+    report = state.report
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras,
                  max_query_len=None, num_ubatches=1):
         if not self._graphs_captured or num_ubatches != 1:
-            state.report.eager += 1
             kwargs = dict(cg_mode=none_mode, num_tokens=num_tokens, num_reqs=num_reqs,
                           num_active_loras=state.dispatcher.lora_case(num_active_loras))
             if num_ubatches != 1:
                 kwargs["num_ubatches"] = num_ubatches
-            return desc_cls(**kwargs)
-        result = lookup(num_reqs, num_tokens, uniform_token_count, num_active_loras)
-        if result.graph_id >= 0:
-            state.report.hit(result.graph_id)
-            return vllm_descs[result.graph_id]
-        state.report.eager += 1
-        return desc_cls(cg_mode=none_mode, num_tokens=num_tokens, num_reqs=num_reqs,
-                        num_active_loras=result.num_active_loras)
+            desc = desc_cls(**kwargs)
+        else:
+            result = lookup(num_reqs, num_tokens, uniform_token_count, num_active_loras)
+            if result.graph_id >= 0:
+                desc = vllm_descs[result.graph_id]
+            else:
+                desc = desc_cls(cg_mode=none_mode, num_tokens=num_tokens, num_reqs=num_reqs,
+                                num_active_loras=result.num_active_loras)
+        if not state.in_step:  # inside a model-runner step the step wrapper counts what runs
+            report.count(desc)
+        return desc
 
     manager_cls.dispatch = dispatch
 
@@ -208,8 +216,98 @@ def install(plan: Plan, plan_path: str) -> Installed:
         return hashlib.sha256(f"{base}|capplan:{plan.fingerprint}".encode()).hexdigest()[: len(base)]
 
     VllmConfig.compute_hash = compute_hash
+    _hook_dp_sync(state, manager_cls, runner_mod)
     _STATE = state
     return state
+
+
+def _agree_across_dp(identity: str, problem: str | None) -> None:
+    from vllm.distributed.parallel_state import get_dp_group
+
+    dp = get_dp_group()
+    check_same_plan(identity, problem, dp.cpu_group, f" (DP rank {dp.rank_in_group})")
+
+
+def _hook_dp_sync(state: Installed, manager_cls, runner_mod) -> None:
+    """Count what each model-runner step really runs, and what DP sync did to it.
+
+    vLLM's model runner calls `dispatch_cg_and_sync_dp`: a local dispatch,
+    then with DP > 1 an all-reduce of token counts and modes and a second
+    dispatch for the agreed (padded) token count with this rank's own LoRA
+    count. Only the final descriptor runs, so only it is counted; the DP
+    wrapper records whether another rank's batch set the padded size and
+    whether the ranks ran eager together. With CAPPLAN_DP_AUDIT=1 each step
+    also all-reduces the padded token count and counts graph steps where the
+    ranks disagreed (there must be none; the plan's verify proves it, this checks it).
+    """
+    import os
+
+    import vllm.v1.worker.gpu.dp_utils as dp_utils
+
+    _require("dispatch_cg_and_sync_dp", dp_utils.dispatch_cg_and_sync_dp, EXPECTED["dp_dispatch"], prefix_only=True)
+    _require("sync_cudagraph_and_dp_padding", dp_utils.sync_cudagraph_and_dp_padding, EXPECTED["dp_sync"],
+             prefix_only=True)
+    original_step = runner_mod.dispatch_cg_and_sync_dp
+    original_sync = dp_utils.sync_cudagraph_and_dp_padding
+    report = state.report
+    audit = os.environ.get("CAPPLAN_DP_AUDIT") == "1"
+
+    def dispatch_cg_and_sync_dp(cudagraph_manager, *args, **kwargs):
+        if not isinstance(cudagraph_manager, manager_cls):
+            return original_step(cudagraph_manager, *args, **kwargs)
+        state.in_step = True
+        try:
+            result = original_step(cudagraph_manager, *args, **kwargs)
+        finally:
+            state.in_step = False
+        if result[0].num_tokens:  # 0: every DP rank was idle, nothing runs
+            report.count(result[0])
+        return result
+
+    def sync_cudagraph_and_dp_padding(cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count,
+                                      dp_size, dp_rank, *args, **kwargs):
+        result = original_sync(cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count,
+                               dp_size, dp_rank, *args, **kwargs)
+        if cudagraph_manager is None or isinstance(cudagraph_manager, manager_cls):
+            synced = result[0]
+            disagreed = None
+            if audit:
+                import torch
+                import torch.distributed as dist
+
+                both = torch.tensor([synced.num_tokens, -synced.num_tokens], dtype=torch.int64)
+                dist.all_reduce(both, op=dist.ReduceOp.MAX, group=dp_utils.get_dp_group().cpu_group)
+                if synced.cg_mode.name != "NONE":  # eager together keeps per-rank counts, by design
+                    disagreed = int(both[0]) != -int(both[1])
+            report.dp_step(dp_rank, dp_size, num_tokens, desired, synced, disagreed)
+        return result
+
+    runner_mod.dispatch_cg_and_sync_dp = dispatch_cg_and_sync_dp
+    dp_utils.sync_cudagraph_and_dp_padding = sync_cudagraph_and_dp_padding
+
+
+def install_dp_guard() -> None:
+    """For a process with no plan: take part in the DP plan check, saying "no plan".
+
+    Without this, a DP rank launched without CAPPLAN_PLAN would never join the
+    all-gather and the ranks that have a plan would wait forever. Does
+    nothing for DP size 1; never changes what vLLM captures or dispatches.
+    """
+    import vllm.v1.worker.gpu.cudagraph_utils as cg
+
+    manager_cls = cg.ModelCudaGraphManager
+    if getattr(manager_cls._init_candidates, "_capplan_guard", False):
+        return
+    _require("CudaGraphManager._init_candidates", cg.CudaGraphManager._init_candidates, EXPECTED["init_candidates"])
+    original = manager_cls._init_candidates
+
+    def _init_candidates(self) -> None:
+        original(self)
+        if self.vllm_config.parallel_config.data_parallel_size > 1:
+            _agree_across_dp(NO_PLAN, None)
+
+    _init_candidates._capplan_guard = True
+    manager_cls._init_candidates = _init_candidates
 
 
 def _capture_hook_factory(state: Installed):

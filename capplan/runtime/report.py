@@ -25,13 +25,25 @@ class Report:
         self._t0 = 0.0
         self._free0: int | None = None
         self._written = False
+        self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
+        self.dp: DPCounters | None = None
         atexit.register(self.finish)
+
+    def count(self, desc) -> None:
+        """One forward pass about to run with this vLLM descriptor."""
+        graph_id = self.graph_ids.get(desc, -1) if desc.cg_mode.name != "NONE" else -1
+        if graph_id >= 0:
+            self.hits[graph_id] += 1
+        else:
+            self.eager += 1
+
+    def dp_step(self, rank: int, size: int, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
+        if self.dp is None:
+            self.dp = DPCounters(rank, size)
+        self.dp.step(num_tokens, desired, synced, disagreed)
 
     def planned(self, vllm_planned_count: int) -> None:
         self.vllm_planned = vllm_planned_count
-
-    def hit(self, graph_id: int) -> None:
-        self.hits[graph_id] += 1
 
     def capture_started(self) -> None:
         self._t0 = time.perf_counter()
@@ -69,6 +81,7 @@ class Report:
             else round(self.graph_memory_bytes / 2**30, 4),
             "dispatch": {"calls": total, "graph_hits": sum(self.hits.values()), "eager": self.eager,
                          "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())}},
+            "dp": None if self.dp is None else self.dp.to_json(),
         }
 
     def render(self) -> str:
@@ -82,6 +95,8 @@ class Report:
                      f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB")
         d = data["dispatch"]
         lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
+        if self.dp is not None:
+            lines.append(self.dp.render())
         return "\n".join(lines)
 
     def finish(self) -> None:
@@ -91,10 +106,60 @@ class Report:
         print(self.render(), file=sys.stderr)
         path = os.environ.get("CAPPLAN_REPORT")
         if path:
-            if "{pid}" in path:
-                path = path.format(pid=os.getpid())
+            if "{pid}" in path or "{rank}" in path:
+                rank = self.dp.rank if self.dp is not None else os.environ.get("VLLM_DP_RANK", "0")
+                path = path.replace("{pid}", str(os.getpid())).replace("{rank}", str(rank))
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(self.to_json(), handle, indent=2)
+
+
+class DPCounters:
+    """What DP synchronisation did to this rank's steps (one rank's view)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.steps = 0  # sync calls with tokens on some rank
+        self.idle = 0  # every rank had zero tokens
+        self.own_size = 0  # ran at the size this rank's own batch would have used
+        self.padded_to_other = 0  # ran at a larger size set by another rank's batch
+        self.extra_tokens = 0  # padded tokens added by other ranks' batches
+        self.eager_together = 0  # the ranks agreed on eager (some rank could not use a graph)
+        self.forced_eager = 0  # ... although this rank alone would have replayed a graph
+        self.audited = 0
+        self.disagreements = 0
+
+    def step(self, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
+        if disagreed is not None:
+            self.audited += 1
+            self.disagreements += disagreed
+        if synced.num_tokens == 0:
+            self.idle += 1
+            return
+        self.steps += 1
+        own = desired.num_tokens if desired.cg_mode.name != "NONE" else num_tokens
+        if synced.cg_mode.name == "NONE":
+            self.eager_together += 1
+            self.forced_eager += desired.cg_mode.name != "NONE"
+        elif synced.num_tokens > own:
+            self.padded_to_other += 1
+            self.extra_tokens += synced.num_tokens - own
+        else:
+            self.own_size += 1
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "size": self.size, "steps": self.steps, "idle_steps": self.idle,
+                "at_own_size": self.own_size, "padded_to_other_rank": self.padded_to_other,
+                "extra_tokens_from_other_ranks": self.extra_tokens, "eager_together": self.eager_together,
+                "forced_eager": self.forced_eager, "audited_steps": self.audited,
+                "token_disagreements": self.disagreements if self.audited else None}
+
+    def render(self) -> str:
+        line = (f"  DP rank {self.rank}/{self.size}: {self.steps} steps, {self.padded_to_other} padded to another "
+                f"rank's size (+{self.extra_tokens} tokens), {self.eager_together} eager together "
+                f"({self.forced_eager} forced by another rank), {self.idle} idle")
+        if self.audited:
+            line += f"; audit: {self.disagreements} of {self.audited} steps with differing padded sizes"
+        return line
 
 
 def _free_memory() -> int | None:

@@ -1,0 +1,122 @@
+"""One rank of the two-process DP runtime check: vLLM's real DP sync on CPU (gloo).
+
+    PYTHONPATH=SRC/<version>:REPO python dp_sync_worker.py RANK PORT MODE OUT.json
+
+MODE:
+- sync:     both ranks install the same plan into vLLM's real
+            ModelCudaGraphManager, then run 3000 steps of vLLM's own
+            `dispatch_cg_and_sync_dp` (the model runner's call) with different
+            batches and LoRA mixes per rank, CAPPLAN_DP_AUDIT on. Writes every
+            step's agreed descriptor and the rank's report.
+- mismatch: rank 1's engine has max_loras 8, so rank 1 refuses its plan;
+            rank 0 must stop too instead of waiting.
+- noplan:   rank 1 runs without a plan (the plugin's guard only).
+
+vLLM's DP group is stood in for by the gloo world group; everything else is
+vLLM's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+rank, port, mode, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+os.environ["CAPPLAN_DP_AUDIT"] = "1"
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch.distributed as dist  # noqa: E402
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+
+import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
+import vllm.distributed.parallel_state as ps  # noqa: E402
+import vllm.v1.worker.gpu.dp_utils as dp_utils  # noqa: E402
+
+import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from capplan.loading import spec_from_data  # noqa: E402
+from capplan.planner import compile_plan  # noqa: E402
+from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime.fingerprint import PlanMismatch  # noqa: E402
+
+group = SimpleNamespace(cpu_group=dist.group.WORLD, rank_in_group=rank,
+                        cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD))
+ps.get_dp_group = lambda: group
+dp_utils.get_dp_group = lambda: group
+if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
+    dp_utils.should_skip_dp_coordination = lambda: False
+
+SPEC = {
+    "target": {"vllm": runtime_check.SEMANTICS},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256, "max_model_len": 512},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+    "parallel": {"data_parallel_size": 2},
+}
+MAX_LORAS = 4
+NEW_033 = runtime_check.SEMANTICS == "0.33"
+
+
+def lora_count(adapters: int, base: bool, dummy: bool) -> int:
+    """vLLM's (or, under lora_slot, the plan's) count for a batch, via the runner's function."""
+    names = [f"a{i}" for i in range(adapters)] + (["base"] if base else [])
+    state = SimpleNamespace(lora_requests={f"a{i}": i + 1 for i in range(adapters)},
+                            get_activate_loras=lambda ids: {x for x in ids if x.startswith("a")})
+    return runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=MAX_LORAS), state, names, dummy)
+
+
+def batch(rng: random.Random) -> tuple[int, int, int | None, int, int]:
+    """(num_reqs, num_tokens, uniform, max_query_len, lora count) for one step of this rank."""
+    kind = rng.random()
+    if kind < 0.15:  # idle rank: vLLM runs a one-token dummy batch
+        return 1, 1, 1, 1, lora_count(0, False, True)
+    reqs = rng.randint(1, 16)
+    adapters = rng.randint(0, min(reqs, MAX_LORAS))
+    base = adapters < reqs and rng.random() < 0.6
+    if kind < 0.75:  # uniform decode
+        return reqs, reqs, 1, 1, lora_count(adapters, base, False)
+    tokens = rng.randint(reqs, 300 if kind > 0.95 else 48)  # sometimes past the largest graph
+    q = -(-tokens // reqs)
+    return reqs, tokens, (q if q * reqs == tokens else None), q, lora_count(adapters, base, False)
+
+
+def main() -> None:
+    spec = spec_from_data(SPEC, "dp")
+    result: dict = {"rank": rank}
+    try:
+        if mode == "noplan" and rank == 1:
+            mrv2.install_dp_guard()
+        else:
+            mrv2.install(compile_plan(spec), "dp.plan.yaml")
+        engine = SPEC if not (mode == "mismatch" and rank == 1) else {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}}
+        manager = runtime_check.model_manager(spec_from_data(engine, "e").model_dump(mode="json"))
+    except PlanMismatch as exc:
+        result["refused"] = str(exc)
+        out.write_text(json.dumps(result))
+        return
+    result["refused"] = None
+    if mode != "sync":
+        out.write_text(json.dumps(result))
+        return
+    rng = random.Random(1000 + rank)
+    steps = []
+    for _ in range(3000):
+        reqs, tokens, uniform, max_q, loras = batch(rng)
+        kwargs = {"num_active_loras": loras}
+        if NEW_033:
+            kwargs["max_query_len"] = max_q
+        desc, _ = runner_mod.dispatch_cg_and_sync_dp(manager, reqs, tokens, uniform, 2, rank, **kwargs)
+        steps.append([desc.cg_mode.name, desc.num_tokens, loras])
+    report = mrv2.installed().report.to_json()
+    result.update(steps=steps, report=report)
+    out.write_text(json.dumps(result))
+
+
+try:
+    main()
+finally:
+    dist.destroy_process_group()
