@@ -24,6 +24,7 @@ unexpected vLLM fails at start instead of half-way through capture:
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
@@ -147,7 +148,12 @@ def install(plan: Plan, plan_path: str) -> Installed:
                 self._candidates[(n, row.lora_case)] = cands
         self._lora_dispatch_map = dict(plan.lora_dispatch_map)
         self._max_lora_case = max(plan.lora_dispatch_map.values(), default=0)
+        state.report.dp_rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0)
         state.report.planned(vllm_planned_count=len(vllm_planned))
+        dp_size = self.vllm_config.parallel_config.data_parallel_size
+        where = f", DP rank {state.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
+        print(f"capplan: capturing {len(vllm_descs)} graphs from {plan_path} (vLLM alone: {len(vllm_planned)})"
+              f"{where}", file=sys.stderr)
 
     manager_cls._init_candidates = _init_candidates
 

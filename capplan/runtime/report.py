@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing.util
 import os
 import sys
 import time
@@ -24,10 +25,16 @@ class Report:
         self.captured: Counter[tuple[str, int]] = Counter()
         self._t0 = 0.0
         self._free0: int | None = None
-        self._written = False
+        self._finished = False
+        self._last_write = 0.0
+        self._calls = 0
         self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
+        self.dp_rank = 0
+        # vLLM's workers may be forked processes that leave through os._exit,
+        # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
+        multiprocessing.util.Finalize(self, self.finish, exitpriority=100)
 
     def count(self, desc) -> None:
         """One forward pass about to run with this vLLM descriptor."""
@@ -36,6 +43,9 @@ class Report:
             self.hits[graph_id] += 1
         else:
             self.eager += 1
+        self._calls += 1
+        if not self._calls & 255:
+            self.write(min_interval=1.0)  # a worker killed at shutdown still leaves a recent report
 
     def dp_step(self, rank: int, size: int, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
         if self.dp is None:
@@ -50,6 +60,10 @@ class Report:
         self._free0 = _free_memory()
 
     def capture_finished(self, manager) -> None:
+        self._capture_finished(manager)
+        self.write()
+
+    def _capture_finished(self, manager) -> None:
         self.capture_seconds = time.perf_counter() - self._t0
         free1 = _free_memory()
         if self._free0 is not None and free1 is not None:
@@ -99,18 +113,33 @@ class Report:
             lines.append(self.dp.render())
         return "\n".join(lines)
 
-    def finish(self) -> None:
-        if self._written or self.vllm_planned is None:
-            return  # this process never built a model graph manager
-        self._written = True
-        print(self.render(), file=sys.stderr)
+    def path(self) -> str | None:
         path = os.environ.get("CAPPLAN_REPORT")
         if path:
-            if "{pid}" in path or "{rank}" in path:
-                rank = self.dp.rank if self.dp is not None else os.environ.get("VLLM_DP_RANK", "0")
-                path = path.replace("{pid}", str(os.getpid())).replace("{rank}", str(rank))
-            with open(path, "w", encoding="utf-8") as handle:
+            path = path.replace("{pid}", str(os.getpid())).replace("{rank}", str(self.dp_rank))
+        return path or None
+
+    def write(self, min_interval: float = 0.0) -> None:
+        """(Re)write CAPPLAN_REPORT atomically, at most once per min_interval seconds."""
+        path = self.path()
+        now = time.monotonic()
+        if path is None or self.vllm_planned is None or now - self._last_write < min_interval:
+            return
+        self._last_write = now
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump(self.to_json(), handle, indent=2)
+            os.replace(tmp, path)
+        except OSError as exc:  # a report must never break the engine
+            print(f"capplan: could not write the report to {path}: {exc}", file=sys.stderr)
+
+    def finish(self) -> None:
+        if self._finished or self.vllm_planned is None:
+            return  # this process never built a model graph manager
+        self._finished = True
+        print(self.render(), file=sys.stderr)
+        self.write()
 
 
 class DPCounters:

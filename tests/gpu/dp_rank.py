@@ -71,14 +71,14 @@ def main() -> None:
                             "tokens": list(comp.token_ids), "logprobs": chosen})
     args.out.write_text(json.dumps({"rank": rank, "startup_s": startup, "results": results}))
     print(f"rank {rank} done: startup {startup:.1f} s, {len(results)} requests", flush=True)
+    # Shut the engine down so that its worker process (vLLM uses one per rank
+    # under DP) exits normally and writes capplan's report; then skip the
+    # interpreter's DP teardown, as both ranks have written everything.
     try:
-        from capplan.runtime.mrv2 import installed
-
-        if installed() is not None:
-            installed().report.finish()  # also runs at exit; written now in case teardown hangs
-    except ImportError:
-        pass
-    os._exit(0)  # skip DP teardown: both ranks have written everything
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # noqa: BLE001
+        print(f"rank {rank}: engine shutdown failed: {exc!r}", flush=True)
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ does (one process per rank, VLLM_DP_* variables; tests/gpu/dp_launch.py):
   python dp_launch.py ...`, CAPPLAN_DP_AUDIT=1: outputs must equal the
   reference on every request of both ranks, and the per-rank reports must
   show cross-rank padding with the ranks agreeing on every padded size;
+- vanilla:   specialize_active_lora on, no plan: vLLM's own bug (a batch of
+  k adapters plus base requests loses an adapter) shows under DP too;
 - mismatch:  rank 1 gets a plan for max_loras 8: both ranks stop before any
   capture, rank 0 naming rank 1, and nothing hangs.
 Needs two GPUs (device kind nvidia-h200-x2) and the MOE=1 bundle.
@@ -105,7 +107,8 @@ def setup(tmp_path_factory):
 def runs(setup):
     work, model, version = setup
     plan = _compile(work, "dp", version, 4)
-    runs = {"reference": _launch("reference", model, work, 0), "planned": _launch("planned", model, work, 1, plan)}
+    runs = {"reference": _launch("reference", model, work, 0), "planned": _launch("planned", model, work, 1, plan),
+            "vanilla": _launch("vanilla", model, work, 1)}
     _save("runs", {name: {k: v for k, v in run.items() if k != "logs"} | {
         "ranks": [{"report": r["report"], "startup_s": (r["results"] or {}).get("startup_s")} for r in run["ranks"]]}
         for name, run in runs.items()})
@@ -134,6 +137,18 @@ def test_planned_outputs_equal_reference_on_both_ranks(runs):
                 if a is not None and b is not None)
     _save("compare", {"requests": len(ref), "differing": [list(k) for k in differing], "worst_logprob_diff": worst})
     assert differing == [], f"{len(differing)} requests differ: {differing[:8]}"
+
+
+def test_upstream_bug_without_plan_under_dp(runs):
+    """vLLM's own behaviour with specialize_active_lora (expected wrong): rank 0's
+    k-adapters-plus-base batches lose an adapter. Shows the comparison can fail."""
+    ref, vanilla = _outputs(runs["reference"]), _outputs(runs["vanilla"])
+    differing = sorted(k for k in ref if ref[k]["tokens"] != vanilla[k]["tokens"])
+    _save("vanilla", {"differing": [list(k) for k in differing],
+                      "batches": sorted({f"rank {k[0]}: {ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}"
+                                         for k in differing})})
+    assert differing, "expected vLLM without the plan to drop an adapter in some batch"
+    assert all(ref[k]["base"] for k in differing)
 
 
 def test_reports_show_cross_rank_padding_and_agreement(runs):
