@@ -34,11 +34,12 @@ def _short(identity: str) -> str:
 def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = "") -> str | None:
     """The one-line refusal every rank raises, or None to start. Pure: tested without torch."""
     identities = [g[0] for g in gathered]
+    refused = [(i, why) for i, (_, why) in enumerate(gathered) if why]
     if len(set(identities)) > 1:
         ranks = "; ".join(f"rank {i}: {_short(g)}" for i, g in enumerate(identities))
+        also = "".join(f" Rank {i} also refused its own plan: {why}" for i, why in refused)
         return (f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
-                "captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does)")
-    refused = [(i, why) for i, (_, why) in enumerate(gathered) if why]
+                f"captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does).{also}")
     if not refused:
         return None
     own = next((why for i, why in refused if i == rank), None)

@@ -26,8 +26,8 @@ class Report:
         self._t0 = 0.0
         self._free0: int | None = None
         self._finished = False
-        self._last_write = 0.0
-        self._calls = 0
+        self._dirty = False
+        self._flusher = None
         self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
         self.dp_rank = 0
@@ -43,9 +43,7 @@ class Report:
             self.hits[graph_id] += 1
         else:
             self.eager += 1
-        self._calls += 1
-        if not self._calls & 255:
-            self.write(min_interval=1.0)  # a worker killed at shutdown still leaves a recent report
+        self._dirty = True
 
     def dp_step(self, rank: int, size: int, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
         if self.dp is None:
@@ -62,6 +60,23 @@ class Report:
     def capture_finished(self, manager) -> None:
         self._capture_finished(manager)
         self.write()
+        if self.path() and self._flusher is None:
+            # vLLM may kill a worker blocked in a collective at shutdown, before
+            # any exit hook runs: keep the file at most a second behind.
+            import threading
+
+            self._flusher = threading.Thread(target=self._flush_loop, name="capplan-report", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._finished:
+            time.sleep(1.0)
+            if self._dirty:
+                self._dirty = False
+                try:
+                    self.write()
+                except RuntimeError:  # a counter changed size while copied; next second
+                    self._dirty = True
 
     def _capture_finished(self, manager) -> None:
         self.capture_seconds = time.perf_counter() - self._t0
@@ -119,13 +134,11 @@ class Report:
             path = path.replace("{pid}", str(os.getpid())).replace("{rank}", str(self.dp_rank))
         return path or None
 
-    def write(self, min_interval: float = 0.0) -> None:
-        """(Re)write CAPPLAN_REPORT atomically, at most once per min_interval seconds."""
+    def write(self) -> None:
+        """(Re)write CAPPLAN_REPORT atomically."""
         path = self.path()
-        now = time.monotonic()
-        if path is None or self.vllm_planned is None or now - self._last_write < min_interval:
+        if path is None or self.vllm_planned is None:
             return
-        self._last_write = now
         tmp = f"{path}.tmp{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as handle:
