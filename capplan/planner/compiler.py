@@ -11,7 +11,7 @@ from capplan.planner.deviations import ExactTwin, describe_deviations
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
 from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.hashing import fingerprint, spec_hash
-from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map
+from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
 
@@ -40,6 +40,11 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     sizes, max_size = resolve_capture_sizes(spec)
     cases = lora_capture_cases(spec)
     by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
+    dispatch_map = lora_dispatch_map(cases)
+    lora_invariant = _lora_invariant(by_mode, cases)  # over reachable batches, pruning keeps it
+    dropped: list = []
+    if spec.has(Fix.prune_unreachable):
+        by_mode, dropped = _prune(spec, by_mode, dispatch_map)
     ordered = capture_order(by_mode)
     ids = {id(d): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
@@ -62,21 +67,45 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         max_capture_size=max_size,
         lora_capture_cases=cases,
         lora_dispatch_key="kernel_slots" if spec.has(Fix.lora_slot) else "adapters",
-        lora_dispatch_map=lora_dispatch_map(cases),
+        lora_dispatch_map=dispatch_map,
         graphs=graphs,
         dispatch=build_ranges(by_mode, cases, ids, per_mode),
         dp=DPPolicy.trusted(
             data_parallel_size=spec.parallel.data_parallel_size,
             sync=DP_SYNC,
             lora_agreement="local",
-            padded_tokens_lora_invariant=_lora_invariant(by_mode, cases),
+            padded_tokens_lora_invariant=lora_invariant,
         ),
         stats=_stats(ordered, cases),
     )
     if with_deviations and spec.fixes:
-        twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode))
+        twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode), dropped)
         plan.__dict__["deviations"] = describe_deviations(plan, twin)
     return plan
+
+
+def _prune(spec: Spec, by_mode: dict, dispatch_map: dict[int, int]) -> tuple[dict, list]:
+    """Drop (descriptor, LoRA case) pairs no reachable batch can dispatch to.
+
+    A batch padded to a graph of n tokens and r requests (PIECEWISE: any
+    count up to min(n, max_num_seqs)) holds at most min(r, n) requests.
+    Dispatch for every reachable batch is unchanged: the graph it picked
+    holds at least as many requests as the batch, so its case survives.
+    """
+    seqs = spec.scheduler.max_num_seqs
+    reachable: dict[int, set[int]] = {}
+    kept: dict[str, list] = {}
+    dropped = []
+    for mode, descs in by_mode.items():
+        for d in descs:
+            holds = min(d.num_reqs if d.num_reqs is not None else seqs, d.num_tokens)
+            if holds not in reachable:
+                reachable[holds] = reachable_cases(spec, dispatch_map, holds)
+            if d.num_active_loras in reachable[holds]:
+                kept.setdefault(mode, []).append(d)
+            else:
+                dropped.append(d)
+    return kept, dropped
 
 
 def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:

@@ -10,18 +10,20 @@ FAILURE_CLASSES = {
     Fix.lora_slot: "6: no-LoRA slot not counted (adapters + base can replay a grid one slot short)",
     Fix.dummy_remainder: "5: dummy requests longer than max_model_len (remainder piled on one request)",
     Fix.mixed_ranges: "8: coverage holes (0.25 union ranges send mixed batches eager)",
+    Fix.prune_unreachable: "cost: graphs captured that no reachable batch can replay (capture time, graph memory)",
 }
 
 
 class ExactTwin:
     """What vLLM itself (fixes: []) would plan for the same spec, computed lazily.
 
-    Fixes never change which graphs exist, so the twin shares the plan's
-    descriptors and only recomputes what a fix touches: dummy layouts of the
-    graphs it can change, and (on 0.25) the dispatch ranges.
+    Only prune_unreachable changes which graphs exist (the dropped ones are
+    handed over); otherwise the twin shares the plan's descriptors and only
+    recomputes what a fix touches: dummy layouts of the graphs it can change,
+    and (on 0.25) the dispatch ranges.
     """
 
-    def __init__(self, plan: Plan, ranges) -> None:
+    def __init__(self, plan: Plan, ranges, dropped: list | None = None) -> None:
         from capplan.planner.dummy_layout import DummyLayouts
 
         self.spec = plan.spec.model_copy(update={"fixes": []})
@@ -32,6 +34,7 @@ class ExactTwin:
         self._layout = DummyLayouts(self.spec)
         self._ranges = ranges
         self._dispatch = None
+        self.dropped = dropped or []
 
     def dummy(self, graph):
         return self._layout(graph.descriptor)
@@ -48,6 +51,7 @@ def describe_deviations(plan: Plan, exact: ExactTwin) -> list[Deviation]:
         Fix.lora_slot: _lora_slot,
         Fix.dummy_remainder: _dummy_remainder,
         Fix.mixed_ranges: _mixed_ranges,
+        Fix.prune_unreachable: _prune_unreachable,
     }
     return [
         Deviation(fix=fix.value, failure_class=FAILURE_CLASSES[fix], changes=describe[fix](plan, exact))
@@ -123,3 +127,20 @@ def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:
         return ["no change: for this spec 0.25's union ranges offer the same candidates"]
     lines = ["dispatch: " + line for line in target_changes(exact, plan)]
     return lines or ["no change in what any batch replays (fallback candidates added behind the first)"]
+
+
+def _prune_unreachable(plan: Plan, exact: ExactTwin) -> list[str]:
+    if not exact.dropped:
+        return ["no change: every (graph, LoRA case) pair can be reached by some batch"]
+    total = len(plan.graphs) + len(exact.dropped)
+    lines = [f"capture: {len(exact.dropped)} of {total} graphs dropped: a graph of n tokens holds at most "
+             "min(n, its requests) requests, so at most that many kernel slots, and no such batch maps to "
+             "their LoRA case; every reachable batch dispatches as before"]
+    per: dict[tuple[str, int], list[int]] = {}
+    for d in exact.dropped:
+        per.setdefault((d.cg_mode, d.num_active_loras), []).append(d.num_tokens)
+    for (mode, case), sizes in sorted(per.items()):
+        sizes = sorted(set(sizes))
+        shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+        lines.append(f"capture: {mode} case {case}: {len(sizes)} size(s) not captured ({shown} tokens)")
+    return lines

@@ -31,4 +31,6 @@ def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> 
     for section, field in FINGERPRINT_IGNORE:
         data[section].pop(field)
     data["resolved"] = {"capture_sizes": capture_sizes, "lora_capture_cases": lora_cases}
+    if "prune_unreachable" in data["fixes"] and spec.parallel.data_parallel_size > 1:
+        data["resolved"]["dp_dummy_case_at_every_size"] = True  # pruning keeps it only under DP
     return sha256(data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 
-from capplan.schemas.spec import Spec
+from capplan.schemas.spec import Fix, Spec
 
 
 def captured_lora_counts(max_loras: int, specialize_active: bool) -> list[int]:
@@ -64,3 +64,23 @@ def kernel_grid(lora_ids: list[int], num_reqs: int, spec: Spec) -> int:
     counts = captured_lora_counts(lora.max_loras, True)
     idx = bisect.bisect_left(counts, distinct)
     return counts[idx] if idx < len(counts) else distinct
+
+
+def reachable_cases(spec: Spec, dispatch_map: dict[int, int], max_requests: int) -> set[int]:
+    """LoRA cases a batch of at most max_requests requests can dispatch to.
+
+    Each request brings at most one adapter, and the no-LoRA slot needs a
+    request of its own, so such a batch has at most max_requests kernel slots
+    (or adapters, without lora_slot); a case is reachable when some count up
+    to that maps to it (3 slots map to case 4, so a 3-request graph may need
+    case 4). With DP > 1 an idle rank runs vLLM's dummy batch, one request
+    that counts as max_loras + 1: that case is reachable at every size.
+    """
+    if not dispatch_map:
+        return {0}
+    lora = spec.lora
+    most = lora.max_loras + 1 if spec.has(Fix.lora_slot) else lora.max_loras
+    out = {0} | {dispatch_map[n] for n in range(1, min(max_requests, most) + 1)}
+    if spec.parallel.data_parallel_size > 1:
+        out.add(dispatch_map.get(lora.max_loras + 1, max(dispatch_map.values())))
+    return out

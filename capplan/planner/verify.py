@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from capplan.planner.lora_cases import kernel_grid, kernel_slots
+from capplan.planner.lora_cases import kernel_grid, kernel_slots, reachable_cases
 from capplan.schemas.plan import Descriptor, Plan
 
 CLASSES = {
@@ -298,6 +298,13 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
                     | {r.hi for rows in tables.rows.values() for r in rows})
     disagreements = []
     lora_dependent = False
+    memo: dict[int, set[int]] = {}
+
+    def reachable(r: int) -> set[int]:
+        if r not in memo:
+            memo[r] = reachable_cases(spec, plan.lora_dispatch_map, r)
+        return memo[r]
+
     for tokens in points:
         for uniform in (None, dql):
             if uniform is not None and tokens % dql:
@@ -305,10 +312,14 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
             max_r = min(tokens, seqs) if uniform is None else min(tokens // dql, seqs)
             if max_r < 1:
                 continue
-            padded = {(c, r): _padded(tables, c, tokens, uniform, r) for c in cases for r in {1, max_r}}
+            # Each rank re-dispatches the agreed count with its own requests and
+            # LoRA case; only cases its requests can reach (plus, under DP, the
+            # idle rank's dummy case) occur.
+            padded = {(c, r): _padded(tables, c, tokens, uniform, r) for r in {1, max_r}
+                      for c in cases if c in reachable(r)}
             if len(set(padded.values())) > 1:
                 disagreements.append((tokens, uniform, padded))
-                if any(len({padded[(c, r)] for c in cases}) > 1 for r in {1, max_r}):
+                if any(len({padded[(c, r)] for c in cases if c in reachable(r)}) > 1 for r in {1, max_r}):
                     lora_dependent = True
     invariant = not lora_dependent
     if plan.dp.padded_tokens_lora_invariant != invariant:

@@ -46,9 +46,10 @@ class Fix(str, enum.Enum):
     lora_slot = "lora_slot"
     dummy_remainder = "dummy_remainder"
     mixed_ranges = "mixed_ranges"
+    prune_unreachable = "prune_unreachable"
 
 
-ALL_FIXES: tuple[Fix, ...] = (Fix.lora_slot, Fix.dummy_remainder, Fix.mixed_ranges)
+ALL_FIXES: tuple[Fix, ...] = (Fix.lora_slot, Fix.dummy_remainder, Fix.mixed_ranges, Fix.prune_unreachable)
 
 # Limits that reject absurd values with a clear message instead of letting a
 # typo (max_num_seqs: 2560000) build a plan of millions of lines.
@@ -251,7 +252,7 @@ class Spec(_Strict):
         max_length=len(ALL_FIXES),
         description=(
             "capplan's deliberate deviations from vLLM: lora_slot, dummy_remainder, "
-            "mixed_ranges. [] reproduces vLLM exactly."
+            "mixed_ranges, prune_unreachable. [] reproduces vLLM exactly."
         ),
     )
 
