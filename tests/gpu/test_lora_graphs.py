@@ -157,7 +157,9 @@ def test_plan_matches_reference_on_every_request(runs):
 
 def test_plan_was_in_force(runs):
     report = runs["planned"]["report"]
-    assert report["graphs_captured"] == report["graphs_planned"] == 90
+    # 90 in vLLM; prune_unreachable (a default fix) drops the pairs no batch can reach.
+    assert report["graphs_captured"] == report["graphs_planned"] == 78
+    assert report["vllm_would_capture"] == 90
     assert report["dispatch"]["graph_hits"] > 0
 
 
