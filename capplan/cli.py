@@ -338,6 +338,105 @@ def verify_cmd(
         raise typer.Exit(code=1)
 
 
+@app.command("simulate")
+@_errors_to_exit
+def simulate_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
+    trace: Annotated[Path, typer.Argument(help="Batch trace: JSON lines, or a vLLM batch-size log.",
+                                          show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write hits and padding per captured size "
+                                                 "(.svg, or .png with matplotlib).")] = None,
+) -> None:
+    """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs.
+
+    TRACE has one batch per line, e.g.
+    {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "adapters": 2, "base": true, "count": 120}
+    (max_query_len, adapters, base, has_prefill and count are optional).
+    A vLLM log with VLLM_LOG_BATCHSIZE_INTERVAL set also works: its last
+    "Batchsize forward time stats" line becomes one-token LoRA-free requests
+    (vLLM logs token counts after padding, so padding from it is a lower bound).
+    Synthetic traces: examples/traces/.
+    """
+    from capplan.loading import load_plan
+    from capplan.planner.traffic import load_trace, render_simulation, simulate
+
+    loaded = load_plan(plan)
+    batches = load_trace(trace)
+    result = simulate(loaded, batches)
+    data = result.to_json(loaded)
+    if plot is not None:
+        from capplan.planner.plot import simulation_panels, write_plot
+
+        write_plot(plot, simulation_panels(data), f"capplan simulate {plan.name} {trace.name}: "
+                   f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        typer.echo(render_simulation(str(plan), str(trace), loaded, result))
+
+
+@app.command("optimize")
+@_errors_to_exit
+def optimize_cmd(
+    spec: Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)],
+    trace: Annotated[Path, typer.Argument(help="Batch trace (see capplan simulate --help).", show_default=False)],
+    max_graphs: Annotated[Optional[int], typer.Option("--max-graphs", min=1,
+                                                      help="Budget: graphs captured (after pruning).")] = None,
+    max_graph_memory: Annotated[Optional[float], typer.Option(
+        "--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model).")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write the optimized spec "
+                                                   "(default: SPEC.optimized.yaml).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Cost model calibration YAML.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")] = False,
+) -> None:
+    """Choose capture sizes that minimise padded tokens on a trace under a graph or memory budget.
+
+    Exact: dynamic programming over the sorted token counts of the trace
+    (optimal 1-D bucketing) for every number of sizes; each candidate set is
+    compiled (LoRA cases, modes, pruning) to count its real graphs. The
+    largest size stays the spec's max capture size, so no batch goes eager
+    that the spec's default plan would replay. Prints the trade-off curve,
+    writes a spec with explicit cudagraph.capture_sizes whose compiled plan
+    verifies, and leaves everything else in the spec as it was.
+    """
+    from capplan.loading import load_spec
+    from capplan.planner.cost import load_cost_model
+    from capplan.planner.optimize import optimize, render_curve
+    from capplan.planner.render import render_spec
+    from capplan.planner.traffic import load_trace
+    from capplan.planner.verify import verify_plan
+    from capplan.yaml_io import write_atomic
+
+    loaded = load_spec(spec)
+    batches = load_trace(trace)
+    result = optimize(loaded, batches, load_cost_model(calibration), max_graphs=max_graphs,
+                      max_graph_memory=max_graph_memory)
+    report = verify_plan(result.plan)
+    if not report.ok:
+        raise CapplanError(f"the optimized plan does not verify: {report.violations[0].line()}",
+                           "please report this; nothing was written")
+    out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
+    p, d = result.point, result.default
+    header = (f"# capplan optimize {spec.name} {trace.name} (budget {result.budget})\n"
+              f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
+              f"of real tokens on the trace (default {d.padding_overhead:.2%})\n")
+    write_atomic(out, header + render_spec(result.spec))
+    if plot is not None:
+        from capplan.planner.plot import curve_panels, write_plot
+
+        write_plot(plot, curve_panels(result.curve), f"capplan optimize {spec.name} {trace.name}: "
+                   f"default {d.graphs} graphs, padding {d.padding_overhead:.2%}")
+    if as_json:
+        typer.echo(json.dumps({"output": str(out), "budget": result.budget, "chosen": p.__dict__,
+                               "default": d.__dict__, "curve": [c.__dict__ for c in result.curve]}, indent=2))
+    else:
+        typer.echo(render_curve(result, every=max(1, len(result.curve) // 40)))
+        typer.echo(f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+                   f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies")
+
+
 @app.command("diff")
 @_errors_to_exit
 def diff_cmd(

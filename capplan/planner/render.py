@@ -125,3 +125,10 @@ def plan_to_json(plan: Plan) -> dict:
     data["descriptors"] = [g["descriptor"] for g in data["graphs"]]
     data["lora_dispatch_map"] = {str(k): v for k, v in data["lora_dispatch_map"].items()}
     return data
+
+
+def render_spec(spec) -> str:
+    """A spec as YAML, sections in schema order, short lists inline (for optimize's output)."""
+    import yaml
+
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)

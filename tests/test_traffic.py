@@ -1,0 +1,147 @@
+"""Traces, the simulator and the optimizer (issue #4)."""
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capplan.cli import app
+from capplan.errors import CapplanError
+from capplan.planner import Batch, Dispatcher, compile_plan
+from capplan.planner.cost import load_cost_model
+from capplan.planner.optimize import Bucketing, optimize, token_weights
+from capplan.planner.traffic import TraceBatch, load_trace, simulate
+from capplan.planner.verify import verify_plan
+from tests.conftest import make_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "examples" / "traces"
+runner = CliRunner()
+SMALL = dict(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 128},
+             lora={"enabled": True, "max_loras": 4, "specialize_active": True})
+
+
+def _brute(weights: dict[int, int], top: int, k: int) -> int:
+    cands = sorted(set(weights) | {top})[:-1]
+    best = None
+    for n in range(0, min(k - 1, len(cands)) + 1):
+        for combo in itertools.combinations(cands, n):
+            sizes = [*combo, top]
+            cost = sum(w * (min(s for s in sizes if s >= t) - t) for t, w in weights.items())
+            best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_bucketing_is_optimal_against_brute_force(seed):
+    rng = random.Random(seed)
+    top = rng.randint(8, 40)
+    weights = {rng.randint(1, top): rng.randint(1, 50) for _ in range(rng.randint(1, 9))}
+    solver = Bucketing(weights, top)
+    for k in range(1, 6):
+        padded, sizes = solver.best(k)
+        assert padded == _brute(weights, top, k), (weights, top, k)
+        assert sizes[-1] == top and len(sizes) <= k and sizes == sorted(set(sizes))
+        # the reconstructed sizes really achieve the reported padding
+        assert padded == sum(w * (min(s for s in sizes if s >= t) - t) for t, w in weights.items())
+
+
+def _trace(rows):
+    return [TraceBatch(Batch(*r[:5]), r[5] if len(r) > 5 else 1) for r in rows]
+
+
+def test_simulate_counts_hits_padding_eager_and_unused_graphs():
+    plan = compile_plan(make_spec(**SMALL))
+    trace = _trace([(3, 3, 1, 0, False, 10), (5, 20, 8, 2, True, 2), (4, 4000 // 40, 30, 0, False, 1),
+                    (16, 128, 8, 0, False, 1)])
+    result = simulate(plan, trace)
+    d = Dispatcher(plan)
+    expected_pad = 10 * (d.dispatch(trace[0].batch).num_tokens - 3) + 2 * (d.dispatch(trace[1].batch).num_tokens - 20)
+    assert result.steps == 14 and result.eager_steps == 2 and result.eager_above_largest == 2  # 100 and 128 > 32
+    assert result.padded_tokens == expected_pad and result.real_tokens == 10 * 3 + 2 * 20
+    assert len(result.unused) == len(plan.graphs) - len(result.hits) and len(result.hits) == 2
+    data = result.to_json(plan)
+    assert data["graphs_used"] == 2 and data["graph_hit_rate"] == pytest.approx(12 / 14)
+
+
+def test_example_traces_load_and_hold_what_they_claim():
+    chat = load_trace(TRACES / "chat.jsonl")
+    assert sum(t.count for t in chat) == 20000
+    assert any(t.batch.has_prefill for t in chat)
+    multi = load_trace(TRACES / "multitenant.jsonl")
+    assert sum(t.count for t in multi if t.batch.num_active_loras >= 5) > 0.5 * 20000
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"num_reqs": 0, "num_tokens": 3}', "num_reqs must be an integer >= 1"),
+    ('{"num_reqs": 4, "num_tokens": 3}', "num_tokens 3 < num_reqs 4"),
+    ('{"num_reqs": 2, "num_tokens": 3, "adapters": 2, "base": true}', "need more than 2 request(s)"),
+    ('{"num_reqs": 2, "num_tokens": 8, "max_query_len": 9}', "max_query_len 9 is impossible"),
+    ('{"num_reqs": 2, "num_tokens": 8, "tokens": 3}', "unknown field 'tokens'"),
+    ('[1, 2]', "a batch must be a JSON object"),
+    ('{"num_reqs": 2,', "not JSON"),
+])
+def test_bad_trace_lines_name_the_line_and_field(tmp_path, line, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"num_reqs": 1, "num_tokens": 1}\n' + line + "\n")
+    with pytest.raises(CapplanError) as err:
+        load_trace(path)
+    assert f"{path}:2: " in err.value.one_line() and message in err.value.one_line()
+
+
+def test_vllm_batchsize_log_converts(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): [(8, 3, 1.2)]\n"
+                   "INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): "
+                   "[(16, 40, 2.5), (8, 12, 1.1), (512, 2, 9.0)]\n")
+    trace = load_trace(log)
+    assert [(t.batch.num_tokens, t.batch.num_reqs, t.count) for t in trace] == [(16, 16, 40), (8, 8, 12),
+                                                                                (512, 512, 2)]
+
+
+def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
+    spec = make_spec(**SMALL)
+    trace = load_trace(TRACES / "bursty.jsonl")
+    default = compile_plan(spec)
+    result = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs) // 2)
+    assert result.point.graphs <= len(default.graphs) // 2 == int(result.budget.split()[0])
+    assert result.point.capture_sizes[-1] == default.max_capture_size
+    assert verify_plan(result.plan).ok
+    # the curve's padding is what the compiled plan's dispatcher sees for token-count-only padding
+    weights = token_weights(trace, default.max_capture_size)
+    assert result.point.padded_tokens == min(p.padded_tokens for p in result.curve
+                                             if p.graphs <= len(default.graphs) // 2)
+    assert sum(weights.values()) > 0
+    # with the same budget as the default, padding is never worse than the default's
+    same = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs))
+    assert same.point.padded_tokens <= same.default.padded_tokens
+
+
+def test_optimize_and_simulate_cli(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("scheduler: {max_num_seqs: 16, max_num_batched_tokens: 128}\n"
+                    "lora: {enabled: true, max_loras: 4, specialize_active: true}\n")
+    trace = TRACES / "bursty.jsonl"
+    out = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot",
+                              str(tmp_path / "curve.svg")])
+    assert out.exit_code == 0, out.output
+    assert "<- chosen" in out.stdout and (tmp_path / "s.optimized.yaml").exists()
+    assert (tmp_path / "curve.svg").read_text().startswith("<svg")
+    comp = runner.invoke(app, ["compile", str(tmp_path / "s.optimized.yaml"), "-o", str(tmp_path / "o.plan.yaml")])
+    assert comp.exit_code == 0, comp.output
+    sim = runner.invoke(app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--json",
+                              "--plot", str(tmp_path / "sim.svg")])
+    assert sim.exit_code == 0, sim.output
+    data = json.loads(sim.stdout)
+    assert data["steps"] == 12000 and data["graphs"] <= 40
+    assert (tmp_path / "sim.svg").exists()
+    both = runner.invoke(app, ["optimize", str(spec), str(trace)])
+    assert both.exit_code == 2 and "give exactly one budget" in both.stderr
+    tiny = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "1"])
+    assert tiny.exit_code == 2 and "no capture set fits 1 graphs" in tiny.stderr
+    bad_plot = runner.invoke(app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--plot",
+                                   str(tmp_path / "x.gif")])
+    assert bad_plot.exit_code == 2 and "use a .svg or .png path" in bad_plot.stderr
