@@ -38,7 +38,7 @@ def _vllm_importable() -> bool:
     return True
 
 
-def _reexec_in_oracle(oracle_dir: Path, argv: list[str]) -> int:
+def _reexec_in_oracle(oracle_dir: Path, argv: list[str], module: str = "bench") -> int:
     python = oracle_dir / "venv" / "bin" / "python"
     src = oracle_dir / "src" / ORACLE_VERSION
     if not python.exists() or not src.is_dir():
@@ -47,7 +47,7 @@ def _reexec_in_oracle(oracle_dir: Path, argv: list[str]) -> int:
               "or pass --capplan-only", file=sys.stderr)
         return 2
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}", "CAPPLAN_BENCH_CHILD": "1"}
-    return subprocess.call([str(python), "-m", "bench", *argv], cwd=ROOT, env=env)
+    return subprocess.call([str(python), "-m", module, *argv], cwd=ROOT, env=env)
 
 
 def _stats(samples: list[float]) -> dict:

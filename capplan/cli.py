@@ -389,9 +389,17 @@ def optimize_cmd(
                                                    "(default: SPEC.optimized.yaml).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")] = None,
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Cost model calibration YAML.")] = None,
+    shared_sizes: Annotated[bool, typer.Option(
+        "--shared-sizes", help="One size list for every LoRA case (what plain vLLM can run; always so under DP).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")] = False,
 ) -> None:
     """Choose capture sizes that minimise padded tokens on a trace under a graph or memory budget.
+
+    With LoRA and one DP rank, sizes are chosen per LoRA case
+    (cudagraph.lora_case_sizes, run by capplan's runtime): a case the trace
+    rarely uses keeps few sizes, always including the largest. The budget is
+    split across cases exactly (knapsack over each case's optimal curve).
 
     Exact: dynamic programming over the sorted token counts of the trace
     (optimal 1-D bucketing) for every number of sizes; each candidate set is
@@ -412,7 +420,7 @@ def optimize_cmd(
     loaded = load_spec(spec)
     batches = load_trace(trace)
     result = optimize(loaded, batches, load_cost_model(calibration), max_graphs=max_graphs,
-                      max_graph_memory=max_graph_memory)
+                      max_graph_memory=max_graph_memory, shared_sizes=shared_sizes)
     report = verify_plan(result.plan)
     if not report.ok:
         raise CapplanError(f"the optimized plan does not verify: {report.violations[0].line()}",
@@ -429,8 +437,8 @@ def optimize_cmd(
         write_plot(plot, curve_panels(result.curve), f"capplan optimize {spec.name} {trace.name}: "
                    f"default {d.graphs} graphs, padding {d.padding_overhead:.2%}")
     if as_json:
-        typer.echo(json.dumps({"output": str(out), "budget": result.budget, "chosen": p.__dict__,
-                               "default": d.__dict__, "curve": [c.__dict__ for c in result.curve]}, indent=2))
+        typer.echo(json.dumps({"output": str(out), "budget": result.budget, "chosen": p.to_json(),
+                               "default": d.to_json(), "curve": [c.to_json() for c in result.curve]}, indent=2))
     else:
         typer.echo(render_curve(result, every=max(1, len(result.curve) // 40)))
         typer.echo(f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "

@@ -41,6 +41,8 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     cases = lora_capture_cases(spec)
     by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
     dispatch_map = lora_dispatch_map(cases)
+    if spec.cudagraph.lora_case_sizes is not None:
+        by_mode = _case_sizes(spec, by_mode, cases)
     lora_invariant = _lora_invariant(by_mode, cases)  # over reachable batches, pruning keeps it
     dropped: list = []
     if spec.has(Fix.prune_unreachable):
@@ -81,7 +83,42 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     if with_deviations and spec.fixes:
         twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode), dropped)
         plan.__dict__["deviations"] = describe_deviations(plan, twin)
+    if with_deviations and spec.cudagraph.lora_case_sizes is not None:
+        plan.__dict__["deviations"] = [*plan.deviations, _case_sizes_deviation(spec, sizes)]
     return plan
+
+
+def _case_sizes_deviation(spec: Spec, sizes: list[int]):
+    from capplan.schemas.plan import Deviation
+
+    changes = [f"capture: LoRA case {e.case}: {len(e.sizes)} of {len(sizes)} capture sizes "
+               f"({', '.join(map(str, e.sizes[:10]))}{', ...' if len(e.sizes) > 10 else ''}); batches of that case "
+               "pad to the next of these" for e in spec.cudagraph.lora_case_sizes]
+    return Deviation(fix="lora_case_sizes", failure_class="cost: vLLM captures every size for every LoRA case; "
+                     "capplan captures per case what the traffic uses (DP size 1 only)", changes=changes)
+
+
+def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
+    """Keep, for each listed LoRA case, only its listed sizes (FULL decode graphs by the size they came from)."""
+    from capplan.errors import SpecError
+
+    wanted: dict[int, set[int]] = {}
+    for entry in spec.cudagraph.lora_case_sizes:
+        if entry.case not in cases:
+            raise SpecError(f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case of this spec "
+                            f"(cases: {', '.join(map(str, cases))})", "use one of the listed cases")
+        wanted[entry.case] = set(entry.sizes)
+    dql, top = spec.decode_query_len, spec.cudagraph.capture_sizes[-1]
+
+    def keep(d) -> bool:
+        sizes = wanted.get(d.num_active_loras)
+        if sizes is None:
+            return True
+        if d.num_reqs is not None and d.uniform_token_count is not None:  # FULL decode: rounded up
+            return any(-(-s // dql) * dql == d.num_tokens for s in sizes if s <= top)
+        return d.num_tokens in sizes
+
+    return {mode: [d for d in descs if keep(d)] for mode, descs in by_mode.items()}
 
 
 def _prune(spec: Spec, by_mode: dict, dispatch_map: dict[int, int]) -> tuple[dict, list]:

@@ -117,6 +117,13 @@ class CurvePoint:
     padded_tokens: int
     padding_overhead: float
     capture_sizes: list[int]
+    spec: Spec
+
+    def to_json(self) -> dict:
+        data = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        case_sizes = self.spec.cudagraph.lora_case_sizes
+        data["lora_case_sizes"] = None if case_sizes is None else {str(e.case): e.sizes for e in case_sizes}
+        return data
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,7 @@ def with_sizes(spec: Spec, sizes: list[int]) -> Spec:
     data = spec.model_dump(mode="json")
     data["cudagraph"]["capture_sizes"] = sizes
     data["cudagraph"]["max_capture_size"] = None
+    data["cudagraph"]["lora_case_sizes"] = None
     return Spec.model_validate(data)
 
 
@@ -146,37 +154,136 @@ def _padding(weights: dict[int, int], sizes: list[int]) -> int:
 
 
 def optimize(spec: Spec, trace: list[TraceBatch], cost: CostModel, *, max_graphs: int | None = None,
-             max_graph_memory: float | None = None, max_points: int = 400) -> Optimized:
+             max_graph_memory: float | None = None, shared_sizes: bool = False,
+             max_points: int = 400) -> Optimized:
     if (max_graphs is None) == (max_graph_memory is None):
         raise UsageError("give exactly one budget: --max-graphs N or --max-graph-memory GIB")
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
+    base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     weights = token_weights(trace, top)
     real = sum(t * w for t, w in weights.items())
     default_plan = compile_plan(spec)
     default = _point(default_plan, cost, default_sizes, _padding(weights, default_sizes), real)
+    budget = f"{max_graphs} graphs" if max_graphs is not None else f"{max_graph_memory} GiB graph memory"
+    per_case = (not shared_sizes and spec.lora.enabled and spec.parallel.data_parallel_size == 1
+                and len(default_plan.lora_capture_cases) > 1)
+    if per_case:
+        curve = _per_case_curve(base, trace, cost, top, real, default_plan, max_points)
+    else:
+        curve = _shared_curve(base, weights, cost, top, real, max_graphs, max_graph_memory, max_points)
+    feasible = [p for p in curve if _fits(p, max_graphs, max_graph_memory)]
+    if not feasible:
+        raise UsageError(f"no capture set fits {budget}: the smallest needs {min(p.graphs for p in curve)} graphs "
+                         f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB)", "raise the budget")
+    best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
+    return Optimized(best.spec, compile_plan(best.spec), best, default, curve, budget)
+
+
+def _shared_curve(spec: Spec, weights: dict[int, int], cost: CostModel, top: int, real: int,
+                  max_graphs: int | None, max_gib: float | None, max_points: int) -> list[CurvePoint]:
+    """One size set for every LoRA case (what vLLM can express; required under DP)."""
     solver = Bucketing(weights, top)
     curve: list[CurvePoint] = []
-    limit = min(len(solver.sizes), max_points)
-    for k in range(1, limit + 1):
+    for k in range(1, min(len(solver.sizes), max_points) + 1):
         padded, sizes = solver.best(k)
-        plan = compile_plan(with_sizes(spec, sizes), with_deviations=False)
-        point = _point(plan, cost, sizes, int(padded), real)
+        chosen = with_sizes(spec, sizes)
+        point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, int(padded), real, chosen)
         curve.append(point)
-        if not _fits(point, max_graphs, max_graph_memory) and k > 1 and curve[-2].graphs < point.graphs \
-                and not _fits(curve[-2], max_graphs, max_graph_memory):
-            break  # two sizes past the budget: graph counts only grow from here
+        if len(curve) > 1 and not _fits(point, max_graphs, max_gib) and not _fits(curve[-2], max_graphs, max_gib):
+            break  # two past the budget: graph counts only grow from here
         if padded == 0:
             break
-    feasible = [p for p in curve if _fits(p, max_graphs, max_graph_memory)]
-    budget = f"{max_graphs} graphs" if max_graphs is not None else f"{max_graph_memory} GiB graph memory"
-    if not feasible:
-        raise UsageError(f"no capture set fits {budget}: one size alone needs {curve[0].graphs} graphs "
-                         f"(~{curve[0].graph_memory_gib:.2f} GiB)", "raise the budget")
-    best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
-    chosen = with_sizes(spec, best.capture_sizes)
-    return Optimized(chosen, compile_plan(chosen), best, default, curve, budget)
+    return curve
+
+
+def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: int, real: int,
+                    default_plan: Plan, max_points: int) -> list[CurvePoint]:
+    """Sizes per LoRA case: exact per-case bucketing, budget split across cases by a knapsack.
+
+    Every case keeps the largest size (no batch loses its graph); a case the
+    trace never uses keeps only that one. The graph cost of a size for a case
+    is counted from the compiled union of all candidate sizes, so the knapsack
+    sees pruning and FULL/PIECEWISE; every curve point is compiled for its
+    exact count.
+    """
+    from capplan.planner.dispatch import Dispatcher
+
+    d = Dispatcher(default_plan)
+    cases = default_plan.lora_capture_cases
+    per_case: dict[int, dict[int, int]] = {c: {} for c in cases}
+    for item in trace:
+        t = item.batch.num_tokens
+        if t <= top:
+            c = d.lora_case(d.lora_count(item.batch))
+            per_case.setdefault(c, {})[t] = per_case.get(c, {}).get(t, 0) + item.count
+    candidates = sorted({t for w in per_case.values() for t in w} | {top})
+    union = compile_plan(with_sizes(spec, candidates), with_deviations=False)
+    dql = spec.decode_query_len
+    per_size: dict[tuple[int, int], int] = {}
+    for g in union.graphs:
+        desc = g.descriptor
+        per_size[(desc.num_active_loras, desc.num_tokens)] = per_size.get((desc.num_active_loras, desc.num_tokens),
+                                                                          0) + 1
+
+    def graphs_for(case: int, sizes: list[int]) -> int:
+        keys = {(case, s) for s in sizes} | {(case, -(-s // dql) * dql) for s in sizes}
+        return sum(per_size.get(k, 0) for k in keys)
+
+    options: dict[int, list[tuple[int, int, list[int]]]] = {}
+    for c in cases:
+        solver = Bucketing(per_case.get(c, {}), top)
+        opts, last = [], None
+        for k in range(1, min(len(solver.sizes), max_points) + 1):
+            padded, sizes = solver.best(k)
+            if last is not None and padded >= last:
+                break
+            opts.append((graphs_for(c, sizes), int(padded), sizes))
+            last = padded
+            if padded == 0:
+                break
+        options[c] = opts
+    total = sum(o[-1][0] for o in options.values())
+    floor = sum(o[0][0] for o in options.values())
+    # Knapsack over cases: best[b] = least padding with at most b graphs.
+    best: list[float] = [0.0] * (total + 1)
+    picks: list[list[int]] = []
+    for c in cases:
+        new = [INF] * (total + 1)
+        pick = [-1] * (total + 1)
+        for b in range(total + 1):
+            for i, (g, padded, _) in enumerate(options[c]):
+                if g <= b and best[b - g] + padded < new[b]:
+                    new[b], pick[b] = best[b - g] + padded, i
+        best = new
+        picks.append(pick)
+    curve: list[CurvePoint] = []
+    budgets = sorted({floor, total} | set(range(floor, total + 1, max(1, (total - floor) // 60))))
+    seen: set[tuple] = set()
+    for b in budgets:
+        if best[b] == INF:
+            continue
+        chosen, rest = {}, b
+        for c, pick in zip(reversed(cases), reversed(picks)):
+            g, _, sizes = options[c][pick[rest]]
+            chosen[c] = sizes
+            rest -= g
+        key = tuple(tuple(chosen[c]) for c in cases)
+        if key in seen:
+            continue
+        seen.add(key)
+        union_sizes = sorted({s for v in chosen.values() for s in v})
+        data = with_sizes(spec, union_sizes).model_dump(mode="json")
+        data["cudagraph"]["lora_case_sizes"] = [{"case": c, "sizes": chosen[c]} for c in cases
+                                                if chosen[c] != union_sizes]
+        if not data["cudagraph"]["lora_case_sizes"]:
+            data["cudagraph"]["lora_case_sizes"] = None
+        cand = Spec.model_validate(data)
+        plan = compile_plan(cand, with_deviations=False)
+        curve.append(_point(plan, cost, union_sizes, int(best[b]), real, cand))
+    curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
+    return curve
 
 
 def _fits(point: CurvePoint, max_graphs: int | None, max_gib: float | None) -> bool:
@@ -185,10 +292,11 @@ def _fits(point: CurvePoint, max_graphs: int | None, max_gib: float | None) -> b
     return point.graph_memory_gib <= max_gib
 
 
-def _point(plan: Plan, cost: CostModel, sizes: list[int], padded: int, real: int) -> CurvePoint:
+def _point(plan: Plan, cost: CostModel, sizes: list[int], padded: int, real: int,
+           spec: Spec | None = None) -> CurvePoint:
     est = cost.estimate(plan)
     return CurvePoint(len(sizes), len(plan.graphs), round(est.graph_memory_gib, 4), round(est.capture_seconds, 2),
-                      padded, padded / real if real else 0.0, list(sizes))
+                      padded, padded / real if real else 0.0, list(sizes), spec or plan.spec)
 
 
 def render_curve(result: Optimized, every: int = 1) -> str:

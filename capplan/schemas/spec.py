@@ -125,6 +125,17 @@ class Scheduler(_Strict):
         return self
 
 
+class LoraCaseSizes(_Strict):
+    """Capture sizes for one LoRA case (capplan-only; see Cudagraph.lora_case_sizes)."""
+
+    case: int = Field(ge=0, description="A resolved LoRA capture case (0 = no LoRA), as `capplan show` lists them.")
+    sizes: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, max_length=MAX_CAPTURE_SIZES,
+        description="Sizes captured for this case: a strictly increasing subset of capture_sizes ending at the "
+                    "largest, so every batch a graph can serve still has one.",
+    )
+
+
 class Cudagraph(_Strict):
     """vLLM's CompilationConfig CUDA-graph settings."""
 
@@ -147,6 +158,15 @@ class Cudagraph(_Strict):
         description=(
             "vLLM max_cudagraph_capture_size. null: vLLM's default "
             "(min(max_num_seqs * (1 + spec tokens) * 2, 512), or the largest capture size)."
+        ),
+    )
+    lora_case_sizes: list[LoraCaseSizes] | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "capplan-only (written by `capplan optimize`): capture only these sizes for the listed LoRA "
+            "cases; unlisted cases use every capture size. Needs explicit capture_sizes and "
+            "data_parallel_size 1 (DP ranks must pad alike). null: every case, every size (vLLM)."
         ),
     )
     performance_mode: Literal["balanced", "interactivity", "throughput"] = Field(
@@ -194,6 +214,23 @@ class Cudagraph(_Strict):
                 f"max_capture_size ({self.max_capture_size}) must equal the largest "
                 f"capture size ({self.capture_sizes[-1]}), as vLLM requires; drop one of them"
             )
+        if self.lora_case_sizes is not None:
+            if self.capture_sizes is None:
+                raise ValueError("lora_case_sizes needs explicit capture_sizes; list them")
+            allowed, seen = set(self.capture_sizes), set()
+            for entry in self.lora_case_sizes:
+                where = f"lora_case_sizes case {entry.case}"
+                if entry.case in seen:
+                    raise ValueError(f"{where} is listed twice; list each case once")
+                seen.add(entry.case)
+                if any(b <= a for a, b in zip(entry.sizes, entry.sizes[1:])):
+                    raise ValueError(f"{where}: sizes must be strictly increasing")
+                extra = sorted(set(entry.sizes) - allowed)
+                if extra:
+                    raise ValueError(f"{where}: size {extra[0]} is not in capture_sizes; use a subset of them")
+                if entry.sizes[-1] != self.capture_sizes[-1]:
+                    raise ValueError(f"{where}: must end at the largest capture size ({self.capture_sizes[-1]}), "
+                                     "or batches of that case would lose their graphs")
         return self
 
 
@@ -295,6 +332,16 @@ class Spec(_Strict):
                 "cudagraph: capture sizes are set but mode is NONE; "
                 "remove them or choose a capturing mode"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _case_sizes_need_one_rank(self) -> Spec:
+        if self.cudagraph.lora_case_sizes is not None:
+            if self.parallel.data_parallel_size > 1:
+                raise ValueError("cudagraph.lora_case_sizes needs data_parallel_size 1: DP ranks with different "
+                                 "LoRA cases must pad to the same size (failure class 7); remove it")
+            if not self.lora.enabled:
+                raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
         return self
 
     def has(self, fix: Fix) -> bool:

@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--specialize-active", type=int, default=1)
     parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--capture-sizes", default=None, help="comma-separated cudagraph_capture_sizes")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
@@ -48,6 +49,8 @@ def main() -> None:
         gpu_memory_utilization=0.3, attention_backend="TRITON_ATTN", skip_tokenizer_init=True,
         dtype="bfloat16", seed=0, enforce_eager=args.eager,
         specialize_active_lora=bool(args.specialize_active), **ENGINE,
+        **({"compilation_config": {"cudagraph_capture_sizes": [int(x) for x in args.capture_sizes.split(",")]}}
+           if args.capture_sizes else {}),
     )
     startup = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1, detokenize=False)

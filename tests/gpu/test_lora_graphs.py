@@ -34,7 +34,7 @@ OUT = Path(os.environ.get("CAPPLAN_GPU_OUT", "/tmp/capplan-gpu"))
 
 
 def run_engine(name: str, model: Path, work: Path, specialize_active: int, cache_root: Path,
-               plan: Path | None = None) -> dict:
+               plan: Path | None = None, extra: list[str] | None = None) -> dict:
     out = work / f"{name}.json"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(cache_root)}
     env.pop("CAPPLAN_PLAN", None)
@@ -44,7 +44,7 @@ def run_engine(name: str, model: Path, work: Path, specialize_active: int, cache
     log = work / f"{name}.log"
     with log.open("w") as handle:
         proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out),
-                               "--specialize-active", str(specialize_active)],
+                               "--specialize-active", str(specialize_active), *(extra or [])],
                               env=env, stdout=handle, stderr=subprocess.STDOUT, timeout=420)
     text = log.read_text()
     assert proc.returncode == 0, f"{name} engine failed:\n{text[-4000:]}"
