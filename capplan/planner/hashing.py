@@ -16,8 +16,17 @@ def sha256(value: object) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+def spec_data(spec: Spec) -> dict:
+    """The spec as JSON data; a capplan-only field left at null is omitted, so plans written
+    before the field existed keep their hashes (and stay loadable)."""
+    data = spec.model_dump(mode="json")
+    if data["cudagraph"].get("lora_case_sizes") is None:
+        data["cudagraph"].pop("lora_case_sizes", None)
+    return data
+
+
 def spec_hash(spec: Spec) -> str:
-    return sha256(spec.model_dump(mode="json"))
+    return sha256(spec_data(spec))
 
 
 # Spec fields that cannot change which graphs exist or how they are keyed.
@@ -27,7 +36,7 @@ FINGERPRINT_IGNORE = {("scheduler", "max_model_len"), ("parallel", "data_paralle
 
 
 def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> str:
-    data = spec.model_dump(mode="json")
+    data = spec_data(spec)
     for section, field in FINGERPRINT_IGNORE:
         data[section].pop(field)
     data["resolved"] = {"capture_sizes": capture_sizes, "lora_capture_cases": lora_cases}

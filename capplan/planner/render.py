@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 
 from capplan import __version__
+from capplan.planner.hashing import spec_data
 from capplan.schemas.plan import Plan
 
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -75,6 +76,7 @@ def _graph_line(graph, dummies: dict[int, str]) -> str:
 
 def iter_plan_lines(plan: Plan, command: str) -> Iterator[str]:
     data = plan.model_dump(mode="json", exclude={"graphs", "dispatch"})
+    data["spec"] = spec_data(plan.spec)
     yield HEADER.format(version=__version__, command=command).rstrip("\n")
     for key in ("format_version", "spec_hash", "fingerprint"):
         yield f"{key}: {_scalar(data[key])}"
@@ -122,6 +124,7 @@ def plan_to_json(plan: Plan) -> dict:
     `lora_capture_cases`, `lora_dispatch_map`, and `descriptors` in capture order
     with vLLM's BatchExecutionDescriptor field names."""
     data = plan.model_dump(mode="json")
+    data["spec"] = spec_data(plan.spec)
     data["descriptors"] = [g["descriptor"] for g in data["graphs"]]
     data["lora_dispatch_map"] = {str(k): v for k, v in data["lora_dispatch_map"].items()}
     return data
@@ -131,4 +134,4 @@ def render_spec(spec) -> str:
     """A spec as YAML, sections in schema order, short lists inline (for optimize's output)."""
     import yaml
 
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)
+    return yaml.safe_dump(spec_data(spec), sort_keys=False, default_flow_style=None, width=100)
