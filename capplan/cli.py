@@ -266,40 +266,9 @@ def dispatch_cmd(
     ] = False,
 ) -> None:
     """Which captured graph serves a batch (or eager), and why."""
-    from capplan.loading import load_plan
-    from capplan.planner.dispatch import Dispatcher
-    from capplan.planner.queries import batch_from_args, read_queries
+    from capplan.dispatch_cli import run_dispatch
 
-    if queries is not None:
-        if reqs is not None or tokens is not None:
-            raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
-        batches = read_queries(queries)
-        dispatcher = Dispatcher(load_plan(plan))
-        out = sys.stdout
-        for batch in batches:
-            out.write(json.dumps(dispatcher.dispatch(batch).descriptor()) + "\n")
-        return
-    if reqs is None or tokens is None:
-        raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
-    batch = batch_from_args(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
-    dispatcher = Dispatcher(load_plan(plan))
-    trace: list[str] = []
-    desc = dispatcher.explain(batch, trace)
-    if as_json:
-        typer.echo(json.dumps(desc.descriptor()))
-        return
-    if desc.cg_mode == "NONE":
-        typer.echo(f"eager (cg_mode NONE): {batch.num_tokens} tokens, no graph replay")
-    else:
-        graph_id = desc.graph_id
-        padding = desc.num_tokens - batch.num_tokens
-        typer.echo(
-            f"graph #{graph_id}: {desc.cg_mode} num_tokens={desc.num_tokens} "
-            f"num_reqs={desc.num_reqs} uniform_token_count={desc.uniform_token_count} "
-            f"num_active_loras={desc.num_active_loras} (pads {padding} token(s))"
-        )
-    for line in trace:
-        typer.echo(f"  - {line}")
+    run_dispatch(plan, reqs, tokens, loras, base, uniform, max_query_len, has_prefill, queries, as_json, typer.echo)
 
 
 @app.command("verify")

@@ -9,10 +9,12 @@ candidates for (tokens, case) and return the first compatible one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from capplan.planner.lora_cases import kernel_slots
-from capplan.schemas.plan import Descriptor, Plan
+
+if TYPE_CHECKING:  # the fast `capplan dispatch` path builds a Dispatcher without pydantic
+    from capplan.schemas.plan import Descriptor, Plan
 
 DESCRIPTOR_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras")
 

@@ -7,8 +7,10 @@ vLLM: `get_lora_capture_cases` (v1/worker/gpu/lora_utils.py),
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
-from capplan.schemas.spec import Fix, Spec
+if TYPE_CHECKING:  # kernel_slots is imported on the fast dispatch path, without pydantic
+    from capplan.schemas.spec import Spec
 
 
 def captured_lora_counts(max_loras: int, specialize_active: bool) -> list[int]:
@@ -76,6 +78,8 @@ def reachable_cases(spec: Spec, dispatch_map: dict[int, int], max_requests: int)
     case 4). With DP > 1 an idle rank runs vLLM's dummy batch, one request
     that counts as max_loras + 1: that case is reachable at every size.
     """
+    from capplan.schemas.spec import Fix
+
     if not dispatch_map:
         return {0}
     lora = spec.lora
