@@ -145,3 +145,53 @@ def test_optimize_and_simulate_cli(tmp_path):
     bad_plot = runner.invoke(app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--plot",
                                    str(tmp_path / "x.gif")])
     assert bad_plot.exit_code == 2 and "use a .svg or .png path" in bad_plot.stderr
+
+
+def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
+    """Every way to give each LoRA case a subset of the candidate sizes (largest kept), compiled:
+    the optimizer's choice has the least padding among those within the graph budget."""
+    from capplan.planner.dispatch import Dispatcher as D
+    from capplan.schemas.spec import Spec
+
+    spec = make_spec(scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64},
+                     cudagraph={"mode": "PIECEWISE"}, lora={"enabled": True, "max_loras": 1, "specialize_active": True})
+    # cases 0, 1, 2 (1 adapter + base = 2 kernel slots); token counts 1, 3, 5, 13 and the top, 16
+    rows = [(1, 1, 1, 0, False, 30), (3, 3, 1, 0, False, 9), (2, 5, 3, 1, False, 7), (3, 3, 1, 1, True, 12),
+            (5, 5, 1, 1, True, 5), (5, 13, 3, 0, False, 4), (4, 13, 4, 1, False, 6)]
+    trace = _trace(rows)
+    top = compile_plan(spec).max_capture_size
+    d = D(compile_plan(spec))
+    cases = compile_plan(spec).lora_capture_cases
+    cands = sorted({r[1] for r in rows} | {top})
+    budget = 8
+
+    def padding_of(plan):
+        return simulate(plan, trace).padded_tokens
+
+    best = None
+    per_case_subsets = [list(itertools.chain.from_iterable(itertools.combinations(cands[:-1], n)
+                                                          for n in range(len(cands))))] * len(cases)
+    for choice in itertools.product(*per_case_subsets):
+        sizes = {c: sorted({*s, top}) for c, s in zip(cases, choice)}
+        union = sorted({x for v in sizes.values() for x in v})
+        data = spec.model_dump(mode="json")
+        data["cudagraph"].update(capture_sizes=union, max_capture_size=None,
+                                 lora_case_sizes=[{"case": c, "sizes": v} for c, v in sizes.items() if v != union]
+                                 or None)
+        plan = compile_plan(Spec.model_validate(data), with_deviations=False)
+        if len(plan.graphs) <= budget:
+            p = padding_of(plan)
+            best = p if best is None else min(best, p)
+    result = optimize(spec, trace, load_cost_model(), max_graphs=budget)
+    assert result.point.graphs <= budget
+    assert padding_of(result.plan) == result.point.padded_tokens == best
+    assert d.lora_case(d.lora_count(trace[4].batch)) == 2  # 1 adapter + base -> case 2 (kernel slots)
+
+
+def test_optimize_with_a_memory_budget():
+    spec = make_spec(**SMALL)
+    trace = load_trace(TRACES / "multitenant.jsonl")
+    default = optimize(spec, trace, load_cost_model(), max_graphs=10_000).default
+    result = optimize(spec, trace, load_cost_model(), max_graph_memory=default.graph_memory_gib * 0.5)
+    assert result.point.graph_memory_gib <= default.graph_memory_gib * 0.5
+    assert "GiB graph memory" in result.budget and verify_plan(result.plan).ok

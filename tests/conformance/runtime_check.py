@@ -53,13 +53,22 @@ def row(desc) -> list:
             getattr(desc, "max_query_len", None), desc.num_active_loras]
 
 
-def main(out: Path) -> None:
+# Variant: sizes per LoRA case (capplan optimize's output), which vLLM alone cannot express.
+CASE_SIZES = {**SPEC, "cudagraph": {"mode": "FULL_AND_PIECEWISE", "capture_sizes": [2, 4, 8, 12, 16, 24, 32],
+                                    "lora_case_sizes": [{"case": 4, "sizes": [8, 32]}, {"case": 5, "sizes": [32]}]}}
+
+
+def main(out: Path, variant: str = "") -> None:
+    global SPEC
+    if variant == "case-sizes":
+        SPEC = CASE_SIZES
     spec = spec_from_data(SPEC, "runtime")
     plan = compile_plan(spec)
     report: dict = {"vllm": vllm.__version__}
     # vLLM's own tables before capplan is installed, for comparison.
     vanilla = model_manager(spec.model_dump(mode="json"))
     report["vanilla_graphs"] = sum(len(v) for v in vanilla._capture_descs.values())
+    report["planned_graphs"] = len(plan.graphs)
 
     mrv2.install(plan, "runtime.plan.yaml")
     manager = model_manager(spec.model_dump(mode="json"))
@@ -124,4 +133,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "")

@@ -14,19 +14,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.conformance
+@pytest.mark.parametrize("variant", ["", "case-sizes"])
 @pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
-def test_plan_installed_into_real_manager(version, tmp_path):
+def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": f"{ORACLE_DIR / 'src' / version}{os.pathsep}{ROOT}"}
     proc = subprocess.run([str(ORACLE_DIR / "venv" / "bin" / "python"),
-                           str(Path(__file__).parent / "runtime_check.py"), str(out)],
+                           str(Path(__file__).parent / "runtime_check.py"), str(out), variant],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["vllm"] == version
     assert report["capture_list_equals_plan"] is True
+    if variant == "case-sizes":  # fewer graphs than vLLM's every-size-every-case, installed as planned
+        assert report["planned_graphs"] < report["vanilla_graphs"] - 10
     assert report["dispatch_checked"] > 5000 and report["dispatch_mismatches"] == 0
     assert report["eager_expected"] > 0 and report["eager_counted"] == report["eager_expected"]
     assert report["graph_hits_counted"] == report["dispatch_checked"] - report["eager_expected"]
