@@ -39,14 +39,20 @@ def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
 def _compile(spec: Spec, with_deviations: bool) -> Plan:
     sizes, max_size = resolve_capture_sizes(spec)
     cases = lora_capture_cases(spec)
-    by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
     dispatch_map = lora_dispatch_map(cases)
-    if spec.cudagraph.lora_case_sizes is not None:
-        by_mode = _case_sizes(spec, by_mode, cases)
-    lora_invariant = _lora_invariant(by_mode, cases)  # over reachable batches, pruning keeps it
     dropped: list = []
-    if spec.has(Fix.prune_unreachable):
-        by_mode, dropped = _prune(spec, by_mode, dispatch_map)
+    reachable = _reachability(spec, dispatch_map) if spec.has(Fix.prune_unreachable) else None
+    if spec.cudagraph.lora_case_sizes is not None or reachable is not None:
+        # The DP invariant is judged on the graph set before pruning: pruning
+        # only drops pairs no batch reaches, so it cannot change it.
+        full = descriptors_by_mode(spec, sizes, max_size, cases)
+        if spec.cudagraph.lora_case_sizes is not None:
+            full = _case_sizes(spec, full, cases)
+        lora_invariant = _lora_invariant(full, cases)
+        by_mode = _prune(full, reachable, dropped) if reachable is not None else full
+    else:
+        by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
+        lora_invariant = _lora_invariant(by_mode, cases)
     ordered = capture_order(by_mode)
     ids = {id(d): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
@@ -121,7 +127,21 @@ def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
     return {mode: [d for d in descs if keep(d)] for mode, descs in by_mode.items()}
 
 
-def _prune(spec: Spec, by_mode: dict, dispatch_map: dict[int, int]) -> tuple[dict, list]:
+def _reachability(spec: Spec, dispatch_map: dict[int, int]):
+    """requests a graph holds -> the LoRA cases a batch of that many requests can reach (memoized)."""
+    memo: dict[int, set[int]] = {}
+
+    def reachable(holds: int) -> set[int]:
+        found = memo.get(holds)
+        if found is None:
+            found = memo[holds] = reachable_cases(spec, dispatch_map, holds)
+        return found
+
+    reachable.seqs = spec.scheduler.max_num_seqs
+    return reachable
+
+
+def _prune(by_mode: dict, reachable, dropped: list) -> dict:
     """Drop (descriptor, LoRA case) pairs no reachable batch can dispatch to.
 
     A batch padded to a graph of n tokens and r requests (PIECEWISE: any
@@ -129,20 +149,15 @@ def _prune(spec: Spec, by_mode: dict, dispatch_map: dict[int, int]) -> tuple[dic
     Dispatch for every reachable batch is unchanged: the graph it picked
     holds at least as many requests as the batch, so its case survives.
     """
-    seqs = spec.scheduler.max_num_seqs
-    reachable: dict[int, set[int]] = {}
     kept: dict[str, list] = {}
-    dropped = []
     for mode, descs in by_mode.items():
         for d in descs:
-            holds = min(d.num_reqs if d.num_reqs is not None else seqs, d.num_tokens)
-            if holds not in reachable:
-                reachable[holds] = reachable_cases(spec, dispatch_map, holds)
-            if d.num_active_loras in reachable[holds]:
+            holds = d.num_reqs if d.num_reqs is not None else reachable.seqs
+            if d.num_active_loras in reachable(min(holds, d.num_tokens)):
                 kept.setdefault(mode, []).append(d)
             else:
                 dropped.append(d)
-    return kept, dropped
+    return kept
 
 
 def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:
