@@ -42,17 +42,15 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     dispatch_map = lora_dispatch_map(cases)
     dropped: list = []
     reachable = _reachability(spec, dispatch_map) if spec.has(Fix.prune_unreachable) else None
-    if spec.cudagraph.lora_case_sizes is not None or reachable is not None:
-        # The DP invariant is judged on the graph set before pruning: pruning
-        # only drops pairs no batch reaches, so it cannot change it.
-        full = descriptors_by_mode(spec, sizes, max_size, cases)
-        if spec.cudagraph.lora_case_sizes is not None:
-            full = _case_sizes(spec, full, cases)
+    if spec.cudagraph.lora_case_sizes is None:
+        # Every case gets every size, so padded sizes never depend on the LoRA
+        # case (pruning only drops pairs no batch reaches): prune while building.
+        by_mode = descriptors_by_mode(spec, sizes, max_size, cases, reachable, dropped)
+        lora_invariant = True
+    else:
+        full = _case_sizes(spec, descriptors_by_mode(spec, sizes, max_size, cases), cases)
         lora_invariant = _lora_invariant(full, cases)
         by_mode = _prune(full, reachable, dropped) if reachable is not None else full
-    else:
-        by_mode = descriptors_by_mode(spec, sizes, max_size, cases)
-        lora_invariant = _lora_invariant(by_mode, cases)
     ordered = capture_order(by_mode)
     ids = {id(d): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)

@@ -10,6 +10,8 @@ largest first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from capplan.schemas.plan import Descriptor
 from capplan.schemas.spec import Spec
 
@@ -30,9 +32,15 @@ def _desc(mode: str, tokens: int, reqs: int | None, uniform: int | None, case: i
 
 
 def descriptors_by_mode(
-    spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int]
+    spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int],
+    reachable: Callable[[int], set[int]] | None = None, dropped: list | None = None,
 ) -> dict[str, list[Descriptor]]:
-    """Descriptors per cg_mode, in vLLM's insertion order (ascending tokens)."""
+    """Descriptors per cg_mode, in vLLM's insertion order (ascending tokens).
+
+    With `reachable` (prune_unreachable: requests a graph holds -> the LoRA
+    cases batches of that many requests can reach), a descriptor of an
+    unreachable case is appended to `dropped` instead.
+    """
     mode = spec.cudagraph.mode
     by_mode: dict[str, list[Descriptor]] = {}
     if not capture_sizes or mode.value == "NONE":
@@ -41,19 +49,33 @@ def descriptors_by_mode(
     dql = spec.decode_query_len
     decode_mode, mixed_mode = mode.decode_mode, mode.mixed_mode
     seen: set[tuple] = set()
+    everything = None  # no pruning: every case is kept
     for num_tokens in capture_sizes:
+        rounded = _round_up(num_tokens, dql)
+        decode_reqs = rounded // dql
+        decode_ok = mode.separate_routine and rounded <= max_capture_size and decode_reqs <= max_num_seqs
+        mixed_reqs = min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None
+        if reachable is None:
+            decode_cases = mixed_cases = everything
+        else:  # the LoRA cases batches that fit these graphs can reach
+            decode_cases = reachable(min(decode_reqs, rounded)) if decode_ok else None
+            mixed_cases = reachable(min(num_tokens, max_num_seqs))
         for case in lora_cases:
-            if mode.separate_routine:
-                rounded = _round_up(num_tokens, dql)
-                reqs = rounded // dql
-                if rounded <= max_capture_size and reqs <= max_num_seqs:
-                    key = (rounded, case)
-                    if key not in seen:
-                        seen.add(key)
-                        by_mode.setdefault(decode_mode, []).append(_desc(decode_mode, rounded, reqs, dql, case))
+            if decode_ok:
+                key = (rounded, case)
+                if key not in seen:
+                    seen.add(key)
+                    desc = _desc(decode_mode, rounded, decode_reqs, dql, case)
+                    if decode_cases is None or case in decode_cases:
+                        by_mode.setdefault(decode_mode, []).append(desc)
+                    else:
+                        dropped.append(desc)
             if mixed_mode != "NONE":
-                reqs = min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None
-                by_mode.setdefault(mixed_mode, []).append(_desc(mixed_mode, num_tokens, reqs, None, case))
+                desc = _desc(mixed_mode, num_tokens, mixed_reqs, None, case)
+                if mixed_cases is None or case in mixed_cases:
+                    by_mode.setdefault(mixed_mode, []).append(desc)
+                else:
+                    dropped.append(desc)
     return by_mode
 
 
