@@ -16,6 +16,11 @@ FORMAT_VERSION = 1
 
 CgMode = Literal["NONE", "PIECEWISE", "FULL"]
 _set = object.__setattr__
+_new = object.__new__
+# pydantic keeps these three in slots: set them through the slot descriptors.
+_set_fields = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 class _Frozen(BaseModel):
@@ -29,7 +34,7 @@ class _Frozen(BaseModel):
         compile must stay cheaper than vLLM's own startup. Every field must be
         given. Plans read from disk are always fully validated.
         """
-        obj = cls.__new__(cls)
+        obj = _new(cls)
         _set(obj, "__dict__", values)
         # Every field is given, so the fields-set is the same for all of them;
         # pydantic only reads it (exclude_unset), so one shared set suffices.
@@ -37,9 +42,9 @@ class _Frozen(BaseModel):
         if fields is None:
             fields = set(cls.model_fields)
             type.__setattr__(cls, "_trusted_fields", fields)
-        _set(obj, "__pydantic_fields_set__", fields)
-        _set(obj, "__pydantic_extra__", None)
-        _set(obj, "__pydantic_private__", None)
+        _set_fields(obj, fields)
+        _set_extra(obj, None)
+        _set_private(obj, None)
         return obj
 
 
