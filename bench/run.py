@@ -50,6 +50,22 @@ def _reexec_in_oracle(oracle_dir: Path, argv: list[str], module: str = "bench") 
     return subprocess.call([str(python), "-m", module, *argv], cwd=ROOT, env=env)
 
 
+def add_oracle_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--oracle-dir", type=Path, default=Path(os.environ.get(
+        "CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle")))
+
+
+def run_in_oracle_if_needed(args, argv: list[str], module: str) -> int | None:
+    """None when this process can go on (vLLM importable, or not wanted); else the exit code
+    of the same command re-run in the oracle venv."""
+    if args.capplan_only or _vllm_importable():
+        return None
+    if os.environ.get("CAPPLAN_BENCH_CHILD"):
+        print("error: vLLM still not importable in the oracle venv", file=sys.stderr)
+        return 2
+    return _reexec_in_oracle(args.oracle_dir, argv, module)
+
+
 def _stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
@@ -282,15 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--specs", default="small,typical,extreme", help="comma-separated: small,typical,extreme")
     parser.add_argument("--queries", type=int, default=None, help="dispatch queries (default 100000)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results.json", help="where to write JSON")
-    parser.add_argument("--oracle-dir", type=Path, default=Path(os.environ.get(
-        "CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle")))
+    add_oracle_option(parser)
     args = parser.parse_args(argv)
-
-    if not args.capplan_only and not _vllm_importable():
-        if os.environ.get("CAPPLAN_BENCH_CHILD"):
-            print("error: vLLM still not importable in the oracle venv", file=sys.stderr)
-            return 2
-        return _reexec_in_oracle(args.oracle_dir, argv)
+    code = run_in_oracle_if_needed(args, argv, "bench")
+    if code is not None:
+        return code
 
     from bench.specs import SPECS
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from bench.run import ROOT, _reexec_in_oracle, _vllm_importable
+from bench.run import ROOT, add_oracle_option, run_in_oracle_if_needed
 
 SPEC = ROOT / "configs" / "qwen3-8b-multilora.yaml"
 TRACES = ROOT / "examples" / "traces"
@@ -64,14 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capplan-only", action="store_true", help="vLLM's default set from capplan (fixes: [])")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "traffic-results.json")
-    parser.add_argument("--oracle-dir", type=Path, default=Path(os.environ.get(
-        "CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle")))
+    add_oracle_option(parser)
     args = parser.parse_args(argv)
-    if not args.capplan_only and not _vllm_importable():
-        if os.environ.get("CAPPLAN_BENCH_CHILD"):
-            print("error: vLLM still not importable in the oracle venv", file=sys.stderr)
-            return 2
-        return _reexec_in_oracle(args.oracle_dir, argv, module="bench.traffic")
+    code = run_in_oracle_if_needed(args, argv, "bench.traffic")
+    if code is not None:
+        return code
 
     from capplan.loading import load_spec
     from capplan.planner import compile_plan

@@ -216,8 +216,8 @@ def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: i
     for item in trace:
         t = item.batch.num_tokens
         if t <= top:
-            c = d.lora_case(d.lora_count(item.batch))
-            per_case.setdefault(c, {})[t] = per_case.get(c, {}).get(t, 0) + item.count
+            weights = per_case[d.lora_case(d.lora_count(item.batch))]
+            weights[t] = weights.get(t, 0) + item.count
     candidates = sorted({t for w in per_case.values() for t in w} | {top})
     union = compile_plan(with_sizes(spec, candidates), with_deviations=False)
     dql = spec.decode_query_len
@@ -233,7 +233,7 @@ def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: i
 
     options: dict[int, list[tuple[int, int, list[int]]]] = {}
     for c in cases:
-        solver = Bucketing(per_case.get(c, {}), top)
+        solver = Bucketing(per_case[c], top)
         opts, last = [], None
         for k in range(1, min(len(solver.sizes), max_points) + 1):
             padded, sizes = solver.best(k)
