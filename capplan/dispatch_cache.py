@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,6 +80,8 @@ def _full(path: Path) -> Dispatcher:
 
 
 def _store(entry: Path, tables: dict) -> None:
+    import tempfile
+
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".dispatch-", suffix=".tmp", dir=entry.parent)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
 from capplan.errors import CapplanError, PlanError, SpecError
+from capplan.limits import MAX_FILE_BYTES
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
-from capplan.yaml_io import read_yaml
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -76,6 +78,8 @@ def spec_from_data(data: object, source: str) -> Spec:
 
 
 def load_spec(path: Path) -> Spec:
+    from capplan.yaml_io import read_yaml
+
     return spec_from_data(read_yaml(Path(path), "spec", SpecError), str(path))
 
 
@@ -86,6 +90,12 @@ def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
     from capplan.planner.hashing import spec_hash
 
     path = Path(path)
+    if check_consistency:
+        plan = _canonical_plan(path)
+        if plan is not None:
+            return plan
+    from capplan.yaml_io import read_yaml
+
     data = read_yaml(path, "plan", PlanError)
     if not isinstance(data, dict):
         raise PlanError(f"{path}: a plan must be a YAML mapping (got {type(data).__name__})")
@@ -120,6 +130,85 @@ def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
                 "or written by another capplan version)",
                 "regenerate it with capplan compile SPEC",
             )
+    return plan
+
+
+def _past_comments(text: str) -> str:
+    start = 0
+    while text.startswith("#", start):
+        end = text.find("\n", start)
+        if end < 0:
+            return ""
+        start = end + 1
+    return text[start:]
+
+
+# One token of a flow mapping as `render` writes it: a JSON string, a bare
+# word, an integer, punctuation, or spaces.
+_FLOW_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_.\-]*|-?[0-9]+|[{}\[\],:]| +')
+
+
+def _flow_as_json(text: str) -> object:
+    """A one-line flow mapping in render's canonical form -> data (ValueError otherwise)."""
+    out, pos = [], 0
+    while pos < len(text):
+        match = _FLOW_TOKEN.match(text, pos)
+        if match is None:
+            raise ValueError(f"not canonical at {pos}")
+        token, pos = match.group(), match.end()
+        if token[0].isalpha() or token[0] == "_":
+            out.append(token if token in ("true", "false", "null") else f'"{token}"')
+        elif token[0] != " ":
+            out.append(token)
+    return json.loads("".join(out))
+
+
+def _embedded_spec(body: str) -> dict | None:
+    """The `spec:` section of a canonical plan: one `  section: {flow}` line per section."""
+    start = body.find("\nspec:\n")
+    if start < 0:
+        return None
+    spec: dict = {}
+    for line in body[start + 7:].split("\n"):
+        if not line.startswith("  "):
+            break
+        key, sep, value = line[2:].partition(": ")
+        if not sep or not key.isidentifier() or key in spec:
+            return None
+        spec[key] = _flow_as_json(value)
+    return spec
+
+
+def _canonical_plan(path: Path) -> Plan | None:
+    """The plan, when the file is byte for byte what its embedded spec compiles to
+    (past the leading comment lines); None otherwise.
+
+    Such a file passes the full load below by construction (render, parse and
+    validate round-trip; tests/test_plan_file.py checks both paths agree), so
+    this skips YAML and the validation of thousands of graph and dispatch
+    lines: only the spec lines are read (a reading that is wrong can only
+    fail the byte comparison) and only the spec is validated. Anything else
+    (an edit, other formatting, a bad spec) returns None, and the full load
+    accepts it or words what is wrong.
+    """
+    from capplan.planner.compiler import compile_plan
+    from capplan.planner.render import render_plan
+
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        body = _past_comments(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        data = _embedded_spec(body)
+        if data is None:
+            return None
+        plan = compile_plan(Spec.model_validate(data))
+    except (ValueError, CapplanError, RecursionError):  # pydantic's ValidationError is a ValueError
+        return None
+    if _past_comments(render_plan(plan, "")) != body:
+        return None
     return plan
 
 

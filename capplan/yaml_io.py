@@ -16,10 +16,7 @@ from pathlib import Path
 import yaml
 
 from capplan.errors import CapplanError
-
-MAX_FILE_BYTES = 16 * 1024 * 1024
-MAX_DEPTH = 12
-MAX_ITEMS = 200_000
+from capplan.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_ITEMS
 
 
 # libyaml's parser with PyYAML's safe constructor when available (plans of
@@ -105,11 +102,18 @@ def _fast_plan_sections(text: str) -> tuple[str, dict[str, list]] | None:
                 except ValueError:
                     return None
                 continue
+            if not line[:1].isalpha():
+                return None  # a blank, comment or other line inside the section: YAML reads it
             current = None
         rest.append(line)
     if not sections:
         return None
     return "\n".join(rest), sections
+
+
+def safe_load(text: str) -> object:
+    """One YAML document with the safe, duplicate-rejecting loader (raises yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
 
 
 def _check_shape(value: object, what: str, depth: int = 0) -> int:
@@ -149,7 +153,7 @@ def read_yaml(path: Path, what: str, error: type[CapplanError]) -> object:
     if fast is not None:
         text, sections = fast
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        data = safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""

@@ -25,6 +25,18 @@ def test_corpus_is_large():
     assert sum(p.name.startswith("plan-") for p in FILES) >= 20
 
 
+def test_bad_plans_are_what_their_generator_writes():
+    """The plan corpus derives from a plan compiled now: a plan format change shows up here."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("make_bad_plans", BAD / "make_bad_plans.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    for name, (text, expect) in module.CASES.items():
+        path = BAD / f"plan-{name}.plan.yaml"
+        assert path.read_text() == f"# expect: {expect}\n{text}", f"stale: {path.name} (run {BAD / 'make_bad_plans.py'})"
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_bad_input_fails_closed(path, tmp_path):
     expect = path.read_bytes().split(b"\n", 1)[0].decode().removeprefix("# expect: ")

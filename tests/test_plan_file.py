@@ -115,3 +115,102 @@ def test_fast_graph_lines_equal_generic_flow_rendering():
     start = text.index("dispatch:") + 1
     for row, line in zip(plan.dispatch, text[start:], strict=True):
         assert line == "  - " + flow(row.model_dump(mode="json"))
+
+
+# --- the canonical fast path of load_plan -------------------------------------
+
+
+def _full_load(path: Path, monkeypatch) -> object:
+    import capplan.loading as loading
+
+    with monkeypatch.context() as m:
+        m.setattr(loading, "_canonical_plan", lambda _path: None)
+        return loading.load_plan(path)
+
+
+def test_canonical_files_take_the_fast_path_and_equal_the_full_load(tmp_path, monkeypatch):
+    from capplan.loading import _canonical_plan
+
+    root = Path(__file__).resolve().parents[1]
+    paths = sorted(root.glob("examples/*.plan.yaml"))
+    assert len(paths) >= 5
+    for path in paths:
+        fast = _canonical_plan(path)
+        assert fast is not None, path
+        assert fast == _full_load(path, monkeypatch) == load_plan(path)
+
+
+def test_comment_header_is_not_compared(tmp_path):
+    from capplan.loading import _canonical_plan
+
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    other = "# written by hand-rolled tooling\n#\n" + text.split("\n", 3)[3]
+    assert _canonical_plan(write(tmp_path, other)) == compile_plan(SPEC)
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("graphs:\n", "graphs:\n\n"),  # a blank line: valid YAML, same data
+        ("decode_query_len: 1\n", "decode_query_len:   1\n"),
+        ("dispatch:\n", "# a comment\ndispatch:\n"),
+        ("spec:\n  target: {runner: mrv2,", "spec:\n  target: {runner: \"mrv2\","),
+        ("lora: {enabled: true,", "lora: {enabled: yes,"),
+    ],
+)
+def test_equivalent_but_reformatted_files_load_through_yaml(tmp_path, monkeypatch, old, new):
+    from capplan.loading import _canonical_plan
+
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    assert old in text
+    path = write(tmp_path, text.replace(old, new, 1))
+    assert _canonical_plan(path) is None
+    assert load_plan(path) == compile_plan(SPEC)
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("num_active_loras: 3}", "num_active_loras: 2}"),
+        ("candidates: [", "candidates: [0, "),
+        ("max_loras: 2,", "max_loras: 3,"),
+        ("max_num_seqs: 16,", "max_num_seqs: -16,"),
+        ("max_num_seqs: 16,", "max_num_seqs: \"16\\u0000\","),
+        ("spec:\n  target:", "spec:\n  target: {}\n  target:"),
+        ("spec:\n", "spec: {}\n"),
+    ],
+)
+def test_edited_files_fall_back_to_the_full_load(tmp_path, old, new):
+    from capplan.loading import _canonical_plan
+
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    assert old in text
+    path = write(tmp_path, text.replace(old, new, 1))
+    assert _canonical_plan(path) is None
+    with pytest.raises(PlanError):
+        load_plan(path)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{runner: mrv2, vllm: "0.33", blackwell: false}', {"runner": "mrv2", "vllm": "0.33", "blackwell": False}),
+        ("{capture_sizes: [1, 2, 4], max_capture_size: null}", {"capture_sizes": [1, 2, 4], "max_capture_size": None}),
+        ('{a: "x\\"y", b: [c_d, e-f], n: -3}', {"a": 'x"y', "b": ["c_d", "e-f"], "n": -3}),
+        ("[]", []),
+    ],
+)
+def test_flow_reader_reads_what_render_writes(text, expected):
+    import yaml
+
+    from capplan.loading import _flow_as_json
+
+    assert _flow_as_json(text) == expected == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("text", ["{a: 'single'}", "{a: 1.5}", "{a: !!str 1}", "{a: &x 1}", "{a: 1", "{a: b c}"])
+def test_flow_reader_refuses_anything_else(text):
+    from capplan.loading import _flow_as_json
+
+    with pytest.raises(ValueError):
+        _flow_as_json(text)
