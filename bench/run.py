@@ -223,6 +223,10 @@ def bench_cli(repeats: int) -> dict:
         "capplan --help": ([exe, "--help"], env),
         "capplan dispatch": (dispatch, cached_env),
         "capplan dispatch, first": (dispatch, {**env, "CAPPLAN_NO_CACHE": "1"}),
+        # Where a first dispatch's time goes: the interpreter alone, and the
+        # import of pydantic plus capplan's schema classes (no work done).
+        "  floor: python -c pass": ([python, "-c", "pass"], env),
+        "  floor: import schemas": ([python, "-c", "import capplan.schemas.plan"], env),
     }
     out: dict = {}
     for name, (cmd, cmd_env) in commands.items():

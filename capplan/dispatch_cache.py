@@ -7,7 +7,8 @@ under sha256(bytes, capplan version) in the user's cache folder
 ($CAPPLAN_CACHE_DIR, else $XDG_CACHE_HOME/capplan, else ~/.cache/capplan).
 Any change to the file, or another capplan version, misses the cache and
 loads (and refuses a bad plan) in full. CAPPLAN_NO_CACHE=1 turns it off; a
-cache folder that cannot be written is silently not used.
+cache folder that cannot be written is silently not used. The folder keeps
+the MAX_ENTRIES most recently stored plans.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 from capplan import __version__
 from capplan.planner.dispatch import Dispatcher
 
+MAX_ENTRIES = 64
 FIELDS = ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras")
 
 
@@ -88,5 +90,16 @@ def _store(entry: Path, tables: dict) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(tables, handle, separators=(",", ":"))
         os.replace(tmp, entry)
+    except OSError:
+        return
+    _evict(entry.parent)
+
+
+def _evict(folder: Path) -> None:
+    """Keep the MAX_ENTRIES most recently written tables (every edit of a plan adds one)."""
+    try:
+        entries = sorted(folder.glob("dispatch-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in entries[MAX_ENTRIES:]:
+            old.unlink()
     except OSError:
         return

@@ -94,3 +94,22 @@ def test_cached_tables_dispatch_exactly_like_the_plan(tmp_path, monkeypatch):
                     b = Batch(r, t, -(-t // r), k, base and k < r)
                     assert cached.dispatch(b) == direct.dispatch(b)
                     assert cached.explain(b, []) == direct.explain(b, [])
+
+
+def test_cache_keeps_only_the_newest_entries(tmp_path, monkeypatch):
+    import capplan.dispatch_cache as cache
+
+    monkeypatch.setenv("CAPPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "MAX_ENTRIES", 3)
+    paths = []
+    for seqs in range(4, 10):  # six different plans, each a new cache entry
+        path = tmp_path / f"p{seqs}.plan.yaml"
+        path.write_text(render_plan(compile_plan(make_spec(scheduler={"max_num_seqs": seqs})), "test"))
+        load_dispatcher(path)
+        paths.append(path)
+        os.utime(sorted((tmp_path / "cache").glob("dispatch-*.json"), key=os.path.getmtime)[-1],
+                 (1000 + seqs, 1000 + seqs))  # distinct, increasing mtimes
+    kept = list((tmp_path / "cache").glob("dispatch-*.json"))
+    assert len(kept) == 3
+    monkeypatch.setattr(cache, "_full", lambda _p: pytest.fail("the newest plan should be cached"))
+    load_dispatcher(paths[-1])
