@@ -46,7 +46,7 @@ def _reexec_in_oracle(oracle_dir: Path, argv: list[str], module: str = "bench") 
               "(run: bash tests/conformance/oracle/setup_oracle.sh .cache/vllm-oracle), "
               "or pass --capplan-only", file=sys.stderr)
         return 2
-    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}", "CAPPLAN_BENCH_CHILD": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (src, ROOT / "src", ROOT))), "CAPPLAN_BENCH_CHILD": "1"}
     return subprocess.call([str(python), "-m", module, *argv], cwd=ROOT, env=env)
 
 

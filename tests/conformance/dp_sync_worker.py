@@ -1,6 +1,6 @@
 """One rank of the two-process DP runtime check: vLLM's real DP sync on CPU (gloo).
 
-    PYTHONPATH=SRC/<version>:REPO python dp_sync_worker.py RANK PORT MODE OUT.json
+    PYTHONPATH=SRC/<version>:REPO/src:REPO python dp_sync_worker.py RANK PORT MODE OUT.json
 
 MODE:
 - sync:     both ranks install the same plan into vLLM's real

@@ -1,6 +1,6 @@
 """Install a capplan plan into vLLM's real MRV2 classes on CPU and check them.
 
-Run in the oracle venv: PYTHONPATH=SRC/<version>:REPO python runtime_check.py OUT.json
+Run in the oracle venv: PYTHONPATH=SRC/<version>:REPO/src:REPO python runtime_check.py OUT.json
 Prints nothing on success; writes a JSON report the pytest side asserts on.
 """
 

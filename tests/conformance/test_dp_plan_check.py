@@ -35,7 +35,7 @@ def _run_pair(plans: list[Path]) -> list[str]:
     if not python.exists():
         _missing(f"{python} is missing")
     port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT)))}
     procs = [subprocess.Popen([str(python), str(Path(__file__).parent / "dp_check_worker.py"), str(rank), port,
                                str(plan)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank, plan in enumerate(plans)]

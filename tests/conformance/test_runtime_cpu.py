@@ -20,7 +20,7 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": f"{ORACLE_DIR / 'src' / version}{os.pathsep}{ROOT}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / 'src' / version, ROOT / 'src', ROOT)))}
     proc = subprocess.run([str(ORACLE_DIR / "venv" / "bin" / "python"),
                            str(Path(__file__).parent / "runtime_check.py"), str(out), variant],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -1,7 +1,7 @@
 """A small cost model: capture seconds and graph memory from graph counts.
 
 Coefficients are fitted from measured runs in a calibration file (default:
-`capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25.0), so
+`src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25.0), so
 "max_loras 4 -> 8 adds N graphs, ~X s, ~Y GiB" is known before a GPU boots.
 """
 
