@@ -227,6 +227,8 @@ def bench_cli(repeats: int) -> dict:
         # import of pydantic plus capplan's schema classes (no work done).
         "  floor: python -c pass": ([python, "-c", "pass"], env),
         "  floor: import schemas": ([python, "-c", "import capplan.schemas.plan"], env),
+        # pydantic imports its plugin loader (importlib.metadata) on the first validation.
+        "  floor: + pydantic plugins": ([python, "-c", "import capplan.schemas.plan, pydantic.plugin._loader"], env),
     }
     out: dict = {}
     for name, (cmd, cmd_env) in commands.items():

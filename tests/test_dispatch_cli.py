@@ -113,3 +113,14 @@ def test_cache_keeps_only_the_newest_entries(tmp_path, monkeypatch):
     assert len(kept) == 3
     monkeypatch.setattr(cache, "_full", lambda _p: pytest.fail("the newest plan should be cached"))
     load_dispatcher(paths[-1])
+
+
+def test_first_query_on_a_canonical_plan_reads_no_yaml(env):
+    """An unseen plan that is byte-canonical is checked by recompiling its spec: no YAML parse, no typer."""
+    probe = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('typer', 'pydantic', 'yaml', 'torch', 'vllm') if m in sys.modules))")
+    first = subprocess.run([sys.executable, "-c", probe, str(PLAN), *ARGS], capture_output=True, text=True,
+                           env={**env, "CAPPLAN_NO_CACHE": "1"}, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("graph #") and first.stdout.strip().endswith("['pydantic']")

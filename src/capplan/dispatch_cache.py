@@ -82,15 +82,19 @@ def _full(path: Path) -> Dispatcher:
 
 
 def _store(entry: Path, tables: dict) -> None:
-    import tempfile
-
+    # A per-process temp name and an atomic rename (tempfile's import alone
+    # costs more than this whole write on the first-query path).
+    tmp = entry.with_name(f".{entry.stem}.{os.getpid()}.tmp")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".dispatch-", suffix=".tmp", dir=entry.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with open(tmp, "x", encoding="utf-8") as handle:
             json.dump(tables, handle, separators=(",", ":"))
         os.replace(tmp, entry)
     except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
         return
     _evict(entry.parent)
 
