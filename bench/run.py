@@ -154,38 +154,42 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
 
     result: dict = {
         "queries": count,
-        "capplan_ns": _stats([_timed(run(exact)) / count * 1e9 for _ in range(repeats)]),
-        "capplan_fixed_plan_ns": _stats([_timed(run(fixed)) / count * 1e9 for _ in range(repeats)]),
-        "capplan_loop_and_lookup_ns": _stats([_timed(lookup_only) / count * 1e9 for _ in range(repeats)]),
         "eager_share": sum(exact.dispatch(b).cg_mode == "NONE" for b in batches) / count,
     }
-    if vllm_side is None:
-        return result
-    manager = vllm_side.build_manager(spec.model_dump(mode="json")).manager
-    derive = vllm_side.uniform_rule()
-    args = [(r, t, q, k, p) for r, t, q, k, _, p in queries]
+    runs = {"capplan_ns": run(exact), "capplan_fixed_plan_ns": run(fixed), "capplan_loop_and_lookup_ns": lookup_only}
+    if vllm_side is not None:
+        manager = vllm_side.build_manager(spec.model_dump(mode="json")).manager
+        derive = vllm_side.uniform_rule()
+        args = [(r, t, q, k, p) for r, t, q, k, _, p in queries]
 
-    def vllm_run():
-        dispatch = manager.dispatch
-        return [dispatch(r, t, derive(r, t, q, p), num_active_loras=k, max_query_len=None if p else q)
-                for r, t, q, k, p in args]
+        def vllm_run():
+            dispatch = manager.dispatch
+            return [dispatch(r, t, derive(r, t, q, p), num_active_loras=k, max_query_len=None if p else q)
+                    for r, t, q, k, p in args]
 
-    def vllm_derive_only():
-        for r, t, q, _, p in args:
-            derive(r, t, q, p)
+        def vllm_derive_only():
+            for r, t, q, _, p in args:
+                derive(r, t, q, p)
 
-    theirs = vllm_run()
-    ours = run(exact)()
-    mismatches = sum(
-        1 for a, b in zip(ours, theirs)
-        if (a.cg_mode, a.num_tokens, a.num_reqs, a.uniform_token_count, a.num_active_loras)
-        != (b.cg_mode.name, b.num_tokens, b.num_reqs, b.uniform_token_count, b.num_active_loras)
-    )
-    result["vllm_ns"] = _stats([_timed(vllm_run) / count * 1e9 for _ in range(repeats)])
-    result["vllm_uniform_rule_ns"] = _stats([_timed(vllm_derive_only) / count * 1e9 for _ in range(repeats)])
-    result["ratio"] = result["capplan_ns"]["median"] / result["vllm_ns"]["median"]
-    result["identical_results"] = mismatches == 0
-    result["mismatches"] = mismatches
+        theirs = vllm_run()
+        ours = run(exact)()
+        mismatches = sum(
+            1 for a, b in zip(ours, theirs)
+            if (a.cg_mode, a.num_tokens, a.num_reqs, a.uniform_token_count, a.num_active_loras)
+            != (b.cg_mode.name, b.num_tokens, b.num_reqs, b.uniform_token_count, b.num_active_loras)
+        )
+        result["identical_results"] = mismatches == 0
+        result["mismatches"] = mismatches
+        runs.update({"vllm_ns": vllm_run, "vllm_uniform_rule_ns": vllm_derive_only})
+    # Interleaved: each repeat times every variant once, so a slow spell of
+    # this shared machine lands on both sides of the ratio alike.
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            samples[name].append(_timed(fn) / count * 1e9)
+    result.update({name: _stats(values) for name, values in samples.items()})
+    if vllm_side is not None:
+        result["ratio"] = result["capplan_ns"]["median"] / result["vllm_ns"]["median"]
     return result
 
 
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name}: compile", file=sys.stderr, flush=True)
         entry = {"compile": bench_compile(spec_data, repeats, vllm_side)}
         print(f"[bench] {name}: dispatch ({count} queries)", file=sys.stderr, flush=True)
-        entry["dispatch"] = bench_dispatch(spec_data, count, 5 if not args.quick else 3, vllm_side)
+        entry["dispatch"] = bench_dispatch(spec_data, count, 9 if not args.quick else 3, vllm_side)
         print(f"[bench] {name}: load and verify", file=sys.stderr, flush=True)
         entry["load_verify"] = bench_load_verify(spec_data, 5 if args.quick else 10)
         results["specs"][name] = entry

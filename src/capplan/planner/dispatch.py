@@ -140,9 +140,18 @@ class Dispatcher:
             if t == q * r and (self.is_025 or not batch.has_prefill):
                 u = q
         k = batch.num_active_loras
-        if k > 0 and self.by_slots and batch.base:
-            k += 1
-        return self.lookup(r, t, u, k)
+        if k > 0:
+            if self.by_slots and batch.base:
+                k += 1
+            case_of = self.case_of
+            k = case_of[k] if k < len(case_of) else (self.max_case if len(case_of) > 1 else k)
+        # `lookup`, inlined: this runs once per scheduler step.
+        column = self.table.get(k)
+        if column is not None and 0 < t <= self.max_tokens:
+            for need_u, cap, desc in column[t]:
+                if (need_u is None or need_u == u) and r <= cap:
+                    return desc
+        return Dispatch("NONE", t, r, None, None, k, -1)
 
     def lookup(self, num_reqs: int, num_tokens: int, uniform: int | None, count: int) -> Dispatch:
         """Dispatch with the uniform token count already derived and `count` the
