@@ -109,8 +109,13 @@ def test_cache_keeps_only_the_newest_entries(tmp_path, monkeypatch):
         paths.append(path)
         os.utime(sorted((tmp_path / "cache").glob("dispatch-*.json"), key=os.path.getmtime)[-1],
                  (1000 + seqs, 1000 + seqs))  # distinct, increasing mtimes
-    kept = list((tmp_path / "cache").glob("dispatch-*.json"))
-    assert len(kept) == 3
+    kept = sorted(os.path.getmtime(p) for p in (tmp_path / "cache").glob("dispatch-*.json"))
+    assert kept == [1007, 1008, 1009]  # the three newest
+    stale, fresh = tmp_path / "cache" / ".dispatch-x.1.ab.tmp", tmp_path / "cache" / ".dispatch-y.2.cd.tmp"
+    stale.write_text("{"), fresh.write_text("{")
+    os.utime(stale, (1000, 1000))
+    cache._evict(tmp_path / "cache")
+    assert not stale.exists() and fresh.exists()  # an interrupted write's leftover, an hour old
     monkeypatch.setattr(cache, "_full", lambda _p: pytest.fail("the newest plan should be cached"))
     load_dispatcher(paths[-1])
 

@@ -214,3 +214,71 @@ def test_flow_reader_refuses_anything_else(text):
 
     with pytest.raises(ValueError):
         _flow_as_json(text)
+
+
+@pytest.mark.parametrize("comment", ["# hi\u2028format_version: 2\n", "# hi\x85notes: 1\n", "# hi\x01\n",
+                                     "# \ufffe\n", "# tab\there\n"])
+def test_comments_yaml_reads_differently_go_to_the_full_load(tmp_path, monkeypatch, comment):
+    from capplan.loading import _canonical_plan
+
+    path = write(tmp_path, comment + render_plan(compile_plan(SPEC), "capplan compile x.yaml"))
+    assert _canonical_plan(path) is None
+    try:
+        expected = _full_load(path, monkeypatch)
+    except PlanError as exc:
+        with pytest.raises(PlanError) as info:
+            load_plan(path)
+        assert info.value.one_line() == exc.one_line()
+    else:
+        assert load_plan(path) == expected == compile_plan(SPEC)  # the tab: a plain comment to YAML too
+
+
+def test_a_small_file_naming_a_huge_spec_is_not_compiled(tmp_path, monkeypatch):
+    import capplan.loading as loading
+
+    huge = ("format_version: 1\nspec:\n  scheduler: {max_num_seqs: 1024, max_num_batched_tokens: 1048576}\n"
+            "  cudagraph: {max_capture_size: 1048576}\n"
+            "  lora: {enabled: true, max_loras: 512, specialize: true, specialize_active: true}\n"
+            "graphs: []\n")
+    monkeypatch.setattr("capplan.planner.compiler.compile_plan", lambda *_a, **_k: pytest.fail("compiled"))
+    with pytest.raises(PlanError, match="is required"):
+        loading.load_plan(write(tmp_path, huge))
+
+
+def test_bodies_over_the_entry_limit_go_to_the_full_load(tmp_path, monkeypatch):
+    import capplan.loading as loading
+
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
+    path = write(tmp_path, text)
+    assert loading._canonical_plan(path) is not None
+    monkeypatch.setattr(loading, "_CANONICAL_MAX_CHARS", len(text) // 2)
+    assert loading._canonical_plan(path) is None
+    assert load_plan(path) == compile_plan(SPEC)
+
+
+def test_canonical_text_takes_at_least_two_characters_per_entry():
+    """The bound behind _CANONICAL_MAX_CHARS, on the densest plans we make."""
+    import yaml
+
+    from capplan.loading import _past_comments
+    from capplan.yaml_io import _check_shape
+
+    for spec in (SPEC, make_spec(lora={"enabled": True, "max_loras": 16, "specialize_active": True}),
+                 make_spec(speculative={"num_speculative_tokens": 3}, parallel={"data_parallel_size": 4})):
+        body = _past_comments(render_plan(compile_plan(spec), "c"))
+        assert len(body) >= 2 * _check_shape(yaml.safe_load(body), "x")
+
+
+def test_the_fast_section_parser_reads_canonical_plans(monkeypatch):
+    from capplan.yaml_io import _fast_plan_sections
+
+    for path in sorted(Path(__file__).resolve().parents[1].glob("examples/*.plan.yaml")):
+        assert _fast_plan_sections(path.read_text()) is not None, path
+
+
+@pytest.mark.parametrize("tail", ["graphs:\ndispatch: []\n", "graphs: []\ndispatch:\n", "graphs: []\ndispatch:"])
+def test_an_empty_block_section_is_null_as_yaml_reads_it(tmp_path, tail):
+    from capplan.yaml_io import read_yaml
+
+    path = write(tmp_path, "format_version: 1\n" + tail)
+    assert read_yaml(path, "plan", PlanError) == {"format_version": 1, **__import__("yaml").safe_load(tail)}

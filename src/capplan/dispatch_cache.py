@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,9 +83,9 @@ def _full(path: Path) -> Dispatcher:
 
 
 def _store(entry: Path, tables: dict) -> None:
-    # A per-process temp name and an atomic rename (tempfile's import alone
+    # A temp name of our own and an atomic rename (tempfile's import alone
     # costs more than this whole write on the first-query path).
-    tmp = entry.with_name(f".{entry.stem}.{os.getpid()}.tmp")
+    tmp = entry.with_name(f".{entry.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "x", encoding="utf-8") as handle:
@@ -100,10 +101,30 @@ def _store(entry: Path, tables: dict) -> None:
 
 
 def _evict(folder: Path) -> None:
-    """Keep the MAX_ENTRIES most recently written tables (every edit of a plan adds one)."""
+    """Keep the MAX_ENTRIES most recently written tables (every edit of a plan adds
+    one), and drop temp files an interrupted write left behind an hour ago."""
+    now = time.time()
+    entries = []
     try:
-        entries = sorted(folder.glob("dispatch-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in entries[MAX_ENTRIES:]:
-            old.unlink()
+        names = list(folder.iterdir())
     except OSError:
         return
+    for path in names:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue  # another process removed it
+        if path.name.startswith("dispatch-") and path.suffix == ".json":
+            entries.append((mtime, path))
+        elif path.name.startswith(".dispatch-") and path.suffix == ".tmp" and now - mtime > 3600:
+            _unlink(path)
+    entries.sort(reverse=True)
+    for _, path in entries[MAX_ENTRIES:]:
+        _unlink(path)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass

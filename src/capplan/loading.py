@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from capplan.errors import CapplanError, PlanError, SpecError
-from capplan.limits import MAX_FILE_BYTES
+from capplan.limits import MAX_FILE_BYTES, MAX_ITEMS
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
 
@@ -133,12 +133,16 @@ def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
     return plan
 
 
-def _past_comments(text: str) -> str:
+def _past_comments(text: str) -> str | None:
+    """The text after its leading `#` lines; None when a comment holds a character YAML
+    would read as a line break or refuse (such a file is left to the full load)."""
     start = 0
     while text.startswith("#", start):
         end = text.find("\n", start)
         if end < 0:
-            return ""
+            end = len(text)
+        if not text[start:end].isprintable():
+            return None
         start = end + 1
     return text[start:]
 
@@ -179,6 +183,15 @@ def _embedded_spec(body: str) -> dict | None:
     return spec
 
 
+# Every entry the full load counts (yaml_io.MAX_ITEMS) takes at least two
+# characters of canonical plan text (a value and the ": ", ", ", "[" or "- "
+# before it), so a smaller body cannot exceed the limit the full load enforces.
+_CANONICAL_MAX_CHARS = 2 * MAX_ITEMS
+# Compile work the fast path may spend per graph line the file holds, so a
+# small file naming a huge spec is refused by the full load, not compiled.
+_WORK_PER_GRAPH_LINE = 8
+
+
 def _canonical_plan(path: Path) -> Plan | None:
     """The plan, when the file is byte for byte what its embedded spec compiles to
     (past the leading comment lines); None otherwise.
@@ -188,10 +201,13 @@ def _canonical_plan(path: Path) -> Plan | None:
     this skips YAML and the validation of thousands of graph and dispatch
     lines: only the spec lines are read (a reading that is wrong can only
     fail the byte comparison) and only the spec is validated. Anything else
-    (an edit, other formatting, a bad spec) returns None, and the full load
-    accepts it or words what is wrong.
+    (an edit, other formatting, a bad spec, a body over the full load's
+    entry limit, a spec whose compile the file's size does not account for)
+    returns None, and the full load accepts it or words what is wrong.
     """
+    from capplan.planner.capture_sizes import resolve_capture_sizes
     from capplan.planner.compiler import compile_plan
+    from capplan.planner.lora_cases import lora_capture_cases
     from capplan.planner.render import render_plan
 
     try:
@@ -200,11 +216,17 @@ def _canonical_plan(path: Path) -> Plan | None:
         body = _past_comments(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
+    if body is None or len(body) > _CANONICAL_MAX_CHARS:
+        return None
     try:
         data = _embedded_spec(body)
         if data is None:
             return None
-        plan = compile_plan(Spec.model_validate(data))
+        spec = Spec.model_validate(data)
+        work = len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
+        if work > _WORK_PER_GRAPH_LINE * (body.count("\n  - {id: ") + 8):
+            return None
+        plan = compile_plan(spec)
     except (ValueError, CapplanError, RecursionError):  # pydantic's ValidationError is a ValueError
         return None
     if _past_comments(render_plan(plan, "")) != body:

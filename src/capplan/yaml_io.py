@@ -81,11 +81,12 @@ def _fast_plan_sections(text: str) -> tuple[str, dict[str, list]] | None:
     rest: list[str] = []
     sections: dict[str, list] = {}
     current: list | None = None
-    for line in lines:
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
         if line in _FLOW_SECTIONS:
-            current = sections.setdefault(line[:-1], [])
-            if current:
+            if line[:-1] in sections:
                 return None  # a section twice: let YAML report it
+            current = sections[line[:-1]] = []
             continue
         if current is not None:
             match = _FLOW_LINE.match(line)
@@ -102,11 +103,13 @@ def _fast_plan_sections(text: str) -> tuple[str, dict[str, list]] | None:
                 except ValueError:
                     return None
                 continue
-            if not line[:1].isalpha():
+            if not current:
+                return None  # `graphs:` with no entries is null to YAML, not []
+            if not line[:1].isalpha() and not (line == "" and i == last):
                 return None  # a blank, comment or other line inside the section: YAML reads it
             current = None
         rest.append(line)
-    if not sections:
+    if not sections or (current is not None and not current):
         return None
     return "\n".join(rest), sections
 
