@@ -66,6 +66,16 @@ def run_in_oracle_if_needed(args, argv: list[str], module: str) -> int | None:
     return _reexec_in_oracle(args.oracle_dir, argv, module)
 
 
+def oracle_module(args):
+    """tests/conformance/oracle/vllm_oracle (vLLM's own planning code), or None with --capplan-only."""
+    if args.capplan_only:
+        return None
+    sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
+    import vllm_oracle
+
+    return vllm_oracle
+
+
 def _stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 
@@ -316,13 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.specs import SPECS
 
-    vllm_side = None
-    if not args.capplan_only:
-        sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
-        import vllm
-
-        import vllm_oracle as vllm_side  # noqa: F811
-
+    vllm_side = oracle_module(args)
     repeats = 5 if args.quick else 30
     count = args.queries or (20_000 if args.quick else 100_000)
     results: dict = {
@@ -330,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "specs": {},
     }
     if vllm_side is not None:
-        results["vllm"] = vllm.__version__
+        results["vllm"] = vllm_side.VLLM_VERSION
     for name in args.specs.split(","):
         spec_data = SPECS[name]
         print(f"[bench] {name}: compile", file=sys.stderr, flush=True)

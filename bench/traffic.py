@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.run import ROOT, add_oracle_option, run_in_oracle_if_needed
+from bench.run import ROOT, add_oracle_option, oracle_module, run_in_oracle_if_needed
 
 SPEC = ROOT / "configs" / "qwen3-8b-multilora.yaml"
 TRACES = ROOT / "examples" / "traces"
@@ -76,16 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     from capplan.planner.traffic import load_trace
     from capplan.planner.verify import verify_plan
 
-    vllm_side = None
-    if not args.capplan_only:
-        sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
-        import vllm_oracle as vllm_side  # noqa: F811
+    vllm_side = oracle_module(args)
     spec = load_spec(SPEC)
     exact = compile_plan(spec.model_copy(update={"fixes": []}))
     cost = load_cost_model()
     rows, ok_all = {}, True
     lines = [f"spec {SPEC.relative_to(ROOT)}; vLLM side: "
-             f"{'capplan planner, fixes: []' if vllm_side is None else 'vLLM ' + __import__('vllm').__version__}",
+             f"{'capplan planner, fixes: []' if vllm_side is None else 'vLLM ' + vllm_side.VLLM_VERSION}",
              "| trace | vLLM default: graphs, padding, eager | capplan @60% graphs | capplan @same graphs | target |",
              "|---|---|---|---|---|"]
     for path in sorted(TRACES.glob("*.jsonl")):
