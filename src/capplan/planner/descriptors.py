@@ -22,15 +22,6 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _desc(mode: str, tokens: int, reqs: int | None, uniform: int | None, case: int) -> Descriptor:
-    # Built by the planner from validated inputs; construct without re-validating
-    # (compile runs on every commit and must stay cheaper than vLLM's own startup).
-    return Descriptor.trusted(
-        cg_mode=mode, num_tokens=tokens, num_reqs=reqs, uniform_token_count=uniform,
-        max_query_len=None, num_active_loras=case,
-    )
-
-
 def descriptors_by_mode(
     spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int],
     reachable: Callable[[int], set[int]] | None = None, dropped: list | None = None,
@@ -48,34 +39,38 @@ def descriptors_by_mode(
     max_num_seqs = spec.scheduler.max_num_seqs
     dql = spec.decode_query_len
     decode_mode, mixed_mode = mode.decode_mode, mode.mixed_mode
+    # Built from validated inputs: construct without re-validating (compile
+    # runs on every commit and must stay cheaper than vLLM's own startup).
+    make = Descriptor.trusted
+    decode_kept: list[Descriptor] = []
+    mixed_kept: list[Descriptor] = []
     seen: set[tuple] = set()
-    everything = None  # no pruning: every case is kept
     for num_tokens in capture_sizes:
-        rounded = _round_up(num_tokens, dql)
+        rounded = -(-num_tokens // dql) * dql
         decode_reqs = rounded // dql
         decode_ok = mode.separate_routine and rounded <= max_capture_size and decode_reqs <= max_num_seqs
         mixed_reqs = min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None
-        if reachable is None:
-            decode_cases = mixed_cases = everything
+        if reachable is None:  # no pruning: every case is kept
+            decode_cases = mixed_cases = None
         else:  # the LoRA cases batches that fit these graphs can reach
             decode_cases = reachable(min(decode_reqs, rounded)) if decode_ok else None
             mixed_cases = reachable(min(num_tokens, max_num_seqs))
         for case in lora_cases:
-            if decode_ok:
-                key = (rounded, case)
-                if key not in seen:
-                    seen.add(key)
-                    desc = _desc(decode_mode, rounded, decode_reqs, dql, case)
-                    if decode_cases is None or case in decode_cases:
-                        by_mode.setdefault(decode_mode, []).append(desc)
-                    else:
-                        dropped.append(desc)
+            if decode_ok and (rounded, case) not in seen:
+                seen.add((rounded, case))
+                desc = make(cg_mode=decode_mode, num_tokens=rounded, num_reqs=decode_reqs,
+                            uniform_token_count=dql, max_query_len=None, num_active_loras=case)
+                (decode_kept if decode_cases is None or case in decode_cases else dropped).append(desc)
             if mixed_mode != "NONE":
-                desc = _desc(mixed_mode, num_tokens, mixed_reqs, None, case)
-                if mixed_cases is None or case in mixed_cases:
-                    by_mode.setdefault(mixed_mode, []).append(desc)
-                else:
-                    dropped.append(desc)
+                desc = make(cg_mode=mixed_mode, num_tokens=num_tokens, num_reqs=mixed_reqs,
+                            uniform_token_count=None, max_query_len=None, num_active_loras=case)
+                (mixed_kept if mixed_cases is None or case in mixed_cases else dropped).append(desc)
+    # Decode graphs exist only when the mode separates them, and then the two
+    # routines run in different modes, so the lists never share a key.
+    if decode_kept:
+        by_mode[decode_mode] = decode_kept
+    if mixed_kept:
+        by_mode[mixed_mode] = mixed_kept
     return by_mode
 
 

@@ -48,30 +48,33 @@ HEADER = (
 )
 
 
-def _opt(value: int | None) -> str:
-    return "null" if value is None else str(value)
-
-
-def _dummy_text(m) -> str:
-    runs = ", ".join(f"[{count}, {tokens}]" for count, tokens in m.tokens)
-    ids = "null" if m.lora_ids is None else "[" + ", ".join(map(str, m.lora_ids)) + "]"
-    return (
-        f"dummy: {{num_reqs: {m.num_reqs}, tokens: [{runs}], max_query_len: {m.max_query_len}, "
-        f"lora_ids: {ids}, kernel_grid: {_opt(m.kernel_grid)}}}}}"
-    )
-
-
-def _graph_line(graph, dummies: dict[int, str]) -> str:
-    # The hot loop of `compile`: formatted directly, same text as flow(model_dump()).
-    d, m = graph.descriptor, graph.dummy
-    dummy = dummies.get(id(m))
-    if dummy is None:
-        dummy = dummies[id(m)] = _dummy_text(m)  # layouts are shared between graphs
-    return (
-        f"  - {{id: {graph.id}, descriptor: {{cg_mode: {d.cg_mode}, num_tokens: {d.num_tokens}, "
-        f"num_reqs: {_opt(d.num_reqs)}, uniform_token_count: {_opt(d.uniform_token_count)}, "
-        f"max_query_len: {_opt(d.max_query_len)}, num_active_loras: {d.num_active_loras}}}, {dummy}"
-    )
+def _graph_lines(graphs) -> Iterator[str]:
+    """The hot loop of `compile`: formatted directly, same text as flow(model_dump())
+    (tests/test_plan_file.py checks). Layouts and adapter-id lists are shared
+    between graphs, so each is formatted once."""
+    dummies: dict[int, str] = {}
+    id_lists: dict[int, str] = {}
+    for graph in graphs:
+        d, m = graph.descriptor, graph.dummy
+        dummy = dummies.get(id(m))
+        if dummy is None:
+            ids = m.lora_ids
+            ids_text = id_lists.get(id(ids))
+            if ids_text is None:
+                ids_text = id_lists[id(ids)] = "null" if ids is None else "[" + ", ".join(map(str, ids)) + "]"
+            runs = ", ".join([f"[{count}, {tokens}]" for count, tokens in m.tokens])
+            grid = m.kernel_grid
+            dummy = dummies[id(m)] = (
+                f"dummy: {{num_reqs: {m.num_reqs}, tokens: [{runs}], max_query_len: {m.max_query_len}, "
+                f"lora_ids: {ids_text}, kernel_grid: {'null' if grid is None else grid}}}}}"
+            )
+        reqs, uniform, max_q = d.num_reqs, d.uniform_token_count, d.max_query_len
+        yield (
+            f"  - {{id: {graph.id}, descriptor: {{cg_mode: {d.cg_mode}, num_tokens: {d.num_tokens}, "
+            f"num_reqs: {'null' if reqs is None else reqs}, "
+            f"uniform_token_count: {'null' if uniform is None else uniform}, "
+            f"max_query_len: {'null' if max_q is None else max_q}, num_active_loras: {d.num_active_loras}}}, {dummy}"
+        )
 
 
 def iter_plan_lines(plan: Plan, command: str) -> Iterator[str]:
@@ -106,9 +109,7 @@ def iter_plan_lines(plan: Plan, command: str) -> Iterator[str]:
     for mode, row in data["stats"].items():
         yield f"  {mode}: {flow(row)}"
     yield "graphs:" + ("" if plan.graphs else " []")
-    dummies: dict[int, str] = {}
-    for graph in plan.graphs:
-        yield _graph_line(graph, dummies)
+    yield from _graph_lines(plan.graphs)
     yield "dispatch:" + ("" if plan.dispatch else " []")
     for row in plan.dispatch:
         cands = ", ".join(map(str, row.candidates))
