@@ -53,7 +53,10 @@ def dummy_lora_ids(case: int, spec: Spec) -> list[int] | None:
 
 
 class DummyLayouts:
-    """Dummy layouts for one spec; grids are memoized per (LoRA case, requests)."""
+    """Dummy layouts for one spec, memoized: graphs of the same size, request
+    count and case (a PIECEWISE and a FULL graph, say) share one immutable
+    layout, and token runs, adapter ids and kernel grids are each computed
+    once per distinct input."""
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
@@ -61,20 +64,21 @@ class DummyLayouts:
         self.spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
         self._ids: dict[int, list[int] | None] = {}
         self._grids: dict[tuple[int, int], int | None] = {}
-        # Graphs of the same size, request count and case (a PIECEWISE and a
-        # FULL graph, say) share one immutable layout.
+        self._runs: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._layouts: dict[tuple[int, int, int], DummyLayout] = {}
 
     def __call__(self, desc: Descriptor) -> DummyLayout:
-        num_reqs = desc.num_reqs or min(desc.num_tokens, self.max_num_seqs)
-        key = (desc.num_tokens, num_reqs, desc.num_active_loras)
-        layout = self._layouts.get(key)
+        num_tokens, case = desc.num_tokens, desc.num_active_loras
+        num_reqs = desc.num_reqs or min(num_tokens, self.max_num_seqs)
+        layout = self._layouts.get((num_tokens, num_reqs, case))
         if layout is None:
-            layout = self._layouts[key] = self._build(desc.num_tokens, num_reqs, desc.num_active_loras)
+            layout = self._layouts[num_tokens, num_reqs, case] = self._build(num_tokens, num_reqs, case)
         return layout
 
     def _build(self, num_tokens: int, num_reqs: int, case: int) -> DummyLayout:
-        runs = token_runs(num_tokens, num_reqs, self.spread)
+        runs = self._runs.get((num_tokens, num_reqs))
+        if runs is None:
+            runs = self._runs[num_tokens, num_reqs] = token_runs(num_tokens, num_reqs, self.spread)
         if case not in self._ids:
             self._ids[case] = dummy_lora_ids(case, self.spec)
         ids = self._ids[case]
@@ -88,4 +92,3 @@ class DummyLayouts:
             lora_ids=ids,
             kernel_grid=self._grids[grid_key],
         )
-
