@@ -228,6 +228,13 @@ def bench_cli(repeats: int) -> dict:
     if exe is None:
         return {"skipped": "no capplan command found (pip install -e .)"}
     python = str(Path(exe).with_name("python"))
+    # `pip install` byte-compiles a package; an editable install writes its
+    # bytecode on first import, unless PYTHONDONTWRITEBYTECODE is set (as on
+    # some CI and sandbox machines), when every process would compile
+    # capplan's source again. Time what an installed capplan does.
+    package = subprocess.run([python, "-c", "import capplan, os; print(os.path.dirname(capplan.__file__))"],
+                             env=env, capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([python, "-m", "compileall", "-q", package], env=env, check=True, stdout=subprocess.DEVNULL)
     plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
     dispatch = [exe, "dispatch", str(plan), "--reqs", "3", "--tokens", "17", "--loras", "2", "--base"]
     cache = tempfile.mkdtemp(prefix="capplan-bench-cache-")
@@ -235,7 +242,9 @@ def bench_cli(repeats: int) -> dict:
     subprocess.run(dispatch, env=cached_env, stdout=subprocess.DEVNULL, check=True)  # fills the cache
     commands = {
         "capplan --help": ([exe, "--help"], env),
+        # A plan `capplan compile` wrote, or one queried before: tables from the cache.
         "capplan dispatch": (dispatch, cached_env),
+        # A plan this machine never loaded (a fresh checkout): validated in full.
         "capplan dispatch, first": (dispatch, {**env, "CAPPLAN_NO_CACHE": "1"}),
         # Where a first dispatch's time goes: the interpreter alone, and the
         # import of pydantic plus capplan's schema classes (no work done).
@@ -244,14 +253,14 @@ def bench_cli(repeats: int) -> dict:
         # pydantic imports its plugin loader (importlib.metadata) on the first validation.
         "  floor: + pydantic plugins": ([python, "-c", "import capplan.schemas.plan, pydantic.plugin._loader"], env),
     }
-    out: dict = {}
-    for name, (cmd, cmd_env) in commands.items():
-        samples = []
-        for _ in range(repeats):
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeats):  # interleaved, so the machine's drift hits every command alike
+        for name, (cmd, cmd_env) in commands.items():
             start = time.perf_counter()
             subprocess.run(cmd, env=cmd_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-            samples.append(time.perf_counter() - start)
-        out[name] = _stats(samples)
+            samples[name].append(time.perf_counter() - start)
+    out: dict = {name: _stats(values) for name, values in samples.items()}
+    out["bytecode"] = "compiled, as pip install leaves it"
     shutil.rmtree(cache, ignore_errors=True)
     probe = subprocess.run(
         [python, "-c", "import sys\nfrom capplan.cli import app\n"
@@ -304,6 +313,8 @@ def render_table(results: dict) -> str:
     for name, st in cli.items():
         if isinstance(st, dict) and "median" in st:
             lines.append(f"{'cli':<9} {name:<26} {_range_ms(st):>26}")
+    if "bytecode" in cli:
+        lines.append(f"{'cli':<9} {'  capplan bytecode':<26} {cli['bytecode']:>26}")
     if "heavy_modules_imported" in cli:
         lines.append(f"{'cli':<9} {'torch/vllm imported':<26} {str(cli['heavy_modules_imported'] or 'none'):>26}")
     return "\n".join(lines) + "\n"

@@ -129,3 +129,32 @@ def test_first_query_on_a_canonical_plan_reads_no_yaml(env):
                            env={**env, "CAPPLAN_NO_CACHE": "1"}, cwd=ROOT)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("graph #") and first.stdout.strip().endswith("['pydantic']")
+
+
+def test_compile_stores_the_tables_so_the_first_dispatch_on_its_plan_loads_nothing(env, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("lora: {enabled: true, max_loras: 4, specialize_active: true}\n")
+    plan = tmp_path / "s.plan.yaml"
+    made = _entry(["compile", str(spec), "-o", str(plan)], env)
+    assert made.returncode == 0, made.stderr
+    assert len(list((tmp_path / "cache").glob("dispatch-*.json"))) == 1
+    probe = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('typer', 'pydantic', 'yaml') if m in sys.modules))")
+    first = subprocess.run([sys.executable, "-c", probe, str(plan), *ARGS], capture_output=True, text=True,
+                           env=env, cwd=ROOT)
+    assert first.returncode == 0 and first.stdout.strip().endswith("[]"), first.stderr  # served from the cache
+    uncached = _entry(["dispatch", str(plan), *ARGS], {**env, "CAPPLAN_NO_CACHE": "1"})
+    assert first.stdout.startswith(uncached.stdout) and uncached.stdout.startswith("graph #")
+    # The stored entry answers for these exact bytes only: an edit is loaded, and refused, in full.
+    plan.write_text(plan.read_text().replace("num_active_loras: 4", "num_active_loras: 2", 1))
+    edited = _entry(["dispatch", str(plan), *ARGS], env)
+    assert edited.returncode == 1 and "error: " in edited.stderr
+    # An unchanged recompile stores it again (a cleared cache is refilled); CAPPLAN_NO_CACHE stores nothing.
+    for entry in (tmp_path / "cache").glob("dispatch-*.json"):
+        entry.unlink()
+    assert _entry(["compile", str(spec), "-o", str(plan)], {**env, "CAPPLAN_NO_CACHE": "1"}).returncode == 0
+    assert not list((tmp_path / "cache").glob("dispatch-*.json"))
+    again = _entry(["compile", str(spec), "-o", str(plan)], env)
+    assert again.returncode == 0 and "unchanged" in again.stderr
+    assert len(list((tmp_path / "cache").glob("dispatch-*.json"))) == 1

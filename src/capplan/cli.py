@@ -139,6 +139,7 @@ def compile_cmd(
     ] = False,
 ) -> None:
     """Compile SPEC into a capture plan (atomic write; summary on stderr)."""
+    from capplan.dispatch_cache import remember
     from capplan.loading import load_spec
     from capplan.planner import compile_plan
     from capplan.planner.render import plan_to_json, render_plan
@@ -179,9 +180,11 @@ def compile_cmd(
         except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
             unchanged = False
         if unchanged:
+            remember(text, plan)
             typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
             continue
         write_atomic(plan_path, text)
+        remember(text, plan)  # the first `capplan dispatch` on it skips the load
         typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
     if stale:
         for line in stale[:-1]:

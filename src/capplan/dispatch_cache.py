@@ -9,6 +9,10 @@ Any change to the file, or another capplan version, misses the cache and
 loads (and refuses a bad plan) in full. CAPPLAN_NO_CACHE=1 turns it off; a
 cache folder that cannot be written is silently not used. The folder keeps
 the MAX_ENTRIES most recently stored plans.
+
+`capplan compile` stores the tables of every plan it writes (`remember`):
+the file is the rendering of the plan it holds in memory, so the first
+`capplan dispatch` after a compile needs no load either.
 """
 
 from __future__ import annotations
@@ -56,16 +60,32 @@ def _light_plan(tables: dict) -> SimpleNamespace:
     )
 
 
+def _entry(data: bytes) -> Path:
+    key = hashlib.sha256(__version__.encode() + b"\0" + data).hexdigest()
+    return cache_dir() / f"dispatch-{key}.json"
+
+
+def _enabled() -> bool:
+    return os.environ.get("CAPPLAN_NO_CACHE") != "1"
+
+
+def remember(text: str, plan) -> None:
+    """Store the tables of `plan`, whose canonical rendering `text` was just written
+    to a plan file (byte for byte: UTF-8, `\\n` line ends), so dispatch on that file
+    starts from the cache. Best effort, like every cache write."""
+    if _enabled():
+        _store(_entry(text.encode("utf-8")), tables_of(plan))
+
+
 def load_dispatcher(path: Path) -> Dispatcher:
     """A Dispatcher for the plan at `path`: from the cache when these exact bytes were loaded before."""
-    if os.environ.get("CAPPLAN_NO_CACHE") == "1":
+    if not _enabled():
         return _full(path)
     try:
         data = Path(path).read_bytes()
     except OSError:
         return _full(path)  # the full loader words the error
-    key = hashlib.sha256(__version__.encode() + b"\0" + data).hexdigest()
-    entry = cache_dir() / f"dispatch-{key}.json"
+    entry = _entry(data)
     try:
         tables = json.loads(entry.read_text(encoding="utf-8"))
         return Dispatcher(_light_plan(tables))
