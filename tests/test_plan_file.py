@@ -124,7 +124,7 @@ def _full_load(path: Path, monkeypatch) -> object:
     import capplan.loading as loading
 
     with monkeypatch.context() as m:
-        m.setattr(loading, "_canonical_plan", lambda _path: None)
+        m.setattr(loading, "_canonical_plan", lambda _path: (None, None))
         return loading.load_plan(path)
 
 
@@ -135,8 +135,8 @@ def test_canonical_files_take_the_fast_path_and_equal_the_full_load(tmp_path, mo
     paths = sorted(root.glob("examples/*.plan.yaml"))
     assert len(paths) >= 5
     for path in paths:
-        fast = _canonical_plan(path)
-        assert fast is not None, path
+        fast, compiled = _canonical_plan(path)
+        assert fast is not None and compiled is None, path
         assert fast == _full_load(path, monkeypatch) == load_plan(path)
 
 
@@ -145,7 +145,7 @@ def test_comment_header_is_not_compared(tmp_path):
 
     text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
     other = "# written by hand-rolled tooling\n#\n" + text.split("\n", 3)[3]
-    assert _canonical_plan(write(tmp_path, other)) == compile_plan(SPEC)
+    assert _canonical_plan(write(tmp_path, other)) == (compile_plan(SPEC), None)
 
 
 @pytest.mark.parametrize(
@@ -164,8 +164,23 @@ def test_equivalent_but_reformatted_files_load_through_yaml(tmp_path, monkeypatc
     text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
     assert old in text
     path = write(tmp_path, text.replace(old, new, 1))
-    assert _canonical_plan(path) is None
+    assert _canonical_plan(path)[0] is None
     assert load_plan(path) == compile_plan(SPEC)
+
+
+def test_a_reformatted_file_is_compiled_once(tmp_path, monkeypatch):
+    import capplan.planner.compiler as compiler
+
+    text = render_plan(compile_plan(SPEC), "capplan compile x.yaml").replace("graphs:\n", "graphs:\n\n", 1)
+    calls = []
+    real = compiler.compile_plan
+    monkeypatch.setattr(compiler, "compile_plan", lambda spec, **kw: calls.append(spec) or real(spec, **kw))
+    assert load_plan(write(tmp_path, text)) == compile_plan(SPEC)
+    assert len(calls) == 1  # the fast path's compile is reused by the full load's consistency check
+    # A file whose spec lines the fast path could not read is still compiled (once) by the full load.
+    calls.clear()
+    assert load_plan(write(tmp_path, text.replace("spec:\n", "spec:\n\n", 1))) == compile_plan(SPEC)
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize(
@@ -186,7 +201,7 @@ def test_edited_files_fall_back_to_the_full_load(tmp_path, old, new):
     text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
     assert old in text
     path = write(tmp_path, text.replace(old, new, 1))
-    assert _canonical_plan(path) is None
+    assert _canonical_plan(path)[0] is None
     with pytest.raises(PlanError):
         load_plan(path)
 
@@ -222,7 +237,7 @@ def test_comments_yaml_reads_differently_go_to_the_full_load(tmp_path, monkeypat
     from capplan.loading import _canonical_plan
 
     path = write(tmp_path, comment + render_plan(compile_plan(SPEC), "capplan compile x.yaml"))
-    assert _canonical_plan(path) is None
+    assert _canonical_plan(path) == (None, None)
     try:
         expected = _full_load(path, monkeypatch)
     except PlanError as exc:
@@ -250,9 +265,9 @@ def test_bodies_over_the_entry_limit_go_to_the_full_load(tmp_path, monkeypatch):
 
     text = render_plan(compile_plan(SPEC), "capplan compile x.yaml")
     path = write(tmp_path, text)
-    assert loading._canonical_plan(path) is not None
+    assert loading._canonical_plan(path)[0] is not None
     monkeypatch.setattr(loading, "_CANONICAL_MAX_CHARS", len(text) // 2)
-    assert loading._canonical_plan(path) is None
+    assert loading._canonical_plan(path) == (None, None)
     assert load_plan(path) == compile_plan(SPEC)
 
 

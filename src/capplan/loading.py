@@ -90,8 +90,9 @@ def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
     from capplan.planner.hashing import spec_hash
 
     path = Path(path)
+    compiled = None  # what the fast path compiled from the file's spec lines, if it got that far
     if check_consistency:
-        plan = _canonical_plan(path)
+        plan, compiled = _canonical_plan(path)
         if plan is not None:
             return plan
     from capplan.yaml_io import read_yaml
@@ -119,7 +120,9 @@ def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
                 f"{path}: spec_hash does not match the embedded spec (edited by hand?)",
                 "regenerate it with capplan compile SPEC",
             )
-        expected = compile_plan(plan.spec)
+        # A file that failed only the byte comparison (reformatted, say) has been
+        # compiled from the same spec already: compile once, not twice.
+        expected = compiled if compiled is not None and compiled.spec == plan.spec else compile_plan(plan.spec)
         if expected != plan:
             field = next(
                 (name for name in Plan.model_fields if getattr(expected, name) != getattr(plan, name)),
@@ -180,7 +183,7 @@ def _embedded_spec(body: str) -> dict | None:
         if not sep or not key.isidentifier() or key in spec:
             return None
         spec[key] = _flow_as_json(value)
-    return spec
+    return spec or None  # render writes every section: none read means another layout
 
 
 # Every entry the full load counts (yaml_io.MAX_ITEMS) takes at least two
@@ -192,9 +195,10 @@ _CANONICAL_MAX_CHARS = 2 * MAX_ITEMS
 _WORK_PER_GRAPH_LINE = 8
 
 
-def _canonical_plan(path: Path) -> Plan | None:
-    """The plan, when the file is byte for byte what its embedded spec compiles to
-    (past the leading comment lines); None otherwise.
+def _canonical_plan(path: Path) -> tuple[Plan | None, Plan | None]:
+    """(the plan, None) when the file is byte for byte what its embedded spec
+    compiles to (past the leading comment lines); else (None, the plan its
+    spec lines compile to, or None when they were not read that far).
 
     Such a file passes the full load below by construction (render, parse and
     validate round-trip; tests/test_plan_file.py checks both paths agree), so
@@ -203,7 +207,7 @@ def _canonical_plan(path: Path) -> Plan | None:
     fail the byte comparison) and only the spec is validated. Anything else
     (an edit, other formatting, a bad spec, a body over the full load's
     entry limit, a spec whose compile the file's size does not account for)
-    returns None, and the full load accepts it or words what is wrong.
+    is not accepted here, and the full load accepts it or words what is wrong.
     """
     from capplan.planner.capture_sizes import resolve_capture_sizes
     from capplan.planner.compiler import compile_plan
@@ -212,26 +216,26 @@ def _canonical_plan(path: Path) -> Plan | None:
 
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            return None
+            return None, None
         body = _past_comments(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
-        return None
+        return None, None
     if body is None or len(body) > _CANONICAL_MAX_CHARS:
-        return None
+        return None, None
     try:
         data = _embedded_spec(body)
         if data is None:
-            return None
+            return None, None
         spec = Spec.model_validate(data)
         work = len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
         if work > _WORK_PER_GRAPH_LINE * (body.count("\n  - {id: ") + 8):
-            return None
+            return None, None
         plan = compile_plan(spec)
     except (ValueError, CapplanError, RecursionError):  # pydantic's ValidationError is a ValueError
-        return None
+        return None, None
     if _past_comments(render_plan(plan, "")) != body:
-        return None
-    return plan
+        return None, plan
+    return plan, None
 
 
 __all__ = ["CapplanError", "load_plan", "load_spec", "spec_from_data"]
