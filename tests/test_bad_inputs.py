@@ -57,4 +57,5 @@ def test_bad_input_fails_closed(path, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert expect in lines[0]
+    assert lines[0].startswith(f"error: {target.name}"), "the error names the file"
     assert snapshot(work) == before

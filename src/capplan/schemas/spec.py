@@ -342,6 +342,13 @@ class Spec(_Strict):
                                  "LoRA cases must pad to the same size (failure class 7); remove it")
             if not self.lora.enabled:
                 raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
+            from capplan.planner.lora_cases import lora_capture_cases
+
+            cases = lora_capture_cases(self)
+            for entry in self.cudagraph.lora_case_sizes:
+                if entry.case not in cases:
+                    raise ValueError(f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case "
+                                     f"of this spec (cases: {', '.join(map(str, cases))}); use one of those")
         return self
 
     def has(self, fix: Fix) -> bool:
