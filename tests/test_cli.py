@@ -178,3 +178,56 @@ def test_cli_process_has_no_traceback_and_no_torch(workdir):
 def test_schema_command():
     schema = json.loads(run("schema").stdout)
     assert "lora" in schema["properties"] and schema["additionalProperties"] is False
+
+
+BIG_SPEC = (  # 18,432 graphs: a plan over the loader's 200,000 entry limit
+    "target: {vllm: '0.33'}\n"
+    "scheduler: {max_num_seqs: 1024, max_num_batched_tokens: 16384}\n"
+    "cudagraph: {mode: FULL_AND_PIECEWISE, capture_sizes: [" + ", ".join(map(str, range(1, 2049))) + "]}\n"
+    "lora: {enabled: true, max_loras: 8, specialize_active: true}\n"
+    "fixes: []\n"
+)
+
+
+def test_compile_refuses_a_plan_no_command_could_load_back(workdir):
+    from capplan.loading import load_spec, reload_problem
+    from capplan.planner import compile_plan
+    from capplan.planner.render import render_plan
+    from capplan.yaml_io import check_shape
+
+    Path("big.yaml").write_text(BIG_SPEC)
+    Path("big.plan.yaml").write_text("old plan\n")
+    result = run("compile", "big.yaml")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: big.yaml: the plan would be over the 200000 entry limit for a plan "
+                                    "file (18432 graphs), so no command could load it (capture fewer sizes")
+    assert Path("big.plan.yaml").read_text() == "old plan\n"
+    # The check is the loader's own: the entry count of the data the plan file holds.
+    plan = compile_plan(load_spec(Path("big.yaml")))
+    with pytest.raises(Exception, match="more than 200000 entries"):
+        check_shape(plan.model_dump(mode="json"), "plan")
+    small = compile_plan(load_spec(Path("deploy.yaml")))
+    assert reload_problem(render_plan(small, "c"), small) is None
+
+
+def test_plan_header_escapes_line_breaks_in_file_names(workdir):
+    name = "odd\u2028name.yaml"
+    Path(name).write_text(SPEC)
+    assert run("compile", name).exit_code == 0
+    plan = Path("odd\u2028name.plan.yaml")
+    assert plan.read_text().splitlines()[2] == "#   capplan compile odd\\u2028name.yaml"
+    shown = run("show", str(plan))
+    assert shown.exit_code == 0, shown.output
+
+
+def test_a_crlf_checkout_is_unchanged_and_stores_no_cache_entry(workdir, monkeypatch):
+    monkeypatch.setenv("CAPPLAN_CACHE_DIR", str(workdir / "cache"))
+    assert run("compile", "deploy.yaml").exit_code == 0
+    entries = list((workdir / "cache").glob("dispatch-*.json"))
+    assert len(entries) == 1
+    entries[0].unlink()
+    plan = Path("deploy.plan.yaml")
+    plan.write_bytes(plan.read_bytes().replace(b"\n", b"\r\n"))
+    again = run("compile", "deploy.yaml")
+    assert again.exit_code == 0 and "unchanged" in again.stderr
+    assert not list((workdir / "cache").glob("dispatch-*.json"))  # its key would not be these bytes

@@ -276,12 +276,12 @@ def test_canonical_text_takes_at_least_two_characters_per_entry():
     import yaml
 
     from capplan.loading import _past_comments
-    from capplan.yaml_io import _check_shape
+    from capplan.yaml_io import check_shape
 
     for spec in (SPEC, make_spec(lora={"enabled": True, "max_loras": 16, "specialize_active": True}),
                  make_spec(speculative={"num_speculative_tokens": 3}, parallel={"data_parallel_size": 4})):
         body = _past_comments(render_plan(compile_plan(spec), "c"))
-        assert len(body) >= 2 * _check_shape(yaml.safe_load(body), "x")
+        assert len(body) >= 2 * check_shape(yaml.safe_load(body), "x")
 
 
 def test_the_fast_section_parser_reads_canonical_plans(monkeypatch):

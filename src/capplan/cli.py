@@ -15,7 +15,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from capplan.errors import CapplanError, UsageError
+from capplan.errors import CapplanError, UsageError, printable
 
 app = typer.Typer(
     name="capplan",
@@ -76,8 +76,9 @@ def _display_path(path: Path) -> str:
     try:
         rel = os.path.relpath(path.resolve(), Path.cwd())
     except ValueError:
-        return path.name
-    return path.name if rel.startswith("..") else Path(rel).as_posix()
+        return printable(path.name)
+    # Escaped: a line break in a file name must not end the header's comment line.
+    return printable(path.name if rel.startswith("..") else Path(rel).as_posix())
 
 
 def default_plan_path(spec_path: Path) -> Path:
@@ -140,7 +141,7 @@ def compile_cmd(
 ) -> None:
     """Compile SPEC into a capture plan (atomic write; summary on stderr)."""
     from capplan.dispatch_cache import remember
-    from capplan.loading import load_spec
+    from capplan.loading import load_spec, reload_problem
     from capplan.planner import compile_plan
     from capplan.planner.render import plan_to_json, render_plan
     from capplan.yaml_io import write_atomic
@@ -154,7 +155,12 @@ def compile_cmd(
         if plan_dir is not None:
             plan_path = plan_dir / default_plan_path(spec).name
         plan = compile_plan(load_spec(spec))
-        jobs.append((spec, plan_path, plan, render_plan(plan, regenerate_command(spec, plan_path, plan_dir))))
+        text = render_plan(plan, regenerate_command(spec, plan_path, plan_dir))
+        problem = reload_problem(text, plan)
+        if problem is not None:
+            raise CapplanError(f"{spec}: the plan would be {problem}, so no command could load it",
+                               "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size")
+        jobs.append((spec, plan_path, plan, text))
     stale = []
     for spec, plan_path, plan, text in jobs:
         if check:
@@ -180,7 +186,8 @@ def compile_cmd(
         except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
             unchanged = False
         if unchanged:
-            remember(text, plan)
+            if plan_path.read_bytes() == text.encode("utf-8"):  # not a CRLF checkout: the cache key is the bytes
+                remember(text, plan)
             typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
             continue
         write_atomic(plan_path, text)

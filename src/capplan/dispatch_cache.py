@@ -70,11 +70,16 @@ def _enabled() -> bool:
 
 
 def remember(text: str, plan) -> None:
-    """Store the tables of `plan`, whose canonical rendering `text` was just written
-    to a plan file (byte for byte: UTF-8, `\\n` line ends), so dispatch on that file
-    starts from the cache. Best effort, like every cache write."""
-    if _enabled():
-        _store(_entry(text.encode("utf-8")), tables_of(plan))
+    """Store the tables of `plan`, whose rendering `text` is the plan file on disk
+    byte for byte (UTF-8, `\\n` line ends) and loads back (compile checks
+    `reload_problem` before writing), so dispatch on that file starts from the
+    cache. Nothing is written when the entry exists. Best effort, like every
+    cache write."""
+    if not _enabled():
+        return
+    entry = _entry(text.encode("utf-8"))
+    if not entry.exists():
+        _store(entry, tables_of(plan))
 
 
 def load_dispatcher(path: Path) -> Dispatcher:

@@ -14,10 +14,14 @@ class CapplanError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        text = f"{self.message} ({self.hint})" if self.hint else self.message
         # Input can put newlines or terminal escapes into a message (a key named
         # "\n"): print them escaped so an error is always exactly one safe line.
-        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+        return printable(f"{self.message} ({self.hint})" if self.hint else self.message)
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (line breaks, escapes) backslash-escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class SpecError(CapplanError):

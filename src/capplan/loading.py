@@ -238,4 +238,24 @@ def _canonical_plan(path: Path) -> tuple[Plan | None, Plan | None]:
     return plan, None
 
 
-__all__ = ["CapplanError", "load_plan", "load_spec", "spec_from_data"]
+def reload_problem(text: str, plan: Plan) -> str | None:
+    """Why the full load would refuse `text`, the rendering of `plan`; None when it loads.
+
+    Compile checks this before writing, so it never writes (or caches the
+    tables of) a plan no other command can load: the loader's size and entry
+    limits are the only checks a rendered plan can fail.
+    """
+    size = len(text.encode("utf-8"))
+    if size > MAX_FILE_BYTES:
+        return f"{size} bytes, over the {MAX_FILE_BYTES} byte limit for a plan file"
+    if len(text) > _CANONICAL_MAX_CHARS:  # shorter text cannot hold MAX_ITEMS entries
+        from capplan.yaml_io import check_shape
+
+        try:
+            check_shape(plan.model_dump(mode="json"), "plan")
+        except CapplanError:
+            return f"over the {MAX_ITEMS} entry limit for a plan file ({len(plan.graphs)} graphs)"
+    return None
+
+
+__all__ = ["CapplanError", "load_plan", "load_spec", "reload_problem", "spec_from_data"]

@@ -119,16 +119,17 @@ def safe_load(text: str) -> object:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
 
 
-def _check_shape(value: object, what: str, depth: int = 0) -> int:
+def check_shape(value: object, what: str, depth: int = 0) -> int:
+    """Entries in `value`; CapplanError past MAX_DEPTH levels or MAX_ITEMS entries (the loader's limits)."""
     if depth > MAX_DEPTH:
         raise CapplanError(f"{what}: nested deeper than {MAX_DEPTH} levels", "flatten the file")
     items = 0
     if isinstance(value, dict):
         for v in value.values():
-            items += 1 + _check_shape(v, what, depth + 1)
+            items += 1 + check_shape(v, what, depth + 1)
     elif isinstance(value, list):
         for v in value:
-            items += 1 + _check_shape(v, what, depth + 1)
+            items += 1 + check_shape(v, what, depth + 1)
     if items > MAX_ITEMS:
         raise CapplanError(f"{what}: more than {MAX_ITEMS} entries", "this is not a capplan file")
     return items
@@ -172,7 +173,7 @@ def read_yaml(path: Path, what: str, error: type[CapplanError]) -> object:
                 raise error(f"{path}: duplicate key {key!r}")
             data[key] = items
     try:
-        _check_shape(data, str(path))
+        check_shape(data, str(path))
     except CapplanError as exc:
         raise error(exc.message, exc.hint) from None
     return data

@@ -105,8 +105,10 @@ def _case_sizes_deviation(spec: Spec, sizes: list[int]):
 def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
     """Keep, for each listed LoRA case, only its listed sizes (FULL decode graphs by the size they came from).
 
-    Spec validation guarantees every listed case is one of `cases`."""
+    Spec validation refuses a listed case that is not one of `cases`."""
     wanted = {entry.case: set(entry.sizes) for entry in spec.cudagraph.lora_case_sizes}
+    if not wanted.keys() <= set(cases):  # a spec built without validation (model_copy)
+        raise ValueError(f"lora_case_sizes lists a case outside {cases}: validate the spec first")
     dql, top = spec.decode_query_len, spec.cudagraph.capture_sizes[-1]
 
     def keep(d) -> bool:

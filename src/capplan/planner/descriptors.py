@@ -18,10 +18,6 @@ from capplan.schemas.spec import Spec
 CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def descriptors_by_mode(
     spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int],
     reachable: Callable[[int], set[int]] | None = None, dropped: list | None = None,

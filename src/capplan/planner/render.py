@@ -51,7 +51,9 @@ HEADER = (
 def _graph_lines(graphs) -> Iterator[str]:
     """The hot loop of `compile`: formatted directly, same text as flow(model_dump())
     (tests/test_plan_file.py checks). Layouts and adapter-id lists are shared
-    between graphs, so each is formatted once."""
+    between graphs, so each is formatted once, memoized by id(): `graphs` is
+    a plan's list, which keeps every layout and id list alive (an id is never
+    reused during the call)."""
     dummies: dict[int, str] = {}
     id_lists: dict[int, str] = {}
     for graph in graphs:

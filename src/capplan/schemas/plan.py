@@ -27,7 +27,7 @@ _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 def _trusted_factory(cls):
     # Every field is given, so the fields-set is the same for all instances;
     # pydantic only reads it (exclude_unset), so one shared set suffices.
-    fields = set(cls.__pydantic_fields__)
+    fields = set(cls.model_fields)
 
     def trusted(**values):
         obj = _new(cls)
