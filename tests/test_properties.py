@@ -1,6 +1,6 @@
 """Properties over random valid specs (hypothesis)."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from capplan.loading import spec_from_data
@@ -144,3 +144,23 @@ def test_fast_dispatch_equals_explained_dispatch(data):
     for _ in range(30):
         batch = data.draw(batches(spec))
         assert dispatcher.dispatch(batch) == dispatcher.explain(batch, [])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs(fixes=["lora_slot", "mixed_ranges"]))
+@example(spec_from_data({  # configs/h200-tiny-llama-025.yaml: unreachable pairs used to be listed
+    "target": {"vllm": "0.25"}, "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True}}, "example"))
+def test_pruning_does_not_change_what_mixed_ranges_reports(spec):
+    """mixed_ranges' changes are listed for reachable (tokens, LoRA case) pairs only, and
+    pruning changes no reachable batch's dispatch: the report is the same with it."""
+    def report(fixes):
+        data = spec.model_dump(mode="json")
+        plan = compile_plan(spec_from_data({**data, "fixes": fixes}, "hypothesis"))
+        return next(d.changes for d in plan.deviations if d.fix == "mixed_ranges")
+
+    plain, pruned = report(["lora_slot", "mixed_ranges"]), report(["lora_slot", "mixed_ranges", "prune_unreachable"])
+    if plain[0].startswith("no change"):
+        assert pruned[0].startswith("no change"), pruned
+    else:
+        assert pruned == plain

@@ -125,8 +125,25 @@ def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:
         return ["no change: vLLM 0.31+ already builds ranges per mode"]
     if plan.dispatch == exact.dispatch:
         return ["no change: for this spec 0.25's union ranges offer the same candidates"]
-    lines = ["dispatch: " + line for line in target_changes(exact, plan)]
+    lines = ["dispatch: " + line for line in target_changes(exact, plan, reachable=_reachable_by_requests(plan))]
     return lines or ["no change in what any batch replays (fallback candidates added behind the first)"]
+
+
+def _reachable_by_requests(plan: Plan):
+    """Request count -> LoRA cases a batch of at most that many requests can
+    dispatch to; other (tokens, case) pairs are no batch's concern (and the
+    ones prune_unreachable drops graphs for)."""
+    from capplan.planner.lora_cases import reachable_cases
+
+    seqs, memo = plan.spec.scheduler.max_num_seqs, {}
+
+    def reachable(requests: int) -> set[int]:
+        reqs = min(requests, seqs)
+        if reqs not in memo:
+            memo[reqs] = reachable_cases(plan.spec, plan.lora_dispatch_map, reqs)
+        return memo[reqs]
+
+    return reachable
 
 
 def _prune_unreachable(plan: Plan, exact: ExactTwin) -> list[str]:

@@ -7,6 +7,8 @@ replay in each LoRA case, merged into token runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from capplan.schemas.plan import Plan
 
 
@@ -30,11 +32,16 @@ def _shape(label: str) -> str:
     return label.split(":")[0]
 
 
-def target_changes(old: Plan, new: Plan, *, exact_sizes: bool = False) -> list[str]:
+def target_changes(
+    old: Plan, new: Plan, *, exact_sizes: bool = False, reachable: Callable[[int], set[int]] | None = None
+) -> list[str]:
     """One line per (batch kind, old target, new target): token runs and LoRA cases.
 
     Only LoRA cases both plans capture are compared; with `exact_sizes` the
-    lines name graph sizes ("PIECEWISE:8"), otherwise modes only.
+    lines name graph sizes ("PIECEWISE:8"), otherwise modes only. With
+    `reachable` (request count -> the LoRA cases a batch of at most that many
+    requests can dispatch to), pairs no batch reaches are left out: a mixed
+    batch of N tokens holds at most N requests, a uniform-decode one N / dql.
     """
     before, after = _expand(old), _expand(new)
     shared_cases = set(old.lora_capture_cases) & set(new.lora_capture_cases)
@@ -45,8 +52,10 @@ def target_changes(old: Plan, new: Plan, *, exact_sizes: bool = False) -> list[s
         for n in range(1, top + 1):
             o = _targets(old, before.get((case, n), []))
             w = _targets(new, after.get((case, n), []))
-            kinds = [("mixed", o[0], w[0])]
-            if dql and n % dql == 0:
+            kinds = []
+            if reachable is None or case in reachable(n):
+                kinds.append(("mixed", o[0], w[0]))
+            if dql and n % dql == 0 and (reachable is None or case in reachable(n // dql)):
                 kinds.append(("uniform-decode", o[1], w[1]))
             for kind, a, b in kinds:
                 if not exact_sizes:
