@@ -25,6 +25,15 @@ def _entry(args, env):
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
+def _dispatch_probe(plan, env):
+    """`capplan dispatch PLAN ARGS` in a process that then prints which heavy modules it imported."""
+    code = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('typer', 'pydantic', 'yaml', 'torch', 'vllm') if m in sys.modules))")
+    return subprocess.run([sys.executable, "-c", code, str(plan), *ARGS], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+
+
 @pytest.fixture
 def env(tmp_path):
     return {**os.environ, "CAPPLAN_CACHE_DIR": str(tmp_path / "cache")}
@@ -35,11 +44,7 @@ def test_fast_path_prints_what_typer_prints_and_imports_neither_typer_nor_pydant
     first = _entry(["dispatch", str(PLAN), *ARGS], env)
     assert first.returncode == 0 and first.stdout == typer_out
     assert len(list((tmp_path / "cache").glob("dispatch-*.json"))) == 1
-    probe = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('typer', 'pydantic', 'yaml', 'torch', 'vllm') if m in sys.modules))")
-    again = subprocess.run([sys.executable, "-c", probe, str(PLAN), *ARGS], capture_output=True, text=True,
-                           env=env, cwd=ROOT)
+    again = _dispatch_probe(PLAN, env)
     assert again.stdout.startswith(typer_out) and again.stdout.strip().endswith("[]")
 
 
@@ -122,11 +127,7 @@ def test_cache_keeps_only_the_newest_entries(tmp_path, monkeypatch):
 
 def test_first_query_on_a_canonical_plan_reads_no_yaml(env):
     """An unseen plan that is byte-canonical is checked by recompiling its spec: no YAML parse, no typer."""
-    probe = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('typer', 'pydantic', 'yaml', 'torch', 'vllm') if m in sys.modules))")
-    first = subprocess.run([sys.executable, "-c", probe, str(PLAN), *ARGS], capture_output=True, text=True,
-                           env={**env, "CAPPLAN_NO_CACHE": "1"}, cwd=ROOT)
+    first = _dispatch_probe(PLAN, {**env, "CAPPLAN_NO_CACHE": "1"})
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("graph #") and first.stdout.strip().endswith("['pydantic']")
 
@@ -138,11 +139,7 @@ def test_compile_stores_the_tables_so_the_first_dispatch_on_its_plan_loads_nothi
     made = _entry(["compile", str(spec), "-o", str(plan)], env)
     assert made.returncode == 0, made.stderr
     assert len(list((tmp_path / "cache").glob("dispatch-*.json"))) == 1
-    probe = ("import sys; from capplan.entry import main; sys.argv = ['capplan', 'dispatch', *sys.argv[1:]]\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('typer', 'pydantic', 'yaml') if m in sys.modules))")
-    first = subprocess.run([sys.executable, "-c", probe, str(plan), *ARGS], capture_output=True, text=True,
-                           env=env, cwd=ROOT)
+    first = _dispatch_probe(plan, env)
     assert first.returncode == 0 and first.stdout.strip().endswith("[]"), first.stderr  # served from the cache
     uncached = _entry(["dispatch", str(plan), *ARGS], {**env, "CAPPLAN_NO_CACHE": "1"})
     assert first.stdout.startswith(uncached.stdout) and uncached.stdout.startswith("graph #")
