@@ -52,12 +52,23 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 @FAST
 @given(specs())
 def test_compile_is_deterministic_and_round_trips(spec):
-    plan = compile_plan(spec)
-    text = render_plan(plan, "capplan compile x.yaml")
-    assert render_plan(compile_plan(spec), "capplan compile x.yaml") == text
+    """The text YAML reads back is exactly the format's data, every line fits in
+    MAX_LINE, every graph address is unique, and the file loads back to the plan."""
     import yaml
 
-    assert render_plan(Plan.model_validate(yaml.safe_load(text)), "capplan compile x.yaml") == text
+    from capplan.loading import first_difference, plan_from_data
+    from capplan.planner.render import MAX_LINE, plan_file_data
+
+    plan = compile_plan(spec)
+    text = render_plan(plan, "x.yaml")
+    assert render_plan(compile_plan(spec), "x.yaml") == text
+    data = yaml.safe_load(text)
+    assert first_difference(data, plan_file_data(plan)) is None
+    assert max(len(line) for line in text.splitlines()) <= MAX_LINE
+    addresses = [g["graph"] for g in data["graphs"]]
+    assert len(set(addresses)) == len(addresses)
+    loaded, problem = plan_from_data(data, "x")
+    assert problem is None and loaded == plan
 
 
 @FAST

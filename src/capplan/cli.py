@@ -70,15 +70,14 @@ def _errors_to_exit(fn: Callable) -> Callable:
     return wrapper
 
 
-def _display_path(path: Path) -> str:
-    """A path for the plan header: relative to the working directory when inside
-    it, else the bare file name, so headers never carry absolute paths."""
+def _relative(path: Path, base: Path) -> str:
+    """`path` relative to the folder `base` (never absolute: the bare name when no
+    relative path exists), escaped to one line."""
     try:
-        rel = os.path.relpath(path.resolve(), Path.cwd())
+        rel = Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
     except ValueError:
-        return printable(path.name)
-    # Escaped: a line break in a file name must not end the header's comment line.
-    return printable(path.name if rel.startswith("..") else Path(rel).as_posix())
+        rel = path.name
+    return printable(rel)
 
 
 def default_plan_path(spec_path: Path) -> Path:
@@ -90,13 +89,12 @@ def default_plan_path(spec_path: Path) -> Path:
     return spec_path.with_name(name + ".plan.yaml")
 
 
-def regenerate_command(spec_path: Path, plan_path: Path, plan_dir: Path | None = None) -> str:
-    """The normalized command: default output path and one-off flags dropped."""
-    command = f"capplan compile {_display_path(spec_path)}"
-    if plan_dir is not None:
-        command += f" --plan-dir {_display_path(plan_dir)}"
-    elif plan_path.resolve() != default_plan_path(spec_path).resolve():
-        command += f" -o {_display_path(plan_path)}"
+def regenerate_command(spec_path: Path, plan_path: Path, base: Path) -> str:
+    """The command that rewrites `plan_path` from `spec_path`, run from the folder `base`
+    (`-o` only when the plan is not next to the spec under its default name)."""
+    command = f"capplan compile {_relative(spec_path, base)}"
+    if plan_path.resolve() != default_plan_path(spec_path).resolve():
+        command += f" -o {_relative(plan_path, base)}"
     return command
 
 
@@ -139,11 +137,15 @@ def compile_cmd(
         ),
     ] = False,
 ) -> None:
-    """Compile SPEC into a capture plan (atomic write; summary on stderr)."""
-    from capplan.dispatch_cache import remember
-    from capplan.loading import load_spec, reload_problem
+    """Compile SPEC into a capture plan (atomic write; summary on stderr).
+
+    With --check, nothing is written: exit 0 when each plan holds exactly what its
+    spec compiles to (comments, the spec's file name and where you run it from do
+    not matter), 1 with `plan is stale: run COMMAND` otherwise.
+    """
+    from capplan.loading import first_difference, load_spec, size_problem
     from capplan.planner import compile_plan
-    from capplan.planner.render import plan_to_json, render_plan
+    from capplan.planner.render import plan_file_data, plan_to_json, render_plan
     from capplan.yaml_io import write_atomic
 
     if output is not None and (len(specs) > 1 or plan_dir is not None):
@@ -155,22 +157,20 @@ def compile_cmd(
         if plan_dir is not None:
             plan_path = plan_dir / default_plan_path(spec).name
         plan = compile_plan(load_spec(spec))
-        text = render_plan(plan, regenerate_command(spec, plan_path, plan_dir))
-        problem = reload_problem(text, plan)
+        folder = plan_path.parent
+        text = render_plan(plan, _relative(spec, folder), regenerate_command(spec, plan_path, folder))
+        data = plan_file_data(plan)
+        problem = size_problem(text, data)
         if problem is not None:
             raise CapplanError(f"{spec}: the plan would be {problem}, so no command could load it",
                                "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size")
-        jobs.append((spec, plan_path, plan, text))
+        jobs.append((spec, plan_path, plan, text, data))
     stale = []
-    for spec, plan_path, plan, text in jobs:
+    for spec, plan_path, plan, text, data in jobs:
         if check:
-            try:
-                current = plan_path.read_text(encoding="utf-8")
-            except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-                current = None
-            if current != text:
-                stale.append(f"plan is stale: run {regenerate_command(spec, plan_path, plan_dir)}"
-                             + ("" if current is not None else f" ({plan_path} does not exist)"))
+            why = _stale_reason(plan_path, data, first_difference)
+            if why is not None:
+                stale.append(f"plan is stale ({why}): run {regenerate_command(spec, plan_path, Path.cwd())}")
             else:
                 typer.echo(f"{plan_path}: up to date ({_summary(plan)})", err=True)
             continue
@@ -181,22 +181,37 @@ def compile_cmd(
                 sys.stdout.write(text)
             typer.echo(f"dry run: would write {plan_path}: {_summary(plan)}", err=True)
             continue
-        try:
+        try:  # text mode: a CRLF checkout of the same plan is unchanged
             unchanged = plan_path.read_text(encoding="utf-8") == text
-        except (FileNotFoundError, UnicodeDecodeError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, UnicodeDecodeError):
             unchanged = False
         if unchanged:
-            if plan_path.read_bytes() == text.encode("utf-8"):  # not a CRLF checkout: the cache key is the bytes
-                remember(text, plan)
             typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
             continue
         write_atomic(plan_path, text)
-        remember(text, plan)  # the first `capplan dispatch` on it skips the load
         typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
     if stale:
         for line in stale[:-1]:
             typer.echo(f"error: {line}", err=True)
         raise CapplanError(stale[-1])
+
+
+def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | None:
+    """Why the plan file does not hold `expected` (its content as data), or None."""
+    from capplan.errors import PlanError
+    from capplan.yaml_io import read_yaml
+
+    if not plan_path.exists():
+        return f"{plan_path} does not exist"
+    try:
+        current = read_yaml(plan_path, "plan", PlanError)
+    except PlanError as exc:
+        return exc.message
+    version = current.get("format_version") if isinstance(current, dict) else None
+    if version != expected["format_version"] or type(version) is not int:
+        return f"{plan_path} is format {version!r}, this capplan writes format {expected['format_version']}"
+    found = first_difference(current, expected)
+    return None if found is None else f"{plan_path}: {found}"
 
 
 @app.command("show")
@@ -276,9 +291,39 @@ def dispatch_cmd(
     ] = False,
 ) -> None:
     """Which captured graph serves a batch (or eager), and why."""
-    from capplan.dispatch_cli import run_dispatch
+    from capplan.loading import load_plan
+    from capplan.planner.dispatch import Dispatcher
+    from capplan.planner.queries import batch_from_args, read_queries
+    from capplan.schemas.plan import address
 
-    run_dispatch(plan, reqs, tokens, loras, base, uniform, max_query_len, has_prefill, queries, as_json, typer.echo)
+    if queries is not None:
+        if reqs is not None or tokens is not None:
+            raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
+        batches = read_queries(queries)
+        dispatcher = Dispatcher(load_plan(plan))
+        for batch in batches:
+            sys.stdout.write(json.dumps(dispatcher.dispatch(batch).descriptor()) + "\n")
+        return
+    if reqs is None or tokens is None:
+        raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
+    batch = batch_from_args(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
+    dispatcher = Dispatcher(load_plan(plan))
+    trace: list[str] = []
+    desc = dispatcher.explain(batch, trace)
+    if as_json:
+        typer.echo(json.dumps(desc.descriptor()))
+        return
+    if desc.cg_mode == "NONE":
+        typer.echo(f"eager (cg_mode NONE): {batch.num_tokens} tokens, no graph replay")
+    else:
+        padding = desc.num_tokens - batch.num_tokens
+        typer.echo(
+            f"graph {address(desc)}: {desc.cg_mode} num_tokens={desc.num_tokens} "
+            f"num_reqs={desc.num_reqs} uniform_token_count={desc.uniform_token_count} "
+            f"num_active_loras={desc.num_active_loras} (pads {padding} token(s))"
+        )
+    for line in trace:
+        typer.echo(f"  - {line}")
 
 
 @app.command("verify")
@@ -302,7 +347,7 @@ def verify_cmd(
     from capplan.loading import load_plan
     from capplan.planner.verify import verify_plan
 
-    report = verify_plan(load_plan(plan, check_consistency=False))
+    report = verify_plan(load_plan(plan))
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from capplan.errors import CapplanError, PlanError, SpecError
+from capplan.errors import CapplanError, PlanError, SpecError, printable
 from capplan.limits import MAX_FILE_BYTES, MAX_ITEMS
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
@@ -83,179 +81,132 @@ def load_spec(path: Path) -> Spec:
     return spec_from_data(read_yaml(Path(path), "spec", SpecError), str(path))
 
 
-def load_plan(path: Path, *, check_consistency: bool = True) -> Plan:
-    """Load a plan; refuse newer formats, and (by default) any plan that is not
-    exactly what its embedded spec compiles to (a hand edit or a tampered table)."""
-    from capplan.planner.compiler import compile_plan
-    from capplan.planner.hashing import spec_hash
+def load_plan(path: Path) -> Plan:
+    """Load a plan file: the plan its embedded spec compiles to, once the file is
+    found to hold exactly that plan (format 2; comments are not compared).
 
-    path = Path(path)
-    compiled = None  # what the fast path compiled from the file's spec lines, if it got that far
-    if check_consistency:
-        plan, compiled = _canonical_plan(path)
-        if plan is not None:
-            return plan
+    Refused, with one line saying why and what to run: unreadable or unsafe
+    YAML, another format version, an invalid embedded spec, or any content that
+    differs from what the spec compiles to (a hand edit, a merge gone wrong, a
+    plan written by another capplan version).
+    """
     from capplan.yaml_io import read_yaml
 
+    path = Path(path)
     data = read_yaml(path, "plan", PlanError)
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: a plan must be a YAML mapping (got {type(data).__name__})")
-    version = data.get("format_version")
-    if isinstance(version, int) and version > FORMAT_VERSION:
-        raise PlanError(
-            f"{path}: format_version: {version} is newer than this capplan reads ({FORMAT_VERSION})",
-            "upgrade capplan",
-        )
-    try:
-        plan = Plan.model_validate(data)
-    except ValidationError as exc:
-        raise PlanError(
-            f"{path}: {describe_validation_error(exc, Plan)}", "regenerate it with capplan compile SPEC"
-        ) from None
-    if plan.format_version != FORMAT_VERSION:
-        raise PlanError(f"{path}: format_version: must be {FORMAT_VERSION} (got {plan.format_version})")
-    if check_consistency:
-        if plan.spec_hash != spec_hash(plan.spec):
-            raise PlanError(
-                f"{path}: spec_hash does not match the embedded spec (edited by hand?)",
-                "regenerate it with capplan compile SPEC",
-            )
-        # A file that failed only the byte comparison (reformatted, say) has been
-        # compiled from the same spec already: compile once, not twice.
-        expected = compiled if compiled is not None and compiled.spec == plan.spec else compile_plan(plan.spec)
-        if expected != plan:
-            field = next(
-                (name for name in Plan.model_fields if getattr(expected, name) != getattr(plan, name)),
-                "?",
-            )
-            raise PlanError(
-                f"{path}: {field} does not match what its spec compiles to (edited by hand, "
-                "or written by another capplan version)",
-                "regenerate it with capplan compile SPEC",
-            )
+    plan, problem = plan_from_data(data, str(path))
+    if problem is not None:
+        raise PlanError(f"{path}: {problem} (edited by hand, or written by another capplan version)",
+                        "regenerate it with capplan compile SPEC")
     return plan
 
 
-def _past_comments(text: str) -> str | None:
-    """The text after its leading `#` lines; None when a comment holds a character YAML
-    would read as a line break or refuse (such a file is left to the full load)."""
-    start = 0
-    while text.startswith("#", start):
-        end = text.find("\n", start)
-        if end < 0:
-            end = len(text)
-        if not text[start:end].isprintable():
-            return None
-        start = end + 1
-    return text[start:]
-
-
-# One token of a flow mapping as `render` writes it: a JSON string, a bare
-# word, an integer, punctuation, or spaces.
-_FLOW_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_.\-]*|-?[0-9]+|[{}\[\],:]| +')
-
-
-def _flow_as_json(text: str) -> object:
-    """A one-line flow mapping in render's canonical form -> data (ValueError otherwise)."""
-    out, pos = [], 0
-    while pos < len(text):
-        match = _FLOW_TOKEN.match(text, pos)
-        if match is None:
-            raise ValueError(f"not canonical at {pos}")
-        token, pos = match.group(), match.end()
-        if token[0].isalpha() or token[0] == "_":
-            out.append(token if token in ("true", "false", "null") else f'"{token}"')
-        elif token[0] != " ":
-            out.append(token)
-    return json.loads("".join(out))
-
-
-def _embedded_spec(body: str) -> dict | None:
-    """The `spec:` section of a canonical plan: one `  section: {flow}` line per section."""
-    start = body.find("\nspec:\n")
-    if start < 0:
-        return None
-    spec: dict = {}
-    for line in body[start + 7:].split("\n"):
-        if not line.startswith("  "):
-            break
-        key, sep, value = line[2:].partition(": ")
-        if not sep or not key.isidentifier() or key in spec:
-            return None
-        spec[key] = _flow_as_json(value)
-    return spec or None  # render writes every section: none read means another layout
-
-
-# Every entry the full load counts (yaml_io.MAX_ITEMS) takes at least two
-# characters of canonical plan text (a value and the ": ", ", ", "[" or "- "
-# before it), so a smaller body cannot exceed the limit the full load enforces.
-_CANONICAL_MAX_CHARS = 2 * MAX_ITEMS
-# Compile work the fast path may spend per graph line the file holds, so a
-# small file naming a huge spec is refused by the full load, not compiled.
-_WORK_PER_GRAPH_LINE = 8
-
-
-def _canonical_plan(path: Path) -> tuple[Plan | None, Plan | None]:
-    """(the plan, None) when the file is byte for byte what its embedded spec
-    compiles to (past the leading comment lines); else (None, the plan its
-    spec lines compile to, or None when they were not read that far).
-
-    Such a file passes the full load below by construction (render, parse and
-    validate round-trip; tests/test_plan_file.py checks both paths agree), so
-    this skips YAML and the validation of thousands of graph and dispatch
-    lines: only the spec lines are read (a reading that is wrong can only
-    fail the byte comparison) and only the spec is validated. Anything else
-    (an edit, other formatting, a bad spec, a body over the full load's
-    entry limit, a spec whose compile the file's size does not account for)
-    is not accepted here, and the full load accepts it or words what is wrong.
-    """
-    from capplan.planner.capture_sizes import resolve_capture_sizes
+def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
+    """(the plan the data's spec compiles to, None when the data is exactly that plan's
+    file content, else what differs first). PlanError when the data is not a plan of
+    this format or its spec is invalid."""
     from capplan.planner.compiler import compile_plan
+    from capplan.planner.render import plan_file_data
+
+    if not isinstance(data, dict):
+        raise PlanError(f"{source}: a plan must be a YAML mapping (got {type(data).__name__})")
+    if "format_version" not in data:
+        hint = "compile it first: capplan compile SPEC" if "scheduler" in data or "lora" in data else None
+        raise PlanError(f"{source}: not a capplan plan (no format_version)" + (" but a spec" if hint else ""), hint)
+    version = data["format_version"]
+    if type(version) is not int:
+        raise PlanError(f"{source}: format_version: must be the integer {FORMAT_VERSION} (got {version!r})",
+                        "regenerate it with capplan compile SPEC")
+    if version > FORMAT_VERSION:
+        raise PlanError(f"{source}: format_version: {version} is newer than this capplan reads ({FORMAT_VERSION})",
+                        "upgrade capplan")
+    if version != FORMAT_VERSION:
+        raise PlanError(f"{source}: a format {version} plan; this capplan reads format {FORMAT_VERSION}",
+                        "run capplan compile SPEC again to rewrite it")
+    spec_value = data.get("spec")
+    if not isinstance(spec_value, dict):
+        raise PlanError(f"{source}: spec: must be a mapping of the spec's sections (got {spec_value!r:.40})",
+                        "regenerate it with capplan compile SPEC")
+    try:
+        spec = Spec.model_validate(spec_value)
+    except ValidationError as exc:
+        raise PlanError(f"{source}: spec.{describe_validation_error(exc, Spec)}",
+                        "regenerate it with capplan compile SPEC") from None
+    _check_size(spec, data, source)
+    plan = compile_plan(spec)
+    return plan, first_difference(data, plan_file_data(plan))
+
+
+def _check_size(spec: Spec, data: dict, source: str) -> None:
+    """Refuse, before compiling, a spec that compiles to far more graphs than the file lists:
+    such a file cannot match, and a short file must not buy minutes of compile work."""
+    from capplan.planner.capture_sizes import resolve_capture_sizes
     from capplan.planner.lora_cases import lora_capture_cases
-    from capplan.planner.render import render_plan
 
+    listed = data.get("graphs")
+    listed = len(listed) if isinstance(listed, list) else 0
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return None, None
-        body = _past_comments(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return None, None
-    if body is None or len(body) > _CANONICAL_MAX_CHARS:
-        return None, None
-    try:
-        data = _embedded_spec(body)
-        if data is None:
-            return None, None
-        spec = Spec.model_validate(data)
         work = len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
-        if work > _WORK_PER_GRAPH_LINE * (body.count("\n  - {id: ") + 8):
-            return None, None
-        plan = compile_plan(spec)
-    except (ValueError, CapplanError, RecursionError):  # pydantic's ValidationError is a ValueError
-        return None, None
-    if _past_comments(render_plan(plan, "")) != body:
-        return None, plan
-    return plan, None
+    except (ValueError, CapplanError):
+        return  # compile reports it
+    if work > 2 * listed + 64:
+        raise PlanError(f"{source}: graphs: the file lists {listed} graph(s), its spec compiles to up to "
+                        f"{2 * work}", "regenerate it with capplan compile SPEC")
 
 
-def reload_problem(text: str, plan: Plan) -> str | None:
-    """Why the full load would refuse `text`, the rendering of `plan`; None when it loads.
-
-    Compile checks this before writing, so it never writes (or caches the
-    tables of) a plan no other command can load: the loader's size and entry
-    limits are the only checks a rendered plan can fail.
-    """
-    size = len(text.encode("utf-8"))
-    if size > MAX_FILE_BYTES:
-        return f"{size} bytes, over the {MAX_FILE_BYTES} byte limit for a plan file"
-    if len(text) > _CANONICAL_MAX_CHARS:  # shorter text cannot hold MAX_ITEMS entries
-        from capplan.yaml_io import check_shape
-
-        try:
-            check_shape(plan.model_dump(mode="json"), "plan")
-        except CapplanError:
-            return f"over the {MAX_ITEMS} entry limit for a plan file ({len(plan.graphs)} graphs)"
+def first_difference(actual: object, expected: object, where: str = "") -> str | None:
+    """Where `actual` first differs from `expected`, types included (`true` is not
+    `1`): `graphs[3] (FULL:8x8@1).grid: the file says 3, its spec compiles to 4`; None
+    when equal."""
+    label = where.rstrip(".") or "the file"
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{label}: must be a mapping"
+        for key in expected:
+            if key not in actual:
+                return f"{where}{key}: is missing"
+        for key in actual:
+            if key not in expected:
+                return f"{where}{printable(str(key))[:40]}: unknown key"
+        # The embedded spec first: when it changed, that is the news, not what follows from it.
+        for key, value in sorted(expected.items(), key=lambda item: item[0] != "spec"):
+            found = first_difference(actual[key], value, f"{where}{key}.")
+            if found is not None:
+                return found
+        return None
+    if isinstance(expected, list):
+        if not isinstance(actual, list):
+            return f"{label}: must be a list"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            name = f" ({e['graph']})" if isinstance(e, dict) and "graph" in e else ""
+            found = first_difference(a, e, f"{label}[{i}]{name}.")
+            if found is not None:
+                return found
+        if len(actual) != len(expected):
+            return f"{label}: the file lists {len(actual)}, its spec compiles to {len(expected)}"
+        return None
+    if type(actual) is not type(expected) or actual != expected:
+        said, wanted = printable(repr(actual)), repr(expected)
+        if max(len(said), len(wanted)) > 40:
+            return f"{label}: differs from what its spec compiles to"
+        return f"{label}: the file says {said}, its spec compiles to {wanted}"
     return None
 
 
-__all__ = ["CapplanError", "load_plan", "load_spec", "reload_problem", "spec_from_data"]
+def size_problem(text: str, data: dict) -> str | None:
+    """Why the loader would refuse `text` (a rendered plan, `data` its content) for its
+    size alone; None when it loads. Compile checks this first, so it never writes
+    a plan no other command can load."""
+    from capplan.yaml_io import check_shape
+
+    size = len(text.encode("utf-8"))
+    if size > MAX_FILE_BYTES:
+        return f"{size} bytes, over the {MAX_FILE_BYTES} byte limit for a plan file"
+    try:
+        check_shape(data, "plan")
+    except CapplanError:
+        return f"over the {MAX_ITEMS} entry limit for a plan file ({len(data['graphs'])} graphs)"
+    return None
+
+
+__all__ = ["CapplanError", "first_difference", "load_plan", "load_spec", "plan_from_data", "size_problem", "spec_from_data"]

@@ -7,9 +7,7 @@ size, depth and list-length limits enforced before validation.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -52,68 +50,6 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
-# A canonical plan holds thousands of one-line flow mappings of bare words and
-# integers (graphs, dispatch ranges). PyYAML builds those slowly in Python, so
-# lines matching this strict shape are converted to JSON and parsed by the C
-# json module instead: no quotes, no tags, no anchors, nothing but
-# identifiers, integers, null, and the brackets, braces, commas and colons
-# between them. Everything else, and every file that does not look like a
-# plan, goes through the safe YAML loader.
-_FLOW_LINE = re.compile(r"^  - (\{[A-Za-z0-9_\-, :\[\]{}]*\})$")
-_FLOW_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)")
-_FLOW_SECTIONS = ("graphs:", "dispatch:")
-# Words YAML 1.1 reads as booleans or null: such a line goes to YAML instead.
-_YAML_SPECIAL = re.compile(r"\b(?:true|false|yes|no|on|off|y|n|null|~)\b", re.IGNORECASE)
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _fast_plan_sections(text: str) -> tuple[str, dict[str, list]] | None:
-    """Split off the canonical graphs/dispatch sections; None when not canonical."""
-    lines = text.split("\n")
-    rest: list[str] = []
-    sections: dict[str, list] = {}
-    current: list | None = None
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        if line in _FLOW_SECTIONS:
-            if line[:-1] in sections:
-                return None  # a section twice: let YAML report it
-            current = sections[line[:-1]] = []
-            continue
-        if current is not None:
-            match = _FLOW_LINE.match(line)
-            if match:
-                # Quote every bare word; JSON then rejects what YAML would read
-                # differently (leading zeros, "1-2"), which falls back to YAML.
-                body = match.group(1)
-                if _YAML_SPECIAL.search(body.replace("null", "")):
-                    return None
-                body = _FLOW_WORD.sub(r'"\1"', body).replace('"null"', "null")
-                # Bare keys are now quoted words followed by ':' -> JSON.
-                try:
-                    current.append(json.loads(body, object_pairs_hook=_no_duplicates))
-                except ValueError:
-                    return None
-                continue
-            if not current:
-                return None  # `graphs:` with no entries is null to YAML, not []
-            if not line[:1].isalpha() and not (line == "" and i == last):
-                return None  # a blank, comment or other line inside the section: YAML reads it
-            current = None
-        rest.append(line)
-    if not sections or (current is not None and not current):
-        return None
-    return "\n".join(rest), sections
-
-
 def safe_load(text: str) -> object:
     """One YAML document with the safe, duplicate-rejecting loader (raises yaml.YAMLError)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
@@ -153,9 +89,6 @@ def read_yaml(path: Path, what: str, error: type[CapplanError]) -> object:
         raise error(f"{path}: not UTF-8 text") from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror})") from None
-    fast = _fast_plan_sections(text) if what == "plan" else None
-    if fast is not None:
-        text, sections = fast
     try:
         data = safe_load(text)
     except yaml.MarkedYAMLError as exc:
@@ -167,11 +100,6 @@ def read_yaml(path: Path, what: str, error: type[CapplanError]) -> object:
         raise error(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply") from None
-    if fast is not None and isinstance(data, dict):
-        for key, items in sections.items():
-            if key in data:
-                raise error(f"{path}: duplicate key {key!r}")
-            data[key] = items
     try:
         check_shape(data, str(path))
     except CapplanError as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from capplan.planner.cost import CostModel, Estimate
 from capplan.planner.regions import target_changes
-from capplan.schemas.plan import Plan
+from capplan.schemas.plan import Plan, address
 
 
 @dataclass
@@ -71,11 +71,6 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _label(d) -> str:
-    extra = f"({d.num_reqs}r)" if d.num_reqs is not None else ""
-    return f"{d.cg_mode}:{d.num_tokens}{extra}@{d.num_active_loras}"
-
-
 def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new_name: str = "new") -> PlanDiff:
     result = PlanDiff(old_name, new_name, equal=old == new, calibration=cost.name)
     result.old_estimate, result.new_estimate = cost.estimate(old), cost.estimate(new)
@@ -88,8 +83,8 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     plus = Counter((d.cg_mode, d.num_active_loras) for d in added)
     minus = Counter((d.cg_mode, d.num_active_loras) for d in removed)
     result.graph_changes = [(m, c, plus[(m, c)], minus[(m, c)]) for m, c in sorted(set(plus) | set(minus))]
-    result.added_sample = [_label(d) for d in added[:8]]
-    result.removed_sample = [_label(d) for d in removed[:8]]
+    result.added_sample = [address(d) for d in added[:8]]
+    result.removed_sample = [address(d) for d in removed[:8]]
     result.dispatch_changes = target_changes(old, new, exact_sizes=True)
     if old.lora_dispatch_key != new.lora_dispatch_key:
         result.lora_map_changes.append(f"LoRA dispatch by {old.lora_dispatch_key} -> {new.lora_dispatch_key}")

@@ -16,7 +16,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from capplan.planner.lora_cases import kernel_grid, kernel_slots, reachable_cases
-from capplan.schemas.plan import Descriptor, Plan
+from capplan.schemas.plan import Descriptor, Plan, address
 
 CLASSES = {
     "structure": "plan tables reference graphs that cannot serve them",
@@ -62,10 +62,6 @@ class VerifyReport:
         }
 
 
-def _label(d: Descriptor) -> str:
-    return f"{d.cg_mode}:{d.num_tokens}"
-
-
 def _cap(d: Descriptor) -> float:
     return float("inf") if d.num_reqs is None else d.num_reqs
 
@@ -91,7 +87,7 @@ class _Tables:
                 d = self.descs[i]
                 if d.num_active_loras != row.lora_case or d.num_tokens < row.hi:
                     report.add("structure", f"case {row.lora_case} tokens {row.lo}..{row.hi} lists graph "
-                                            f"#{i} ({_label(d)}, case {d.num_active_loras}) that cannot hold them")
+                                            f"{address(d)} that cannot hold them")
             self.rows.setdefault(row.lora_case, []).append(row)
         for case, rows in self.rows.items():
             rows.sort(key=lambda r: r.lo)
@@ -196,10 +192,10 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
     seqs, model_len = spec.scheduler.max_num_seqs, spec.scheduler.max_model_len
     slots_needed = _slots_by_case(plan)
     short_grids: dict[tuple, list[Descriptor]] = {}
-    piled: list[tuple[int, int, int]] = []
+    piled: list[tuple[str, int, int]] = []
     for g in plan.graphs:
         d, dummy = g.descriptor, g.dummy
-        name = f"graph #{g.id} ({_label(d)}, case {d.num_active_loras})"
+        name = f"graph {address(d)}"
         reqs = d.num_reqs or min(d.num_tokens, seqs)
         tokens = [t for count, t in dummy.tokens for _ in range(count)]
         if dummy.num_reqs != reqs or len(tokens) != reqs or sum(tokens) != d.num_tokens or min(tokens, default=0) < 1:
@@ -213,7 +209,7 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
         if longest > model_len:
             report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds max_model_len {model_len}")
         elif longest > even:
-            piled.append((g.id, longest, even))
+            piled.append((address(d), longest, even))
         if d.max_query_len is not None and longest > d.max_query_len:
             report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds the graph's max_query_len")
         if not lora.enabled:
@@ -250,12 +246,12 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
     if piled:
         worst = max(piled, key=lambda p: p[1] - p[2])
         report.add("dummy_length", f"{len(piled)} dummy batch(es) pile the token remainder on one request "
-                                   f"(worst: graph #{worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})")
+                                   f"(worst: graph {worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})")
     report.checked["graphs"] = len(plan.graphs)
 
 
 def _sample(descs: list[Descriptor]) -> str:
-    labels = [_label(d) for d in descs[:4]]
+    labels = [address(d) for d in descs[:4]]
     return ", ".join(labels) + (", ..." if len(descs) > 4 else "")
 
 

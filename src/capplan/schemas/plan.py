@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.schemas.spec import Spec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 CgMode = Literal["NONE", "PIECEWISE", "FULL"]
 _new = object.__new__
@@ -70,6 +70,14 @@ class Descriptor(_Frozen):
     uniform_token_count: int | None = None
     max_query_len: int | None = None
     num_active_loras: int = Field(0, ge=0)
+
+
+def address(desc) -> str:
+    """A graph's stable name in plan files and messages: `MODE:TOKENS[xREQUESTS]@LORA_CASE`
+    (`FULL:64x64@4`, `PIECEWISE:512@0`; requests only where the graph pads them).
+    `desc` is a Descriptor or anything with its fields (a dispatch result)."""
+    reqs = "" if desc.num_reqs is None else f"x{desc.num_reqs}"
+    return f"{desc.cg_mode}:{desc.num_tokens}{reqs}@{desc.num_active_loras}"
 
 
 class DummyLayout(_Frozen):

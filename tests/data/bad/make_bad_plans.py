@@ -10,7 +10,7 @@ from capplan.planner.render import render_plan
 HERE = Path(__file__).resolve().parent
 SPEC = {"scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 64},
         "lora": {"enabled": True, "max_loras": 2, "specialize_active": True}}
-GOOD = render_plan(compile_plan(spec_from_data(SPEC, "bad")), "capplan compile bad.yaml")
+GOOD = render_plan(compile_plan(spec_from_data(SPEC, "bad")), "bad.yaml")
 
 
 def sub(old: str, new: str) -> str:
@@ -24,29 +24,52 @@ def drop_line(prefix: str) -> str:
     return "".join(lines[:i] + lines[i + 1:])
 
 
+FORMAT_1 = """format_version: 1
+spec_hash: "sha256:0"
+graphs:
+  - {id: 0, descriptor: {cg_mode: PIECEWISE, num_tokens: 8}}
+"""
+
 CASES = {
-    "newer-format": (sub("format_version: 1", "format_version: 2"), "format_version: 2 is newer than this capplan reads (1) (upgrade capplan)"),
-    "format-string": (sub("format_version: 1", "format_version: one"), "format_version: must be an integer (got 'one')"),
-    "format-zero": (sub("format_version: 1", "format_version: 0"), "format_version: must be 1 (got 0)"),
-    "spec-hash": (sub("spec_hash: \"sha256:", "spec_hash: \"sha256:0"), "spec_hash does not match the embedded spec"),
-    "spec-edited": (sub("max_loras: 2,", "max_loras: 3,"), "spec_hash does not match the embedded spec"),
-    "graph-dropped": (drop_line("  - {id: 3,"), "graphs does not match what its spec compiles to"),
-    "kernel-grid": (sub("kernel_grid: 3}", "kernel_grid: 2}"), "graphs does not match what its spec compiles to"),
-    "lora-map": (sub("lora_dispatch_map: {1: 1, 2: 2, 3: 3}", "lora_dispatch_map: {1: 1, 2: 3, 3: 3}"), "lora_dispatch_map does not match"),
-    "dispatch-candidates": (sub("candidates: [", "candidates: [0, "), "dispatch does not match"),
-    "fixes": (sub("\nfixes: [lora_slot, dummy_remainder, mixed_ranges, prune_unreachable]", "\nfixes: [lora_slot]"), "fixes does not match"),
-    "deviation-text": (sub("no change: vLLM 0.31+ already spreads the remainder", "nothing"), "deviations does not match"),
-    "stats": (sub("graphs: 22}", "graphs: 23}"), "stats does not match"),
+    "newer-format": (sub("format_version: 2", "format_version: 3"), "format_version: 3 is newer than this capplan reads (2) (upgrade capplan)"),
+    "format-1": (FORMAT_1, "a format 1 plan; this capplan reads format 2 (run capplan compile SPEC again to rewrite it)"),
+    "format-string": (sub("format_version: 2", "format_version: \"2\""), "format_version: must be the integer 2 (got '2')"),
+    "format-float": (sub("format_version: 2", "format_version: 2.0"), "format_version: must be the integer 2 (got 2.0)"),
+    "format-bool": (sub("format_version: 2", "format_version: true"), "format_version: must be the integer 2 (got True)"),
+    "format-zero": (sub("format_version: 2", "format_version: 0"), "a format 0 plan; this capplan reads format 2"),
+    "fingerprint": (sub("fingerprint: \"sha256:", "fingerprint: \"sha256:0"), "fingerprint: differs from what its spec compiles to"),
+    "spec-edited": (sub("max_loras: 2,", "max_loras: 3,"), "fingerprint: differs from what its spec compiles to"),
+    "spec-invalid": (sub("max_loras: 2,", "max_loras: -2,"), "spec.lora.max_loras: must be >= 1 (got -2)"),
+    "spec-missing": (GOOD.split("spec:")[0] + "deviations:" + GOOD.split("\ndeviations:")[1], "spec: must be a mapping of the spec's sections"),
+    "graph-dropped": (drop_line("  - {graph: PIECEWISE:4@1,"), "graphs[5] (PIECEWISE:4@1).graph: the file says 'PIECEWISE:4@2'"),
+    "graphs-swapped": (sub("  - {graph: PIECEWISE:8@0, dummy: [[4, 2]], grid: 0}\n  - {graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: 1}",
+                           "  - {graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: 1}\n  - {graph: PIECEWISE:8@0, dummy: [[4, 2]], grid: 0}"),
+                       "graphs[0] (PIECEWISE:8@0).graph: the file says 'PIECEWISE:8@1'"),
+    "kernel-grid": (sub("{graph: PIECEWISE:8@3, dummy: [[4, 2]], grid: 3}", "{graph: PIECEWISE:8@3, dummy: [[4, 2]], grid: 2}"),
+                    "graphs[3] (PIECEWISE:8@3).grid: the file says 2, its spec compiles to 3"),
+    "grid-bool": (sub("{graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: 1}", "{graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: true}"),
+                  "graphs[1] (PIECEWISE:8@1).grid: the file says True, its spec compiles to 1"),
+    "dummy-layout": (sub("{graph: PIECEWISE:8@0, dummy: [[4, 2]]", "{graph: PIECEWISE:8@0, dummy: [[3, 2], [1, 2]]"),
+                     "graphs[0] (PIECEWISE:8@0).dummy[0][0]: the file says 3, its spec compiles to 4"),
+    "lora-cases": (sub("{case: 2, serves: [2], dummy_ids: [1, 2]}", "{case: 2, serves: [2, 3], dummy_ids: [1, 2]}"),
+                   "lora_cases[2].serves: the file lists 2, its spec compiles to 1"),
+    "dispatch-graphs": (sub("graphs: [FULL:1x1@0, PIECEWISE:1@0]", "graphs: [PIECEWISE:1@0]"),
+                        "dispatch[0].graphs[0]: the file says 'PIECEWISE:1@0', its spec compiles to 'FULL:1x1@0'"),
+    "deviation-text": (sub("no change: vLLM 0.31+ already spreads the remainder", "nothing"), "deviations[1].changes[0]: differs from what its spec compiles to"),
+    "graph-counts": (sub("total: 22", "total: 23"), "graph_counts.total: the file says 23, its spec compiles to 22"),
     "extra-key": (GOOD + "notes: hello\n", "notes: unknown key"),
-    "missing-stats": (GOOD.split("stats:")[0] + "graphs:" + GOOD.split("\ngraphs:")[1], "stats: is required"),
-    "bad-cg-mode": (sub("cg_mode: PIECEWISE", "cg_mode: HALF"), "graphs.0.descriptor.cg_mode: must be \"NONE\", \"PIECEWISE\" or \"FULL\""),
-    "negative-tokens": (sub("num_tokens: 8,", "num_tokens: -8,"), "graphs.0.descriptor.num_tokens: must be >= 0 (got -8)"),
-    "dispatch-key": (sub("lora_dispatch_key: kernel_slots", "lora_dispatch_key: slots"), "lora_dispatch_key: must be \"adapters\" or \"kernel_slots\""),
-    "duplicate-key": (GOOD.replace("format_version: 1\n", "format_version: 1\nformat_version: 1\n", 1), "duplicate key 'format_version'"),
-    "python-tag": (sub("format_version: 1", "format_version: !!python/object/apply:os.system ['true']"), "could not determine a constructor"),
-    "truncated": (GOOD[: len(GOOD) // 2].rsplit("\n", 1)[0] + "\n  - {id: 9, descrip", "did not find expected ',' or '}'"),
+    "missing-counts": (GOOD.split("graph_counts:")[0] + "# in capture order" + GOOD.split("# in capture order")[1],
+                       "graph_counts: is missing"),
+    "dispatch-key": (sub("lora_dispatch_key: kernel_slots", "lora_dispatch_key: slots"), "lora_dispatch_key: the file says 'slots'"),
+    "duplicate-key": (GOOD.replace("format_version: 2\n", "format_version: 2\nformat_version: 2\n", 1), "duplicate key 'format_version'"),
+    "python-tag": (sub("format_version: 2", "format_version: !!python/object/apply:os.system ['true']"), "could not determine a constructor"),
+    "truncated": (GOOD[: len(GOOD) // 2].rsplit("\n", 1)[0] + "\n  - {graph: PIECEWISE:8@0, dumm", "did not find expected ',' or '}'"),
     "empty": ("", "a plan must be a YAML mapping (got NoneType)"),
-    "spec-not-plan": ("lora: {enabled: true}\n", "format_version: is required"),
+    "spec-not-plan": ("lora: {enabled: true}\n", "not a capplan plan (no format_version) but a spec (compile it first"),
+    "huge-spec": (sub("scheduler: {max_num_seqs: 4, max_num_batched_tokens: 64,",
+                      "scheduler: {max_num_seqs: 1024, max_num_batched_tokens: 16384,").replace(
+                          "lora: {enabled: true, max_loras: 2,", "lora: {enabled: true, max_loras: 32,", 1),
+        "graphs: the file lists 22 graph(s), its spec compiles to up to"),
 }
 
 if __name__ == "__main__":
