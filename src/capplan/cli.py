@@ -512,6 +512,94 @@ def diff_cmd(
         raise typer.Exit(code=2)
 
 
+GIT_ATTRIBUTE = "*.plan.yaml diff=capplan"
+
+
+@app.command("git-setup")
+@_errors_to_exit
+def git_setup_cmd(
+    command: Annotated[str, typer.Option("--command", help="How git runs capplan (default: capplan on PATH).")]
+    = "capplan",
+) -> None:
+    """Make `git diff` show plans as `capplan diff` does, in the repository you are in.
+
+    Adds `*.plan.yaml diff=capplan` to the repository's .gitattributes (commit
+    it, so every clone knows which files are plans) and sets
+    `diff.capplan.command` in this clone's git config (each clone runs this
+    once). Then `git diff`, and `git log -p --ext-diff` / `git show --ext-diff`,
+    print graphs added and removed per mode and LoRA case, dispatch and spec
+    changes for every plan; `git diff --no-ext-diff` shows the raw lines.
+    """
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            proc = subprocess.run(["git", *args], capture_output=True, text=True)
+        except FileNotFoundError:
+            raise CapplanError("git: command not found", "install git") from None
+        if proc.returncode != 0:
+            raise CapplanError(f"git {' '.join(args)}: {proc.stderr.strip() or 'failed'}",
+                               "run capplan git-setup inside a git repository")
+        return proc.stdout.strip()
+
+    root = Path(git("rev-parse", "--show-toplevel"))
+    attributes = root / ".gitattributes"
+    try:
+        current = attributes.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        current = ""
+    if GIT_ATTRIBUTE not in current.splitlines():
+        from capplan.yaml_io import write_atomic
+
+        write_atomic(attributes, current + ("" if not current or current.endswith("\n") else "\n")
+                     + GIT_ATTRIBUTE + "\n")
+        typer.echo(f"added `{GIT_ATTRIBUTE}` to {_relative(attributes, Path.cwd())} (commit it)", err=True)
+    git("config", "diff.capplan.command", f"{command} git-diff")
+    typer.echo(f"git config diff.capplan.command '{command} git-diff': git diff now shows plans semantically "
+               "(git log -p --ext-diff for history)", err=True)
+
+
+@app.command("git-diff", hidden=True)
+def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
+    """git's external diff driver: PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [...].
+
+    Prints the semantic diff of the two plans; when either side cannot be
+    loaded (a plan of another format, say), says why and prints the raw
+    unified diff. Always exits 0, as git requires of a diff driver.
+    """
+    import difflib
+
+    from capplan.loading import load_plan
+    from capplan.planner.cost import load_cost_model
+    from capplan.planner.diff import diff_plans, render_text
+
+    if len(args) < 7:
+        typer.echo("usage: capplan git-diff PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE "
+                   "(git runs this; see capplan git-setup)", err=True)
+        raise typer.Exit(code=2)
+    path, old_file, new_file = args[0], Path(args[1]), Path(args[4])
+    new_path = args[7] if len(args) > 7 else path  # a rename: git appends the new name
+    if str(old_file) == os.devnull or str(new_file) == os.devnull:
+        which = "new" if str(old_file) == os.devnull else "deleted"
+        side = new_file if which == "new" else old_file
+        try:
+            sys.stdout.write(f"capplan diff b/{new_path}: {which} plan: {_summary(load_plan(side))}\n")
+        except CapplanError as exc:
+            sys.stdout.write(f"capplan diff b/{new_path}: {which} file, not a loadable plan ({exc.one_line()})\n")
+        return
+    try:
+        old, new = load_plan(old_file), load_plan(new_file)
+    except CapplanError as exc:
+        sys.stdout.write(f"capplan diff a/{path} b/{new_path}: not compared semantically ({exc.one_line()}); "
+                         "raw diff:\n")
+        old_lines = old_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        new_lines = new_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        sys.stdout.writelines(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}"))
+        return
+    result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}")
+    sys.stdout.write(render_text(result))
+
+
 @app.command(
     "apply",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

@@ -69,6 +69,9 @@ def spec_from_data(data: object, source: str) -> Spec:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a spec must be a YAML mapping (got {type(data).__name__})")
+    if "format_version" in data and "graphs" in data:
+        raise SpecError(f"{source}: this is a capture plan, not a spec",
+                        "give the spec it was compiled from; its header names it")
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:

@@ -1,0 +1,5 @@
+"""`python -m capplan`: the same command as `capplan`."""
+
+from capplan.cli import main
+
+main()

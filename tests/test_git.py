@@ -1,0 +1,102 @@
+"""Plans in git: `capplan git-setup` makes `git diff` semantic, and the pull-request
+script in examples/ci/ checks and summarizes plans. Real git, temporary repositories."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("capplan", path=str(BIN)) is None,
+                                reason="needs git and the capplan command next to this Python")
+SPEC = """\
+target: {runner: mrv2, vllm: "0.33"}
+scheduler: {max_num_seqs: 16, max_num_batched_tokens: 256}
+lora: {enabled: true, max_loras: 4, specialize: true, specialize_active: true}
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GITHUB_STEP_SUMMARY": ""}
+
+    def run(*args, check=True):
+        proc = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert not check or proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        return proc
+
+    run("git", "init", "-q", "-b", "main")
+    run("git", "config", "user.email", "ci@example.com")
+    run("git", "config", "user.name", "ci")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "deploy.yaml").write_text(SPEC)
+    run("capplan", "compile", "configs/deploy.yaml")
+    run("git", "add", "-A")
+    run("git", "commit", "-qm", "plan")
+    run.path = tmp_path
+    return run
+
+
+def test_git_diff_shows_graphs_added_and_removed_per_mode_and_case(repo):
+    setup = repo("capplan", "git-setup")
+    assert "diff.capplan.command" in setup.stderr
+    assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
+    assert repo("git", "config", "diff.capplan.command").stdout.strip() == "capplan git-diff"
+    repo("capplan", "git-setup")  # idempotent: the attribute line is not added twice
+    assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
+    spec = repo.path / "configs" / "deploy.yaml"
+    spec.write_text(SPEC.replace("max_loras: 4", "max_loras: 2"))
+    repo("capplan", "compile", "configs/deploy.yaml")
+    out = repo("git", "diff", "--", "configs/deploy.plan.yaml").stdout
+    assert "capplan diff a/configs/deploy.plan.yaml -> b/configs/deploy.plan.yaml: lora.max_loras: 4 -> 2" in out
+    assert "  - PIECEWISE case 3: +" in out and "  - PIECEWISE case 5: +0 -" in out
+    assert "  - FULL case 4: +0 -" in out
+    raw = repo("git", "diff", "--no-ext-diff", "--", "configs/deploy.plan.yaml").stdout
+    assert "-  - {graph: PIECEWISE:" in raw  # the raw line diff is still there when asked for
+    repo("git", "commit", "-qam", "fewer adapters")
+    history = repo("git", "log", "-p", "--ext-diff", "-1", "--", "configs/deploy.plan.yaml").stdout
+    assert "lora.max_loras: 4 -> 2" in history
+
+
+def test_git_diff_of_an_unloadable_side_falls_back_to_the_raw_diff(repo):
+    repo("capplan", "git-setup")
+    plan = repo.path / "configs" / "deploy.plan.yaml"
+    plan.write_text(plan.read_text().replace("format_version: 2", "format_version: 1"))
+    out = repo("git", "diff", "--", "configs/deploy.plan.yaml")
+    assert out.returncode == 0
+    assert "not compared semantically" in out.stdout and "a format 1 plan" in out.stdout
+    assert "-format_version: 2\n+format_version: 1" in out.stdout
+
+
+def _review(repo, *args):
+    return repo(sys.executable, str(ROOT / "examples" / "ci" / "plan_review.py"), "--base", "main",
+                "--specs", "configs/*.yaml", *args, check=False)
+
+
+def test_pull_request_script_summarizes_changed_plans_and_fails_on_stale_ones(repo):
+    repo("git", "checkout", "-qb", "feature")
+    spec = repo.path / "configs" / "deploy.yaml"
+    spec.write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 8"))
+    repo("capplan", "compile", "configs/deploy.yaml")
+    repo("git", "commit", "-qam", "smaller batches")
+    ok = _review(repo)
+    assert ok.returncode == 0, ok.stderr
+    assert "All 1 plan(s) are what their specs compile to." in ok.stdout
+    assert "### capplan plan diff: `main:configs/deploy.plan.yaml` → `configs/deploy.plan.yaml`" in ok.stdout
+    assert "| graphs |" in ok.stdout and "scheduler.max_num_seqs: 16 -> 8" in ok.stdout
+    # The spec changes again but the plan is not recompiled: the job fails and says what to run.
+    spec.write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 4"))
+    summary = repo.path / "summary.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "ci" / "plan_review.py"), "--base", "main",
+                           "--specs", "configs/*.yaml"], cwd=repo.path, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                               "GITHUB_STEP_SUMMARY": str(summary)})
+    assert proc.returncode == 1
+    assert "run capplan compile configs/deploy.yaml" in proc.stderr
+    text = summary.read_text()
+    assert "**Stale plans**" in text and "spec.scheduler.max_num_seqs: the file says 8, its spec compiles to 4" in text
