@@ -126,7 +126,7 @@ def bench_compile(spec_data: dict, repeats: int, vllm_side) -> dict:
     from capplan.planner.render import render_plan
 
     def capplan_compile():
-        render_plan(compile_plan(spec_from_data(spec_data, "bench")), "capplan compile bench.yaml")
+        render_plan(compile_plan(spec_from_data(spec_data, "bench")), "bench.yaml")
 
     normalized = spec_from_data(spec_data, "bench").model_dump(mode="json")
     ours, theirs = [], []
@@ -212,7 +212,7 @@ def bench_load_verify(spec_data: dict, repeats: int) -> dict:
     plan = compile_plan(spec_from_data(spec_data, "bench"))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.plan.yaml"
-        path.write_text(render_plan(plan, "capplan compile bench.yaml"))
+        path.write_text(render_plan(plan, "bench.yaml"))
         load = [_timed(lambda: load_plan(path)) for _ in range(repeats)]
         size = path.stat().st_size
     report = verify_plan(plan)
@@ -240,21 +240,16 @@ def bench_cli(repeats: int) -> dict:
                 f"not compiled ({package} not writable): every process compiles capplan's source")
     plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
     dispatch = [exe, "dispatch", str(plan), "--reqs", "3", "--tokens", "17", "--loras", "2", "--base"]
-    cache = tempfile.mkdtemp(prefix="capplan-bench-cache-")
-    cached_env = {**env, "CAPPLAN_CACHE_DIR": cache}
-    subprocess.run(dispatch, env=cached_env, stdout=subprocess.DEVNULL, check=True)  # fills the cache
     commands = {
         "capplan --help": ([exe, "--help"], env),
-        # A plan `capplan compile` wrote, or one queried before: tables from the cache.
-        "capplan dispatch": (dispatch, cached_env),
-        # A plan this machine never loaded (a fresh checkout): validated in full.
-        "capplan dispatch, first": (dispatch, {**env, "CAPPLAN_NO_CACHE": "1"}),
-        # Where a first dispatch's time goes: the interpreter alone, and the
+        # Every query loads the plan: YAML, spec validation, compile, comparison.
+        "capplan dispatch": (dispatch, env),
+        "capplan compile --check": ([exe, "compile", str(ROOT / "configs" / "qwen3-8b-multilora.yaml"),
+                                     "--plan-dir", str(ROOT / "examples"), "--check"], env),
+        # Where a dispatch's time goes: the interpreter alone, and the
         # import of pydantic plus capplan's schema classes (no work done).
         "  floor: python -c pass": ([python, "-c", "pass"], env),
         "  floor: import schemas": ([python, "-c", "import capplan.schemas.plan"], env),
-        # pydantic imports its plugin loader (importlib.metadata) on the first validation.
-        "  floor: + pydantic plugins": ([python, "-c", "import capplan.schemas.plan, pydantic.plugin._loader"], env),
     }
     samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeats):  # interleaved, so the machine's drift hits every command alike
@@ -264,7 +259,6 @@ def bench_cli(repeats: int) -> dict:
             samples[name].append(time.perf_counter() - start)
     out: dict = {name: _stats(values) for name, values in samples.items()}
     out["bytecode"] = bytecode
-    shutil.rmtree(cache, ignore_errors=True)
     probe = subprocess.run(
         [python, "-c", "import sys\nfrom capplan.cli import app\n"
          "try:\n    app(['dispatch', sys.argv[1], '--reqs', '1', '--tokens', '1'])\nexcept SystemExit:\n    pass\n"

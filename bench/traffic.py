@@ -11,7 +11,7 @@ trace in examples/traces/:
 - capplan at 60% of vLLM's graph count, and at vLLM's graph count:
   `optimize` on the trace, the compiled plan replayed by capplan's
   dispatcher (`simulate`).
-Issue #4's target: at most 60% of vLLM's graphs at no more padding, or at
+The target: at most 60% of vLLM's graphs at no more padding, or at
 most half its padding at the same graph count. Also checks that capplan's
 simulator, run on vLLM's exact plan, counts what vLLM's dispatch counts.
 """

@@ -1,4 +1,4 @@
-"""Traces, the simulator and the optimizer (issue #4)."""
+"""Traces, the simulator and the optimizer."""
 
 import itertools
 import json

@@ -332,7 +332,7 @@ def verify_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Prove the plan free of every failure class in DESIGN.md.
+    """Prove the plan free of every failure class in docs/design.md.
 
     Checks, over every reachable batch (requests 1..max_num_seqs, tokens
     1..max_num_batched_tokens, uniform or mixed, 0..max_loras adapters with and

@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config, items):
         has_vllm = False
     if has_gpu and has_vllm:
         return
-    reason = "needs a CUDA GPU and vLLM (run on the lent H200, see tests/gpu/README.md)"
+    reason = "needs a CUDA GPU and vLLM (run on an H200, see tests/gpu/README.md)"
     for item in items:
         if "tests/gpu" in str(item.fspath):
             item.add_marker(pytest.mark.skip(reason=reason))

@@ -165,7 +165,7 @@ def test_plan_was_in_force(runs):
 
 def test_compile_cache_not_shared_between_plans(runs):
     # reference and planned share one cache root: the plan's fingerprint must
-    # give the planned engine its own artifact (DESIGN.md failure class 9).
+    # give the planned engine its own artifact (docs/design.md failure class 9).
     assert len(runs["cache_dirs"]) == 2, runs["cache_dirs"]
 
 

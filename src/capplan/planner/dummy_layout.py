@@ -17,7 +17,7 @@ def token_runs(num_tokens: int, num_reqs: int, spread: bool) -> list[tuple[int, 
     """[requests, tokens each] runs summing to num_tokens.
 
     vLLM 0.25 piles the remainder on the last request, which can make it
-    longer than max_model_len (DESIGN.md failure class 5, seed 004); 0.31+
+    longer than max_model_len (docs/design.md failure class 5); 0.31+
     and the `dummy_remainder` fix give one extra token to each of the last
     `remainder` requests instead.
     """

@@ -42,7 +42,7 @@ def kernel_slots(num_adapters: int, has_base: bool) -> int:
     """Distinct ids the LoRA kernels see: adapters, plus the -1 slot when base requests share the batch.
 
     The kernels size their grid by distinct ids *including* -1 (no adapter),
-    while vLLM dispatches by adapters alone (DESIGN.md failure class 6).
+    while vLLM dispatches by adapters alone (docs/design.md failure class 6).
     """
     if num_adapters <= 0:
         return 0

@@ -1,4 +1,4 @@
-"""Prove a plan free of DESIGN.md's failure classes over the reachable batch space.
+"""Prove a plan free of docs/design.md's failure classes over the reachable batch space.
 
 Every check walks the plan's own tables (graphs, dispatch ranges), never a
 recompiled copy, so a mutated or hand-edited plan is judged on what it says;

@@ -2,7 +2,7 @@
 
 The ranks of an MoE deployment pad to one token count every step; two ranks
 with different plans would pick graphs of different sizes and desynchronise
-(DESIGN.md failure class 7). Before anything is captured, each rank
+(docs/design.md failure class 7). Before anything is captured, each rank
 all-gathers its plan identity and its own verdict on the plan (does it match
 this rank's engine?) over vLLM's DP group (its CPU/gloo group). Every rank
 then takes the same decision: start, or refuse naming the rank at fault. A

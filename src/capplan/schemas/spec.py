@@ -41,7 +41,7 @@ class CudagraphMode(str, enum.Enum):
 
 
 class Fix(str, enum.Enum):
-    """capplan's deliberate deviations from vLLM (DESIGN.md failure classes)."""
+    """capplan's deliberate deviations from vLLM (docs/design.md failure classes)."""
 
     lora_slot = "lora_slot"
     dummy_remainder = "dummy_remainder"
