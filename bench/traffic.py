@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from capplan.planner import compile_plan
     from capplan.planner.cost import load_cost_model
     from capplan.planner.optimize import optimize
-    from capplan.planner.traffic import load_trace
+    from capplan.batches import read_batches
     from capplan.planner.verify import verify_plan
 
     vllm_side = oracle_module(args)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
              "| trace | vLLM default: graphs, padding, eager | capplan @60% graphs | capplan @same graphs | target |",
              "|---|---|---|---|---|"]
     for path in sorted(TRACES.glob("*.jsonl")):
-        trace = load_trace(path)
+        trace = read_batches(path, spec).batches
         print(f"[bench.traffic] {path.name}: {sum(t.count for t in trace)} steps", file=sys.stderr, flush=True)
         base = vllm_default(spec, trace, vllm_side) if vllm_side else capplan_side(exact, trace)
         sim_of_exact = capplan_side(exact, trace)

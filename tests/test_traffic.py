@@ -13,7 +13,8 @@ from capplan.errors import CapplanError
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.cost import load_cost_model
 from capplan.planner.optimize import Bucketing, optimize, token_weights
-from capplan.planner.traffic import TraceBatch, load_trace, simulate
+from capplan.batches import read_batches
+from capplan.planner.traffic import TraceBatch, simulate
 from capplan.planner.verify import verify_plan
 from tests.conftest import make_spec
 
@@ -68,28 +69,34 @@ def test_simulate_counts_hits_padding_eager_and_unused_graphs():
 
 
 def test_example_traces_load_and_hold_what_they_claim():
-    chat = load_trace(TRACES / "chat.jsonl")
+    chat = read_batches(TRACES / "chat.jsonl").batches
     assert sum(t.count for t in chat) == 20000
     assert any(t.batch.has_prefill for t in chat)
-    multi = load_trace(TRACES / "multitenant.jsonl")
+    multi = read_batches(TRACES / "multitenant.jsonl").batches
     assert sum(t.count for t in multi if t.batch.num_active_loras >= 5) > 0.5 * 20000
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"num_reqs": 0, "num_tokens": 3}', "num_reqs must be an integer >= 1"),
-    ('{"num_reqs": 4, "num_tokens": 3}', "num_tokens 3 < num_reqs 4"),
-    ('{"num_reqs": 2, "num_tokens": 3, "adapters": 2, "base": true}', "need more than 2 request(s)"),
-    ('{"num_reqs": 2, "num_tokens": 8, "max_query_len": 9}', "max_query_len 9 is impossible"),
-    ('{"num_reqs": 2, "num_tokens": 8, "tokens": 3}', "unknown field 'tokens'"),
-    ('[1, 2]', "a batch must be a JSON object"),
-    ('{"num_reqs": 2,', "not JSON"),
+    ('{"num_reqs": 0, "num_tokens": 3}', "num_reqs: must be >= 1 (got 0)"),
+    ('{"num_reqs": 4, "num_tokens": 3}', "num_tokens (3) must be >= num_reqs (4)"),
+    ('{"num_reqs": 2, "num_tokens": 3, "adapters": 2, "base": true}', "base needs a request without an adapter"),
+    ('{"num_reqs": 2, "num_tokens": 8, "max_query_len": 9}', "max_query_len must be in 4..7"),
+    ('{"num_reqs": 2, "num_tokens": 8, "tokens": 3}', "unknown key 'tokens'"),
+    ('{"num_reqs": 2, "num_tokens": 8, "adapters": 1, "num_active_loras": 1}', "adapters and num_active_loras"),
+    ('{"num_reqs": 2, "num_tokens": 8, "num_reqs": 3}', "duplicate key 'num_reqs'"),
+    ('{"num_reqs": 2, "num_tokens": 8.0}', "num_tokens: must be an integer (got 8.0)"),
+    ('{"num_reqs": true, "num_tokens": 8}', "num_reqs: must be an integer (got True)"),
+    ('{"num_reqs": 2, "num_tokens": NaN}', "NaN is not a number JSON allows"),
+    ('{"num_reqs": 2, "num_tokens": ' + "9" * 5000 + "}", "integer of 5000 digits"),
+    ('[1, 2]', "not a JSON batch line"),
+    ('{"num_reqs": 2,', "Expecting property name"),
 ])
 def test_bad_trace_lines_name_the_line_and_field(tmp_path, line, message):
     path = tmp_path / "t.jsonl"
     path.write_text('{"num_reqs": 1, "num_tokens": 1}\n' + line + "\n")
     with pytest.raises(CapplanError) as err:
-        load_trace(path)
-    assert f"{path}:2: " in err.value.one_line() and message in err.value.one_line()
+        read_batches(path).batches
+    assert f"{path}:2: " in err.value.one_line() and message in err.value.one_line(), err.value.one_line()
 
 
 def test_vllm_batchsize_log_converts(tmp_path):
@@ -97,14 +104,18 @@ def test_vllm_batchsize_log_converts(tmp_path):
     log.write_text("INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): [(8, 3, 1.2)]\n"
                    "INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): "
                    "[(16, 40, 2.5), (8, 12, 1.1), (512, 2, 9.0)]\n")
-    trace = load_trace(log)
+    trace = read_batches(log).batches
     assert [(t.batch.num_tokens, t.batch.num_reqs, t.count) for t in trace] == [(16, 16, 40), (8, 8, 12),
                                                                                 (512, 512, 2)]
+    assert read_batches(log).note.startswith("a vLLM batch-size log lists padded token counts only")
+    # Against a spec, a batch larger than max_num_seqs becomes max_num_seqs requests of even length.
+    spec = make_spec(scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 1024})
+    assert [(t.batch.num_reqs, t.batch.max_query_len) for t in read_batches(log, spec).batches][2] == (64, 8)
 
 
 def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
     spec = make_spec(**SMALL)
-    trace = load_trace(TRACES / "bursty.jsonl")
+    trace = read_batches(TRACES / "bursty.jsonl").batches
     default = compile_plan(spec)
     result = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs) // 2)
     assert result.point.graphs <= len(default.graphs) // 2 == int(result.budget.split()[0])
@@ -122,9 +133,13 @@ def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
 
 def test_optimize_and_simulate_cli(tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text("scheduler: {max_num_seqs: 16, max_num_batched_tokens: 128}\n"
+    spec.write_text("scheduler: {max_num_seqs: 32, max_num_batched_tokens: 8192}\n"
                     "lora: {enabled: true, max_loras: 4, specialize_active: true}\n")
     trace = TRACES / "bursty.jsonl"
+    small = tmp_path / "small.yaml"
+    small.write_text("scheduler: {max_num_seqs: 16, max_num_batched_tokens: 128}\nlora: {enabled: true}\n")
+    wrong = runner.invoke(app, ["optimize", str(small), str(trace), "--max-graphs", "40"])
+    assert wrong.exit_code == 1 and "tokens, more than max_num_batched_tokens 128" in wrong.stderr
     out = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot",
                               str(tmp_path / "curve.svg")])
     assert out.exit_code == 0, out.output
@@ -190,7 +205,7 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
 
 def test_optimize_with_a_memory_budget():
     spec = make_spec(**SMALL)
-    trace = load_trace(TRACES / "multitenant.jsonl")
+    trace = read_batches(TRACES / "multitenant.jsonl").batches
     default = optimize(spec, trace, load_cost_model(), max_graphs=10_000).default
     result = optimize(spec, trace, load_cost_model(), max_graph_memory=default.graph_memory_gib * 0.5)
     assert result.point.graph_memory_gib <= default.graph_memory_gib * 0.5

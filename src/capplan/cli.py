@@ -146,16 +146,25 @@ def compile_cmd(
     from capplan.loading import first_difference, load_spec, size_problem
     from capplan.planner import compile_plan
     from capplan.planner.render import plan_file_data, plan_to_json, render_plan
-    from capplan.yaml_io import write_atomic
+    from capplan.files import check_output, write_atomic
 
     if output is not None and (len(specs) > 1 or plan_dir is not None):
         raise UsageError("-o names one plan: give one spec and no --plan-dir")
-    # Compile everything before writing anything: one bad spec writes nothing.
-    jobs = []
+    targets: list[tuple[Path, Path]] = []
     for spec in specs:
         plan_path = output or default_plan_path(spec)
         if plan_dir is not None:
             plan_path = plan_dir / default_plan_path(spec).name
+        for other, other_path in targets:
+            if os.path.abspath(other_path) == os.path.abspath(plan_path):
+                raise UsageError(f"{printable(str(other))} and {printable(str(spec))} would both be written to "
+                                 f"{printable(str(plan_path))}", "compile them one at a time with -o")
+        if not check and not dry_run:
+            check_output(plan_path, specs)
+        targets.append((spec, plan_path))
+    # Compile everything before writing anything: one bad spec writes nothing.
+    jobs = []
+    for spec, plan_path in targets:
         plan = compile_plan(load_spec(spec))
         folder = plan_path.parent
         text = render_plan(plan, _relative(spec, folder), regenerate_command(spec, plan_path, folder))
@@ -188,7 +197,7 @@ def compile_cmd(
         if unchanged:
             typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
             continue
-        write_atomic(plan_path, text)
+        write_atomic(plan_path, text, specs)
         typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
     if stale:
         for line in stale[:-1]:
@@ -199,7 +208,7 @@ def compile_cmd(
 def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | None:
     """Why the plan file does not hold `expected` (its content as data), or None."""
     from capplan.errors import PlanError
-    from capplan.yaml_io import read_yaml
+    from capplan.files import read_yaml
 
     if not plan_path.exists():
         return f"{plan_path} does not exist"
@@ -281,9 +290,9 @@ def dispatch_cmd(
         Optional[Path],
         typer.Option(
             "--queries",
-            help="JSON lines, one batch each: {num_reqs, num_tokens, max_query_len, "
-            "num_active_loras, base?, has_prefill?, uniform_token_count?}; prints one "
-            "descriptor object per line, in order.",
+            help="A batch file, the format simulate reads: JSON lines {num_reqs, num_tokens, "
+            "max_query_len?, num_active_loras?, base?, has_prefill?, uniform_token_count?, count?}; "
+            "prints one descriptor object per line, in order.",
         ),
     ] = None,
     as_json: Annotated[
@@ -291,23 +300,25 @@ def dispatch_cmd(
     ] = False,
 ) -> None:
     """Which captured graph serves a batch (or eager), and why."""
+    from capplan.batches import batch_from_args, read_batches
     from capplan.loading import load_plan
     from capplan.planner.dispatch import Dispatcher
-    from capplan.planner.queries import batch_from_args, read_queries
     from capplan.schemas.plan import address
 
     if queries is not None:
         if reqs is not None or tokens is not None:
             raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
-        batches = read_queries(queries)
-        dispatcher = Dispatcher(load_plan(plan))
-        for batch in batches:
-            sys.stdout.write(json.dumps(dispatcher.dispatch(batch).descriptor()) + "\n")
+        loaded = load_plan(plan)
+        batches = read_batches(queries, loaded.spec).batches
+        dispatcher = Dispatcher(loaded)
+        for item in batches:
+            sys.stdout.write(json.dumps(dispatcher.dispatch(item.batch).descriptor()) + "\n")
         return
     if reqs is None or tokens is None:
         raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
-    batch = batch_from_args(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
-    dispatcher = Dispatcher(load_plan(plan))
+    loaded = load_plan(plan)
+    batch = batch_from_args(reqs, tokens, max_query_len, loras, base, has_prefill, uniform, loaded.spec)
+    dispatcher = Dispatcher(loaded)
     trace: list[str] = []
     desc = dispatcher.explain(batch, trace)
     if as_json:
@@ -375,25 +386,31 @@ def simulate_cmd(
     """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs.
 
     TRACE has one batch per line, e.g.
-    {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "adapters": 2, "base": true, "count": 120}
-    (max_query_len, adapters, base, has_prefill and count are optional).
-    A vLLM log with VLLM_LOG_BATCHSIZE_INTERVAL set also works: its last
-    "Batchsize forward time stats" line becomes one-token LoRA-free requests
-    (vLLM logs token counts after padding, so padding from it is a lower bound).
+    {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "num_active_loras": 2, "base": true, "count": 120}
+    (num_reqs and num_tokens required; `adapters` is accepted for num_active_loras).
+    Every batch must fit the plan's spec (max_num_seqs, max_num_batched_tokens,
+    max_loras). A vLLM log with VLLM_LOG_BATCHSIZE_INTERVAL also parses, but it
+    is partial: padded token counts only, no requests or adapters, and on MRV2
+    no FULL graph replays (vLLM logs only steps through set_forward_context);
+    setting the variable at launch crashed FULL graph capture on vLLM 0.25.
     Synthetic traces: examples/traces/.
     """
+    from capplan.batches import read_batches
     from capplan.loading import load_plan
-    from capplan.planner.traffic import load_trace, render_simulation, simulate
+    from capplan.planner.traffic import render_simulation, simulate
 
     loaded = load_plan(plan)
-    batches = load_trace(trace)
+    batch_file = read_batches(trace, loaded.spec)
+    if batch_file.note:
+        typer.echo(f"note: {batch_file.note}", err=True)
+    batches = batch_file.batches
     result = simulate(loaded, batches)
     data = result.to_json(loaded)
     if plot is not None:
         from capplan.planner.plot import simulation_panels, write_plot
 
         write_plot(plot, simulation_panels(data), f"capplan simulate {plan.name} {trace.name}: "
-                   f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}")
+                   f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}", (plan, trace))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -437,29 +454,37 @@ def optimize_cmd(
     from capplan.planner.cost import load_cost_model
     from capplan.planner.optimize import optimize, render_curve
     from capplan.planner.render import render_spec
-    from capplan.planner.traffic import load_trace
+    from capplan.batches import read_batches
     from capplan.planner.verify import verify_plan
-    from capplan.yaml_io import write_atomic
+    from capplan.files import write_atomic
 
+    from capplan.files import check_output
+
+    out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
+    for target in (out, plot):
+        if target is not None:
+            check_output(target, (spec, trace))
     loaded = load_spec(spec)
-    batches = load_trace(trace)
+    batch_file = read_batches(trace, loaded)
+    if batch_file.note:
+        typer.echo(f"note: {batch_file.note}", err=True)
+    batches = batch_file.batches
     result = optimize(loaded, batches, load_cost_model(calibration), max_graphs=max_graphs,
                       max_graph_memory=max_graph_memory, shared_sizes=shared_sizes)
     report = verify_plan(result.plan)
     if not report.ok:
         raise CapplanError(f"the optimized plan does not verify: {report.violations[0].line()}",
                            "please report this; nothing was written")
-    out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
     p, d = result.point, result.default
     header = (f"# capplan optimize {spec.name} {trace.name} (budget {result.budget})\n"
               f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
               f"of real tokens on the trace (default {d.padding_overhead:.2%})\n")
-    write_atomic(out, header + render_spec(result.spec))
+    write_atomic(out, header + render_spec(result.spec), (spec, trace))
     if plot is not None:
         from capplan.planner.plot import curve_panels, write_plot
 
         write_plot(plot, curve_panels(result.curve), f"capplan optimize {spec.name} {trace.name}: "
-                   f"default {d.graphs} graphs, padding {d.padding_overhead:.2%}")
+                   f"default {d.graphs} graphs, padding {d.padding_overhead:.2%}", (spec, trace))
     if as_json:
         typer.echo(json.dumps({"output": str(out), "budget": result.budget, "chosen": p.to_json(),
                                "default": d.to_json(), "curve": [c.to_json() for c in result.curve]}, indent=2))
@@ -549,7 +574,7 @@ def git_setup_cmd(
     except FileNotFoundError:
         current = ""
     if GIT_ATTRIBUTE not in current.splitlines():
-        from capplan.yaml_io import write_atomic
+        from capplan.files import write_atomic
 
         write_atomic(attributes, current + ("" if not current or current.endswith("\n") else "\n")
                      + GIT_ATTRIBUTE + "\n")

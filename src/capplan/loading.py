@@ -66,20 +66,39 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
 
 def spec_from_data(data: object, source: str) -> Spec:
     if data is None:
-        data = {}
+        raise SpecError(f"{source}: the spec is empty", "write its sections (or {} for every default)")
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a spec must be a YAML mapping (got {type(data).__name__})")
     if "format_version" in data and "graphs" in data:
         raise SpecError(f"{source}: this is a capture plan, not a spec",
                         "give the spec it was compiled from; its header names it")
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(f"{source}: {describe_validation_error(exc, Spec)}") from None
+    graphs = graphs_bound(spec)
+    if graphs * MIN_ENTRIES_PER_GRAPH > MAX_ITEMS:
+        raise SpecError(f"{source}: the plan would have up to {graphs} graphs, more than a plan file can hold "
+                        f"({MAX_ITEMS} entries)",
+                        "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size")
+    return spec
+
+
+# A graph's line in the plan file holds at least this many entries (its address,
+# its dummy list, one run and the run's two numbers).
+MIN_ENTRIES_PER_GRAPH = 5
+
+
+def graphs_bound(spec: Spec) -> int:
+    """An upper bound on the graphs the spec compiles to, computed without compiling."""
+    from capplan.planner.capture_sizes import resolve_capture_sizes
+    from capplan.planner.lora_cases import lora_capture_cases
+
+    return 2 * len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
 
 
 def load_spec(path: Path) -> Spec:
-    from capplan.yaml_io import read_yaml
+    from capplan.files import read_yaml
 
     return spec_from_data(read_yaml(Path(path), "spec", SpecError), str(path))
 
@@ -93,7 +112,7 @@ def load_plan(path: Path) -> Plan:
     differs from what the spec compiles to (a hand edit, a merge gone wrong, a
     plan written by another capplan version).
     """
-    from capplan.yaml_io import read_yaml
+    from capplan.files import read_yaml
 
     path = Path(path)
     data = read_yaml(path, "plan", PlanError)
@@ -126,7 +145,7 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
     if version != FORMAT_VERSION:
         raise PlanError(f"{source}: a format {version} plan; this capplan reads format {FORMAT_VERSION}",
                         "run capplan compile SPEC again to rewrite it")
-    spec_value = data.get("spec")
+    spec_value = data.get("spec")  # validated as a spec, without the file-level empty/size refusals
     if not isinstance(spec_value, dict):
         raise PlanError(f"{source}: spec: must be a mapping of the spec's sections (got {spec_value!r:.40})",
                         "regenerate it with capplan compile SPEC")
@@ -143,18 +162,12 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
 def _check_size(spec: Spec, data: dict, source: str) -> None:
     """Refuse, before compiling, a spec that compiles to far more graphs than the file lists:
     such a file cannot match, and a short file must not buy minutes of compile work."""
-    from capplan.planner.capture_sizes import resolve_capture_sizes
-    from capplan.planner.lora_cases import lora_capture_cases
-
     listed = data.get("graphs")
     listed = len(listed) if isinstance(listed, list) else 0
-    try:
-        work = len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
-    except (ValueError, CapplanError):
-        return  # compile reports it
-    if work > 2 * listed + 64:
-        raise PlanError(f"{source}: graphs: the file lists {listed} graph(s), its spec compiles to up to "
-                        f"{2 * work}", "regenerate it with capplan compile SPEC")
+    bound = graphs_bound(spec)
+    if bound > 4 * listed + 128:
+        raise PlanError(f"{source}: graphs: the file lists {listed} graph(s), its spec compiles to up to {bound}",
+                        "regenerate it with capplan compile SPEC")
 
 
 def first_difference(actual: object, expected: object, where: str = "") -> str | None:
@@ -200,7 +213,7 @@ def size_problem(text: str, data: dict) -> str | None:
     """Why the loader would refuse `text` (a rendered plan, `data` its content) for its
     size alone; None when it loads. Compile checks this first, so it never writes
     a plan no other command can load."""
-    from capplan.yaml_io import check_shape
+    from capplan.files import check_shape
 
     size = len(text.encode("utf-8"))
     if size > MAX_FILE_BYTES:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capplan.errors import SpecError
 from capplan.schemas.plan import Plan
-from capplan.yaml_io import read_yaml
+from capplan.files import read_yaml
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
 

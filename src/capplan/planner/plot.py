@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 from capplan.errors import UsageError
-from capplan.yaml_io import write_atomic
+from capplan.files import check_output, write_atomic
 
 W, H, PAD = 760, 300, 56
 
@@ -40,7 +41,7 @@ def _svg(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
     return "\n".join(body) + "\n"
 
 
-def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: str, path: Path) -> None:
+def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> bytes:
     try:
         import matplotlib
 
@@ -57,18 +58,20 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
         ax.set_ylabel(ylabel, fontsize=9)
     fig.suptitle(caption, fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    return image.getvalue()
 
 
-def write_plot(path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> None:
+def write_plot(path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str,
+               inputs: tuple[Path, ...] = ()) -> None:
     suffix = path.suffix.lower()
     if suffix == ".svg":
-        write_atomic(path, _svg(panels, caption))
+        write_atomic(path, _svg(panels, caption), inputs)
     elif suffix == ".png":
-        _png(panels, caption, path)
+        check_output(path, inputs)
+        write_atomic(path, _png(panels, caption), inputs)
     else:
         raise UsageError(f"--plot {path}: unknown image type {suffix or '(none)'!r}", "use a .svg or .png path")
 

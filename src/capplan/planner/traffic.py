@@ -1,127 +1,18 @@
-"""Batch traces and the simulator: replay real or synthetic traffic through a plan's dispatcher.
-
-Trace format (JSON lines, one scheduled batch per line; blank lines and lines
-starting with # are skipped):
-
-    {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "adapters": 2, "base": true, "count": 120}
-
-- num_reqs (>= 1), num_tokens (>= num_reqs): the batch as the scheduler sends it.
-- max_query_len: longest request's tokens this step; default ceil(num_tokens / num_reqs).
-- adapters: distinct LoRA adapters in the batch (0..num_reqs); default 0.
-- base: some requests use no adapter while others do; default false.
-- has_prefill: a real prefill chunk is in the batch (0.31+ keeps it out of
-  decode graphs); default false.
-- count: how many steps had exactly this batch (a weight); default 1.
-
-vLLM's own batch-size log (VLLM_LOG_BATCHSIZE_INTERVAL=1 prints "Batchsize
-forward time stats (batchsize, count, median_time(ms)): [...]") converts as
-well: the last such line wins (the stats are cumulative). It records token
-counts after vLLM's padding and nothing about requests or adapters, so each
-entry becomes a uniform decode batch of that many one-token requests without
-LoRA: padding measured on it is a lower bound.
-"""
+"""The simulator: replay a batch trace through a plan's dispatcher (reading traces: capplan.batches)."""
 
 from __future__ import annotations
 
-import ast
-import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from capplan.errors import CapplanError
 from capplan.planner.dispatch import Batch, Dispatcher
 from capplan.schemas.plan import Plan
-
-FIELDS = {"num_reqs", "num_tokens", "max_query_len", "adapters", "base", "has_prefill", "count"}
-MAX_TRACE_LINES = 2_000_000
-VLLM_LOG = re.compile(r"Batchsize forward time stats \(batchsize, count, median_time\(ms\)\): (\[.*\])")
 
 
 @dataclass(frozen=True)
 class TraceBatch:
     batch: Batch
     count: int
-
-
-def _int(obj: dict, key: str, where: str, default: int | None = None, low: int = 0) -> int:
-    value = obj.get(key, default)
-    if value is None:
-        raise CapplanError(f"{where}: {key} is missing", f"add \"{key}\": <integer >= {low}>")
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise CapplanError(f"{where}: {key} must be an integer >= {low} (got {value!r})", f"fix {key}")
-    return value
-
-
-def _bool(obj: dict, key: str, where: str) -> bool:
-    value = obj.get(key, False)
-    if not isinstance(value, bool):
-        raise CapplanError(f"{where}: {key} must be true or false (got {value!r})", f"fix {key}")
-    return value
-
-
-def parse_batch(obj: object, where: str) -> TraceBatch:
-    if not isinstance(obj, dict):
-        raise CapplanError(f"{where}: a batch must be a JSON object", "write one {...} object per line")
-    unknown = sorted(set(obj) - FIELDS)
-    if unknown:
-        raise CapplanError(f"{where}: unknown field {unknown[0]!r}", f"known fields: {', '.join(sorted(FIELDS))}")
-    reqs = _int(obj, "num_reqs", where, low=1)
-    tokens = _int(obj, "num_tokens", where, low=1)
-    if tokens < reqs:
-        raise CapplanError(f"{where}: num_tokens {tokens} < num_reqs {reqs}", "every request schedules >= 1 token")
-    max_q = _int(obj, "max_query_len", where, default=-(-tokens // reqs), low=1)
-    if max_q * reqs < tokens or max_q > tokens - reqs + 1:
-        raise CapplanError(f"{where}: max_query_len {max_q} is impossible for {reqs} requests and {tokens} tokens",
-                           f"use a value in {-(-tokens // reqs)}..{tokens - reqs + 1}")
-    adapters = _int(obj, "adapters", where, default=0)
-    base = _bool(obj, "base", where)
-    if adapters > reqs or (base and adapters >= reqs):
-        raise CapplanError(f"{where}: {adapters} adapter(s){' + base' if base else ''} need more than {reqs} "
-                           "request(s)", "each request uses at most one adapter")
-    count = _int(obj, "count", where, default=1, low=1)
-    return TraceBatch(Batch(reqs, tokens, max_q, adapters, base and adapters > 0, _bool(obj, "has_prefill", where)),
-                      count)
-
-
-def load_trace(path: Path) -> list[TraceBatch]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapplanError(f"{path}: no such file", "give the path of a trace (JSON lines)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CapplanError(f"{path}: cannot read ({exc.__class__.__name__})", "give a UTF-8 text trace") from None
-    logged = VLLM_LOG.findall(text)
-    if logged:
-        return _from_vllm_log(path, logged[-1])
-    out: list[TraceBatch] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if len(out) >= MAX_TRACE_LINES:
-            raise CapplanError(f"{path}: more than {MAX_TRACE_LINES} batches", "aggregate repeats with \"count\"")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CapplanError(f"{path}:{number}: not JSON ({exc.msg})", "one JSON object per line") from None
-        out.append(parse_batch(obj, f"{path}:{number}"))
-    if not out:
-        raise CapplanError(f"{path}: the trace holds no batches", "one JSON object per line; see capplan simulate --help")
-    return out
-
-
-def _from_vllm_log(path: Path, stats: str) -> list[TraceBatch]:
-    try:
-        rows = ast.literal_eval(stats)
-        out = [TraceBatch(Batch(int(bs), int(bs), 1), int(n)) for bs, n, _ in rows if int(bs) > 0 and int(n) > 0]
-    except (ValueError, SyntaxError, TypeError) as exc:
-        raise CapplanError(f"{path}: vLLM batch-size stats line is malformed ({exc.__class__.__name__})",
-                           "pass the log as vLLM wrote it") from None
-    if not out:
-        raise CapplanError(f"{path}: vLLM batch-size stats list no batches", "log a longer run")
-    return out
 
 
 @dataclass

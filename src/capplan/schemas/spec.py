@@ -90,9 +90,10 @@ class Target(_Strict):
     @field_validator("vllm", mode="before")
     @classmethod
     def _accept_unquoted(cls, value: object) -> object:
-        # `vllm: 0.33` unquoted is a YAML float; take it as the string it looks like.
+        # `vllm: 0.33` unquoted is a YAML float; take it as the string it is written as
+        # (0.329 stays "0.329" and is refused, never rounded to a supported version).
         if isinstance(value, float):
-            return f"{value:.2f}"
+            return repr(value)
         return value
 
 

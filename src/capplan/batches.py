@@ -1,0 +1,241 @@
+"""Batch files: one JSON-lines format for `dispatch --queries`, `simulate` and `optimize`.
+
+One scheduled batch per line (blank lines and lines starting with # are skipped):
+
+    {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "num_active_loras": 2, "base": true, "count": 120}
+
+- num_reqs (>= 1) and num_tokens (>= num_reqs): required;
+- max_query_len: the longest request's tokens; default ceil(num_tokens / num_reqs);
+- num_active_loras: distinct LoRA adapters in the batch; default 0. `adapters`
+  is accepted as the older name (not both on one line);
+- base: some requests use no adapter while others do; default false;
+- has_prefill: a real prefill chunk is in the batch (0.31+ keeps it out of
+  decode graphs); default false;
+- uniform_token_count: override the uniform-decode count vLLM would derive;
+- count: how many steps had exactly this batch (a weight); default 1.
+
+A vLLM log written with VLLM_LOG_BATCHSIZE_INTERVAL is read too ("Batchsize
+forward time stats" lines; the last wins, the stats are cumulative). The
+format is decided by the whole file: JSON lines only, or a log with stats
+lines and no JSON batch lines; a file that mixes them is refused, naming a
+line of each.
+
+Against a plan, every batch must be one the deployment can schedule (at most
+max_num_seqs requests, max_num_batched_tokens tokens, max_loras adapters):
+a trace from another deployment is refused, not silently answered.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from capplan.errors import CapplanError, UsageError, printable
+from capplan.files import json_value, shown, text_lines
+from capplan.limits import MAX_TRACE_BYTES
+from capplan.planner.dispatch import Batch
+from capplan.planner.traffic import TraceBatch
+from capplan.schemas.spec import Spec
+
+FIELDS = ("num_reqs", "num_tokens", "max_query_len", "num_active_loras", "base", "has_prefill",
+          "uniform_token_count", "count")
+ALIASES = {"adapters": "num_active_loras"}
+MAX_BATCHES = 2_000_000
+VLLM_LOG = re.compile(r"Batchsize forward time stats \(batchsize, count, median_time\(ms\)\): (\[.*\])")
+LOG_NOTE = ("a vLLM batch-size log lists padded token counts only for steps that ran through "
+            "set_forward_context: no requests, no adapters, and on MRV2 no FULL graph replays; "
+            "results from it are partial (record a trace with capplan's runtime instead)")
+
+
+class BatchFileError(CapplanError):
+    """A batch file (trace or queries) is unreadable or holds an impossible batch."""
+
+
+@dataclass
+class BatchFile:
+    batches: list[TraceBatch]
+    source: str  # "jsonl" or "vllm-log"
+
+    @property
+    def note(self) -> str | None:
+        return LOG_NOTE if self.source == "vllm-log" else None
+
+
+def batch_problem(batch: Batch) -> str | None:
+    """Why no scheduler makes this batch, or None."""
+    r, t, q = batch.num_reqs, batch.num_tokens, batch.max_query_len
+    if r < 1:
+        return f"num_reqs must be >= 1 (got {r})"
+    if t < r:
+        return f"num_tokens ({t}) must be >= num_reqs ({r}): every request schedules a token"
+    lo, hi = -(-t // r), t - (r - 1)
+    if not lo <= q <= hi:
+        return f"max_query_len must be in {lo}..{hi} for {r} requests and {t} tokens (got {q})"
+    if batch.num_active_loras < 0:
+        return f"num_active_loras must be >= 0 (got {batch.num_active_loras})"
+    if batch.num_active_loras > r:
+        return f"num_active_loras ({batch.num_active_loras}) exceeds num_reqs ({r})"
+    if batch.base and batch.num_active_loras >= r:
+        return "base needs a request without an adapter, but every request has one"
+    if batch.uniform_token_count is not None and batch.uniform_token_count < 1:
+        return f"uniform_token_count must be >= 1 (got {batch.uniform_token_count})"
+    return None
+
+
+def beyond_spec(batch: Batch, spec: Spec) -> str | None:
+    """Why this deployment can never schedule the batch, or None."""
+    seqs, budget = spec.scheduler.max_num_seqs, spec.scheduler.max_num_batched_tokens
+    if batch.num_reqs > seqs:
+        return f"{batch.num_reqs} requests, more than max_num_seqs {seqs}"
+    if batch.num_tokens > budget:
+        return f"{batch.num_tokens} tokens, more than max_num_batched_tokens {budget}"
+    if not spec.lora.enabled and batch.num_active_loras:
+        return f"{batch.num_active_loras} adapter(s), but LoRA is off in this deployment"
+    if spec.lora.enabled and batch.num_active_loras > spec.lora.max_loras:
+        return f"{batch.num_active_loras} adapters, more than max_loras {spec.lora.max_loras}"
+    return None
+
+
+def batch_from_args(reqs: int, tokens: int, max_query_len: int | None, loras: int, base: bool,
+                    has_prefill: bool, uniform: int | None, spec: Spec) -> Batch:
+    """The batch `capplan dispatch --reqs ... --tokens ...` asks about (UsageError when impossible)."""
+    if reqs < 1:
+        raise UsageError(f"--reqs must be >= 1 (got {reqs})")
+    if max_query_len is None:
+        max_query_len = -(-tokens // reqs) if tokens >= reqs else tokens
+    batch = Batch(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
+    problem = batch_problem(batch) or beyond_spec(batch, spec)
+    if problem:
+        for field, option in (("num_reqs", "--reqs"), ("num_tokens", "--tokens"),
+                              ("max_query_len", "--max-query-len"), ("num_active_loras", "--loras")):
+            problem = problem.replace(field, option)
+        raise UsageError(problem)
+    return batch
+
+
+def _int(item: dict, key: str, default: int | None, low: int) -> int | None:
+    value = item.get(key, default)
+    if value is None and default is None and key not in item:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}: must be an integer (got {printable(repr(value))[:40]})")
+    if value < low:
+        raise ValueError(f"{key}: must be >= {low} (got {value})")
+    return value
+
+
+def parse_batch(item: object) -> TraceBatch:
+    """One JSON object -> a batch (ValueError naming the field)."""
+    if not isinstance(item, dict):
+        raise ValueError("each line must be a JSON object")
+    for old, new in ALIASES.items():
+        if old in item:
+            if new in item:
+                raise ValueError(f"{old} and {new} name the same field; give one")
+            item = {(new if k == old else k): v for k, v in item.items()}
+    unknown = sorted(set(item) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown key {printable(unknown[0])[:40]!r}; known: {', '.join(FIELDS)} (or adapters)")
+    for key in ("num_reqs", "num_tokens"):
+        if key not in item:
+            raise ValueError(f"{key}: is required")
+    reqs = _int(item, "num_reqs", None, 1)
+    tokens = _int(item, "num_tokens", None, 1)
+    max_q = _int(item, "max_query_len", -(-tokens // reqs), 1)
+    loras = _int(item, "num_active_loras", 0, 0)
+    uniform = _int(item, "uniform_token_count", None, 1)
+    count = _int(item, "count", 1, 1)
+    flags = {}
+    for key in ("base", "has_prefill"):
+        value = item.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}: must be true or false (got {printable(repr(value))[:40]})")
+        flags[key] = value
+    batch = Batch(reqs, tokens, max_q, loras, flags["base"], flags["has_prefill"], uniform)
+    problem = batch_problem(batch)
+    if problem:
+        raise ValueError(problem)
+    return TraceBatch(batch, count)
+
+
+def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
+    """Every batch of a JSON-lines file or vLLM log, all checked before any is used."""
+    name = shown(path)
+    json_lines: list[tuple[int, str]] = []
+    stats: list[tuple[int, str]] = []
+    other: tuple[int, str] | None = None
+    for number, line in text_lines(path, "batch file", BatchFileError, MAX_TRACE_BYTES):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith("{"):
+            json_lines.append((number, text))
+            if len(json_lines) > MAX_BATCHES:
+                raise BatchFileError(f"{name}: more than {MAX_BATCHES} batch lines", "merge repeats with \"count\"")
+            continue
+        logged = VLLM_LOG.search(text)
+        if logged:
+            stats.append((number, logged.group(1)))
+        elif other is None:
+            other = (number, text)
+    if json_lines and stats:
+        raise BatchFileError(f"{name}: mixes JSON batch lines (line {json_lines[0][0]}) and vLLM batch-size "
+                             f"stats (line {stats[0][0]})", "give one kind of trace per file")
+    if stats:
+        batches = _from_vllm_log(name, *stats[-1], spec)
+        source = "vllm-log"
+    else:
+        if other is not None:
+            raise BatchFileError(f"{name}:{other[0]}: not a JSON batch line (and the file is no vLLM "
+                                 "batch-size log)", "one JSON object per line; see capplan simulate --help")
+        batches = []
+        for number, text in json_lines:
+            try:
+                batches.append(parse_batch(json_value(text)))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                raise BatchFileError(f"{name}:{number}: {printable(str(exc))[:200]}") from None
+        source = "jsonl"
+    if not batches:
+        raise BatchFileError(f"{name}: holds no batches", "one JSON object per line; see capplan simulate --help")
+    if spec is not None:
+        for number, item in _numbered(json_lines, batches, source):
+            problem = beyond_spec(item.batch, spec)
+            if problem:
+                raise BatchFileError(f"{name}:{number}: {problem}: this deployment never schedules it",
+                                     "record the trace on the deployment the plan is for")
+    return BatchFile(batches, source)
+
+
+def _numbered(json_lines, batches, source):
+    if source == "jsonl":
+        return [(number, batch) for (number, _), batch in zip(json_lines, batches)]
+    return [("stats", batch) for batch in batches]
+
+
+def _from_vllm_log(name: str, number: int, stats: str, spec: Spec | None) -> list[TraceBatch]:
+    """vLLM's [(batchsize, count, median_ms), ...] -> batches of one-token requests (at most
+    max_num_seqs of them; a larger batch becomes max_num_seqs requests of even length)."""
+    where = f"{name}:{number}"
+    if len(stats) > 1_000_000:
+        raise BatchFileError(f"{where}: the stats line is too long to be vLLM's")
+    try:
+        rows = ast.literal_eval(stats)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise BatchFileError(f"{where}: vLLM batch-size stats are malformed", "pass the log as vLLM wrote it") from None
+    if not isinstance(rows, list):
+        raise BatchFileError(f"{where}: vLLM batch-size stats must be a list")
+    seqs = spec.scheduler.max_num_seqs if spec is not None else None
+    out = []
+    for row in rows:
+        if not (isinstance(row, tuple) and len(row) == 3 and all(type(v) is int for v in row[:2])
+                and isinstance(row[2], (int, float)) and not isinstance(row[2], bool)):
+            raise BatchFileError(f"{where}: vLLM batch-size stats entry {printable(repr(row))[:60]} is not "
+                                 "(integer batch size, integer count, time)", "pass the log as vLLM wrote it")
+        tokens, count = row[0], row[1]
+        if tokens < 1 or count < 1 or tokens > 1 << 30 or count > 1 << 40:
+            raise BatchFileError(f"{where}: vLLM batch-size stats entry {row!r} is out of range")
+        reqs = tokens if seqs is None else min(tokens, seqs)
+        out.append(TraceBatch(Batch(reqs, tokens, -(-tokens // reqs)), count))
+    return out
