@@ -137,7 +137,7 @@ def test_optimize_and_simulate_cli(tmp_path):
                     "lora: {enabled: true, max_loras: 4, specialize_active: true}\n")
     trace = TRACES / "bursty.jsonl"
     small = tmp_path / "small.yaml"
-    small.write_text("scheduler: {max_num_seqs: 16, max_num_batched_tokens: 128}\nlora: {enabled: true}\n")
+    small.write_text("scheduler: {max_num_seqs: 32, max_num_batched_tokens: 128}\nlora: {enabled: true, max_loras: 4}\n")
     wrong = runner.invoke(app, ["optimize", str(small), str(trace), "--max-graphs", "40"])
     assert wrong.exit_code == 1 and "tokens, more than max_num_batched_tokens 128" in wrong.stderr
     out = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot",
