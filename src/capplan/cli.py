@@ -64,7 +64,7 @@ def _errors_to_exit(fn: Callable) -> Callable:
             if _DEBUG:
                 raise
             where = f"{exc.filename}: " if exc.filename else ""
-            typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            typer.echo(f"error: {printable(where + str(exc.strerror or exc))}", err=True)
             raise typer.Exit(code=1) from None
 
     return wrapper
