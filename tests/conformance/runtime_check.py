@@ -58,6 +58,50 @@ CASE_SIZES = {**SPEC, "cudagraph": {"mode": "FULL_AND_PIECEWISE", "capture_sizes
                                     "lora_case_sizes": [{"case": 4, "sizes": [8, 32]}, {"case": 5, "sizes": [32]}]}}
 
 
+# The dummy-run example: 8192 tokens over 100 requests, max_model_len 128 (vLLM 0.25: one request of 173).
+DUMMY_SPEC = {"target": {"vllm": SEMANTICS},
+              "scheduler": {"max_num_seqs": 100, "max_num_batched_tokens": 8192, "max_model_len": 128},
+              "lora": {"enabled": True, "max_loras": 4, "specialize_active": True}}
+
+
+def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
+    """Call vLLM's real GPUModelRunner._dummy_run (as now installed) on a stand-in runner and
+    record the per-request token counts it hands to the LoRA dummy mapping and to execute_model."""
+    import contextlib
+
+    seen: dict = {}
+
+    @contextlib.contextmanager
+    def maybe_dummy_run_with_lora(lora_config, num_scheduled_tokens, *args, **kwargs):
+        seen["lora"] = [int(n) for n in num_scheduled_tokens]
+        yield
+
+    def execute_model(scheduler_output, *args, **kwargs):
+        seen["scheduler"] = list(scheduler_output.num_scheduled_tokens.values())
+        seen["dummy_run"] = kwargs.get("dummy_run")
+
+    fake = SimpleNamespace(
+        eplb=SimpleNamespace(suppress=contextlib.nullcontext, step=lambda **kwargs: None),
+        max_num_reqs=max_num_reqs, decode_query_len=1, max_num_tokens=num_tokens, speculator=None,
+        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None), is_first_pp_rank=True,
+        is_last_pp_rank=False, lora_config=SimpleNamespace(max_loras=4),
+        maybe_dummy_run_with_lora=maybe_dummy_run_with_lora, execute_model=execute_model)
+    runner_mod.GPUModelRunner._dummy_run(fake, num_tokens, skip_eplb=True)
+    seen["instance_attributes_restored"] = (fake.execute_model is execute_model
+                                            and fake.maybe_dummy_run_with_lora is maybe_dummy_run_with_lora)
+    return seen
+
+
+def runs(counts: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for n in counts:
+        if out and out[-1][1] == n:
+            out[-1][0] += 1
+        else:
+            out.append([1, n])
+    return out
+
+
 def main(out: Path, variant: str = "") -> None:
     global SPEC
     if variant == "case-sizes":
@@ -69,8 +113,24 @@ def main(out: Path, variant: str = "") -> None:
     vanilla = model_manager(spec.model_dump(mode="json"))
     report["vanilla_graphs"] = sum(len(v) for v in vanilla._capture_descs.values())
     report["planned_graphs"] = len(plan.graphs)
+    # vLLM's own dummy run, before capplan is installed, against what the plan says vLLM does.
+    dummy_plan = compile_plan(spec_from_data(DUMMY_SPEC, "dummy"))
+    (profile,) = [r for r in dummy_plan.dummy_runs if r.run == "profile"]
+    vanilla_dummy = dummy_run_layout(profile.tokens, 100)
+    report["dummy_vllm_layout"] = runs(vanilla_dummy["scheduler"])
+    report["dummy_vllm_layout_as_planned"] = (runs(vanilla_dummy["scheduler"]) == runs(vanilla_dummy["lora"])
+                                              == [list(r) for r in profile.vllm])
+    report["dummy_plan_layout"] = [list(r) for r in profile.plan]
 
     mrv2.install(plan, "runtime.plan.yaml")
+    # The same dummy run with the plan in force (the hook is per process: any plan with
+    # dummy_remainder installs it; on 0.31+ vLLM already spreads and nothing is hooked).
+    hooked = dummy_run_layout(profile.tokens, 100)
+    report["dummy_hooked_scheduler"] = runs(hooked["scheduler"])
+    report["dummy_hooked_lora"] = runs(hooked["lora"])
+    report["dummy_hooked_as_planned"] = (runs(hooked["scheduler"]) == runs(hooked["lora"])
+                                         == [list(r) for r in profile.plan])
+    report["dummy_attributes_restored"] = hooked["instance_attributes_restored"]
     manager = model_manager(spec.model_dump(mode="json"))
     captured = [row(d) for mode in ("PIECEWISE", "FULL")
                 for d in manager._capture_descs.get(getattr(cg.CUDAGraphMode, mode), [])]

@@ -40,6 +40,12 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert "does not match this engine" in report["mismatch_error"]
     assert "lora.max_loras: plan 4, engine 8" in report["mismatch_error"]
     assert "Nothing was captured" in report["mismatch_error"]
+    # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
+    # and with the plan in force what the plan says capplan makes it do.
+    assert report["dummy_vllm_layout_as_planned"] is True
+    assert report["dummy_vllm_layout"] == ([[99, 81], [1, 173]] if version == "0.25.0" else [[8, 81], [92, 82]])
+    assert report["dummy_hooked_as_planned"] is True and report["dummy_attributes_restored"] is True
+    assert report["dummy_hooked_scheduler"] == [[8, 81], [92, 82]]
 
 
 def test_plugin_is_registered_for_vllm():

@@ -10,6 +10,7 @@ from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.deviations import ExactTwin, describe_deviations
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
 from capplan.planner.dummy_layout import DummyLayouts
+from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
@@ -76,6 +77,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         lora_dispatch_map=dispatch_map,
         graphs=graphs,
         dispatch=build_ranges(by_mode, cases, ids, per_mode),
+        dummy_runs=dummy_runs(spec, [d.num_tokens for d in ordered if d.num_reqs is None]),
         dp=DPPolicy.trusted(
             data_parallel_size=spec.parallel.data_parallel_size,
             sync=DP_SYNC,

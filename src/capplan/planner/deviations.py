@@ -104,20 +104,25 @@ def _dummy_remainder(plan: Plan, exact: ExactTwin) -> list[str]:
                 old = exact.dummy(graph)
                 if old.tokens != graph.dummy.tokens:
                     changed.append((graph.dummy, old))
-    if not changed:
-        if plan.spec.target.vllm != "0.25":
-            return ["no change: vLLM 0.31+ already spreads the remainder"]
-        return ["no change: no dummy batch of this spec has a token remainder"]
     limit = plan.spec.scheduler.max_model_len
-    longest_before = max(b.max_query_len for _, b in changed)
-    longest_after = max(a.max_query_len for a, _ in changed)
-    over_before = sum(1 for _, b in changed if b.max_query_len > limit)
-    over_after = sum(1 for a, _ in changed if a.max_query_len > limit)
-    return [
-        f"capture: {len(changed)} dummy batch(es) spread the token remainder over the last requests; "
-        f"longest dummy request {longest_before} -> {longest_after} tokens "
-        f"(max_model_len {limit}: {over_before} -> {over_after} over)"
-    ]
+    lines = []
+    if changed:
+        longest_before = max(b.max_query_len for _, b in changed)
+        longest_after = max(a.max_query_len for a, _ in changed)
+        over_before = sum(1 for _, b in changed if b.max_query_len > limit)
+        over_after = sum(1 for a, _ in changed if a.max_query_len > limit)
+        lines.append(f"capture: {len(changed)} dummy batch(es) spread the token remainder over the last requests; "
+                     f"longest dummy request {longest_before} -> {longest_after} tokens "
+                     f"(max_model_len {limit}: {over_before} -> {over_after} over)")
+    for run in plan.dummy_runs:
+        if run.vllm != run.plan:
+            lines.append(f"{run.run} dummy run ({run.tokens} tokens): longest dummy request {run.vllm_longest} -> "
+                         f"{run.longest} tokens (max_model_len {limit})")
+    if lines:
+        return lines
+    if plan.spec.target.vllm != "0.25":
+        return ["no change: vLLM 0.31+ already spreads the remainder"]
+    return ["no change: no dummy batch of this spec has a token remainder"]
 
 
 def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:

@@ -22,6 +22,7 @@ text `render_plan` writes. Loading a plan compares the file's data with
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import textwrap
@@ -60,13 +61,20 @@ def int_runs(values: list[int]) -> list[int | str]:
 
 
 def _scalar(value: object) -> str:
+    if type(value) is int:  # most values in a plan
+        return str(value)
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    text = str(value)
+    return _string(str(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _string(text: str) -> str:
+    """A string as a YAML scalar: bare when YAML reads it back as the same string."""
     if (_PLAIN.match(text) and text.lower() not in _YAML_WORDS) or _PLAIN_NAMES.match(text):
         return text
     return json.dumps(text)  # a JSON string is a valid YAML double-quoted scalar
@@ -75,9 +83,9 @@ def _scalar(value: object) -> str:
 def flow(value: object) -> str:
     """One-line YAML flow form."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_scalar(k)}: {flow(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join([f"{_scalar(k)}: {flow(v)}" for k, v in value.items()]) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(flow(v) for v in value) + "]"
+        return "[" + ", ".join([flow(v) for v in value]) + "]"
     return _scalar(value)
 
 
@@ -162,6 +170,8 @@ def plan_file_data(plan: Plan) -> dict:
         "dp": {"padded_tokens_lora_invariant": plan.dp.padded_tokens_lora_invariant},
         "graph_counts": _graph_counts(plan),
         "graphs": [_graph_entry(g) for g in plan.graphs],
+        "dummy_runs": [{"run": r.run, "tokens": r.tokens, "vllm": [list(x) for x in r.vllm],
+                        "plan": [list(x) for x in r.plan]} for r in plan.dummy_runs],
         "dispatch": [_dispatch_entry(plan, row) for row in plan.dispatch],
     }
     return data
@@ -232,6 +242,7 @@ _SECTION_NOTES = {
     "capture_sizes": "# token counts graphs are captured for; a batch pads up to the next one",
     "lora_cases": "# LoRA capture cases: the adapter counts each serves, and its dummy batches' adapter ids",
     "graphs": "# in capture order: PIECEWISE, then FULL, largest first",
+    "dummy_runs": "# dummy batches outside capture (profile/warm-up, DP idle step): vLLM's runs and the plan's",
     "dispatch": "# per LoRA case and token range: the graphs tried in order (none compatible: eager)",
 }
 
@@ -240,7 +251,7 @@ def iter_plan_lines(plan: Plan, header: str) -> Iterator[str]:
     yield from header.splitlines()
     for key, value in plan_file_data(plan).items():
         note = _SECTION_NOTES.get(key)
-        if key in ("capture_sizes", "lora_cases", "graphs", "dispatch", "deviations"):
+        if key in ("capture_sizes", "lora_cases", "graphs", "dummy_runs", "dispatch", "deviations"):
             if note:
                 yield note
             if not value:

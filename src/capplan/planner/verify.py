@@ -243,6 +243,14 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
     for (case, grid, slots, example), descs in sorted(short_grids.items()):
         report.add("lora_grid", f"LoRA case {case}: {len(descs)} graph(s) ({_sample(descs)}) record a kernel grid "
                                 f"of {grid} but serve {example} ({slots} kernel slots): an adapter is skipped")
+    for run in plan.dummy_runs:
+        if run.longest > model_len:
+            fix = ("a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
+                   f"(cudagraph.max_capture_size) at most {model_len}" if run.run == "dp_idle"
+                   else "turn on the dummy_remainder fix" if run.vllm_longest == run.longest and
+                   plan.spec.target.vllm == "0.25" else "raise max_num_seqs or max_model_len")
+            report.add("dummy_length", f"{run.run} dummy run of {run.tokens} tokens: a request of {run.longest} "
+                                       f"tokens exceeds max_model_len {model_len} ({fix})")
     if piled:
         worst = max(piled, key=lambda p: p[1] - p[2])
         report.add("dummy_length", f"{len(piled)} dummy batch(es) pile the token remainder on one request "

@@ -15,8 +15,11 @@ unexpected vLLM fails at start instead of half-way through capture:
   adapters, under the plan's `lora_slot` fix (failure class 6).
 - `model_runner.create_lora_capture_hook`: each graph is warmed with the
   plan's dummy adapter ids, -1 row included (failure classes 1, 3, 6).
-- `InputBatch.make_dummy` (0.25 only, `dummy_remainder`): spreads the token
-  remainder over the last dummy requests (failure class 5).
+- `InputBatch.make_dummy` and `GPUModelRunner._dummy_run` (0.25 only,
+  `dummy_remainder`): spread the token remainder over the last dummy
+  requests, in the inputs and in the dummy run's scheduler output and LoRA
+  mapping, on every dummy path: capture, memory profiling, compile warm-up,
+  DP idle steps (failure class 5).
 - `VllmConfig.compute_hash`: mixes in the plan fingerprint, so the
   torch.compile cache is never shared between different plans (class 9).
 """
@@ -43,6 +46,12 @@ EXPECTED = {
     "count": ("lora_config", "lora_state", "req_ids", "dummy_run"),
     "hook": ("lora_config", "runner"),
     "make_dummy": ("num_reqs", "num_tokens", "input_buffers"),
+    "dummy_run_025": ("self", "num_tokens", "args", "skip_attn", "uniform_decode", "skip_eplb", "is_profile",
+                      "kwargs"),
+    "dummy_lora": ("self", "lora_config", "num_scheduled_tokens", "num_sampled_tokens", "remove_lora",
+                   "num_active_loras"),
+    "execute_model": ("self", "scheduler_output", "intermediate_tensors", "dummy_run", "skip_attn_for_dummy_run",
+                      "is_profile"),
     "compute_hash_025": ("self",),
     "compute_hash_033": ("self", "include_version"),
     "dp_dispatch": ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count", "dp_size", "dp_rank"),
@@ -212,6 +221,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     if semantics == "0.25" and plan.spec.has(Fix.dummy_remainder):
         _spread_make_dummy()
+        _spread_dummy_run(runner_mod.GPUModelRunner)
 
     original_hash = VllmConfig.compute_hash
 
@@ -372,6 +382,58 @@ def _spread_make_dummy() -> None:
         return batch
 
     InputBatch.make_dummy = classmethod(make_dummy)
+
+
+def spread(counts):
+    """Per-request token counts with the same total and length, the remainder one token
+    each on the last requests (a list, or a numpy array of the same dtype)."""
+    n = len(counts)
+    total = int(sum(int(c) for c in counts))
+    base, extra = divmod(total, n)
+    even = [base] * (n - extra) + [base + 1] * extra
+    if isinstance(counts, list):
+        return even
+    import numpy as np
+
+    return np.array(even, dtype=counts.dtype)
+
+
+def _spread_dummy_run(runner_cls) -> None:
+    """vLLM 0.25's `_dummy_run` (memory profiling, compile warm-up, a DP rank's idle step)
+    lists its per-request token counts with the remainder on the last request, for the
+    dummy scheduler output and the dummy LoRA mapping, while `make_dummy` (hooked above)
+    builds the inputs. During a dummy run, both lists are respread, so the three agree."""
+    original = runner_cls._dummy_run
+    _require("GPUModelRunner._dummy_run", original, EXPECTED["dummy_run_025"])
+    _require("GPUModelRunner.maybe_dummy_run_with_lora", runner_cls.maybe_dummy_run_with_lora,
+             EXPECTED["dummy_lora"], prefix_only=True)
+    _require("GPUModelRunner.execute_model", runner_cls.execute_model, EXPECTED["execute_model"])
+
+    def _dummy_run(self, num_tokens, *args, **kwargs):
+        lora_context, execute = self.maybe_dummy_run_with_lora, self.execute_model
+
+        def maybe_dummy_run_with_lora(lora_config, num_scheduled_tokens, *a, **k):
+            return lora_context(lora_config, spread(num_scheduled_tokens), *a, **k)
+
+        def execute_model(scheduler_output, *a, **k):
+            counts = scheduler_output.num_scheduled_tokens
+            if k.get("dummy_run") and counts:
+                scheduler_output.num_scheduled_tokens = dict(zip(counts, spread(list(counts.values()))))
+            return execute(scheduler_output, *a, **k)
+
+        names = ("maybe_dummy_run_with_lora", "execute_model")
+        own = {name: vars(self)[name] for name in names if name in vars(self)}  # instance attributes, if any
+        self.maybe_dummy_run_with_lora, self.execute_model = maybe_dummy_run_with_lora, execute_model
+        try:
+            return original(self, num_tokens, *args, **kwargs)
+        finally:
+            for name in names:
+                if name in own:
+                    setattr(self, name, own[name])
+                else:
+                    delattr(self, name)
+
+    runner_cls._dummy_run = _dummy_run
 
 
 def installed() -> Installed | None:

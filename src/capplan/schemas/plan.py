@@ -127,6 +127,23 @@ class Deviation(_Frozen):
     changes: list[str]
 
 
+class DummyRun(_Frozen):
+    """A dummy batch vLLM runs outside capture (memory profiling, warm-up, a DP rank's idle step)."""
+
+    run: Literal["profile", "dp_idle"]
+    tokens: int = Field(ge=1)
+    vllm: list[tuple[int, int]] = Field(description="vLLM's runs of [requests, tokens each].")
+    plan: list[tuple[int, int]] = Field(description="The runs with the plan in force.")
+
+    @property
+    def longest(self) -> int:
+        return max(t for _, t in self.plan)
+
+    @property
+    def vllm_longest(self) -> int:
+        return max(t for _, t in self.vllm)
+
+
 class DPPolicy(_Frozen):
     """How data-parallel ranks agree on a graph."""
 
@@ -154,6 +171,7 @@ class Plan(_Frozen):
     lora_dispatch_map: dict[int, int]
     graphs: list[PlannedGraph]
     dispatch: list[DispatchRange]
+    dummy_runs: list[DummyRun]
     dp: DPPolicy
     stats: dict[str, dict[str, int]]
 
