@@ -35,7 +35,9 @@ def main() -> None:
     parser.add_argument("--specialize-active", type=int, default=1)
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--capture-sizes", default=None, help="comma-separated cudagraph_capture_sizes")
+    parser.add_argument("--engine", default=None, help="JSON: scheduler limits replacing ENGINE's")
     args = parser.parse_args()
+    engine = {**ENGINE, **(json.loads(args.engine) if args.engine else {})}
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     from vllm import LLM, SamplingParams
@@ -48,7 +50,7 @@ def main() -> None:
         model=str(args.model_dir / "base"), enable_lora=True, max_lora_rank=8,
         gpu_memory_utilization=0.3, attention_backend="TRITON_ATTN", skip_tokenizer_init=True,
         dtype="bfloat16", seed=0, enforce_eager=args.eager,
-        specialize_active_lora=bool(args.specialize_active), **ENGINE,
+        specialize_active_lora=bool(args.specialize_active), **engine,
         **({"compilation_config": {"cudagraph_capture_sizes": [int(x) for x in args.capture_sizes.split(",")]}}
            if args.capture_sizes else {}),
     )
