@@ -652,7 +652,7 @@ def apply_cmd(
     and worker process, and CAPPLAN_PLAN names the plan. Setting
     CAPPLAN_PLAN=PATH yourself does the same without this wrapper.
     """
-    from importlib.metadata import entry_points
+    import shlex
 
     from capplan.loading import load_plan
 
@@ -670,17 +670,26 @@ def apply_cmd(
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything
-    if not any(ep.name == "capplan" for ep in entry_points(group="vllm.general_plugins")):
-        raise CapplanError("capplan's vLLM plugin is not installed in this environment",
-                           "pip install capplan (or pip install -e .) where vLLM runs")
-    env = {**os.environ, "CAPPLAN_PLAN": str(plan.resolve()), "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    from capplan.runtime.launch import check_environment, run_child
+
+    env = check_environment(command, dict(os.environ))
+    env["CAPPLAN_PLAN"] = str(plan.resolve())
     if report is not None:
         env["CAPPLAN_REPORT"] = str(report.resolve())
-    typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {' '.join(command)}", err=True)
-    try:
-        os.execvpe(command[0], command, env)
-    except FileNotFoundError:
-        raise CapplanError(f"{command[0]}: command not found") from None
+    typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}", err=True)
+    code = run_child(command, env)
+    if report is not None and code == 0 and not _report_written(report):
+        raise CapplanError(f"{printable(str(report))} was never written: the plan was not put in force by any "
+                           "engine of this command", "check that the command starts vLLM with Model Runner V2")
+    raise typer.Exit(code=code)
+
+
+def _report_written(report: Path) -> bool:
+    if "{" not in report.name:
+        return report.exists()
+    import glob
+
+    return bool(glob.glob(str(report).replace("{rank}", "*").replace("{pid}", "*")))
 
 
 @app.command("schema")

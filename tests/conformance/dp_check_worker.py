@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from capplan.loading import load_plan
 from capplan.runtime.dp_check import check_same_plan, plan_identity
-from capplan.runtime.fingerprint import PlanMismatch
+from capplan.runtime.engine_check import PlanMismatch
 
 rank, port, plan_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

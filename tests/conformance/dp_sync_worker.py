@@ -41,7 +41,7 @@ import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
-from capplan.runtime.fingerprint import PlanMismatch  # noqa: E402
+from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 
 group = SimpleNamespace(cpu_group=dist.group.WORLD, rank_in_group=rank,
                         cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD))

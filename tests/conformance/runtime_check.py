@@ -22,7 +22,7 @@ import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import Batch, Dispatcher, compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
-from capplan.runtime.fingerprint import PlanMismatch  # noqa: E402
+from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 from capplan.runtime.versions import detect_semantics  # noqa: E402
 
 SEMANTICS = detect_semantics(vllm.__version__)
@@ -92,6 +92,31 @@ def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
     return seen
 
 
+def _config_fields_exist() -> list[str]:
+    """The fields engine_check.config_settings reads, looked up on vLLM's real config classes;
+    returns the missing ones."""
+    import dataclasses
+
+    from vllm.config import (CompilationConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig)
+
+    def names(cls) -> set[str]:
+        try:
+            return {f.name for f in dataclasses.fields(cls)} | set(dir(cls))
+        except TypeError:
+            return set(getattr(cls, "model_fields", {})) | set(dir(cls))
+
+    wanted = {VllmConfig: ["scheduler_config", "compilation_config", "lora_config", "model_config",
+                           "speculative_config", "parallel_config"],
+              SchedulerConfig: ["max_num_seqs", "max_num_batched_tokens"],
+              CompilationConfig: ["cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size",
+                                  "cudagraph_specialize_lora"],
+              LoRAConfig: ["max_loras", "specialize_active_lora"], ModelConfig: ["max_model_len"],
+              SpeculativeConfig: ["num_speculative_tokens"], ParallelConfig: ["data_parallel_size"]}
+    return [f"{cls.__name__}.{field}" for cls, fields in wanted.items() for field in fields
+            if field not in names(cls)]
+
+
 def runs(counts: list[int]) -> list[list[int]]:
     out: list[list[int]] = []
     for n in counts:
@@ -122,6 +147,11 @@ def main(out: Path, variant: str = "") -> None:
                                               == [list(r) for r in profile.vllm])
     report["dummy_plan_layout"] = [list(r) for r in profile.plan]
 
+    from capplan.runtime import contract
+
+    # The contract, against vLLM's own functions (before capplan replaces them).
+    report["contract_problems"] = contract.check_all(SEMANTICS)
+    report["contract_entries"] = len([h for h in contract.CONTRACT if SEMANTICS in h.semantics])
     mrv2.install(plan, "runtime.plan.yaml")
     # The same dummy run with the plan in force (the hook is per process: any plan with
     # dummy_remainder installs it; on 0.31+ vLLM already spreads and nothing is hooked).
@@ -182,6 +212,31 @@ def main(out: Path, variant: str = "") -> None:
     report["case5_tokens"] = len(token) == graph.descriptor.num_tokens
     report["case5_requests"] = sorted(r.lora_int_id for r in reqs)
 
+    # The contract: every hooked function's signature, and the manager's private state.
+    from capplan.runtime import contract
+    from capplan.runtime.engine_check import config_problem
+
+    try:
+        contract.check_attributes(contract.CONTRACT[0], manager)
+        report["manager_state_present"] = True
+    except contract.IncompatibleVllm as exc:
+        report["manager_state_present"] = str(exc)
+    # The early check reads the config the manager was built from (the oracle's stands in
+    # for VllmConfig; vLLM's real class is checked for the property the check reads).
+    config = manager.vllm_config
+    if getattr(config.model_config, "max_model_len", None) is None:
+        config.model_config.max_model_len = SPEC["scheduler"]["max_model_len"]
+    if getattr(config, "speculative_config", None) is None:
+        config.speculative_config = SimpleNamespace(num_speculative_tokens=SPEC["speculative"]["num_speculative_tokens"])
+    report["config_fields_exist"] = _config_fields_exist()
+    report["early_check_same_engine"] = config_problem(plan, "runtime.plan.yaml", config)
+    from vllm.config import VllmConfig
+
+    report["uses_v2_runner_attribute"] = isinstance(getattr(VllmConfig, "use_v2_model_runner", None), property)
+    config.scheduler_config.max_num_seqs += 1
+    report["early_check_other_engine"] = config_problem(plan, "runtime.plan.yaml", config)
+    config.scheduler_config.max_num_seqs -= 1
+
     # A mismatched engine stops before capture.
     # (An engine config: capplan's lora_case_sizes means nothing to vLLM, and its
     # cases would not be max_loras 8's.)
@@ -193,6 +248,7 @@ def main(out: Path, variant: str = "") -> None:
         report["mismatch_error"] = None
     except PlanMismatch as exc:
         report["mismatch_error"] = str(exc)
+
     out.write_text(json.dumps(report, indent=2))
 
 

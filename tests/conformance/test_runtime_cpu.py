@@ -40,6 +40,12 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert "does not match this engine" in report["mismatch_error"]
     assert "lora.max_loras: plan 4, engine 8" in report["mismatch_error"]
     assert "Nothing was captured" in report["mismatch_error"]
+    # The runtime contract holds on this release, and the early (pre-spawn) check reads its config.
+    assert report["contract_problems"] == [] and report["contract_entries"] >= 10
+    assert report["manager_state_present"] is True and report["config_fields_exist"] == []
+    assert report["early_check_same_engine"] is None and report["uses_v2_runner_attribute"] is True
+    assert "scheduler.max_num_seqs: plan 16, engine 17" in report["early_check_other_engine"]
+    assert "Refused before the engine started" in report["early_check_other_engine"]
     # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
     # and with the plan in force what the plan says capplan makes it do.
     assert report["dummy_vllm_layout_as_planned"] is True
@@ -63,4 +69,13 @@ def test_plugin_refuses_a_bad_plan(tmp_path, monkeypatch):
     bad.write_text("format_version: 9\n")
     monkeypatch.setenv("CAPPLAN_PLAN", str(bad))
     with pytest.raises(SystemExit, match="format_version: 9 is newer"):
+        register()
+
+
+def test_plugin_refuses_the_v1_runner_before_loading_anything(tmp_path, monkeypatch):
+    from capplan.runtime.plugin import register
+
+    monkeypatch.setenv("CAPPLAN_PLAN", str(ROOT / "examples" / "h200-tiny-llama-025.plan.yaml"))
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(SystemExit, match="VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner"):
         register()

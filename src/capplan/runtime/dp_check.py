@@ -16,7 +16,7 @@ rank fails at start instead of hanging.
 
 from __future__ import annotations
 
-from capplan.runtime.fingerprint import PlanMismatch
+from capplan.runtime.engine_check import PlanMismatch
 from capplan.schemas.plan import Plan
 
 NO_PLAN = "no plan"

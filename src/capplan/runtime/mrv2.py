@@ -26,56 +26,25 @@ unexpected vLLM fails at start instead of half-way through capture:
 
 from __future__ import annotations
 
-import inspect
 import sys
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
+from capplan.runtime import contract
+from capplan.runtime.contract import IncompatibleVllm
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
-from capplan.runtime.fingerprint import PlanMismatch, engine_problem
+from capplan.runtime.engine_check import PlanMismatch, config_problem, engine_problem
 from capplan.runtime.report import Report
 from capplan.runtime.versions import detect_semantics
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Fix
 
-EXPECTED = {
-    "init_candidates": ("self",),
-    "dispatch_025": ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras"),
-    "dispatch_033": ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras",
-                     "max_query_len", "num_ubatches"),
-    "count": ("lora_config", "lora_state", "req_ids", "dummy_run"),
-    "hook": ("lora_config", "runner"),
-    "make_dummy": ("num_reqs", "num_tokens", "input_buffers"),
-    "dummy_run_025": ("self", "num_tokens", "args", "skip_attn", "uniform_decode", "skip_eplb", "is_profile",
-                      "kwargs"),
-    "dummy_lora": ("self", "lora_config", "num_scheduled_tokens", "num_sampled_tokens", "remove_lora",
-                   "num_active_loras"),
-    "execute_model": ("self", "scheduler_output", "intermediate_tensors", "dummy_run", "skip_attn_for_dummy_run",
-                      "is_profile"),
-    "compute_hash_025": ("self",),
-    "compute_hash_033": ("self", "include_version"),
-    "dp_dispatch": ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count", "dp_size", "dp_rank"),
-    "dp_sync": ("cudagraph_manager", "desired_batch_desc", "num_tokens", "num_reqs", "uniform_token_count",
-                "dp_size", "dp_rank"),
-}
-
-
-class IncompatibleVllm(RuntimeError):
-    """vLLM is not a version, or not shaped the way, capplan's hooks expect."""
-
-
-def _params(fn) -> tuple[str, ...]:
-    return tuple(inspect.signature(fn).parameters)
-
-
-def _require(name: str, fn, expected: tuple[str, ...], prefix_only: bool = False) -> None:
-    got = _params(fn)
-    ok = got[: len(expected)] == expected if prefix_only else got == expected
-    if not ok:
-        raise IncompatibleVllm(
-            f"capplan: vLLM's {name} has parameters {got}, expected {expected}; "
-            "this vLLM is not supported (capplan supports 0.25.x and 0.31-0.33)"
-        )
+def _require(target: str, semantics: str, fn=None):
+    """Check the contract entry for `target` (and `fn`, the function actually patched,
+    when it differs from the one the entry names); return the entry."""
+    hook = contract.entry(target, semantics)
+    contract.check_signature(hook, fn)
+    return hook
 
 
 class Installed:
@@ -87,6 +56,8 @@ class Installed:
         self.dispatcher = Dispatcher(plan)
         self.report = Report(plan, plan_path)
         self.in_step = False
+        self.in_force = False  # set once the plan's capture list is installed
+        self.lora_state_checked = False
         self.layouts = {
             (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy
             for g in plan.graphs
@@ -114,13 +85,13 @@ def install(plan: Plan, plan_path: str) -> Installed:
             f"{vllm.__version__} ({semantics}); regenerate the plan with target.vllm: \"{semantics}\""
         )
     manager_cls = cg.ModelCudaGraphManager
-    _require("CudaGraphManager._init_candidates", cg.CudaGraphManager._init_candidates, EXPECTED["init_candidates"])
-    dispatch_expected = EXPECTED["dispatch_025" if semantics == "0.25" else "dispatch_033"]
-    _require("CudaGraphManager.dispatch", cg.CudaGraphManager.dispatch, dispatch_expected)
-    _require("get_num_active_loras_for_dispatch", runner_mod.get_num_active_loras_for_dispatch, EXPECTED["count"])
-    _require("create_lora_capture_hook", runner_mod.create_lora_capture_hook, EXPECTED["hook"])
-    _require("VllmConfig.compute_hash", VllmConfig.compute_hash,
-             EXPECTED["compute_hash_025" if semantics == "0.25" else "compute_hash_033"])
+    m = contract.MANAGER
+    init_hook = _require(f"{m}._init_candidates", semantics)
+    _require(f"{m}.dispatch", semantics)
+    _require(f"{m}.capture", semantics)
+    count_hook = _require(f"{contract.RUNNER}:get_num_active_loras_for_dispatch", semantics)
+    capture_hook = _require(f"{contract.RUNNER}:create_lora_capture_hook", semantics)
+    _require("vllm.config:VllmConfig.compute_hash", semantics)
     state = Installed(plan, plan_path)
     desc_cls = cg.BatchExecutionDescriptor
     desc_fields = {f.name for f in fields(desc_cls)}
@@ -139,6 +110,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     def _init_candidates(self) -> None:
         original_init_candidates(self)  # vLLM's own tables, kept for the report
+        contract.check_attributes(init_hook, self)  # every attribute written below exists on vLLM's side
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         problem = engine_problem(plan, plan_path, self)
         if self.vllm_config.parallel_config.data_parallel_size > 1:
@@ -161,8 +133,9 @@ def install(plan: Plan, plan_path: str) -> Installed:
         state.report.planned(vllm_planned_count=len(vllm_planned))
         dp_size = self.vllm_config.parallel_config.data_parallel_size
         where = f", DP rank {state.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
-        print(f"capplan: capturing {len(vllm_descs)} graphs from {plan_path} (vLLM alone: {len(vllm_planned)})"
-              f"{where}", file=sys.stderr)
+        print(f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
+              f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}", file=sys.stderr)
+        state.in_force = True
 
     manager_cls._init_candidates = _init_candidates
 
@@ -210,6 +183,9 @@ def install(plan: Plan, plan_path: str) -> Installed:
                 return 0
             if dummy_run:
                 return lora_config.max_loras + 1
+            if not state.lora_state_checked:
+                contract.check_attributes(count_hook, lora_state)
+                state.lora_state_checked = True
             adapters = len(lora_state.get_activate_loras(req_ids))
             base = any(r not in lora_state.lora_requests for r in req_ids)
             return kernel_slots(adapters, base)
@@ -217,11 +193,13 @@ def install(plan: Plan, plan_path: str) -> Installed:
         runner_mod.get_num_active_loras_for_dispatch = get_num_active_loras_for_dispatch
 
     if plan.spec.lora.enabled:
-        runner_mod.create_lora_capture_hook = _capture_hook_factory(state)
+        runner_mod.create_lora_capture_hook = _capture_hook_factory(state, capture_hook)
 
     if semantics == "0.25" and plan.spec.has(Fix.dummy_remainder):
         _spread_make_dummy()
         _spread_dummy_run(runner_mod.GPUModelRunner)
+    _refuse_v1_runner(state)
+    _check_config_early(state, semantics)
 
     original_hash = VllmConfig.compute_hash
 
@@ -232,7 +210,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
         return hashlib.sha256(f"{base}|capplan:{plan.fingerprint}".encode()).hexdigest()[: len(base)]
 
     VllmConfig.compute_hash = compute_hash
-    _hook_dp_sync(state, manager_cls, runner_mod)
+    _hook_dp_sync(state, manager_cls, runner_mod, semantics)
     _STATE = state
     return state
 
@@ -244,7 +222,7 @@ def _agree_across_dp(identity: str, problem: str | None) -> None:
     check_same_plan(identity, problem, dp.cpu_group, f" (DP rank {dp.rank_in_group})")
 
 
-def _hook_dp_sync(state: Installed, manager_cls, runner_mod) -> None:
+def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> None:
     """Count what each model-runner step really runs, and what DP sync did to it.
 
     vLLM's model runner calls `dispatch_cg_and_sync_dp`: a local dispatch,
@@ -260,9 +238,8 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod) -> None:
 
     import vllm.v1.worker.gpu.dp_utils as dp_utils
 
-    _require("dispatch_cg_and_sync_dp", dp_utils.dispatch_cg_and_sync_dp, EXPECTED["dp_dispatch"], prefix_only=True)
-    _require("sync_cudagraph_and_dp_padding", dp_utils.sync_cudagraph_and_dp_padding, EXPECTED["dp_sync"],
-             prefix_only=True)
+    _require("vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp", semantics)
+    _require("vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding", semantics)
     original_step = runner_mod.dispatch_cg_and_sync_dp
     original_sync = dp_utils.sync_cudagraph_and_dp_padding
     report = state.report
@@ -314,7 +291,7 @@ def install_dp_guard() -> None:
     manager_cls = cg.ModelCudaGraphManager
     if getattr(manager_cls._init_candidates, "_capplan_guard", False):
         return
-    _require("CudaGraphManager._init_candidates", cg.CudaGraphManager._init_candidates, EXPECTED["init_candidates"])
+    contract.check_signature(contract.CONTRACT[0])
     original = manager_cls._init_candidates
 
     def _init_candidates(self) -> None:
@@ -326,10 +303,11 @@ def install_dp_guard() -> None:
     manager_cls._init_candidates = _init_candidates
 
 
-def _capture_hook_factory(state: Installed):
+def _capture_hook_factory(state: Installed, hook_entry):
     def create_lora_capture_hook(lora_config, runner):
         if lora_config is None:
             return None
+        contract.check_attributes(hook_entry, runner)
         import numpy as np
         from vllm.lora.request import LoRARequest
 
@@ -363,10 +341,11 @@ def _spread_make_dummy() -> None:
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
     original = InputBatch.make_dummy.__func__
-    _require("InputBatch.make_dummy", InputBatch.make_dummy, EXPECTED["make_dummy"])
+    hook = _require("vllm.v1.worker.gpu.input_batch:InputBatch.make_dummy", "0.25")
 
     def make_dummy(cls, num_reqs, num_tokens, input_buffers):
         batch = original(cls, num_reqs, num_tokens, input_buffers)
+        contract.check_attributes(hook, batch)
         extra = num_tokens % num_reqs
         if extra <= 1:
             return batch  # nothing piled
@@ -404,10 +383,8 @@ def _spread_dummy_run(runner_cls) -> None:
     dummy scheduler output and the dummy LoRA mapping, while `make_dummy` (hooked above)
     builds the inputs. During a dummy run, both lists are respread, so the three agree."""
     original = runner_cls._dummy_run
-    _require("GPUModelRunner._dummy_run", original, EXPECTED["dummy_run_025"])
-    _require("GPUModelRunner.maybe_dummy_run_with_lora", runner_cls.maybe_dummy_run_with_lora,
-             EXPECTED["dummy_lora"], prefix_only=True)
-    _require("GPUModelRunner.execute_model", runner_cls.execute_model, EXPECTED["execute_model"])
+    for name in ("_dummy_run", "maybe_dummy_run_with_lora", "execute_model"):
+        _require(f"{contract.RUNNER}:GPUModelRunner.{name}", "0.25", getattr(runner_cls, name))
 
     def _dummy_run(self, num_tokens, *args, **kwargs):
         lora_context, execute = self.maybe_dummy_run_with_lora, self.execute_model
@@ -436,8 +413,62 @@ def _spread_dummy_run(runner_cls) -> None:
     runner_cls._dummy_run = _dummy_run
 
 
+def _check_config_early(state: Installed, semantics: str) -> None:
+    """Compare plan and engine where vLLM's config becomes final, in the process that starts
+    the engine (the API server, or the script that builds LLM): a mismatched plan, or an
+    engine vLLM puts on its V1 runner, stops the launch there, before any process is
+    spawned or any weight loaded, with one line."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    _require("vllm.engine.arg_utils:EngineArgs.create_engine_config", semantics)
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        if not config.use_v2_model_runner:
+            raise SystemExit(v1_runner_message(state.plan_path))
+        problem = config_problem(state.plan, state.plan_path, config)
+        if problem:
+            raise SystemExit(problem)
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def _refuse_v1_runner(state: Installed) -> None:
+    """Fail closed when vLLM puts the engine on its V1 model runner: none of the hooks
+    above apply there, and the engine would serve without the plan."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    hook = _require("vllm.v1.worker.gpu_worker:Worker.init_device", detect_semantics_of_plan(state))
+    original = Worker.init_device
+
+    def init_device(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        contract.check_attributes(hook, self)
+        if not self.use_v2_model_runner:
+            raise PlanNotInForce(v1_runner_message(state.plan_path))
+        return result
+
+    Worker.init_device = init_device
+
+
+def detect_semantics_of_plan(state: Installed) -> str:
+    return state.plan.spec.target.vllm
+
+
+class PlanNotInForce(RuntimeError):
+    """The engine would run without the plan (another model runner): refused."""
+
+
+def v1_runner_message(plan_path: str) -> str:
+    return (f"capplan: vLLM chose its V1 model runner for this engine, where the plan {plan_path} cannot be in "
+            "force; refusing to start (run on Model Runner V2: VLLM_USE_V2_MODEL_RUNNER=1, and no feature "
+            "MRV2 lacks; or remove CAPPLAN_PLAN to run without a plan)")
+
+
 def installed() -> Installed | None:
     return _STATE
 
 
-__all__ = ["IncompatibleVllm", "install", "installed"]
+__all__ = ["IncompatibleVllm", "PlanNotInForce", "install", "installed"]

@@ -12,7 +12,6 @@ captured.
 from __future__ import annotations
 
 import os
-import sys
 
 ENV = "CAPPLAN_PLAN"
 
@@ -24,15 +23,20 @@ def register() -> None:
         return
     from capplan.errors import CapplanError
     from capplan.loading import load_plan
-    from capplan.runtime.mrv2 import install
 
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
+        raise SystemExit(f"capplan: {ENV}={path} is set, but VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's "
+                         "V1 model runner, where the plan cannot be in force (unset one of the two)")
     try:
         plan = load_plan(path)
     except CapplanError as exc:
         raise SystemExit(f"capplan: {ENV}={path}: {exc.one_line()}") from None
-    install(plan, path)
-    print(f"capplan: plan {path} in force ({len(plan.graphs)} graphs, fixes: "
-          f"{', '.join(plan.fixes) or 'none'})", file=sys.stderr)
+    from capplan.runtime.mrv2 import install
+
+    try:
+        install(plan, path)
+    except RuntimeError as exc:  # an unsupported vLLM, or one shaped other than the contract says
+        raise SystemExit(str(exc) if str(exc).startswith("capplan:") else f"capplan: {exc}") from None
 
 
 def _guard_only() -> None:

@@ -1,4 +1,7 @@
-"""Check a plan against the live engine before anything is captured."""
+"""Check a plan against the engine it is applied to: first against vLLM's final config in
+the process that starts the engine (before anything is spawned or loaded), then against
+the CUDA-graph manager in each process that captures (the last word: it sees the mode
+and LoRA cases the runner really resolved)."""
 
 from __future__ import annotations
 
@@ -80,7 +83,40 @@ def engine_problem(plan: Plan, plan_path: str, manager) -> str | None:
             "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC")
 
 
-def check_engine(plan: Plan, plan_path: str, manager) -> None:
-    problem = engine_problem(plan, plan_path, manager)
-    if problem:
-        raise PlanMismatch(problem)
+def config_settings(cfg) -> dict[str, object]:
+    """The settings the plan depends on, read off a final VllmConfig (no manager yet)."""
+    comp = cfg.compilation_config
+    lora = getattr(cfg, "lora_config", None)
+    model = getattr(cfg, "model_config", None)
+    spec = getattr(cfg, "speculative_config", None)
+    mode = comp.cudagraph_mode
+    return {
+        "scheduler.max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "scheduler.max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "scheduler.max_model_len": getattr(model, "max_model_len", None),
+        "cudagraph.mode": getattr(mode, "name", str(mode)),
+        "cudagraph.capture_sizes (resolved)": list(comp.cudagraph_capture_sizes or []),
+        "cudagraph.max_capture_size (resolved)": comp.max_cudagraph_capture_size or 0,
+        "lora.enabled": lora is not None,
+        "lora.max_loras": getattr(lora, "max_loras", None),
+        "lora.specialize": bool(comp.cudagraph_specialize_lora),
+        "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
+        "speculative.num_speculative_tokens": getattr(spec, "num_speculative_tokens", None) or 0,
+        "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
+    }
+
+
+def config_problem(plan: Plan, plan_path: str, cfg) -> str | None:
+    """The one-line refusal for an engine about to start with this config, or None."""
+    ours, theirs = plan_settings(plan), config_settings(cfg)
+    diffs = []
+    for key, have in theirs.items():
+        want = ours[key]
+        if key == "lora.specialize" and not ours["lora.enabled"]:
+            continue
+        if want != have:
+            diffs.append(f"{key}: plan {_short(want)}, engine {_short(have)}")
+    if not diffs:
+        return None
+    return (f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Refused before the engine "
+            "started. Set the spec to the engine's settings and regenerate: capplan compile SPEC")

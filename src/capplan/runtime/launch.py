@@ -1,0 +1,92 @@
+"""`capplan apply`: check that a command will really run vLLM with the plan, then run it.
+
+Nothing here imports vLLM: the checks ask the Python that will run the
+command, so a plan is never handed to an environment where it would be
+silently ignored (no vLLM, no capplan plugin, the plugin filtered out, the
+V1 model runner forced).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from capplan.errors import CapplanError, printable
+
+_PROBE = ("import importlib.metadata as m, importlib.util as u\n"
+          "print(u.find_spec('vllm') is not None, "
+          "any(e.name == 'capplan' for e in m.entry_points(group='vllm.general_plugins')))")
+
+
+def target_python(command: list[str]) -> str | None:
+    """The interpreter that will run `command`: the command itself when it is a Python, the
+    interpreter of its shebang line when it is a script (`vllm`), else None."""
+    exe = shutil.which(command[0]) or command[0]
+    if Path(exe).name.startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as handle:
+            first = handle.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!") and "python" in first:
+        parts = first[2:].split()
+        return parts[-1] if Path(parts[0]).name == "env" else parts[0]
+    return None
+
+
+def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]:
+    """The environment to run `command` in, after refusing every setup where the plan
+    would not be in force."""
+    if env.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
+        raise CapplanError("VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where the plan "
+                           "cannot be in force", "unset it: capplan apply runs Model Runner V2")
+    plugins = env.get("VLLM_PLUGINS")
+    if plugins is not None and "capplan" not in [p.strip() for p in plugins.split(",")]:
+        raise CapplanError(f"VLLM_PLUGINS={printable(plugins)} leaves out capplan's plugin, so vLLM would not load "
+                           "the plan", "add capplan to VLLM_PLUGINS or unset it")
+    python = target_python(command)
+    if python is None:
+        python = sys.executable  # a wrapper script: the best guess is the Python running capplan
+    try:
+        probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=60)
+        has_vllm, has_plugin = (word == "True" for word in probe.stdout.split())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        raise CapplanError(f"cannot run {printable(python)} to check that it sees vLLM and capplan's plugin",
+                           "give a command that runs vLLM's Python") from None
+    where = printable(python)
+    if not has_vllm:
+        raise CapplanError(f"vLLM is not installed for {where}, which runs the command",
+                           f"{where} -m pip install 'capplan[vllm]'")
+    if not has_plugin:
+        raise CapplanError(f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
+                           f"{where} -m pip install capplan")
+    # MoE models on vLLM 0.25 default to the V1 runner; the plan needs MRV2.
+    return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+def run_child(command: list[str], env: dict[str, str]) -> int:
+    """Run the command to its end, passing Ctrl-C and SIGTERM on; its exit code (128+N on a signal)."""
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise CapplanError(f"{printable(command[0])}: command not found") from None
+    except OSError as exc:
+        raise CapplanError(f"{printable(command[0])}: cannot run ({exc.strerror})") from None
+
+    def forward(signum, frame):  # noqa: ARG001 - signal handler signature
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+__all__ = ["check_environment", "run_child", "target_python"]
