@@ -135,6 +135,9 @@ def serve(name: str, model: Path, work: Path, specialize_active: bool, plan: Pat
             for i, adapter in enumerate(adapters):
                 texts[f"{g}:{i}"] = {"adapter": adapter, "group": g, "text": out.get(i)}
         result["texts"] = texts
+    except Exception as exc:  # noqa: BLE001 - keep what the other servers measured
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["texts"] = {}
     finally:
         proc.terminate()
         try:
@@ -144,6 +147,8 @@ def serve(name: str, model: Path, work: Path, specialize_active: bool, plan: Pat
         log.close()
     text = (work / f"{name}.log").read_text()
     result["capplan_lines"] = [line for line in text.splitlines() if "capplan" in line][-6:]
+    if "error" in result:
+        result["log_tail"] = text.splitlines()[-25:]
     if report.exists():
         result["report"] = json.loads(report.read_text())
     return result
@@ -164,7 +169,6 @@ def refusal(name: str, model: Path, work: Path, plan: Path, via_apply: bool, ext
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     return {"name": name, "returncode": proc.returncode, "launch_to_exit_s": round(elapsed, 1),
             "last_stderr_lines": lines[-3:],
-            "capplan_lines": sum("capplan:" in line for line in lines),
             "weights_loaded": "Loading weights took" in proc.stdout + proc.stderr or
                               "Model loading took" in proc.stdout + proc.stderr}
 
