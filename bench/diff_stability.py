@@ -59,8 +59,9 @@ def main() -> int:
                 (folder / name).write_text(text)
                 subprocess.run(["capplan", "compile", str(folder / name)], check=True, capture_output=True)
                 plans.append(folder / name.replace(".yaml", ".plan.yaml"))
-            numstat = subprocess.run(["git", "diff", "--no-index", "--numstat", *map(str, plans)],
-                                     capture_output=True, text=True).stdout.split()
+            numstat = subprocess.run(
+                ["git", "diff", "--no-index", "--numstat", *map(str, plans)], capture_output=True, text=True
+            ).stdout.split()
             changed = int(numstat[0]) + int(numstat[1])
             old_text, new_text = plans[0].read_text(), plans[1].read_text()
             old_g, new_g = _graph_lines(old_text), set(_graph_lines(new_text))

@@ -42,17 +42,21 @@ def _reexec_in_oracle(oracle_dir: Path, argv: list[str], module: str = "bench") 
     python = oracle_dir / "venv" / "bin" / "python"
     src = oracle_dir / "src" / ORACLE_VERSION
     if not python.exists() or not src.is_dir():
-        print(f"error: vLLM {ORACLE_VERSION} is not importable and {oracle_dir} has no oracle venv "
-              "(run: bash tests/conformance/oracle/setup_oracle.sh .cache/vllm-oracle), "
-              "or pass --capplan-only", file=sys.stderr)
+        print(
+            f"error: vLLM {ORACLE_VERSION} is not importable and {oracle_dir} has no oracle venv "
+            "(run: bash tests/conformance/oracle/setup_oracle.sh .cache/vllm-oracle), "
+            "or pass --capplan-only",
+            file=sys.stderr,
+        )
         return 2
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (src, ROOT / "src", ROOT))), "CAPPLAN_BENCH_CHILD": "1"}
     return subprocess.call([str(python), "-m", module, *argv], cwd=ROOT, env=env)
 
 
 def add_oracle_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--oracle-dir", type=Path, default=Path(os.environ.get(
-        "CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle")))
+    parser.add_argument(
+        "--oracle-dir", type=Path, default=Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
+    )
 
 
 def run_in_oracle_if_needed(args, argv: list[str], module: str) -> int | None:
@@ -174,8 +178,10 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
 
         def vllm_run():
             dispatch = manager.dispatch
-            return [dispatch(r, t, derive(r, t, q, p), num_active_loras=k, max_query_len=None if p else q)
-                    for r, t, q, k, p in args]
+            return [
+                dispatch(r, t, derive(r, t, q, p), num_active_loras=k, max_query_len=None if p else q)
+                for r, t, q, k, p in args
+            ]
 
         def vllm_derive_only():
             for r, t, q, _, p in args:
@@ -184,7 +190,8 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
         theirs = vllm_run()
         ours = run(exact)()
         mismatches = sum(
-            1 for a, b in zip(ours, theirs)
+            1
+            for a, b in zip(ours, theirs)
             if (a.cg_mode, a.num_tokens, a.num_reqs, a.uniform_token_count, a.num_active_loras)
             != (b.cg_mode.name, b.num_tokens, b.num_reqs, b.uniform_token_count, b.num_active_loras)
         )
@@ -217,8 +224,13 @@ def bench_load_verify(spec_data: dict, repeats: int) -> dict:
         size = path.stat().st_size
     report = verify_plan(plan)
     verify = [_timed(lambda: verify_plan(plan)) for _ in range(max(1, repeats // 3))]
-    return {"plan_bytes": size, "graphs": len(plan.graphs), "load_s": _stats(load),
-            "verify_s": _stats(verify), "verify_ok": report.ok}
+    return {
+        "plan_bytes": size,
+        "graphs": len(plan.graphs),
+        "load_s": _stats(load),
+        "verify_s": _stats(verify),
+        "verify_ok": report.ok,
+    }
 
 
 def bench_cli(repeats: int) -> dict:
@@ -232,20 +244,41 @@ def bench_cli(repeats: int) -> dict:
     # bytecode on first import, unless PYTHONDONTWRITEBYTECODE is set (as on
     # some CI and sandbox machines), when every process would compile
     # capplan's source again. Time what an installed capplan does.
-    package = subprocess.run([python, "-c", "import capplan, os; print(os.path.dirname(capplan.__file__))"],
-                             env=env, capture_output=True, text=True, check=True).stdout.strip()
-    compiled = subprocess.run([python, "-m", "compileall", "-q", "--invalidation-mode", "timestamp", package],
-                              env=env, capture_output=True, text=True)
-    bytecode = ("compiled, as pip install leaves it" if compiled.returncode == 0 else
-                f"not compiled ({package} not writable): every process compiles capplan's source")
+    package = subprocess.run(
+        [python, "-c", "import capplan, os; print(os.path.dirname(capplan.__file__))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    compiled = subprocess.run(
+        [python, "-m", "compileall", "-q", "--invalidation-mode", "timestamp", package],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    bytecode = (
+        "compiled, as pip install leaves it"
+        if compiled.returncode == 0
+        else f"not compiled ({package} not writable): every process compiles capplan's source"
+    )
     plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
     dispatch = [exe, "dispatch", str(plan), "--reqs", "3", "--tokens", "17", "--loras", "2", "--base"]
     commands = {
         "capplan --help": ([exe, "--help"], env),
         # Every query loads the plan: YAML, spec validation, compile, comparison.
         "capplan dispatch": (dispatch, env),
-        "capplan compile --check": ([exe, "compile", str(ROOT / "configs" / "qwen3-8b-multilora.yaml"),
-                                     "--plan-dir", str(ROOT / "examples"), "--check"], env),
+        "capplan compile --check": (
+            [
+                exe,
+                "compile",
+                str(ROOT / "configs" / "qwen3-8b-multilora.yaml"),
+                "--plan-dir",
+                str(ROOT / "examples"),
+                "--check",
+            ],
+            env,
+        ),
         # Where a dispatch's time goes: the interpreter alone, and the
         # import of pydantic plus capplan's schema classes (no work done).
         "  floor: python -c pass": ([python, "-c", "pass"], env),
@@ -260,10 +293,18 @@ def bench_cli(repeats: int) -> dict:
     out: dict = {name: _stats(values) for name, values in samples.items()}
     out["bytecode"] = bytecode
     probe = subprocess.run(
-        [python, "-c", "import sys\nfrom capplan.cli import app\n"
-         "try:\n    app(['dispatch', sys.argv[1], '--reqs', '1', '--tokens', '1'])\nexcept SystemExit:\n    pass\n"
-         "print(sorted(m for m in ('torch', 'vllm', 'triton') if m in sys.modules))", str(plan)],
-        env=env, capture_output=True, text=True)
+        [
+            python,
+            "-c",
+            "import sys\nfrom capplan.cli import app\n"
+            "try:\n    app(['dispatch', sys.argv[1], '--reqs', '1', '--tokens', '1'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'vllm', 'triton') if m in sys.modules))",
+            str(plan),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     out["heavy_modules_imported"] = json.loads(probe.stdout.strip().splitlines()[-1].replace("'", '"'))
     return out
 
@@ -284,28 +325,40 @@ def _range_ns(st: dict) -> str:
 
 
 def render_table(results: dict) -> str:
-    lines = [f"capplan benchmark on {results['machine']} (vLLM {results.get('vllm', 'not run')}); "
-             "medians with (min-max) over repeats", ""]
+    lines = [
+        f"capplan benchmark on {results['machine']} (vLLM {results.get('vllm', 'not run')}); "
+        "medians with (min-max) over repeats",
+        "",
+    ]
     head = f"{'spec':<9} {'measure':<26} {'capplan':>26} {'vLLM':>26} {'ratio':>7}"
     lines += [head, "-" * len(head)]
     for name, r in results["specs"].items():
         c = r["compile"]
-        lines.append(f"{name:<9} {'compile (spec -> plan)':<26} {_range_ms(c['capplan_s']):>26} "
-                     f"{_range_ms(c['vllm_s']) if 'vllm_s' in c else '-':>26} "
-                     + (f"{c['ratio']:.2f}x" if "ratio" in c else ""))
+        lines.append(
+            f"{name:<9} {'compile (spec -> plan)':<26} {_range_ms(c['capplan_s']):>26} "
+            f"{_range_ms(c['vllm_s']) if 'vllm_s' in c else '-':>26} " + (f"{c['ratio']:.2f}x" if "ratio" in c else "")
+        )
         d = r["dispatch"]
-        lines.append(f"{'':<9} {'dispatch per call':<26} {_range_ns(d['capplan_ns']):>26} "
-                     f"{_range_ns(d['vllm_ns']) if 'vllm_ns' in d else '-':>26} "
-                     + (f"{d['ratio']:.2f}x" if "ratio" in d else ""))
+        lines.append(
+            f"{'':<9} {'dispatch per call':<26} {_range_ns(d['capplan_ns']):>26} "
+            f"{_range_ns(d['vllm_ns']) if 'vllm_ns' in d else '-':>26} "
+            + (f"{d['ratio']:.2f}x" if "ratio" in d else "")
+        )
         if "identical_results" in d:
             verdict = "yes" if d["identical_results"] else "NO ({} differ)".format(d["mismatches"])
             lines.append(f"{'':<9} {'  same result as vLLM':<26} {verdict:>26}   ({d['queries']} queries)")
-        lines.append(f"{'':<9} {'  loop + table lookup':<26} {_range_ns(d['capplan_loop_and_lookup_ns']):>26}"
-                     + (f" {_range_ns(d['vllm_uniform_rule_ns']):>26} (uniform rule)" if "vllm_uniform_rule_ns" in d else ""))
+        lines.append(
+            f"{'':<9} {'  loop + table lookup':<26} {_range_ns(d['capplan_loop_and_lookup_ns']):>26}"
+            + (f" {_range_ns(d['vllm_uniform_rule_ns']):>26} (uniform rule)" if "vllm_uniform_rule_ns" in d else "")
+        )
         lv = r["load_verify"]
-        lines.append(f"{'':<9} {'load plan ({} KiB)'.format(lv['plan_bytes'] // 1024):<26} {_range_ms(lv['load_s']):>26}")
-        lines.append(f"{'':<9} {'verify ({} graphs)'.format(lv['graphs']):<26} {_range_ms(lv['verify_s']):>26}"
-                     f"   {'ok' if lv['verify_ok'] else 'VIOLATIONS'}")
+        lines.append(
+            f"{'':<9} {'load plan ({} KiB)'.format(lv['plan_bytes'] // 1024):<26} {_range_ms(lv['load_s']):>26}"
+        )
+        lines.append(
+            f"{'':<9} {'verify ({} graphs)'.format(lv['graphs']):<26} {_range_ms(lv['verify_s']):>26}"
+            f"   {'ok' if lv['verify_ok'] else 'VIOLATIONS'}"
+        )
     cli = results.get("cli", {})
     for name, st in cli.items():
         if isinstance(st, dict) and "median" in st:
@@ -319,8 +372,9 @@ def render_table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats and 20k dispatch queries")
     parser.add_argument("--capplan-only", action="store_true", help="skip vLLM (no ratios)")
     parser.add_argument("--specs", default="small,typical,extreme", help="comma-separated: small,typical,extreme")

@@ -15,8 +15,9 @@ def apply(*command, env=None, report=None, cwd=None):
     args = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(PLAN)]
     if report is not None:
         args += ["--report", str(report)]
-    return subprocess.run([*args, "--", *command], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [*args, "--", *command], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}, cwd=cwd
+    )
 
 
 @pytest.fixture
@@ -36,8 +37,10 @@ def last_line(proc) -> str:
 def test_an_explicit_v1_runner_is_refused_not_overridden(fake_vllm):
     proc = apply(sys.executable, "-c", "print('ran')", env={**fake_vllm, "VLLM_USE_V2_MODEL_RUNNER": "0"})
     assert proc.returncode == 1 and "ran" not in proc.stdout
-    assert last_line(proc) == ("error: VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where "
-                               "the plan cannot be in force (unset it: capplan apply runs Model Runner V2)")
+    assert last_line(proc) == (
+        "error: VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where "
+        "the plan cannot be in force (unset it: capplan apply runs Model Runner V2)"
+    )
 
 
 def test_a_plugin_filter_without_capplan_is_refused(fake_vllm):

@@ -45,7 +45,9 @@ def test_bad_plans_are_what_their_generator_writes():
     loader.loader.exec_module(module)
     for name, (text, expect) in module.CASES.items():
         path = BAD / f"plan-{name}.plan.yaml"
-        assert path.read_text() == f"# expect: {expect}\n{text}", f"stale: {path.name} (run {BAD / 'make_bad_plans.py'})"
+        assert path.read_text() == f"# expect: {expect}\n{text}", (
+            f"stale: {path.name} (run {BAD / 'make_bad_plans.py'})"
+        )
 
 
 def _case(path: Path, work: Path) -> tuple[list[str], str]:
@@ -95,7 +97,8 @@ def test_bad_input_fails_closed_as_a_process(name, tmp_path):
     work.mkdir()
     args, expect = _case(BAD / name, work)
     before = snapshot(work)
-    proc = subprocess.run([sys.executable, "-m", "capplan", *args], cwd=work, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "capplan", *args], cwd=work, capture_output=True, text=True, timeout=60
+    )
     _check(proc.returncode, proc.stdout, proc.stderr, name, expect)
     assert snapshot(work) == before

@@ -11,9 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_runs_on_a_tiny_spec(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--capplan-only", "--quick", "--specs", "small",
-         "--queries", "2000", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--capplan-only",
+            "--quick",
+            "--specs",
+            "small",
+            "--queries",
+            "2000",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "compile (spec -> plan)" in proc.stdout and "dispatch per call" in proc.stdout
@@ -26,8 +40,13 @@ def test_bench_runs_on_a_tiny_spec(tmp_path):
 
 def test_traffic_bench_runs_and_meets_issue_4_targets(tmp_path):
     out = tmp_path / "traffic.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.traffic", "--capplan-only", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.traffic", "--capplan-only", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())
     assert set(rows) == {"bursty", "chat", "multitenant"}

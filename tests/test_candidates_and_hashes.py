@@ -18,16 +18,24 @@ def ranges(plan):
 def test_025_union_ranges():
     plan = compile_plan(make_spec(**TINY, target={"vllm": "0.25"}, fixes=[]))
     assert ranges(plan) == [
-        (1, 1, ["P1"]), (2, 2, ["P2"]), (3, 3, ["F3"]), (4, 4, ["P4"]),
-        (5, 6, ["F6"]), (7, 8, ["P8"]),
+        (1, 1, ["P1"]),
+        (2, 2, ["P2"]),
+        (3, 3, ["F3"]),
+        (4, 4, ["P4"]),
+        (5, 6, ["F6"]),
+        (7, 8, ["P8"]),
     ]  # no FULL:9: rounding 8 up to 9 passes the max capture size
 
 
 def test_per_mode_ranges():
     plan = compile_plan(make_spec(**TINY, fixes=[]))
     assert ranges(plan) == [
-        (1, 1, ["F3", "P1"]), (2, 2, ["F3", "P2"]), (3, 3, ["F3", "P4"]), (4, 4, ["F6", "P4"]),
-        (5, 6, ["F6", "P8"]), (7, 8, ["P8"]),
+        (1, 1, ["F3", "P1"]),
+        (2, 2, ["F3", "P2"]),
+        (3, 3, ["F3", "P4"]),
+        (4, 4, ["F6", "P4"]),
+        (5, 6, ["F6", "P8"]),
+        (7, 8, ["P8"]),
     ]
 
 

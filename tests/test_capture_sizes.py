@@ -30,9 +30,16 @@ def test_033_adds_off_stride_max_num_seqs():
 
 
 def test_033_blackwell_ceiling():
-    sizes, top = resolve_capture_sizes(make_spec(scheduler={"max_num_seqs": 1024, "max_num_batched_tokens": 16384}, target={"blackwell": True}))
+    sizes, top = resolve_capture_sizes(
+        make_spec(scheduler={"max_num_seqs": 1024, "max_num_batched_tokens": 16384}, target={"blackwell": True})
+    )
     assert top == 1024
-    _, top_025 = resolve_capture_sizes(make_spec(scheduler={"max_num_seqs": 1024, "max_num_batched_tokens": 16384}, target={"vllm": "0.25", "blackwell": True}))
+    _, top_025 = resolve_capture_sizes(
+        make_spec(
+            scheduler={"max_num_seqs": 1024, "max_num_batched_tokens": 16384},
+            target={"vllm": "0.25", "blackwell": True},
+        )
+    )
     assert top_025 == 512
 
 

@@ -47,7 +47,9 @@ def test_compile_output_option_is_in_header(workdir):
     assert "#   capplan compile deploy.yaml -o x.plan.yaml" in Path("x.plan.yaml").read_text()
     missing = run("compile", "deploy.yaml", "-o", "nowhere/x.plan.yaml")
     assert missing.exit_code == 1
-    assert missing.stderr == "error: nowhere/x.plan.yaml: cannot write: folder nowhere does not exist (create it first)\n"
+    assert (
+        missing.stderr == "error: nowhere/x.plan.yaml: cannot write: folder nowhere does not exist (create it first)\n"
+    )
 
 
 def test_dry_run_prints_and_writes_nothing(workdir):
@@ -63,7 +65,12 @@ def test_compile_json_has_public_keys(workdir):
     for key in ("capture_sizes", "lora_capture_cases", "lora_dispatch_map", "descriptors"):
         assert key in data
     assert set(data["descriptors"][0]) == {
-        "cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras"
+        "cg_mode",
+        "num_tokens",
+        "num_reqs",
+        "uniform_token_count",
+        "max_query_len",
+        "num_active_loras",
     }
     assert data["lora_dispatch_map"] == {"1": 1, "2": 2, "3": 4, "4": 4, "5": 5}
 
@@ -75,8 +82,10 @@ def test_check_detects_stale_plan(workdir):
     Path("deploy.yaml").write_text(SPEC.replace("max_loras: 4", "max_loras: 8"))
     result = run("compile", "deploy.yaml", "--check")
     assert result.exit_code == 1
-    assert result.stderr.strip() == ("error: plan is stale (deploy.plan.yaml: spec.lora.max_loras: the file says 4, "
-                                     "its spec compiles to 8): run capplan compile deploy.yaml")
+    assert result.stderr.strip() == (
+        "error: plan is stale (deploy.plan.yaml: spec.lora.max_loras: the file says 4, "
+        "its spec compiles to 8): run capplan compile deploy.yaml"
+    )
 
 
 def test_show_tables_and_json(workdir):
@@ -96,9 +105,17 @@ def test_dispatch_human_and_json(workdir):
     assert result.exit_code == 0
     assert result.stdout.splitlines()[0].startswith("graph PIECEWISE:8@2: ")
     assert "PIECEWISE num_tokens=8" in result.stdout and "pads 3 token(s)" in result.stdout
-    out = json.loads(run("dispatch", "deploy.plan.yaml", "--reqs", "2", "--tokens", "6", "--loras", "2", "--json").stdout)
-    assert out == {"cg_mode": "FULL", "num_tokens": 6, "num_reqs": 2, "uniform_token_count": 3,
-                   "max_query_len": None, "num_active_loras": 2}
+    out = json.loads(
+        run("dispatch", "deploy.plan.yaml", "--reqs", "2", "--tokens", "6", "--loras", "2", "--json").stdout
+    )
+    assert out == {
+        "cg_mode": "FULL",
+        "num_tokens": 6,
+        "num_reqs": 2,
+        "uniform_token_count": 3,
+        "max_query_len": None,
+        "num_active_loras": 2,
+    }
 
 
 def test_dispatch_queries_in_order(workdir):
@@ -111,7 +128,9 @@ def test_dispatch_queries_in_order(workdir):
     result = run("dispatch", "deploy.plan.yaml", "--queries", "q.jsonl")
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["cg_mode"], r["num_tokens"], r["num_active_loras"]) for r in rows] == [
-        ("FULL", 6, 0), ("PIECEWISE", 8, 2), ("PIECEWISE", 8, 0)
+        ("FULL", 6, 0),
+        ("PIECEWISE", 8, 2),
+        ("PIECEWISE", 8, 0),
     ]
 
 
@@ -120,10 +139,17 @@ def test_dispatch_queries_in_order(workdir):
     [
         (["dispatch", "deploy.plan.yaml", "--reqs", "3", "--tokens", "2"], 2, "--tokens (2) must be >= --reqs (3)"),
         (["dispatch", "deploy.plan.yaml", "--reqs", "3"], 2, "give --reqs and --tokens"),
-        (["dispatch", "deploy.plan.yaml", "--reqs", "2", "--tokens", "4", "--max-query-len", "4"], 2, "--max-query-len must be in 2..3"),
+        (
+            ["dispatch", "deploy.plan.yaml", "--reqs", "2", "--tokens", "4", "--max-query-len", "4"],
+            2,
+            "--max-query-len must be in 2..3",
+        ),
         (["dispatch", "missing.plan.yaml", "--reqs", "1", "--tokens", "1"], 1, "missing.plan.yaml: no such file"),
-        (["show", "deploy.yaml"], 1, "deploy.yaml: not a capplan plan (no format_version) but a spec "
-                                     "(compile it first: capplan compile SPEC)"),
+        (
+            ["show", "deploy.yaml"],
+            1,
+            "deploy.yaml: not a capplan plan (no format_version) but a spec (compile it first: capplan compile SPEC)",
+        ),
     ],
 )
 def test_errors_are_one_line(workdir, args, code, message):
@@ -166,12 +192,16 @@ def test_interrupted_write_leaves_old_plan(workdir, monkeypatch):
 def test_cli_process_has_no_traceback_and_no_torch(workdir):
     Path("bad.yaml").write_text("lora: {max_loras: -1}\n")
     proc = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; from capplan.cli import app\n"
-         "try:\n    app(['compile', 'bad.yaml'])\n"
-         "except SystemExit as e:\n"
-         "    assert 'torch' not in sys.modules and 'vllm' not in sys.modules\n    raise"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from capplan.cli import app\n"
+            "try:\n    app(['compile', 'bad.yaml'])\n"
+            "except SystemExit as e:\n"
+            "    assert 'torch' not in sys.modules and 'vllm' not in sys.modules\n    raise",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 1
     assert proc.stderr.strip() == "error: bad.yaml: lora.max_loras: must be >= 1 (got -1)"
@@ -193,17 +223,19 @@ BIG_SPEC = (  # 18,432 graphs: a plan over the loader's 200,000 entry limit
 
 
 def test_compile_refuses_a_plan_no_command_could_load_back(workdir):
+    from capplan.files import check_shape
     from capplan.loading import load_spec, size_problem
     from capplan.planner import compile_plan
     from capplan.planner.render import plan_file_data, render_plan
-    from capplan.files import check_shape
 
     Path("big.yaml").write_text(BIG_SPEC)
     Path("big.plan.yaml").write_text("old plan\n")
     result = run("compile", "big.yaml")
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: big.yaml: the plan would be over the 200000 entry limit for a plan "
-                                    "file (18432 graphs), so no command could load it (capture fewer sizes")
+    assert result.stderr.startswith(
+        "error: big.yaml: the plan would be over the 200000 entry limit for a plan "
+        "file (18432 graphs), so no command could load it (capture fewer sizes"
+    )
     assert Path("big.plan.yaml").read_text() == "old plan\n"
     # The check is the loader's own: the entry count of the data the plan file holds.
     plan = compile_plan(load_spec(Path("big.yaml")))

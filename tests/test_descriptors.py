@@ -22,11 +22,14 @@ def test_graph_counts_match_vllm_logs(lora, piecewise, full):
 
 @pytest.mark.parametrize("specialize_active, piecewise, full", [(False, 22, 14), (True, 55, 35)])
 def test_tiny_llama_counts_match_h200_run(specialize_active, piecewise, full):
-    plan = compile_plan(make_spec(
-        target={"vllm": "0.25"},
-        scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
-        lora={"enabled": True, "max_loras": 4, "specialize_active": specialize_active}, fixes=[],
-    ))
+    plan = compile_plan(
+        make_spec(
+            target={"vllm": "0.25"},
+            scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
+            lora={"enabled": True, "max_loras": 4, "specialize_active": specialize_active},
+            fixes=[],
+        )
+    )
     assert (plan.stats["total"]["PIECEWISE"], plan.stats["total"]["FULL"]) == (piecewise, full)
 
 
@@ -43,9 +46,9 @@ def test_capture_order_piecewise_first_largest_first():
 
 
 def test_uniform_decode_descriptors_round_to_decode_query_len():
-    plan = compile_plan(make_spec(
-        scheduler={"max_num_seqs": 8}, speculative={"num_speculative_tokens": 2}, target={"vllm": "0.25"}
-    ))
+    plan = compile_plan(
+        make_spec(scheduler={"max_num_seqs": 8}, speculative={"num_speculative_tokens": 2}, target={"vllm": "0.25"})
+    )
     full = [(d.num_tokens, d.num_reqs, d.uniform_token_count) for d in plan.descriptors if d.cg_mode == "FULL"]
     assert full == [(24, 8, 3), (18, 6, 3), (9, 3, 3), (6, 2, 3), (3, 1, 3)]
 

@@ -21,8 +21,11 @@ runner = CliRunner()
 
 def test_cost_model_reproduces_its_calibration_runs():
     model = load_cost_model()
-    for lora, seconds, gib in (({"enabled": False}, 8, 0.27), ({"enabled": True, "max_loras": 4}, 30, 0.44),
-                               ({"enabled": True, "max_loras": 4, "specialize_active": True}, 44, 0.94)):
+    for lora, seconds, gib in (
+        ({"enabled": False}, 8, 0.27),
+        ({"enabled": True, "max_loras": 4}, 30, 0.44),
+        ({"enabled": True, "max_loras": 4, "specialize_active": True}, 44, 0.94),
+    ):
         # The calibration runs were plain vLLM: its exact graph set (no pruning).
         est = model.estimate(compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora, fixes=[])))
         assert est.capture_seconds == pytest.approx(seconds) and est.graph_memory_gib == pytest.approx(gib)
@@ -35,8 +38,14 @@ def test_diff_counts_graphs_per_mode_and_case():
     d = diff_plans(old, new, load_cost_model())
     assert not d.equal
     assert d.spec_changes == ["lora.specialize_active: False -> True"]
-    assert d.graph_changes == [("FULL", 1, 35, 0), ("FULL", 2, 35, 0), ("FULL", 4, 35, 0),
-                               ("PIECEWISE", 1, 51, 0), ("PIECEWISE", 2, 51, 0), ("PIECEWISE", 4, 51, 0)]
+    assert d.graph_changes == [
+        ("FULL", 1, 35, 0),
+        ("FULL", 2, 35, 0),
+        ("FULL", 4, 35, 0),
+        ("PIECEWISE", 1, 51, 0),
+        ("PIECEWISE", 2, 51, 0),
+        ("PIECEWISE", 4, 51, 0),
+    ]
     assert d.new_estimate.graphs - d.old_estimate.graphs == 258
     assert d.headline().startswith("lora.specialize_active: False -> True: +258 graphs, +14 s capture")
     same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[])), load_cost_model())
@@ -44,14 +53,26 @@ def test_diff_counts_graphs_per_mode_and_case():
 
 
 def test_diff_reports_dispatch_region_changes():
-    spec = dict(scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64}, speculative={"num_speculative_tokens": 2},
-                cudagraph={"capture_sizes": [1, 2, 4, 8]}, target={"vllm": "0.25"})
-    d = diff_plans(compile_plan(make_spec(**spec, fixes=[])), compile_plan(make_spec(**spec, fixes=["mixed_ranges"])),
-                   load_cost_model())
+    spec = dict(
+        scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64},
+        speculative={"num_speculative_tokens": 2},
+        cudagraph={"capture_sizes": [1, 2, 4, 8]},
+        target={"vllm": "0.25"},
+    )
+    d = diff_plans(
+        compile_plan(make_spec(**spec, fixes=[])),
+        compile_plan(make_spec(**spec, fixes=["mixed_ranges"])),
+        load_cost_model(),
+    )
     assert "mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE:4" not in d.dispatch_changes
-    assert any(line.startswith("mixed batches of 1 token count(s) (3; LoRA case 0): eager -> PIECEWISE:4")
-               for line in d.dispatch_changes), d.dispatch_changes
-    assert "+ mixed_ranges: dispatch: mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE" in d.fix_changes
+    assert any(
+        line.startswith("mixed batches of 1 token count(s) (3; LoRA case 0): eager -> PIECEWISE:4")
+        for line in d.dispatch_changes
+    ), d.dispatch_changes
+    assert (
+        "+ mixed_ranges: dispatch: mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE"
+        in d.fix_changes
+    )
 
 
 @pytest.fixture

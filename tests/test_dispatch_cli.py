@@ -17,8 +17,7 @@ ARGS = ["--reqs", "3", "--tokens", "17", "--loras", "2", "--base"]
 
 def _entry(args, cwd=ROOT, env=None):
     code = "import sys; from capplan.entry import main; sys.argv = ['capplan', *sys.argv[1:]]; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd,
-                          env=env)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
 def test_process_prints_what_the_command_prints():
@@ -27,8 +26,14 @@ def test_process_prints_what_the_command_prints():
     assert first.returncode == 0 and first.stdout == typer_out
     assert first.stdout.startswith("graph PIECEWISE:24@4: PIECEWISE num_tokens=24")
     js = _entry(["dispatch", str(PLAN), *ARGS, "--json"])
-    assert json.loads(js.stdout) == {"cg_mode": "PIECEWISE", "num_tokens": 24, "num_reqs": None,
-                                     "uniform_token_count": None, "max_query_len": None, "num_active_loras": 4}
+    assert json.loads(js.stdout) == {
+        "cg_mode": "PIECEWISE",
+        "num_tokens": 24,
+        "num_reqs": None,
+        "uniform_token_count": None,
+        "max_query_len": None,
+        "num_active_loras": 4,
+    }
 
 
 def test_usage_errors_and_library_errors_are_one_line():
@@ -48,8 +53,9 @@ def test_an_edited_plan_is_refused_every_time_and_nothing_is_stored(tmp_path):
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     assert _entry(["dispatch", str(plan), *ARGS], env=env).returncode == 0
-    edited_text = PLAN.read_text().replace("{graph: PIECEWISE:24@4, dummy: [[24, 1]], grid: 4}",
-                                           "{graph: PIECEWISE:24@4, dummy: [[24, 1]], grid: 3}", 1)
+    edited_text = PLAN.read_text().replace(
+        "{graph: PIECEWISE:24@4, dummy: [[24, 1]], grid: 4}", "{graph: PIECEWISE:24@4, dummy: [[24, 1]], grid: 3}", 1
+    )
     assert edited_text != PLAN.read_text()
     plan.write_text(edited_text)
     for _ in range(2):

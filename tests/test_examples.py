@@ -26,7 +26,9 @@ def test_example_plan_is_byte_for_byte_what_compile_writes(config, monkeypatch):
     plan_path = ROOT / "examples" / f"{config.stem}.plan.yaml"
     result = runner.invoke(app, ["compile", f"configs/{config.name}", "--plan-dir", "examples", "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert plan_path.read_text() == result.stdout, f"stale: run capplan compile configs/{config.name} --plan-dir examples"
+    assert plan_path.read_text() == result.stdout, (
+        f"stale: run capplan compile configs/{config.name} --plan-dir examples"
+    )
     assert f"#   capplan compile ../configs/{config.name} -o {plan_path.name}\n" in result.stdout
     assert verify_plan(load_plan(plan_path)).ok
 
@@ -71,5 +73,6 @@ def test_check_after_renaming_the_spec_and_after_an_edit(config, tmp_path, monke
     assert line.endswith(": run capplan compile renamed-spec.yaml -o elsewhere/some.plan.yaml")
     # The suggested command works from here, and then the check passes.
     assert runner.invoke(app, ["compile", "renamed-spec.yaml", "-o", "elsewhere/some.plan.yaml"]).exit_code == 0
-    assert runner.invoke(app, ["compile", "renamed-spec.yaml", "-o", "elsewhere/some.plan.yaml",
-                               "--check"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["compile", "renamed-spec.yaml", "-o", "elsewhere/some.plan.yaml", "--check"]).exit_code == 0
+    )

@@ -50,8 +50,10 @@ def test_a_new_plan_gets_the_umask_mode_and_a_rewrite_keeps_the_existing_mode(wo
 
 def test_the_output_cannot_be_an_input(work):
     line = one_error(run("compile", "deploy.yaml", "-o", "deploy.yaml"))
-    assert line == ("error: deploy.yaml: is also an input of this command; refusing to overwrite it "
-                    "(write the output somewhere else)")
+    assert line == (
+        "error: deploy.yaml: is also an input of this command; refusing to overwrite it "
+        "(write the output somewhere else)"
+    )
     assert Path("deploy.yaml").read_text() == SPEC
     trace = Path("t.jsonl")
     trace.write_text('{"num_reqs": 2, "num_tokens": 2}\n')
@@ -138,8 +140,9 @@ def test_sigterm_during_a_write_leaves_the_old_plan_and_no_temp_file(work):
 
 
 def test_temp_files_of_killed_writers_are_swept(work):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     stale = Path(f".deploy.plan.yaml.capplan-{dead}.tmp")
     stale.write_text("half a plan")
     live = Path(f".deploy.plan.yaml.capplan-{os.getppid()}.tmp")  # a process that is still running
@@ -156,8 +159,9 @@ def test_special_files_are_refused_as_inputs(work):
         assert line.startswith("error: /dev/zero: not a regular file")
         assert one_error(run("show", "/dev/zero")).startswith("error: /dev/zero: not a regular file")
     os.mkfifo("fifo.yaml")
-    proc = subprocess.run([sys.executable, "-m", "capplan", "compile", "fifo.yaml"], cwd=work, capture_output=True,
-                          text=True, timeout=30)  # must not block waiting for a writer
+    proc = subprocess.run(
+        [sys.executable, "-m", "capplan", "compile", "fifo.yaml"], cwd=work, capture_output=True, text=True, timeout=30
+    )  # must not block waiting for a writer
     assert proc.returncode == 1 and proc.stderr.startswith("error: fifo.yaml: not a regular file")
 
 

@@ -15,16 +15,24 @@ from capplan.planner.verify import verify_plan
 VALID = {
     "target": {"runner": "mrv2", "vllm": "0.25", "blackwell": False},
     "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 256},
-    "cudagraph": {"mode": "FULL_AND_PIECEWISE", "capture_sizes": None, "max_capture_size": None,
-                  "performance_mode": "balanced"},
+    "cudagraph": {
+        "mode": "FULL_AND_PIECEWISE",
+        "capture_sizes": None,
+        "max_capture_size": None,
+        "performance_mode": "balanced",
+    },
     "lora": {"enabled": True, "max_loras": 3, "specialize": True, "specialize_active": True},
     "speculative": {"num_speculative_tokens": 1},
     "parallel": {"data_parallel_size": 2},
     "fixes": ["lora_slot", "dummy_remainder", "mixed_ranges"],
 }
 WEIRD = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
-    st.text(max_size=20), st.lists(st.integers(-5, 5), max_size=5),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.lists(st.integers(-5, 5), max_size=5),
     st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
 )
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -93,7 +101,7 @@ def test_mutated_plans_fail_closed(tmp_path_factory, data):
             digits = [k for k, c in enumerate(lines[i]) if c.isdigit()]
             if digits:
                 k = data.draw(st.sampled_from(digits))
-                lines[i] = lines[i][:k] + data.draw(st.sampled_from("0123456789-x ")) + lines[i][k + 1:]
+                lines[i] = lines[i][:k] + data.draw(st.sampled_from("0123456789-x ")) + lines[i][k + 1 :]
         elif action == "truncate":
             lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
         else:

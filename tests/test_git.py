@@ -11,8 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("capplan", path=str(BIN)) is None,
-                                reason="needs git and the capplan command next to this Python")
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or shutil.which("capplan", path=str(BIN)) is None,
+    reason="needs git and the capplan command next to this Python",
+)
 SPEC = """\
 target: {runner: mrv2, vllm: "0.33"}
 scheduler: {max_num_seqs: 16, max_num_batched_tokens: 256}
@@ -22,8 +24,13 @@ lora: {enabled: true, max_loras: 4, specialize: true, specialize_active: true}
 
 @pytest.fixture
 def repo(tmp_path):
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GITHUB_STEP_SUMMARY": ""}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GITHUB_STEP_SUMMARY": "",
+    }
 
     def run(*args, check=True):
         proc = subprocess.run(list(args), cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -74,8 +81,16 @@ def test_git_diff_of_an_unloadable_side_falls_back_to_the_raw_diff(repo):
 
 
 def _review(repo, *args):
-    return repo(sys.executable, str(ROOT / "examples" / "ci" / "plan_review.py"), "--base", "main",
-                "--specs", "configs/*.yaml", *args, check=False)
+    return repo(
+        sys.executable,
+        str(ROOT / "examples" / "ci" / "plan_review.py"),
+        "--base",
+        "main",
+        "--specs",
+        "configs/*.yaml",
+        *args,
+        check=False,
+    )
 
 
 def test_pull_request_script_summarizes_changed_plans_and_fails_on_stale_ones(repo):
@@ -92,10 +107,24 @@ def test_pull_request_script_summarizes_changed_plans_and_fails_on_stale_ones(re
     # The spec changes again but the plan is not recompiled: the job fails and says what to run.
     spec.write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 4"))
     summary = repo.path / "summary.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "ci" / "plan_review.py"), "--base", "main",
-                           "--specs", "configs/*.yaml"], cwd=repo.path, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                               "GITHUB_STEP_SUMMARY": str(summary)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "ci" / "plan_review.py"),
+            "--base",
+            "main",
+            "--specs",
+            "configs/*.yaml",
+        ],
+        cwd=repo.path,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "GITHUB_STEP_SUMMARY": str(summary),
+        },
+    )
     assert proc.returncode == 1
     assert "run capplan compile configs/deploy.yaml" in proc.stderr
     text = summary.read_text()

@@ -39,10 +39,10 @@ def test_kernel_slots_count_the_no_adapter_id():
 def test_kernel_grid_mirrors_prepare_tensors():
     active = make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True})
     assert captured_lora_counts(4, True) == [1, 2, 4, 5]
-    assert kernel_grid([-1], 8, active) == 0                  # all no-adapter: kernels skipped
-    assert kernel_grid([1, 2, 3], 8, active) == 4             # 3 distinct rounds up to 4
-    assert kernel_grid([1, 2, 3, 4], 8, active) == 4          # vLLM's max_loras+1 dummy: one short
-    assert kernel_grid([1, 2, 3, 4, -1], 8, active) == 5      # with the -1 row: full grid
-    assert kernel_grid([1, 2, 3, 4, -1], 2, active) == 2      # only 2 dummy requests: ids 1, 2
+    assert kernel_grid([-1], 8, active) == 0  # all no-adapter: kernels skipped
+    assert kernel_grid([1, 2, 3], 8, active) == 4  # 3 distinct rounds up to 4
+    assert kernel_grid([1, 2, 3, 4], 8, active) == 4  # vLLM's max_loras+1 dummy: one short
+    assert kernel_grid([1, 2, 3, 4, -1], 8, active) == 5  # with the -1 row: full grid
+    assert kernel_grid([1, 2, 3, 4, -1], 2, active) == 2  # only 2 dummy requests: ids 1, 2
     plain = make_spec(lora={"enabled": True, "max_loras": 4})
-    assert kernel_grid([1], 1, plain) == 5                    # not specialized: always max_loras+1
+    assert kernel_grid([1], 1, plain) == 5  # not specialized: always max_loras+1

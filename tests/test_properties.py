@@ -7,7 +7,6 @@ from capplan.loading import spec_from_data
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.lora_cases import kernel_slots
 from capplan.planner.render import render_plan
-from capplan.schemas.plan import Plan
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
@@ -22,18 +21,29 @@ def specs(draw, fixes=None):
         sizes = draw(st.lists(st.integers(1, budget), min_size=1, max_size=12, unique=True))
         cudagraph["capture_sizes"] = sorted(sizes)
     lora_on = draw(st.booleans())
-    return spec_from_data({
-        "target": {"vllm": draw(st.sampled_from(["0.25", "0.33"]))},
-        "scheduler": {"max_num_seqs": seqs, "max_num_batched_tokens": budget,
-                      "max_model_len": draw(st.integers(1, 4096))},
-        "cudagraph": cudagraph,
-        "lora": {"enabled": lora_on, "max_loras": draw(st.integers(1, 9)),
-                 "specialize": draw(st.booleans()), "specialize_active": draw(st.booleans())},
-        "speculative": {"num_speculative_tokens": draw(st.integers(0, 4))},
-        "parallel": {"data_parallel_size": draw(st.sampled_from([1, 2, 4]))},
-        "fixes": fixes if fixes is not None else draw(
-            st.lists(st.sampled_from(["lora_slot", "dummy_remainder", "mixed_ranges"]), unique=True)),
-    }, "hypothesis")
+    return spec_from_data(
+        {
+            "target": {"vllm": draw(st.sampled_from(["0.25", "0.33"]))},
+            "scheduler": {
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": budget,
+                "max_model_len": draw(st.integers(1, 4096)),
+            },
+            "cudagraph": cudagraph,
+            "lora": {
+                "enabled": lora_on,
+                "max_loras": draw(st.integers(1, 9)),
+                "specialize": draw(st.booleans()),
+                "specialize_active": draw(st.booleans()),
+            },
+            "speculative": {"num_speculative_tokens": draw(st.integers(0, 4))},
+            "parallel": {"data_parallel_size": draw(st.sampled_from([1, 2, 4]))},
+            "fixes": fixes
+            if fixes is not None
+            else draw(st.lists(st.sampled_from(["lora_slot", "dummy_remainder", "mixed_ranges"]), unique=True)),
+        },
+        "hypothesis",
+    )
 
 
 @st.composite
@@ -85,8 +95,14 @@ def test_dispatch_returns_a_compatible_graph_or_eager(data):
         if desc.cg_mode == "NONE":
             continue
         graph = plan.graphs[desc.graph_id].descriptor
-        assert tuple(desc[:6]) == (graph.cg_mode, graph.num_tokens, graph.num_reqs, graph.uniform_token_count,
-                                   graph.max_query_len, graph.num_active_loras)
+        assert tuple(desc[:6]) == (
+            graph.cg_mode,
+            graph.num_tokens,
+            graph.num_reqs,
+            graph.uniform_token_count,
+            graph.max_query_len,
+            graph.num_active_loras,
+        )
         assert desc.num_tokens >= batch.num_tokens
         assert desc.num_reqs is None or desc.num_reqs >= batch.num_reqs
 
@@ -140,9 +156,16 @@ def test_padded_tokens_do_not_depend_on_lora_count(data):
     batch = data.draw(batches(spec))
     results = set()
     for adapters in range(0, min(batch.num_reqs, spec.lora.max_loras if spec.lora.enabled else 0) + 1):
-        desc = dispatcher.dispatch(Batch(batch.num_reqs, batch.num_tokens, batch.max_query_len,
-                                         adapters, batch.base and adapters < batch.num_reqs,
-                                         batch.has_prefill))
+        desc = dispatcher.dispatch(
+            Batch(
+                batch.num_reqs,
+                batch.num_tokens,
+                batch.max_query_len,
+                adapters,
+                batch.base and adapters < batch.num_reqs,
+                batch.has_prefill,
+            )
+        )
         results.add((desc.cg_mode, desc.num_tokens))
     assert len(results) == 1
 
@@ -159,12 +182,20 @@ def test_fast_dispatch_equals_explained_dispatch(data):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs(fixes=["lora_slot", "mixed_ranges"]))
-@example(spec_from_data({  # configs/h200-tiny-llama-025.yaml: unreachable pairs used to be listed
-    "target": {"vllm": "0.25"}, "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
-    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True}}, "example"))
+@example(
+    spec_from_data(
+        {  # configs/h200-tiny-llama-025.yaml: unreachable pairs used to be listed
+            "target": {"vllm": "0.25"},
+            "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 512},
+            "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+        },
+        "example",
+    )
+)
 def test_pruning_does_not_change_what_mixed_ranges_reports(spec):
     """mixed_ranges' changes are listed for reachable (tokens, LoRA case) pairs only, and
     pruning changes no reachable batch's dispatch: the report is the same with it."""
+
     def report(fixes):
         data = spec.model_dump(mode="json")
         plan = compile_plan(spec_from_data({**data, "fixes": fixes}, "hypothesis"))

@@ -10,16 +10,26 @@ from tests.conftest import make_spec
 
 UNPRUNED = [f.value for f in ALL_FIXES if f.value != "prune_unreachable"]
 SPECS = {
-    "0.33 active": dict(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 96},
-                        cudagraph={"capture_sizes": [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]},
-                        lora={"enabled": True, "max_loras": 4, "specialize_active": True}),
-    "0.25 spec decode": dict(target={"vllm": "0.25"}, scheduler={"max_num_seqs": 12, "max_num_batched_tokens": 80},
-                             speculative={"num_speculative_tokens": 2},
-                             lora={"enabled": True, "max_loras": 8, "specialize_active": True}),
-    "DP 2": dict(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64}, parallel={"data_parallel_size": 2},
-                 lora={"enabled": True, "max_loras": 4, "specialize_active": True}),
-    "no slot fix": dict(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64},
-                        lora={"enabled": True, "max_loras": 4, "specialize_active": True}),
+    "0.33 active": dict(
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 96},
+        cudagraph={"capture_sizes": [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]},
+        lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+    ),
+    "0.25 spec decode": dict(
+        target={"vllm": "0.25"},
+        scheduler={"max_num_seqs": 12, "max_num_batched_tokens": 80},
+        speculative={"num_speculative_tokens": 2},
+        lora={"enabled": True, "max_loras": 8, "specialize_active": True},
+    ),
+    "DP 2": dict(
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64},
+        parallel={"data_parallel_size": 2},
+        lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+    ),
+    "no slot fix": dict(
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64},
+        lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+    ),
 }
 
 

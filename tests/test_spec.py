@@ -29,15 +29,30 @@ def test_fixes_are_canonicalised():
     "data, message",
     [
         ({"lora": {"max_loras": 0}}, "lora.max_loras: must be >= 1 (got 0)"),
-        ({"lora": {"max_lora": 2}}, "lora.max_lora: unknown key; known keys: enabled, max_loras, specialize, specialize_active"),
+        (
+            {"lora": {"max_lora": 2}},
+            "lora.max_lora: unknown key; known keys: enabled, max_loras, specialize, specialize_active",
+        ),
         ({"speculative": {"num_speculative_tokens": 17}}, "speculative.num_speculative_tokens: must be <= 16 (got 17)"),
-        ({"cudagraph": {"mode": "FULLY"}}, "cudagraph.mode: must be one of NONE | PIECEWISE | FULL | FULL_DECODE_ONLY | FULL_AND_PIECEWISE (got 'FULLY')"),
-        ({"cudagraph": {"capture_sizes": [1, 4, 2]}}, "cudagraph.capture_sizes: unsorted size 2 after 4; list sizes strictly increasing"),
+        (
+            {"cudagraph": {"mode": "FULLY"}},
+            "cudagraph.mode: must be one of NONE | PIECEWISE | FULL | FULL_DECODE_ONLY | FULL_AND_PIECEWISE (got 'FULLY')",
+        ),
+        (
+            {"cudagraph": {"capture_sizes": [1, 4, 2]}},
+            "cudagraph.capture_sizes: unsorted size 2 after 4; list sizes strictly increasing",
+        ),
         ({"cudagraph": {"capture_sizes": [1, 2, 2]}}, "cudagraph.capture_sizes: duplicate size 2 after 2"),
         ({"cudagraph": {"capture_sizes": [1, 9000]}}, "size 9000 exceeds scheduler.max_num_batched_tokens (8192)"),
-        ({"cudagraph": {"capture_sizes": [1, 8], "max_capture_size": 16}}, "max_capture_size (16) must equal the largest capture size (8)"),
+        (
+            {"cudagraph": {"capture_sizes": [1, 8], "max_capture_size": 16}},
+            "max_capture_size (16) must equal the largest capture size (8)",
+        ),
         ({"target": {"vllm": "0.30"}}, 'target.vllm: must be "0.25" or "0.33"'),
-        ({"scheduler": {"max_num_seqs": 512, "max_num_batched_tokens": 256}}, "max_num_batched_tokens (256) must be >= max_num_seqs (512)"),
+        (
+            {"scheduler": {"max_num_seqs": 512, "max_num_batched_tokens": 256}},
+            "max_num_batched_tokens (256) must be >= max_num_seqs (512)",
+        ),
         ({"lora": {"enabled": "yes"}}, "lora.enabled: must be true or false (got 'yes')"),
         ({"fixes": ["lora_slot", "lora_slot"]}, "fixes: lists a fix twice"),
         ({"fixes": ["faster"]}, "fixes: unknown fix 'faster'"),

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from capplan.batches import read_batches
 from capplan.cli import app
 from capplan.errors import CapplanError
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.cost import load_cost_model
 from capplan.planner.optimize import Bucketing, optimize, token_weights
-from capplan.batches import read_batches
 from capplan.planner.traffic import TraceBatch, simulate
 from capplan.planner.verify import verify_plan
 from tests.conftest import make_spec
@@ -21,8 +21,10 @@ from tests.conftest import make_spec
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "examples" / "traces"
 runner = CliRunner()
-SMALL = dict(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 128},
-             lora={"enabled": True, "max_loras": 4, "specialize_active": True})
+SMALL = dict(
+    scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 128},
+    lora={"enabled": True, "max_loras": 4, "specialize_active": True},
+)
 
 
 def _brute(weights: dict[int, int], top: int, k: int) -> int:
@@ -56,8 +58,9 @@ def _trace(rows):
 
 def test_simulate_counts_hits_padding_eager_and_unused_graphs():
     plan = compile_plan(make_spec(**SMALL))
-    trace = _trace([(3, 3, 1, 0, False, 10), (5, 20, 8, 2, True, 2), (4, 4000 // 40, 30, 0, False, 1),
-                    (16, 128, 8, 0, False, 1)])
+    trace = _trace(
+        [(3, 3, 1, 0, False, 10), (5, 20, 8, 2, True, 2), (4, 4000 // 40, 30, 0, False, 1), (16, 128, 8, 0, False, 1)]
+    )
     result = simulate(plan, trace)
     d = Dispatcher(plan)
     expected_pad = 10 * (d.dispatch(trace[0].batch).num_tokens - 3) + 2 * (d.dispatch(trace[1].batch).num_tokens - 20)
@@ -76,37 +79,41 @@ def test_example_traces_load_and_hold_what_they_claim():
     assert sum(t.count for t in multi if t.batch.num_active_loras >= 5) > 0.5 * 20000
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"num_reqs": 0, "num_tokens": 3}', "num_reqs: must be >= 1 (got 0)"),
-    ('{"num_reqs": 4, "num_tokens": 3}', "num_tokens (3) must be >= num_reqs (4)"),
-    ('{"num_reqs": 2, "num_tokens": 3, "adapters": 2, "base": true}', "base needs a request without an adapter"),
-    ('{"num_reqs": 2, "num_tokens": 8, "max_query_len": 9}', "max_query_len must be in 4..7"),
-    ('{"num_reqs": 2, "num_tokens": 8, "tokens": 3}', "unknown key 'tokens'"),
-    ('{"num_reqs": 2, "num_tokens": 8, "adapters": 1, "num_active_loras": 1}', "adapters and num_active_loras"),
-    ('{"num_reqs": 2, "num_tokens": 8, "num_reqs": 3}', "duplicate key 'num_reqs'"),
-    ('{"num_reqs": 2, "num_tokens": 8.0}', "num_tokens: must be an integer (got 8.0)"),
-    ('{"num_reqs": true, "num_tokens": 8}', "num_reqs: must be an integer (got True)"),
-    ('{"num_reqs": 2, "num_tokens": NaN}', "NaN is not a number JSON allows"),
-    ('{"num_reqs": 2, "num_tokens": ' + "9" * 5000 + "}", "integer of 5000 digits"),
-    ('[1, 2]', "not a JSON batch line"),
-    ('{"num_reqs": 2,', "Expecting property name"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"num_reqs": 0, "num_tokens": 3}', "num_reqs: must be >= 1 (got 0)"),
+        ('{"num_reqs": 4, "num_tokens": 3}', "num_tokens (3) must be >= num_reqs (4)"),
+        ('{"num_reqs": 2, "num_tokens": 3, "adapters": 2, "base": true}', "base needs a request without an adapter"),
+        ('{"num_reqs": 2, "num_tokens": 8, "max_query_len": 9}', "max_query_len must be in 4..7"),
+        ('{"num_reqs": 2, "num_tokens": 8, "tokens": 3}', "unknown key 'tokens'"),
+        ('{"num_reqs": 2, "num_tokens": 8, "adapters": 1, "num_active_loras": 1}', "adapters and num_active_loras"),
+        ('{"num_reqs": 2, "num_tokens": 8, "num_reqs": 3}', "duplicate key 'num_reqs'"),
+        ('{"num_reqs": 2, "num_tokens": 8.0}', "num_tokens: must be an integer (got 8.0)"),
+        ('{"num_reqs": true, "num_tokens": 8}', "num_reqs: must be an integer (got True)"),
+        ('{"num_reqs": 2, "num_tokens": NaN}', "NaN is not a number JSON allows"),
+        ('{"num_reqs": 2, "num_tokens": ' + "9" * 5000 + "}", "integer of 5000 digits"),
+        ("[1, 2]", "not a JSON batch line"),
+        ('{"num_reqs": 2,', "Expecting property name"),
+    ],
+)
 def test_bad_trace_lines_name_the_line_and_field(tmp_path, line, message):
     path = tmp_path / "t.jsonl"
     path.write_text('{"num_reqs": 1, "num_tokens": 1}\n' + line + "\n")
     with pytest.raises(CapplanError) as err:
-        read_batches(path).batches
+        read_batches(path)
     assert f"{path}:2: " in err.value.one_line() and message in err.value.one_line(), err.value.one_line()
 
 
 def test_vllm_batchsize_log_converts(tmp_path):
     log = tmp_path / "vllm.log"
-    log.write_text("INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): [(8, 3, 1.2)]\n"
-                   "INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): "
-                   "[(16, 40, 2.5), (8, 12, 1.1), (512, 2, 9.0)]\n")
+    log.write_text(
+        "INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): [(8, 3, 1.2)]\n"
+        "INFO ... Batchsize forward time stats (batchsize, count, median_time(ms)): "
+        "[(16, 40, 2.5), (8, 12, 1.1), (512, 2, 9.0)]\n"
+    )
     trace = read_batches(log).batches
-    assert [(t.batch.num_tokens, t.batch.num_reqs, t.count) for t in trace] == [(16, 16, 40), (8, 8, 12),
-                                                                                (512, 512, 2)]
+    assert [(t.batch.num_tokens, t.batch.num_reqs, t.count) for t in trace] == [(16, 16, 40), (8, 8, 12), (512, 512, 2)]
     assert read_batches(log).note.startswith("a vLLM batch-size log lists padded token counts only")
     # Against a spec, a batch larger than max_num_seqs becomes max_num_seqs requests of even length.
     spec = make_spec(scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 1024})
@@ -123,8 +130,9 @@ def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
     assert verify_plan(result.plan).ok
     # the curve's padding is what the compiled plan's dispatcher sees for token-count-only padding
     weights = token_weights(trace, default.max_capture_size)
-    assert result.point.padded_tokens == min(p.padded_tokens for p in result.curve
-                                             if p.graphs <= len(default.graphs) // 2)
+    assert result.point.padded_tokens == min(
+        p.padded_tokens for p in result.curve if p.graphs <= len(default.graphs) // 2
+    )
     assert sum(weights.values()) > 0
     # with the same budget as the default, padding is never worse than the default's
     same = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs))
@@ -133,22 +141,28 @@ def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
 
 def test_optimize_and_simulate_cli(tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text("scheduler: {max_num_seqs: 32, max_num_batched_tokens: 8192}\n"
-                    "lora: {enabled: true, max_loras: 4, specialize_active: true}\n")
+    spec.write_text(
+        "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 8192}\n"
+        "lora: {enabled: true, max_loras: 4, specialize_active: true}\n"
+    )
     trace = TRACES / "bursty.jsonl"
     small = tmp_path / "small.yaml"
-    small.write_text("scheduler: {max_num_seqs: 32, max_num_batched_tokens: 128}\nlora: {enabled: true, max_loras: 4}\n")
+    small.write_text(
+        "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 128}\nlora: {enabled: true, max_loras: 4}\n"
+    )
     wrong = runner.invoke(app, ["optimize", str(small), str(trace), "--max-graphs", "40"])
     assert wrong.exit_code == 1 and "tokens, more than max_num_batched_tokens 128" in wrong.stderr
-    out = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot",
-                              str(tmp_path / "curve.svg")])
+    out = runner.invoke(
+        app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot", str(tmp_path / "curve.svg")]
+    )
     assert out.exit_code == 0, out.output
     assert "<- chosen" in out.stdout and (tmp_path / "s.optimized.yaml").exists()
     assert (tmp_path / "curve.svg").read_text().startswith("<svg")
     comp = runner.invoke(app, ["compile", str(tmp_path / "s.optimized.yaml"), "-o", str(tmp_path / "o.plan.yaml")])
     assert comp.exit_code == 0, comp.output
-    sim = runner.invoke(app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--json",
-                              "--plot", str(tmp_path / "sim.svg")])
+    sim = runner.invoke(
+        app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--json", "--plot", str(tmp_path / "sim.svg")]
+    )
     assert sim.exit_code == 0, sim.output
     data = json.loads(sim.stdout)
     assert data["steps"] == 12000 and data["graphs"] <= 40
@@ -157,8 +171,9 @@ def test_optimize_and_simulate_cli(tmp_path):
     assert both.exit_code == 2 and "give exactly one budget" in both.stderr
     tiny = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "1"])
     assert tiny.exit_code == 2 and "no capture set fits 1 graphs" in tiny.stderr
-    bad_plot = runner.invoke(app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--plot",
-                                   str(tmp_path / "x.gif")])
+    bad_plot = runner.invoke(
+        app, ["simulate", str(tmp_path / "o.plan.yaml"), str(trace), "--plot", str(tmp_path / "x.gif")]
+    )
     assert bad_plot.exit_code == 2 and "use a .svg or .png path" in bad_plot.stderr
 
 
@@ -168,11 +183,21 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
     from capplan.planner.dispatch import Dispatcher as D
     from capplan.schemas.spec import Spec
 
-    spec = make_spec(scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64},
-                     cudagraph={"mode": "PIECEWISE"}, lora={"enabled": True, "max_loras": 1, "specialize_active": True})
+    spec = make_spec(
+        scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64},
+        cudagraph={"mode": "PIECEWISE"},
+        lora={"enabled": True, "max_loras": 1, "specialize_active": True},
+    )
     # cases 0, 1, 2 (1 adapter + base = 2 kernel slots); token counts 1, 3, 5, 13 and the top, 16
-    rows = [(1, 1, 1, 0, False, 30), (3, 3, 1, 0, False, 9), (2, 5, 3, 1, False, 7), (3, 3, 1, 1, True, 12),
-            (5, 5, 1, 1, True, 5), (5, 13, 3, 0, False, 4), (4, 13, 4, 1, False, 6)]
+    rows = [
+        (1, 1, 1, 0, False, 30),
+        (3, 3, 1, 0, False, 9),
+        (2, 5, 3, 1, False, 7),
+        (3, 3, 1, 1, True, 12),
+        (5, 5, 1, 1, True, 5),
+        (5, 13, 3, 0, False, 4),
+        (4, 13, 4, 1, False, 6),
+    ]
     trace = _trace(rows)
     top = compile_plan(spec).max_capture_size
     d = D(compile_plan(spec))
@@ -184,15 +209,18 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
         return simulate(plan, trace).padded_tokens
 
     best = None
-    per_case_subsets = [list(itertools.chain.from_iterable(itertools.combinations(cands[:-1], n)
-                                                          for n in range(len(cands))))] * len(cases)
+    per_case_subsets = [
+        list(itertools.chain.from_iterable(itertools.combinations(cands[:-1], n) for n in range(len(cands))))
+    ] * len(cases)
     for choice in itertools.product(*per_case_subsets):
         sizes = {c: sorted({*s, top}) for c, s in zip(cases, choice)}
         union = sorted({x for v in sizes.values() for x in v})
         data = spec.model_dump(mode="json")
-        data["cudagraph"].update(capture_sizes=union, max_capture_size=None,
-                                 lora_case_sizes=[{"case": c, "sizes": v} for c, v in sizes.items() if v != union]
-                                 or None)
+        data["cudagraph"].update(
+            capture_sizes=union,
+            max_capture_size=None,
+            lora_case_sizes=[{"case": c, "sizes": v} for c, v in sizes.items() if v != union] or None,
+        )
         plan = compile_plan(Spec.model_validate(data), with_deviations=False)
         if len(plan.graphs) <= budget:
             p = padding_of(plan)

@@ -55,28 +55,35 @@ def test_compiled_plan_verifies(plan):
 
 def test_exact_vllm_plans_show_their_failure_classes():
     assert kinds(compile_plan(make_spec(**SPEC, fixes=[]))) == {"lora_grid"}
-    assert kinds(compile_plan(make_spec(**SPEC, target={"vllm": "0.25"}, fixes=[]))) == {
-        "lora_grid", "dummy_length"
-    }
+    assert kinds(compile_plan(make_spec(**SPEC, target={"vllm": "0.25"}, fixes=[]))) == {"lora_grid", "dummy_length"}
     # decode_query_len 3 puts FULL-only sizes between the PIECEWISE ones on 0.25.
     spec3 = {**SPEC, "speculative": {"num_speculative_tokens": 2}}
     assert kinds(compile_plan(make_spec(**spec3, target={"vllm": "0.25"}, fixes=["lora_slot"]))) == {
-        "coverage", "dummy_length"
+        "coverage",
+        "dummy_length",
     }
 
 
 def test_dropped_graph_is_a_coverage_hole(plan):
-    mutated = mutate(plan, lambda d: drop_graph(
-        d, lambda desc: desc["cg_mode"] == "PIECEWISE" and desc["num_tokens"] == 8 and desc["num_active_loras"] == 0))
+    mutated = mutate(
+        plan,
+        lambda d: drop_graph(
+            d, lambda desc: desc["cg_mode"] == "PIECEWISE" and desc["num_tokens"] == 8 and desc["num_active_loras"] == 0
+        ),
+    )
     report = verify_plan(mutated, consistency=False)
     # The eager case-0 rank also breaks DP agreement, and the plan's DP claim.
     assert [v.kind for v in report.violations] == ["coverage", "consistency", "dp"]
-    assert "LoRA case 0: mixed batches, 4 token count(s) (5..8) run eager although a captured PIECEWISE" in report.violations[0].message
+    assert (
+        "LoRA case 0: mixed batches, 4 token count(s) (5..8) run eager although a captured PIECEWISE"
+        in report.violations[0].message
+    )
 
 
 def test_shrunk_lora_case_skips_an_adapter(plan):
     def shrink(data):
         data["lora_dispatch_map"]["5"] = 4
+
     # (the reachability of cases under DP is judged with the mutated map too)
     assert "lora_grid" in kinds(mutate(plan, shrink))
 
@@ -86,6 +93,7 @@ def test_all_no_lora_dummy_records_no_kernels(plan):
         for g in data["graphs"]:
             if g["descriptor"]["num_active_loras"] == 2:
                 g["dummy"]["lora_ids"], g["dummy"]["kernel_grid"] = [-1], 0
+
     assert kinds(mutate(plan, blank)) == {"lora_kernels"}
 
 
@@ -94,6 +102,7 @@ def test_wrong_warmup_count_is_caught(plan):
         for g in data["graphs"]:
             if g["descriptor"]["num_active_loras"] == 4 and g["dummy"]["num_reqs"] >= 4:
                 g["dummy"]["lora_ids"], g["dummy"]["kernel_grid"] = [1, 2], 2
+
     assert "lora_case" in kinds(mutate(plan, fewer))
 
 
@@ -102,12 +111,17 @@ def test_piled_dummy_remainder_is_caught(plan):
         g = next(g for g in data["graphs"] if g["descriptor"]["num_tokens"] == 40 and g["dummy"]["num_reqs"] == 16)
         assert g["dummy"]["tokens"] == [[8, 2], [8, 3]]
         g["dummy"]["tokens"], g["dummy"]["max_query_len"] = [[15, 2], [1, 10]], 10
+
     assert kinds(mutate(plan, pile)) == {"dummy_length"}
 
 
 def test_dummy_over_max_model_len_is_caught():
-    plan = compile_plan(make_spec(scheduler={"max_num_seqs": 2, "max_num_batched_tokens": 512, "max_model_len": 100},
-                                  cudagraph={"capture_sizes": [8, 256]}))
+    plan = compile_plan(
+        make_spec(
+            scheduler={"max_num_seqs": 2, "max_num_batched_tokens": 512, "max_model_len": 100},
+            cudagraph={"capture_sizes": [8, 256]},
+        )
+    )
     report = verify_plan(plan)
     assert {v.kind for v in report.violations} == {"dummy_length"}
     assert "dummy request of 128 tokens exceeds max_model_len 100" in report.violations[0].message
@@ -123,8 +137,12 @@ def test_desynced_dp_is_rejected(plan):
 
     report = verify_plan(mutate(plan, desync), consistency=False)
     assert {v.kind for v in report.violations} == {"dp", "consistency"}
-    assert any(v.kind == "dp" and "pads to 8 on a rank with LoRA case 0" in v.message
-               and "pads to 16 on one with case 5" in v.message for v in report.violations)
+    assert any(
+        v.kind == "dp"
+        and "pads to 8 on a rank with LoRA case 0" in v.message
+        and "pads to 16 on one with case 5" in v.message
+        for v in report.violations
+    )
     single = compile_plan(make_spec(**{**SPEC, "parallel": {"data_parallel_size": 1}}))
     assert "dp" not in kinds(mutate(single, desync))  # one rank: nobody to disagree with
 
@@ -132,8 +150,11 @@ def test_desynced_dp_is_rejected(plan):
 def test_hand_edit_is_caught(plan):
     def edit(data):
         data["stats"]["total"]["graphs"] += 1
+
     report = verify_plan(mutate(plan, edit))
-    assert [v.line() for v in report.violations] == ["[consistency] stats differs from what the embedded spec compiles to"]
+    assert [v.line() for v in report.violations] == [
+        "[consistency] stats differs from what the embedded spec compiles to"
+    ]
 
 
 def test_cli_verify_exit_codes(tmp_path):

@@ -39,14 +39,24 @@ from capplan.planner.dispatch import Batch
 from capplan.planner.traffic import TraceBatch
 from capplan.schemas.spec import Spec
 
-FIELDS = ("num_reqs", "num_tokens", "max_query_len", "num_active_loras", "base", "has_prefill",
-          "uniform_token_count", "count")
+FIELDS = (
+    "num_reqs",
+    "num_tokens",
+    "max_query_len",
+    "num_active_loras",
+    "base",
+    "has_prefill",
+    "uniform_token_count",
+    "count",
+)
 ALIASES = {"adapters": "num_active_loras"}
 MAX_BATCHES = 2_000_000
 VLLM_LOG = re.compile(r"Batchsize forward time stats \(batchsize, count, median_time\(ms\)\): (\[.*\])")
-LOG_NOTE = ("a vLLM batch-size log lists padded token counts only for steps that ran through "
-            "set_forward_context: no requests, no adapters, and on MRV2 no FULL graph replays; "
-            "results from it are partial (record a trace with capplan's runtime instead)")
+LOG_NOTE = (
+    "a vLLM batch-size log lists padded token counts only for steps that ran through "
+    "set_forward_context: no requests, no adapters, and on MRV2 no FULL graph replays; "
+    "results from it are partial (record a trace with capplan's runtime instead)"
+)
 
 
 class BatchFileError(CapplanError):
@@ -98,8 +108,16 @@ def beyond_spec(batch: Batch, spec: Spec) -> str | None:
     return None
 
 
-def batch_from_args(reqs: int, tokens: int, max_query_len: int | None, loras: int, base: bool,
-                    has_prefill: bool, uniform: int | None, spec: Spec) -> Batch:
+def batch_from_args(
+    reqs: int,
+    tokens: int,
+    max_query_len: int | None,
+    loras: int,
+    base: bool,
+    has_prefill: bool,
+    uniform: int | None,
+    spec: Spec,
+) -> Batch:
     """The batch `capplan dispatch --reqs ... --tokens ...` asks about (UsageError when impossible)."""
     if reqs < 1:
         raise UsageError(f"--reqs must be >= 1 (got {reqs})")
@@ -108,17 +126,19 @@ def batch_from_args(reqs: int, tokens: int, max_query_len: int | None, loras: in
     batch = Batch(reqs, tokens, max_query_len, loras, base, has_prefill, uniform)
     problem = batch_problem(batch) or beyond_spec(batch, spec)
     if problem:
-        for field, option in (("num_reqs", "--reqs"), ("num_tokens", "--tokens"),
-                              ("max_query_len", "--max-query-len"), ("num_active_loras", "--loras")):
+        for field, option in (
+            ("num_reqs", "--reqs"),
+            ("num_tokens", "--tokens"),
+            ("max_query_len", "--max-query-len"),
+            ("num_active_loras", "--loras"),
+        ):
             problem = problem.replace(field, option)
         raise UsageError(problem)
     return batch
 
 
-def _int(item: dict, key: str, default: int | None, low: int) -> int | None:
+def _int(item: dict, key: str, default: int, low: int) -> int:
     value = item.get(key, default)
-    if value is None and default is None and key not in item:
-        return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key}: must be an integer (got {printable(repr(value))[:40]})")
     if value < low:
@@ -141,11 +161,11 @@ def parse_batch(item: object) -> TraceBatch:
     for key in ("num_reqs", "num_tokens"):
         if key not in item:
             raise ValueError(f"{key}: is required")
-    reqs = _int(item, "num_reqs", None, 1)
-    tokens = _int(item, "num_tokens", None, 1)
+    reqs = _int(item, "num_reqs", 1, 1)
+    tokens = _int(item, "num_tokens", 1, 1)
     max_q = _int(item, "max_query_len", -(-tokens // reqs), 1)
     loras = _int(item, "num_active_loras", 0, 0)
-    uniform = _int(item, "uniform_token_count", None, 1)
+    uniform = _int(item, "uniform_token_count", 1, 1) if "uniform_token_count" in item else None
     count = _int(item, "count", 1, 1)
     flags = {}
     for key in ("base", "has_prefill"):
@@ -173,7 +193,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
         if text.startswith("{"):
             json_lines.append((number, text))
             if len(json_lines) > MAX_BATCHES:
-                raise BatchFileError(f"{name}: more than {MAX_BATCHES} batch lines", "merge repeats with \"count\"")
+                raise BatchFileError(f"{name}: more than {MAX_BATCHES} batch lines", 'merge repeats with "count"')
             continue
         logged = VLLM_LOG.search(text)
         if logged:
@@ -181,15 +201,19 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
         elif other is None:
             other = (number, text)
     if json_lines and stats:
-        raise BatchFileError(f"{name}: mixes JSON batch lines (line {json_lines[0][0]}) and vLLM batch-size "
-                             f"stats (line {stats[0][0]})", "give one kind of trace per file")
+        raise BatchFileError(
+            f"{name}: mixes JSON batch lines (line {json_lines[0][0]}) and vLLM batch-size stats (line {stats[0][0]})",
+            "give one kind of trace per file",
+        )
     if stats:
         batches = _from_vllm_log(name, *stats[-1], spec)
         source = "vllm-log"
     else:
         if other is not None:
-            raise BatchFileError(f"{name}:{other[0]}: not a JSON batch line (and the file is no vLLM "
-                                 "batch-size log)", "one JSON object per line; see capplan simulate --help")
+            raise BatchFileError(
+                f"{name}:{other[0]}: not a JSON batch line (and the file is no vLLM batch-size log)",
+                "one JSON object per line; see capplan simulate --help",
+            )
         batches = []
         for number, text in json_lines:
             try:
@@ -203,8 +227,10 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
         for number, item in _numbered(json_lines, batches, source):
             problem = beyond_spec(item.batch, spec)
             if problem:
-                raise BatchFileError(f"{name}:{number}: {problem}: this deployment never schedules it",
-                                     "record the trace on the deployment the plan is for")
+                raise BatchFileError(
+                    f"{name}:{number}: {problem}: this deployment never schedules it",
+                    "record the trace on the deployment the plan is for",
+                )
     return BatchFile(batches, source)
 
 
@@ -229,10 +255,18 @@ def _from_vllm_log(name: str, number: int, stats: str, spec: Spec | None) -> lis
     seqs = spec.scheduler.max_num_seqs if spec is not None else None
     out = []
     for row in rows:
-        if not (isinstance(row, tuple) and len(row) == 3 and all(type(v) is int for v in row[:2])
-                and isinstance(row[2], (int, float)) and not isinstance(row[2], bool)):
-            raise BatchFileError(f"{where}: vLLM batch-size stats entry {printable(repr(row))[:60]} is not "
-                                 "(integer batch size, integer count, time)", "pass the log as vLLM wrote it")
+        if not (
+            isinstance(row, tuple)
+            and len(row) == 3
+            and all(type(v) is int for v in row[:2])
+            and isinstance(row[2], (int, float))
+            and not isinstance(row[2], bool)
+        ):
+            raise BatchFileError(
+                f"{where}: vLLM batch-size stats entry {printable(repr(row))[:60]} is not "
+                "(integer batch size, integer count, time)",
+                "pass the log as vLLM wrote it",
+            )
         tokens, count = row[0], row[1]
         if tokens < 1 or count < 1 or tokens > 1 << 30 or count > 1 << 40:
             raise BatchFileError(f"{where}: vLLM batch-size stats entry {row!r} is out of range")

@@ -10,8 +10,9 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
@@ -37,9 +38,7 @@ _DEBUG = False
 
 @app.callback()
 def _main(
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")
-    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")] = False,
 ) -> None:
     global _DEBUG
     _DEBUG = debug
@@ -112,23 +111,17 @@ def _summary(plan) -> str:
 @app.command("compile")
 @_errors_to_exit
 def compile_cmd(
-    specs: Annotated[
-        list[Path], typer.Argument(help="Deployment spec(s) (YAML).", show_default=False)
-    ],
+    specs: Annotated[list[Path], typer.Argument(help="Deployment spec(s) (YAML).", show_default=False)],
     output: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("-o", "--output", help="Plan path (one spec only). Default: SPEC with .plan.yaml."),
     ] = None,
     plan_dir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--plan-dir", help="Put each plan in this folder as NAME.plan.yaml."),
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")
-    ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the plan as JSON on stdout.")
-    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
     check: Annotated[
         bool,
         typer.Option(
@@ -143,10 +136,10 @@ def compile_cmd(
     spec compiles to (comments, the spec's file name and where you run it from do
     not matter), 1 with `plan is stale: run COMMAND` otherwise.
     """
+    from capplan.files import check_output, write_atomic
     from capplan.loading import first_difference, load_spec, size_problem
     from capplan.planner import compile_plan
     from capplan.planner.render import plan_file_data, plan_to_json, render_plan
-    from capplan.files import check_output, write_atomic
 
     if output is not None and (len(specs) > 1 or plan_dir is not None):
         raise UsageError("-o names one plan: give one spec and no --plan-dir")
@@ -157,8 +150,11 @@ def compile_cmd(
             plan_path = plan_dir / default_plan_path(spec).name
         for other, other_path in targets:
             if os.path.abspath(other_path) == os.path.abspath(plan_path):
-                raise UsageError(f"{printable(str(other))} and {printable(str(spec))} would both be written to "
-                                 f"{printable(str(plan_path))}", "compile them one at a time with -o")
+                raise UsageError(
+                    f"{printable(str(other))} and {printable(str(spec))} would both be written to "
+                    f"{printable(str(plan_path))}",
+                    "compile them one at a time with -o",
+                )
         if not check and not dry_run:
             check_output(plan_path, specs)
         targets.append((spec, plan_path))
@@ -171,8 +167,10 @@ def compile_cmd(
         data = plan_file_data(plan)
         problem = size_problem(text, data)
         if problem is not None:
-            raise CapplanError(f"{spec}: the plan would be {problem}, so no command could load it",
-                               "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size")
+            raise CapplanError(
+                f"{spec}: the plan would be {problem}, so no command could load it",
+                "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size",
+            )
         jobs.append((spec, plan_path, plan, text, data))
     stale = []
     for spec, plan_path, plan, text, data in jobs:
@@ -236,7 +234,7 @@ def show_cmd(
         ),
     ] = False,
     calibration: Annotated[
-        Optional[Path], typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+        Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
     ] = None,
 ) -> None:
     """Tables of what will be captured and how token ranges and LoRA counts dispatch."""
@@ -250,8 +248,12 @@ def show_cmd(
     estimate = cost.estimate(loaded)
     if as_json:
         data = plan_to_json(loaded)
-        data["estimate"] = {"graphs": estimate.graphs, "capture_seconds": round(estimate.capture_seconds, 2),
-                            "graph_memory_gib": round(estimate.graph_memory_gib, 3), "calibration": cost.name}
+        data["estimate"] = {
+            "graphs": estimate.graphs,
+            "capture_seconds": round(estimate.capture_seconds, 2),
+            "graph_memory_gib": round(estimate.graph_memory_gib, 3),
+            "calibration": cost.name,
+        }
         typer.echo(json.dumps(data, indent=2))
     else:
         sys.stdout.write(render_show(loaded, str(plan), f"{estimate.text()} (calibration {cost.name})"))
@@ -261,22 +263,16 @@ def show_cmd(
 @_errors_to_exit
 def dispatch_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
-    reqs: Annotated[Optional[int], typer.Option("--reqs", help="Requests in the batch.")] = None,
-    tokens: Annotated[
-        Optional[int], typer.Option("--tokens", help="Tokens scheduled in the batch.")
-    ] = None,
-    loras: Annotated[
-        int, typer.Option("--loras", help="Distinct LoRA adapters in the batch.")
-    ] = 0,
-    base: Annotated[
-        bool, typer.Option("--base", help="Some requests use no adapter (base model).")
-    ] = False,
+    reqs: Annotated[int | None, typer.Option("--reqs", help="Requests in the batch.")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", help="Tokens scheduled in the batch.")] = None,
+    loras: Annotated[int, typer.Option("--loras", help="Distinct LoRA adapters in the batch.")] = 0,
+    base: Annotated[bool, typer.Option("--base", help="Some requests use no adapter (base model).")] = False,
     uniform: Annotated[
-        Optional[int],
+        int | None,
         typer.Option("--uniform", help="Uniform tokens per request. Default: derived as vLLM does."),
     ] = None,
     max_query_len: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             "--max-query-len",
             help="Longest request in tokens. Default: ceil(tokens / reqs), the most even batch.",
@@ -287,7 +283,7 @@ def dispatch_cmd(
         typer.Option("--has-prefill", help="The batch holds a real prefill chunk (0.31+ rule)."),
     ] = False,
     queries: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--queries",
             help="A batch file, the format simulate reads: JSON lines {num_reqs, num_tokens, "
@@ -295,9 +291,7 @@ def dispatch_cmd(
             "prints one descriptor object per line, in order.",
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the descriptor as a JSON object.")
-    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the descriptor as a JSON object.")] = False,
 ) -> None:
     """Which captured graph serves a batch (or eager), and why."""
     from capplan.batches import batch_from_args, read_batches
@@ -377,11 +371,14 @@ def verify_cmd(
 @_errors_to_exit
 def simulate_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
-    trace: Annotated[Path, typer.Argument(help="Batch trace: JSON lines, or a vLLM batch-size log.",
-                                          show_default=False)],
+    trace: Annotated[
+        Path, typer.Argument(help="Batch trace: JSON lines, or a vLLM batch-size log.", show_default=False)
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write hits and padding per captured size "
-                                                 "(.svg, or .png with matplotlib).")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Write hits and padding per captured size (.svg, or .png with matplotlib)."),
+    ] = None,
 ) -> None:
     """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs.
 
@@ -409,8 +406,13 @@ def simulate_cmd(
     if plot is not None:
         from capplan.planner.plot import simulation_panels, write_plot
 
-        write_plot(plot, simulation_panels(data), f"capplan simulate {plan.name} {trace.name}: "
-                   f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}", (plan, trace))
+        write_plot(
+            plot,
+            simulation_panels(data),
+            f"capplan simulate {plan.name} {trace.name}: "
+            f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}",
+            (plan, trace),
+        )
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -422,16 +424,24 @@ def simulate_cmd(
 def optimize_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)],
     trace: Annotated[Path, typer.Argument(help="Batch trace (see capplan simulate --help).", show_default=False)],
-    max_graphs: Annotated[Optional[int], typer.Option("--max-graphs", min=1,
-                                                      help="Budget: graphs captured (after pruning).")] = None,
-    max_graph_memory: Annotated[Optional[float], typer.Option(
-        "--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model).")] = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write the optimized spec "
-                                                   "(default: SPEC.optimized.yaml).")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")] = None,
-    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Cost model calibration YAML.")] = None,
-    shared_sizes: Annotated[bool, typer.Option(
-        "--shared-sizes", help="One size list for every LoRA case (what plain vLLM can run; always so under DP).")
+    max_graphs: Annotated[
+        int | None, typer.Option("--max-graphs", min=1, help="Budget: graphs captured (after pruning).")
+    ] = None,
+    max_graph_memory: Annotated[
+        float | None,
+        typer.Option("--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model)."),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Where to write the optimized spec (default: SPEC.optimized.yaml)."),
+    ] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="Cost model calibration YAML.")] = None,
+    shared_sizes: Annotated[
+        bool,
+        typer.Option(
+            "--shared-sizes", help="One size list for every LoRA case (what plain vLLM can run; always so under DP)."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")] = False,
 ) -> None:
@@ -450,15 +460,13 @@ def optimize_cmd(
     writes a spec with explicit cudagraph.capture_sizes whose compiled plan
     verifies, and leaves everything else in the spec as it was.
     """
+    from capplan.batches import read_batches
+    from capplan.files import check_output, write_atomic
     from capplan.loading import load_spec
     from capplan.planner.cost import load_cost_model
     from capplan.planner.optimize import optimize, render_curve
     from capplan.planner.render import render_spec
-    from capplan.batches import read_batches
     from capplan.planner.verify import verify_plan
-    from capplan.files import write_atomic
-
-    from capplan.files import check_output
 
     out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
     for target in (out, plot):
@@ -469,29 +477,55 @@ def optimize_cmd(
     if batch_file.note:
         typer.echo(f"note: {batch_file.note}", err=True)
     batches = batch_file.batches
-    result = optimize(loaded, batches, load_cost_model(calibration), max_graphs=max_graphs,
-                      max_graph_memory=max_graph_memory, shared_sizes=shared_sizes)
+    result = optimize(
+        loaded,
+        batches,
+        load_cost_model(calibration),
+        max_graphs=max_graphs,
+        max_graph_memory=max_graph_memory,
+        shared_sizes=shared_sizes,
+    )
     report = verify_plan(result.plan)
     if not report.ok:
-        raise CapplanError(f"the optimized plan does not verify: {report.violations[0].line()}",
-                           "please report this; nothing was written")
+        raise CapplanError(
+            f"the optimized plan does not verify: {report.violations[0].line()}",
+            "please report this; nothing was written",
+        )
     p, d = result.point, result.default
-    header = (f"# capplan optimize {spec.name} {trace.name} (budget {result.budget})\n"
-              f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
-              f"of real tokens on the trace (default {d.padding_overhead:.2%})\n")
+    header = (
+        f"# capplan optimize {spec.name} {trace.name} (budget {result.budget})\n"
+        f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
+        f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
+    )
     write_atomic(out, header + render_spec(result.spec), (spec, trace))
     if plot is not None:
         from capplan.planner.plot import curve_panels, write_plot
 
-        write_plot(plot, curve_panels(result.curve), f"capplan optimize {spec.name} {trace.name}: "
-                   f"default {d.graphs} graphs, padding {d.padding_overhead:.2%}", (spec, trace))
+        write_plot(
+            plot,
+            curve_panels(result.curve),
+            f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}",
+            (spec, trace),
+        )
     if as_json:
-        typer.echo(json.dumps({"output": str(out), "budget": result.budget, "chosen": p.to_json(),
-                               "default": d.to_json(), "curve": [c.to_json() for c in result.curve]}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "output": str(out),
+                    "budget": result.budget,
+                    "chosen": p.to_json(),
+                    "default": d.to_json(),
+                    "curve": [c.to_json() for c in result.curve],
+                },
+                indent=2,
+            )
+        )
     else:
         typer.echo(render_curve(result, every=max(1, len(result.curve) // 40)))
-        typer.echo(f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
-                   f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies")
+        typer.echo(
+            f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+            f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies"
+        )
 
 
 @app.command("diff")
@@ -499,14 +533,12 @@ def optimize_cmd(
 def diff_cmd(
     old: Annotated[Path, typer.Argument(help="Old plan (or spec with --spec).", show_default=False)],
     new: Annotated[Path, typer.Argument(help="New plan (or spec with --spec).", show_default=False)],
-    fmt: Annotated[
-        str, typer.Option("--format", help="text | markdown (pastes into a pull request) | json.")
-    ] = "text",
+    fmt: Annotated[str, typer.Option("--format", help="text | markdown (pastes into a pull request) | json.")] = "text",
     specs: Annotated[
         bool, typer.Option("--spec", help="OLD and NEW are specs: compile both in memory and compare.")
     ] = False,
     calibration: Annotated[
-        Optional[Path], typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+        Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
     ] = None,
 ) -> None:
     """Semantic diff: graphs added/removed per mode and LoRA case, dispatch changes,
@@ -543,8 +575,9 @@ GIT_ATTRIBUTE = "*.plan.yaml diff=capplan"
 @app.command("git-setup")
 @_errors_to_exit
 def git_setup_cmd(
-    command: Annotated[str, typer.Option("--command", help="How git runs capplan (default: capplan on PATH).")]
-    = "capplan",
+    command: Annotated[
+        str, typer.Option("--command", help="How git runs capplan (default: capplan on PATH).")
+    ] = "capplan",
 ) -> None:
     """Make `git diff` show plans as `capplan diff` does, in the repository you are in.
 
@@ -563,8 +596,10 @@ def git_setup_cmd(
         except FileNotFoundError:
             raise CapplanError("git: command not found", "install git") from None
         if proc.returncode != 0:
-            raise CapplanError(f"git {' '.join(args)}: {proc.stderr.strip() or 'failed'}",
-                               "run capplan git-setup inside a git repository")
+            raise CapplanError(
+                f"git {' '.join(args)}: {proc.stderr.strip() or 'failed'}",
+                "run capplan git-setup inside a git repository",
+            )
         return proc.stdout.strip()
 
     root = Path(git("rev-parse", "--show-toplevel"))
@@ -576,12 +611,16 @@ def git_setup_cmd(
     if GIT_ATTRIBUTE not in current.splitlines():
         from capplan.files import write_atomic
 
-        write_atomic(attributes, current + ("" if not current or current.endswith("\n") else "\n")
-                     + GIT_ATTRIBUTE + "\n")
+        write_atomic(
+            attributes, current + ("" if not current or current.endswith("\n") else "\n") + GIT_ATTRIBUTE + "\n"
+        )
         typer.echo(f"added `{GIT_ATTRIBUTE}` to {_relative(attributes, Path.cwd())} (commit it)", err=True)
     git("config", "diff.capplan.command", f"{command} git-diff")
-    typer.echo(f"git config diff.capplan.command '{command} git-diff': git diff now shows plans semantically "
-               "(git log -p --ext-diff for history)", err=True)
+    typer.echo(
+        f"git config diff.capplan.command '{command} git-diff': git diff now shows plans semantically "
+        "(git log -p --ext-diff for history)",
+        err=True,
+    )
 
 
 @app.command("git-diff", hidden=True)
@@ -599,8 +638,11 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     from capplan.planner.diff import diff_plans, render_text
 
     if len(args) < 7:
-        typer.echo("usage: capplan git-diff PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE "
-                   "(git runs this; see capplan git-setup)", err=True)
+        typer.echo(
+            "usage: capplan git-diff PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE "
+            "(git runs this; see capplan git-setup)",
+            err=True,
+        )
         raise typer.Exit(code=2)
     path, old_file, new_file = args[0], Path(args[1]), Path(args[4])
     new_path = args[7] if len(args) > 7 else path  # a rename: git appends the new name
@@ -615,8 +657,9 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     try:
         old, new = load_plan(old_file), load_plan(new_file)
     except CapplanError as exc:
-        sys.stdout.write(f"capplan diff a/{path} b/{new_path}: not compared semantically ({exc.one_line()}); "
-                         "raw diff:\n")
+        sys.stdout.write(
+            f"capplan diff a/{path} b/{new_path}: not compared semantically ({exc.one_line()}); raw diff:\n"
+        )
         old_lines = old_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
         new_lines = new_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
         sys.stdout.writelines(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}"))
@@ -635,13 +678,20 @@ def apply_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
     runner: Annotated[str, typer.Option("--runner", help="Model runner: mrv2.")] = "mrv2",
     report: Annotated[
-        Optional[Path], typer.Option("--report", help="Write the end-of-run report as JSON here; {pid} and {rank} "
-                                     "(the DP rank) are filled in, so each process of a DP launch writes its own.")
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Write the end-of-run report as JSON here; {pid} and {rank} "
+            "(the DP rank) are filled in, so each process of a DP launch writes its own.",
+        ),
     ] = None,
     smoke: Annotated[
-        Optional[Path],
-        typer.Option("--smoke", help="Instead of a command: build the plan's engine on DIR (base/ plus LoRA "
-                     "adapter folders), generate LoRA batches with graphs and eager, compare. Needs a GPU."),
+        Path | None,
+        typer.Option(
+            "--smoke",
+            help="Instead of a command: build the plan's engine on DIR (base/ plus LoRA "
+            "adapter folders), generate LoRA batches with graphs and eager, compare. Needs a GPU.",
+        ),
     ] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")] = 0.1,
 ) -> None:
@@ -679,8 +729,10 @@ def apply_cmd(
     typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}", err=True)
     code = run_child(command, env)
     if report is not None and code == 0 and not _report_written(report):
-        raise CapplanError(f"{printable(str(report))} was never written: the plan was not put in force by any "
-                           "engine of this command", "check that the command starts vLLM with Model Runner V2")
+        raise CapplanError(
+            f"{printable(str(report))} was never written: the plan was not put in force by any engine of this command",
+            "check that the command starts vLLM with Model Runner V2",
+        )
     raise typer.Exit(code=code)
 
 

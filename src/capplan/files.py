@@ -84,7 +84,10 @@ _SUSPECT = re.compile(
 _SUSPECT_TAG = "tag:capplan,2026:suspect-number"
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present
+_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
+
+
+class _Loader(_SafeLoader):  # type: ignore[misc, valid-type]
     """Safe loader: YAML 1.2 scalars, duplicate keys and suspicious numbers refused."""
 
 
@@ -125,8 +128,11 @@ def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> float:
 
 def _construct_suspect(loader: _Loader, node: yaml.ScalarNode) -> None:
     text = loader.construct_scalar(node)
-    raise _problem(node, f"{text[:40]} is ambiguous (YAML 1.1 reads it as an octal, hex, binary or "
-                         "base-60 number); write a plain decimal number, or quote it if it is a string")
+    raise _problem(
+        node,
+        f"{text[:40]} is ambiguous (YAML 1.1 reads it as an octal, hex, binary or "
+        "base-60 number); write a plain decimal number, or quote it if it is a string",
+    )
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -245,11 +251,14 @@ def check_output(path: Path, inputs: Iterable[Path] = ()) -> None:
     name = shown(path)
     for source in inputs:
         if _same_file(path, source):
-            raise CapplanError(f"{name}: is also an input of this command; refusing to overwrite it",
-                               "write the output somewhere else")
+            raise CapplanError(
+                f"{name}: is also an input of this command; refusing to overwrite it", "write the output somewhere else"
+            )
     if os.path.islink(path):
-        raise CapplanError(f"{name}: is a symbolic link; refusing to write through it",
-                           f"give the real path ({shown(os.path.realpath(path))})")
+        raise CapplanError(
+            f"{name}: is a symbolic link; refusing to write through it",
+            f"give the real path ({shown(os.path.realpath(path))})",
+        )
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -281,7 +290,7 @@ def _sweep(folder: Path, target: str) -> None:
         return
     for entry in names:
         if entry.startswith(prefix) and entry.endswith(suffix):
-            pid = entry[len(prefix):-len(suffix)]
+            pid = entry[len(prefix) : -len(suffix)]
             if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 try:
                     os.unlink(folder / entry)

@@ -70,17 +70,20 @@ def spec_from_data(data: object, source: str) -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a spec must be a YAML mapping (got {type(data).__name__})")
     if "format_version" in data and "graphs" in data:
-        raise SpecError(f"{source}: this is a capture plan, not a spec",
-                        "give the spec it was compiled from; its header names it")
+        raise SpecError(
+            f"{source}: this is a capture plan, not a spec", "give the spec it was compiled from; its header names it"
+        )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(f"{source}: {describe_validation_error(exc, Spec)}") from None
     graphs = graphs_bound(spec)
     if graphs * MIN_ENTRIES_PER_GRAPH > MAX_ITEMS:
-        raise SpecError(f"{source}: the plan would have up to {graphs} graphs, more than a plan file can hold "
-                        f"({MAX_ITEMS} entries)",
-                        "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size")
+        raise SpecError(
+            f"{source}: the plan would have up to {graphs} graphs, more than a plan file can hold "
+            f"({MAX_ITEMS} entries)",
+            "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size",
+        )
     return spec
 
 
@@ -118,8 +121,10 @@ def load_plan(path: Path) -> Plan:
     data = read_yaml(path, "plan", PlanError)
     plan, problem = plan_from_data(data, str(path))
     if problem is not None:
-        raise PlanError(f"{path}: {problem} (edited by hand, or written by another capplan version)",
-                        "regenerate it with capplan compile SPEC")
+        raise PlanError(
+            f"{path}: {problem} (edited by hand, or written by another capplan version)",
+            "regenerate it with capplan compile SPEC",
+        )
     return plan
 
 
@@ -137,23 +142,32 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
         raise PlanError(f"{source}: not a capplan plan (no format_version)" + (" but a spec" if hint else ""), hint)
     version = data["format_version"]
     if type(version) is not int:
-        raise PlanError(f"{source}: format_version: must be the integer {FORMAT_VERSION} (got {version!r})",
-                        "regenerate it with capplan compile SPEC")
+        raise PlanError(
+            f"{source}: format_version: must be the integer {FORMAT_VERSION} (got {version!r})",
+            "regenerate it with capplan compile SPEC",
+        )
     if version > FORMAT_VERSION:
-        raise PlanError(f"{source}: format_version: {version} is newer than this capplan reads ({FORMAT_VERSION})",
-                        "upgrade capplan")
+        raise PlanError(
+            f"{source}: format_version: {version} is newer than this capplan reads ({FORMAT_VERSION})",
+            "upgrade capplan",
+        )
     if version != FORMAT_VERSION:
-        raise PlanError(f"{source}: a format {version} plan; this capplan reads format {FORMAT_VERSION}",
-                        "run capplan compile SPEC again to rewrite it")
+        raise PlanError(
+            f"{source}: a format {version} plan; this capplan reads format {FORMAT_VERSION}",
+            "run capplan compile SPEC again to rewrite it",
+        )
     spec_value = data.get("spec")  # validated as a spec, without the file-level empty/size refusals
     if not isinstance(spec_value, dict):
-        raise PlanError(f"{source}: spec: must be a mapping of the spec's sections (got {spec_value!r:.40})",
-                        "regenerate it with capplan compile SPEC")
+        raise PlanError(
+            f"{source}: spec: must be a mapping of the spec's sections (got {spec_value!r:.40})",
+            "regenerate it with capplan compile SPEC",
+        )
     try:
         spec = Spec.model_validate(spec_value)
     except ValidationError as exc:
-        raise PlanError(f"{source}: spec.{describe_validation_error(exc, Spec)}",
-                        "regenerate it with capplan compile SPEC") from None
+        raise PlanError(
+            f"{source}: spec.{describe_validation_error(exc, Spec)}", "regenerate it with capplan compile SPEC"
+        ) from None
     _check_size(spec, data, source)
     plan = compile_plan(spec)
     return plan, first_difference(data, plan_file_data(plan))
@@ -166,8 +180,10 @@ def _check_size(spec: Spec, data: dict, source: str) -> None:
     listed = len(listed) if isinstance(listed, list) else 0
     bound = graphs_bound(spec)
     if bound > 4 * listed + 128:
-        raise PlanError(f"{source}: graphs: the file lists {listed} graph(s), its spec compiles to up to {bound}",
-                        "regenerate it with capplan compile SPEC")
+        raise PlanError(
+            f"{source}: graphs: the file lists {listed} graph(s), its spec compiles to up to {bound}",
+            "regenerate it with capplan compile SPEC",
+        )
 
 
 def first_difference(actual: object, expected: object, where: str = "") -> str | None:
@@ -225,4 +241,12 @@ def size_problem(text: str, data: dict) -> str | None:
     return None
 
 
-__all__ = ["CapplanError", "first_difference", "load_plan", "load_spec", "plan_from_data", "size_problem", "spec_from_data"]
+__all__ = [
+    "CapplanError",
+    "first_difference",
+    "load_plan",
+    "load_spec",
+    "plan_from_data",
+    "size_problem",
+    "spec_from_data",
+]

@@ -36,15 +36,16 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
 import vllm.distributed.parallel_state as ps  # noqa: E402
 import vllm.v1.worker.gpu.dp_utils as dp_utils  # noqa: E402
-
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 
-group = SimpleNamespace(cpu_group=dist.group.WORLD, rank_in_group=rank,
-                        cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD))
+group = SimpleNamespace(
+    cpu_group=dist.group.WORLD, rank_in_group=rank, cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD)
+)
 ps.get_dp_group = lambda: group
 dp_utils.get_dp_group = lambda: group
 if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
@@ -64,8 +65,10 @@ NEW_033 = runtime_check.SEMANTICS == "0.33"
 def lora_count(adapters: int, base: bool, dummy: bool) -> int:
     """vLLM's (or, under lora_slot, the plan's) count for a batch, via the runner's function."""
     names = [f"a{i}" for i in range(adapters)] + (["base"] if base else [])
-    state = SimpleNamespace(lora_requests={f"a{i}": i + 1 for i in range(adapters)},
-                            get_activate_loras=lambda ids: {x for x in ids if x.startswith("a")})
+    state = SimpleNamespace(
+        lora_requests={f"a{i}": i + 1 for i in range(adapters)},
+        get_activate_loras=lambda ids: {x for x in ids if x.startswith("a")},
+    )
     return runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=MAX_LORAS), state, names, dummy)
 
 

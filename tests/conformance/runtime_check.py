@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
 
 import vllm  # noqa: E402
-import vllm_oracle  # noqa: E402
-
 import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+import vllm_oracle  # noqa: E402
+
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import Batch, Dispatcher, compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
@@ -49,19 +49,33 @@ def model_manager(spec_dict: dict):
 
 
 def row(desc) -> list:
-    return [desc.cg_mode.name, desc.num_tokens, desc.num_reqs, desc.uniform_token_count,
-            getattr(desc, "max_query_len", None), desc.num_active_loras]
+    return [
+        desc.cg_mode.name,
+        desc.num_tokens,
+        desc.num_reqs,
+        desc.uniform_token_count,
+        getattr(desc, "max_query_len", None),
+        desc.num_active_loras,
+    ]
 
 
 # Variant: sizes per LoRA case (capplan optimize's output), which vLLM alone cannot express.
-CASE_SIZES = {**SPEC, "cudagraph": {"mode": "FULL_AND_PIECEWISE", "capture_sizes": [2, 4, 8, 12, 16, 24, 32],
-                                    "lora_case_sizes": [{"case": 4, "sizes": [8, 32]}, {"case": 5, "sizes": [32]}]}}
+CASE_SIZES = {
+    **SPEC,
+    "cudagraph": {
+        "mode": "FULL_AND_PIECEWISE",
+        "capture_sizes": [2, 4, 8, 12, 16, 24, 32],
+        "lora_case_sizes": [{"case": 4, "sizes": [8, 32]}, {"case": 5, "sizes": [32]}],
+    },
+}
 
 
 # The dummy-run example: 8192 tokens over 100 requests, max_model_len 128 (vLLM 0.25: one request of 173).
-DUMMY_SPEC = {"target": {"vllm": SEMANTICS},
-              "scheduler": {"max_num_seqs": 100, "max_num_batched_tokens": 8192, "max_model_len": 128},
-              "lora": {"enabled": True, "max_loras": 4, "specialize_active": True}}
+DUMMY_SPEC = {
+    "target": {"vllm": SEMANTICS},
+    "scheduler": {"max_num_seqs": 100, "max_num_batched_tokens": 8192, "max_model_len": 128},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+}
 
 
 def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
@@ -82,13 +96,21 @@ def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
 
     fake = SimpleNamespace(
         eplb=SimpleNamespace(suppress=contextlib.nullcontext, step=lambda **kwargs: None),
-        max_num_reqs=max_num_reqs, decode_query_len=1, max_num_tokens=num_tokens, speculator=None,
-        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None), is_first_pp_rank=True,
-        is_last_pp_rank=False, lora_config=SimpleNamespace(max_loras=4),
-        maybe_dummy_run_with_lora=maybe_dummy_run_with_lora, execute_model=execute_model)
+        max_num_reqs=max_num_reqs,
+        decode_query_len=1,
+        max_num_tokens=num_tokens,
+        speculator=None,
+        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),
+        is_first_pp_rank=True,
+        is_last_pp_rank=False,
+        lora_config=SimpleNamespace(max_loras=4),
+        maybe_dummy_run_with_lora=maybe_dummy_run_with_lora,
+        execute_model=execute_model,
+    )
     runner_mod.GPUModelRunner._dummy_run(fake, num_tokens, skip_eplb=True)
-    seen["instance_attributes_restored"] = (fake.execute_model is execute_model
-                                            and fake.maybe_dummy_run_with_lora is maybe_dummy_run_with_lora)
+    seen["instance_attributes_restored"] = (
+        fake.execute_model is execute_model and fake.maybe_dummy_run_with_lora is maybe_dummy_run_with_lora
+    )
     return seen
 
 
@@ -97,8 +119,15 @@ def _config_fields_exist() -> list[str]:
     returns the missing ones."""
     import dataclasses
 
-    from vllm.config import (CompilationConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             SpeculativeConfig, VllmConfig)
+    from vllm.config import (
+        CompilationConfig,
+        LoRAConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
 
     def names(cls) -> set[str]:
         try:
@@ -106,15 +135,28 @@ def _config_fields_exist() -> list[str]:
         except TypeError:
             return set(getattr(cls, "model_fields", {})) | set(dir(cls))
 
-    wanted = {VllmConfig: ["scheduler_config", "compilation_config", "lora_config", "model_config",
-                           "speculative_config", "parallel_config"],
-              SchedulerConfig: ["max_num_seqs", "max_num_batched_tokens"],
-              CompilationConfig: ["cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size",
-                                  "cudagraph_specialize_lora"],
-              LoRAConfig: ["max_loras", "specialize_active_lora"], ModelConfig: ["max_model_len"],
-              SpeculativeConfig: ["num_speculative_tokens"], ParallelConfig: ["data_parallel_size"]}
-    return [f"{cls.__name__}.{field}" for cls, fields in wanted.items() for field in fields
-            if field not in names(cls)]
+    wanted = {
+        VllmConfig: [
+            "scheduler_config",
+            "compilation_config",
+            "lora_config",
+            "model_config",
+            "speculative_config",
+            "parallel_config",
+        ],
+        SchedulerConfig: ["max_num_seqs", "max_num_batched_tokens"],
+        CompilationConfig: [
+            "cudagraph_mode",
+            "cudagraph_capture_sizes",
+            "max_cudagraph_capture_size",
+            "cudagraph_specialize_lora",
+        ],
+        LoRAConfig: ["max_loras", "specialize_active_lora"],
+        ModelConfig: ["max_model_len"],
+        SpeculativeConfig: ["num_speculative_tokens"],
+        ParallelConfig: ["data_parallel_size"],
+    }
+    return [f"{cls.__name__}.{field}" for cls, fields in wanted.items() for field in fields if field not in names(cls)]
 
 
 def runs(counts: list[int]) -> list[list[int]]:
@@ -143,8 +185,9 @@ def main(out: Path, variant: str = "") -> None:
     (profile,) = [r for r in dummy_plan.dummy_runs if r.run == "profile"]
     vanilla_dummy = dummy_run_layout(profile.tokens, 100)
     report["dummy_vllm_layout"] = runs(vanilla_dummy["scheduler"])
-    report["dummy_vllm_layout_as_planned"] = (runs(vanilla_dummy["scheduler"]) == runs(vanilla_dummy["lora"])
-                                              == [list(r) for r in profile.vllm])
+    report["dummy_vllm_layout_as_planned"] = (
+        runs(vanilla_dummy["scheduler"]) == runs(vanilla_dummy["lora"]) == [list(r) for r in profile.vllm]
+    )
     report["dummy_plan_layout"] = [list(r) for r in profile.plan]
 
     from capplan.runtime import contract
@@ -158,12 +201,16 @@ def main(out: Path, variant: str = "") -> None:
     hooked = dummy_run_layout(profile.tokens, 100)
     report["dummy_hooked_scheduler"] = runs(hooked["scheduler"])
     report["dummy_hooked_lora"] = runs(hooked["lora"])
-    report["dummy_hooked_as_planned"] = (runs(hooked["scheduler"]) == runs(hooked["lora"])
-                                         == [list(r) for r in profile.plan])
+    report["dummy_hooked_as_planned"] = (
+        runs(hooked["scheduler"]) == runs(hooked["lora"]) == [list(r) for r in profile.plan]
+    )
     report["dummy_attributes_restored"] = hooked["instance_attributes_restored"]
     manager = model_manager(spec.model_dump(mode="json"))
-    captured = [row(d) for mode in ("PIECEWISE", "FULL")
-                for d in manager._capture_descs.get(getattr(cg.CUDAGraphMode, mode), [])]
+    captured = [
+        row(d)
+        for mode in ("PIECEWISE", "FULL")
+        for d in manager._capture_descs.get(getattr(cg.CUDAGraphMode, mode), [])
+    ]
     report["capture_list_equals_plan"] = captured == [
         [d.cg_mode, d.num_tokens, d.num_reqs, d.uniform_token_count, d.max_query_len, d.num_active_loras]
         for d in plan.descriptors
@@ -195,10 +242,12 @@ def main(out: Path, variant: str = "") -> None:
     report["graph_hits_counted"] = sum(counters.hits.values())
 
     # The runner's LoRA count: kernel slots under lora_slot.
-    lora_state = SimpleNamespace(lora_requests={"a": 1, "b": 2},
-                                 get_activate_loras=lambda ids: {x for x in ids if x in ("a", "b")})
-    count = runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=4), lora_state,
-                                                         ["a", "b", "c"], False)
+    lora_state = SimpleNamespace(
+        lora_requests={"a": 1, "b": 2}, get_activate_loras=lambda ids: {x for x in ids if x in ("a", "b")}
+    )
+    count = runner_mod.get_num_active_loras_for_dispatch(
+        SimpleNamespace(max_loras=4), lora_state, ["a", "b", "c"], False
+    )
     report["slots_for_2_adapters_plus_base"] = count
 
     # The capture hook warms the max_loras + 1 graph with a -1 (0) row.
@@ -227,7 +276,9 @@ def main(out: Path, variant: str = "") -> None:
     if getattr(config.model_config, "max_model_len", None) is None:
         config.model_config.max_model_len = SPEC["scheduler"]["max_model_len"]
     if getattr(config, "speculative_config", None) is None:
-        config.speculative_config = SimpleNamespace(num_speculative_tokens=SPEC["speculative"]["num_speculative_tokens"])
+        config.speculative_config = SimpleNamespace(
+            num_speculative_tokens=SPEC["speculative"]["num_speculative_tokens"]
+        )
     report["config_fields_exist"] = _config_fields_exist()
     report["early_check_same_engine"] = config_problem(plan, "runtime.plan.yaml", config)
     from vllm.config import VllmConfig
@@ -240,8 +291,11 @@ def main(out: Path, variant: str = "") -> None:
     # A mismatched engine stops before capture.
     # (An engine config: capplan's lora_case_sizes means nothing to vLLM, and its
     # cases would not be max_loras 8's.)
-    engine = {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8},
-              "cudagraph": {k: v for k, v in SPEC.get("cudagraph", {}).items() if k != "lora_case_sizes"}}
+    engine = {
+        **SPEC,
+        "lora": {**SPEC["lora"], "max_loras": 8},
+        "cudagraph": {k: v for k, v in SPEC.get("cudagraph", {}).items() if k != "lora_case_sizes"},
+    }
     other = spec_from_data(engine, "other").model_dump(mode="json")
     try:
         model_manager(other)

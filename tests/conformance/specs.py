@@ -13,12 +13,22 @@ import random
 L = "lora"
 
 
-def _spec(seqs=256, budget=8192, mode="FULL_AND_PIECEWISE", sizes=None, max_size=None,
-          lora=None, spec_tokens=0, dp=1, perf="balanced", blackwell=False, model_len=4096):
+def _spec(
+    seqs=256,
+    budget=8192,
+    mode="FULL_AND_PIECEWISE",
+    sizes=None,
+    max_size=None,
+    lora=None,
+    spec_tokens=0,
+    dp=1,
+    perf="balanced",
+    blackwell=False,
+    model_len=4096,
+):
     return {
         "scheduler": {"max_num_seqs": seqs, "max_num_batched_tokens": budget, "max_model_len": model_len},
-        "cudagraph": {"mode": mode, "capture_sizes": sizes, "max_capture_size": max_size,
-                      "performance_mode": perf},
+        "cudagraph": {"mode": mode, "capture_sizes": sizes, "max_capture_size": max_size, "performance_mode": perf},
         "lora": lora or {"enabled": False},
         "speculative": {"num_speculative_tokens": spec_tokens},
         "parallel": {"data_parallel_size": dp},

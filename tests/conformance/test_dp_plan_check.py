@@ -14,8 +14,11 @@ from capplan.planner.render import render_plan
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = {"lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
-        "parallel": {"data_parallel_size": 2}, "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256}}
+SPEC = {
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+    "parallel": {"data_parallel_size": 2},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
+}
 
 
 def _free_port() -> int:
@@ -36,9 +39,16 @@ def _run_pair(plans: list[Path]) -> list[str]:
         _missing(f"{python} is missing")
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT)))}
-    procs = [subprocess.Popen([str(python), str(Path(__file__).parent / "dp_check_worker.py"), str(rank), port,
-                               str(plan)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank, plan in enumerate(plans)]
+    procs = [
+        subprocess.Popen(
+            [str(python), str(Path(__file__).parent / "dp_check_worker.py"), str(rank), port, str(plan)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, plan in enumerate(plans)
+    ]
     outs = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)

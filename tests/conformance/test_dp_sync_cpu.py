@@ -24,12 +24,20 @@ WORKER = Path(__file__).parent / "dp_sync_worker.py"
 def _pair(version: str, mode: str, tmp: Path) -> list[dict]:
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / 'src' / version, ROOT / 'src', ROOT)))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
     port = str(_free_port())
     outs = [tmp / f"{mode}-{rank}.json" for rank in (0, 1)]
-    procs = [subprocess.Popen([str(ORACLE_DIR / "venv" / "bin" / "python"), str(WORKER), str(rank), port, mode,
-                               str(outs[rank])], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(WORKER), str(rank), port, mode, str(outs[rank])],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)  # a hang (one rank waiting forever) fails here
         assert proc.returncode == 0, err[-3000:]

@@ -20,10 +20,20 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / 'src' / version, ROOT / 'src', ROOT)))}
-    proc = subprocess.run([str(ORACLE_DIR / "venv" / "bin" / "python"),
-                           str(Path(__file__).parent / "runtime_check.py"), str(out), variant],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
+    proc = subprocess.run(
+        [
+            str(ORACLE_DIR / "venv" / "bin" / "python"),
+            str(Path(__file__).parent / "runtime_check.py"),
+            str(out),
+            variant,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["vllm"] == version

@@ -49,7 +49,10 @@ def _run_oracle(version: str, items: list[dict], tmp: Path) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
     proc = subprocess.run(
         [str(ORACLE_DIR / "venv" / "bin" / "python"), str(ORACLE), "--input", str(src), "--output", str(out)],
-        env=env, capture_output=True, text=True, timeout=1200,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert proc.returncode == 0, f"oracle {version} failed:\n{proc.stderr[-4000:]}"
     data = json.loads(out.read_text())
@@ -66,11 +69,13 @@ def oracle_results(tmp_path_factory) -> dict[str, dict]:
             _missing(f"{ORACLE_DIR}/src/{version} is missing")
         items = [
             {"name": name, "spec": _normalized(spec, name), "queries": queries_for(spec, seed=_seed(name))}
-            for name, oracle, spec in SPECS if oracle == version
+            for name, oracle, spec in SPECS
+            if oracle == version
         ]
         items += [
             {"name": name, "spec": _normalized(spec, name), "queries": queries_for(spec, seed=_seed(name))}
-            for name, spec in _cross_version_specs() if version == "0.33.0"
+            for name, spec in _cross_version_specs()
+            if version == "0.33.0"
         ]
         results.update(_run_oracle(version, items, tmp))
     return results
@@ -86,8 +91,14 @@ def _seed(name: str) -> int:
 
 
 def _row(desc) -> list:
-    return [desc.cg_mode, desc.num_tokens, desc.num_reqs, desc.uniform_token_count,
-            desc.max_query_len, desc.num_active_loras]
+    return [
+        desc.cg_mode,
+        desc.num_tokens,
+        desc.num_reqs,
+        desc.uniform_token_count,
+        desc.max_query_len,
+        desc.num_active_loras,
+    ]
 
 
 def _expand_tokens(runs) -> list[int]:
@@ -179,8 +190,9 @@ def test_025_with_fixes_behaves_like_vllm_033(oracle_results, name, raw):
     assert checked > 500
 
 
-@pytest.mark.parametrize("name, oracle, raw", [s for s in SPECS if "active" in s[0]],
-                         ids=[s[0] for s in SPECS if "active" in s[0]])
+@pytest.mark.parametrize(
+    "name, oracle, raw", [s for s in SPECS if "active" in s[0]], ids=[s[0] for s in SPECS if "active" in s[0]]
+)
 def test_lora_slot_dispatches_by_kernel_slots(oracle_results, name, oracle, raw):
     """With lora_slot, k adapters + base dispatch exactly like vLLM dispatches
     k + 1 adapters; without base requests nothing changes."""
@@ -190,8 +202,7 @@ def test_lora_slot_dispatches_by_kernel_slots(oracle_results, name, oracle, raw)
     exact = compile_plan(spec_from_data(raw, name))
     assert plan.descriptors == exact.descriptors and plan.dispatch == exact.dispatch
     dispatcher = Dispatcher(plan)
-    by_query = {tuple(q): want for q, want in zip(
-        queries_for(raw, seed=_seed(name)), got["dispatch"])}
+    by_query = {tuple(q): want for q, want in zip(queries_for(raw, seed=_seed(name)), got["dispatch"])}
     compared = 0
     for (r, t, q, k, prefill), want in by_query.items():
         assert _row(dispatcher.dispatch(Batch(r, t, q, k, False, prefill))) == want

@@ -41,15 +41,32 @@ def main() -> int:
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank), "VLLM_DP_SIZE": "2",
-               "VLLM_DP_MASTER_IP": "127.0.0.1", "VLLM_DP_MASTER_PORT": str(port)}
+        env = {
+            **os.environ,
+            "VLLM_DP_RANK": str(rank),
+            "VLLM_DP_RANK_LOCAL": str(rank),
+            "VLLM_DP_SIZE": "2",
+            "VLLM_DP_MASTER_IP": "127.0.0.1",
+            "VLLM_DP_MASTER_PORT": str(port),
+        }
         if rank == 1 and args.rank1_plan:
             env["CAPPLAN_PLAN"] = args.rank1_plan
         log = (args.out_dir / f"rank{rank}.log").open("w")
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "dp_rank.py"), args.model_dir,
-                                       str(args.out_dir / f"rank{rank}.json"),
-                                       "--specialize-active", str(args.specialize_active)],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "dp_rank.py"),
+                    args.model_dir,
+                    str(args.out_dir / f"rank{rank}.json"),
+                    "--specialize-active",
+                    str(args.specialize_active),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     deadline = time.monotonic() + args.timeout
     codes: list[int | None] = [None, None]
     while None in codes and time.monotonic() < deadline:

@@ -48,27 +48,46 @@ def main() -> None:
     from capplan.runtime.smoke import assign_adapters
 
     t0 = time.perf_counter()
-    llm = LLM(model=str(args.model_dir / "base"), enable_lora=True, max_lora_rank=8, max_loras=4,
-              max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=512, gpu_memory_utilization=0.3,
-              attention_backend="TRITON_ATTN", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              enable_expert_parallel=True, specialize_active_lora=bool(args.specialize_active))
+    llm = LLM(
+        model=str(args.model_dir / "base"),
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=4,
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        attention_backend="TRITON_ATTN",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        enable_expert_parallel=True,
+        specialize_active_lora=bool(args.specialize_active),
+    )
     startup = time.perf_counter() - t0
     adapters = [LoRARequest(f"lora{i}", i, str(args.model_dir / f"lora{i}")) for i in range(1, 5)]
     results = []
     for rnd, pair in enumerate(ROUNDS):
         k, base, n, max_tokens = pair[rank]
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=1,
-                                detokenize=False)
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=1, detokenize=False)
         loras = assign_adapters(adapters, k, base, n)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts_for(rank, rnd, n)], params,
-                            lora_request=loras, use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts_for(rank, rnd, n)], params, lora_request=loras, use_tqdm=False
+        )
         for j, out in enumerate(outs):
             comp = out.outputs[0]
-            chosen = [max(lp.values(), key=lambda x: x.logprob).logprob if lp else None
-                      for lp in (comp.logprobs or [])]
-            results.append({"round": rnd, "req": j, "adapters": k, "base": base,
-                            "lora": None if loras[j] is None else loras[j].lora_int_id,
-                            "tokens": list(comp.token_ids), "logprobs": chosen})
+            chosen = [max(lp.values(), key=lambda x: x.logprob).logprob if lp else None for lp in (comp.logprobs or [])]
+            results.append(
+                {
+                    "round": rnd,
+                    "req": j,
+                    "adapters": k,
+                    "base": base,
+                    "lora": None if loras[j] is None else loras[j].lora_int_id,
+                    "tokens": list(comp.token_ids),
+                    "logprobs": chosen,
+                }
+            )
     args.out.write_text(json.dumps({"rank": rank, "startup_s": startup, "results": results}))
     print(f"rank {rank} done: startup {startup:.1f} s, {len(results)} requests", flush=True)
     # Shut the engine down so that its worker process (vLLM uses one per rank

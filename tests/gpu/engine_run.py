@@ -47,12 +47,22 @@ def main() -> None:
 
     t0 = time.perf_counter()
     llm = LLM(
-        model=str(args.model_dir / "base"), enable_lora=True, max_lora_rank=8,
-        gpu_memory_utilization=0.3, attention_backend="TRITON_ATTN", skip_tokenizer_init=True,
-        dtype="bfloat16", seed=0, enforce_eager=args.eager,
-        specialize_active_lora=bool(args.specialize_active), **engine,
-        **({"compilation_config": {"cudagraph_capture_sizes": [int(x) for x in args.capture_sizes.split(",")]}}
-           if args.capture_sizes else {}),
+        model=str(args.model_dir / "base"),
+        enable_lora=True,
+        max_lora_rank=8,
+        gpu_memory_utilization=0.3,
+        attention_backend="TRITON_ATTN",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        enforce_eager=args.eager,
+        specialize_active_lora=bool(args.specialize_active),
+        **engine,
+        **(
+            {"compilation_config": {"cudagraph_capture_sizes": [int(x) for x in args.capture_sizes.split(",")]}}
+            if args.capture_sizes
+            else {}
+        ),
     )
     startup = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1, detokenize=False)
@@ -65,9 +75,17 @@ def main() -> None:
         for j, out in enumerate(outs):
             comp = out.outputs[0]
             chosen = [max(lp.values(), key=lambda x: x.logprob).logprob if lp else None for lp in (comp.logprobs or [])]
-            results.append({"batch": b, "adapters": k, "base": base, "req": j,
-                            "lora": None if loras[j] is None else loras[j].lora_int_id,
-                            "tokens": list(comp.token_ids), "logprobs": chosen})
+            results.append(
+                {
+                    "batch": b,
+                    "adapters": k,
+                    "base": base,
+                    "req": j,
+                    "lora": None if loras[j] is None else loras[j].lora_int_id,
+                    "tokens": list(comp.token_ids),
+                    "logprobs": chosen,
+                }
+            )
     args.out.write_text(json.dumps({"startup_s": startup, "results": results}))
     print(f"engine done: startup {startup:.1f} s, {len(results)} requests")
 

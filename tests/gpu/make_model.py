@@ -26,8 +26,13 @@ def _save(out: Path, model_cls, config, num_adapters: int, seed: int, meta: dict
     model.save_pretrained(out / "base", safe_serialization=True)
     for i in range(1, num_adapters + 1):
         torch.manual_seed(seed + i)
-        lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                          init_lora_weights=False, lora_dropout=0.0)
+        lora = LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            init_lora_weights=False,
+            lora_dropout=0.0,
+        )
         peft_model = get_peft_model(model_cls(config).to(torch.bfloat16), lora)
         with torch.no_grad():
             for name, param in peft_model.named_parameters():
@@ -43,8 +48,13 @@ def build(out: Path, num_adapters: int = 4, seed: int = 0) -> None:
     if (out / "done.json").exists():
         return
     config = LlamaConfig(
-        vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
         tie_word_embeddings=False,
     )
     _save(out, LlamaForCausalLM, config, num_adapters, seed, {})
@@ -58,9 +68,16 @@ def build_moe(out: Path, num_adapters: int = 4, seed: int = 0) -> None:
     if (out / "done.json").exists():
         return
     config = MixtralConfig(
-        vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
     )
     _save(out, MixtralForCausalLM, config, num_adapters, seed, {"moe": True})
 

@@ -50,8 +50,9 @@ def build(work: Path) -> Path:
         vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, 2048)}}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="t1",
-                                eos_token="t2").save_pretrained(base)
+        PreTrainedTokenizerFast(
+            tokenizer_object=tok, unk_token="<unk>", bos_token="t1", eos_token="t2"
+        ).save_pretrained(base)
     return model
 
 
@@ -62,12 +63,38 @@ def free_port() -> int:
 
 
 def server_command(model: Path, port: int, specialize_active: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model / "base"),
-           "--served-model-name", "base", "--port", str(port), "--enable-lora", "--max-loras", "3",
-           "--max-lora-rank", "8", "--lora-modules", *[f"a{i}={model / f'lora{i}'}" for i in (1, 2, 3)],
-           "--max-num-seqs", "32", "--max-num-batched-tokens", "2048", "--max-model-len", "512",
-           "--gpu-memory-utilization", "0.3", "--attention-backend", "TRITON_ATTN", "--dtype", "bfloat16",
-           "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model / "base"),
+        "--served-model-name",
+        "base",
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-loras",
+        "3",
+        "--max-lora-rank",
+        "8",
+        "--lora-modules",
+        *[f"a{i}={model / f'lora{i}'}" for i in (1, 2, 3)],
+        "--max-num-seqs",
+        "32",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-model-len",
+        "512",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--attention-backend",
+        "TRITON_ATTN",
+        "--dtype",
+        "bfloat16",
+        "--seed",
+        "0",
+    ]
     if specialize_active:
         cmd.append("--specialize-active-lora")
     return cmd
@@ -84,10 +111,10 @@ def groups() -> list[list[str | None]]:
 
 
 def complete(port: int, model: str, prompt: list[int]) -> list[str]:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0,
-                       "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                 {"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    ).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())["choices"][0]["text"]
 
@@ -112,8 +139,19 @@ def serve(name: str, model: Path, work: Path, specialize_active: bool, plan: Pat
     cmd = server_command(model, port, specialize_active)
     report = work / f"{name}.report.json"
     if plan is not None:
-        cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report),
-               "--", *cmd]
+        cmd = [
+            sys.executable,
+            "-m",
+            "capplan",
+            "apply",
+            "--runner",
+            "mrv2",
+            str(plan),
+            "--report",
+            str(report),
+            "--",
+            *cmd,
+        ]
     log = (work / f"{name}.log").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     result: dict = {"name": name}
@@ -167,10 +205,14 @@ def refusal(name: str, model: Path, work: Path, plan: Path, via_apply: bool, ext
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     elapsed = time.perf_counter() - start
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    return {"name": name, "returncode": proc.returncode, "launch_to_exit_s": round(elapsed, 1),
-            "last_stderr_lines": lines[-3:],
-            "weights_loaded": "Loading weights took" in proc.stdout + proc.stderr or
-                              "Model loading took" in proc.stdout + proc.stderr}
+    return {
+        "name": name,
+        "returncode": proc.returncode,
+        "launch_to_exit_s": round(elapsed, 1),
+        "last_stderr_lines": lines[-3:],
+        "weights_loaded": "Loading weights took" in proc.stdout + proc.stderr
+        or "Model loading took" in proc.stdout + proc.stderr,
+    }
 
 
 def compile_plan(work: Path, name: str, max_loras: int) -> Path:
@@ -198,13 +240,16 @@ def main() -> None:
         texts = results[name]["texts"]
         wrong_keys = sorted(k for k in ref if texts.get(k, {}).get("text") != ref[k]["text"])
         results[f"{name}_vs_reference"] = {
-            "requests": len(ref), "differing": len(wrong_keys),
-            "groups": sorted({groups_label(ref[k]["group"]) for k in wrong_keys})}
+            "requests": len(ref),
+            "differing": len(wrong_keys),
+            "groups": sorted({groups_label(ref[k]["group"]) for k in wrong_keys}),
+        }
     for run in ("reference", "vanilla", "planned"):
         results[run].pop("texts")
     out.write_text(json.dumps(results, indent=2))
-    print(json.dumps({k: v for k, v in results.items() if k.endswith("reference") or k in ("mismatch", "v1")},
-                     indent=1))
+    print(
+        json.dumps({k: v for k, v in results.items() if k.endswith("reference") or k in ("mismatch", "v1")}, indent=1)
+    )
 
 
 def groups_label(g: int) -> str:

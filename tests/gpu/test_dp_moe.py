@@ -62,30 +62,64 @@ def _compile(work: Path, name: str, version: str, max_loras: int) -> Path:
     return plan
 
 
-def _launch(name: str, model: Path, work: Path, specialize: int, plan: Path | None = None,
-            rank1_plan: Path | None = None) -> dict:
+def _launch(
+    name: str, model: Path, work: Path, specialize: int, plan: Path | None = None, rank1_plan: Path | None = None
+) -> dict:
     out = work / name
     env = {**os.environ, "CAPPLAN_DP_AUDIT": "1"}
     env.pop("CAPPLAN_PLAN", None)
-    launch = [sys.executable, str(HERE / "dp_launch.py"), str(model), str(out), "--specialize-active", str(specialize),
-              "--timeout", "240"]
+    launch = [
+        sys.executable,
+        str(HERE / "dp_launch.py"),
+        str(model),
+        str(out),
+        "--specialize-active",
+        str(specialize),
+        "--timeout",
+        "240",
+    ]
     if rank1_plan is not None:
         launch += ["--rank1-plan", str(rank1_plan)]
     if plan is not None:
-        cmd = [sys.executable, "-m", "capplan.cli", "apply", "--runner", "mrv2", str(plan),
-               "--report", str(out / "report.{rank}.json"), "--", *launch]
+        cmd = [
+            sys.executable,
+            "-m",
+            "capplan.cli",
+            "apply",
+            "--runner",
+            "mrv2",
+            str(plan),
+            "--report",
+            str(out / "report.{rank}.json"),
+            "--",
+            *launch,
+        ]
     else:
         cmd = launch
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
     logs = [(out / f"rank{r}.log").read_text() if (out / f"rank{r}.log").exists() else "" for r in (0, 1)]
-    data = {"cmd": " ".join(cmd), "returncode": proc.returncode, "launcher": (proc.stdout + proc.stderr)[-1500:],
-            "log_tail": [[ln for ln in log.splitlines() if "capplan" in ln or "Graph capturing finished" in ln
-                          or "done:" in ln][-14:] for log in logs], "logs": logs, "ranks": []}
+    data = {
+        "cmd": " ".join(cmd),
+        "returncode": proc.returncode,
+        "launcher": (proc.stdout + proc.stderr)[-1500:],
+        "log_tail": [
+            [ln for ln in log.splitlines() if "capplan" in ln or "Graph capturing finished" in ln or "done:" in ln][
+                -14:
+            ]
+            for log in logs
+        ],
+        "logs": logs,
+        "ranks": [],
+    }
     for r in (0, 1):
         result = out / f"rank{r}.json"
         report = out / f"report.{r}.json"
-        data["ranks"].append({"results": json.loads(result.read_text()) if result.exists() else None,
-                              "report": json.loads(report.read_text()) if report.exists() else None})
+        data["ranks"].append(
+            {
+                "results": json.loads(result.read_text()) if result.exists() else None,
+                "report": json.loads(report.read_text()) if report.exists() else None,
+            }
+        )
     return data
 
 
@@ -107,11 +141,23 @@ def setup(tmp_path_factory):
 def runs(setup):
     work, model, version = setup
     plan = _compile(work, "dp", version, 4)
-    runs = {"reference": _launch("reference", model, work, 0), "planned": _launch("planned", model, work, 1, plan),
-            "vanilla": _launch("vanilla", model, work, 1)}
-    _save("runs", {name: {k: v for k, v in run.items() if k != "logs"} | {
-        "ranks": [{"report": r["report"], "startup_s": (r["results"] or {}).get("startup_s")} for r in run["ranks"]]}
-        for name, run in runs.items()})
+    runs = {
+        "reference": _launch("reference", model, work, 0),
+        "planned": _launch("planned", model, work, 1, plan),
+        "vanilla": _launch("vanilla", model, work, 1),
+    }
+    _save(
+        "runs",
+        {
+            name: {k: v for k, v in run.items() if k != "logs"}
+            | {
+                "ranks": [
+                    {"report": r["report"], "startup_s": (r["results"] or {}).get("startup_s")} for r in run["ranks"]
+                ]
+            }
+            for name, run in runs.items()
+        },
+    )
     return runs
 
 
@@ -133,8 +179,12 @@ def test_planned_outputs_equal_reference_on_both_ranks(runs):
     ref, planned = _outputs(runs["reference"]), _outputs(runs["planned"])
     assert ref.keys() == planned.keys() and len(ref) > 60
     differing = sorted(k for k in ref if ref[k]["tokens"] != planned[k]["tokens"])
-    worst = max(abs(a - b) for k in ref for a, b in zip(ref[k]["logprobs"], planned[k]["logprobs"])
-                if a is not None and b is not None)
+    worst = max(
+        abs(a - b)
+        for k in ref
+        for a, b in zip(ref[k]["logprobs"], planned[k]["logprobs"])
+        if a is not None and b is not None
+    )
     _save("compare", {"requests": len(ref), "differing": [list(k) for k in differing], "worst_logprob_diff": worst})
     assert differing == [], f"{len(differing)} requests differ: {differing[:8]}"
 
@@ -144,9 +194,15 @@ def test_upstream_bug_without_plan_under_dp(runs):
     k-adapters-plus-base batches lose an adapter. Shows the comparison can fail."""
     ref, vanilla = _outputs(runs["reference"]), _outputs(runs["vanilla"])
     differing = sorted(k for k in ref if ref[k]["tokens"] != vanilla[k]["tokens"])
-    _save("vanilla", {"differing": [list(k) for k in differing],
-                      "batches": sorted({f"rank {k[0]}: {ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}"
-                                         for k in differing})})
+    _save(
+        "vanilla",
+        {
+            "differing": [list(k) for k in differing],
+            "batches": sorted(
+                {f"rank {k[0]}: {ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}" for k in differing}
+            ),
+        },
+    )
     assert differing, "expected vLLM without the plan to drop an adapter in some batch"
     assert all(ref[k]["base"] for k in differing)
 

@@ -36,12 +36,28 @@ def _engine(name: str, model: Path, work: Path, plan: Path | None) -> dict:
     if plan is not None:
         env["CAPPLAN_PLAN"] = str(plan)
         env["CAPPLAN_REPORT"] = str(work / f"{name}.report.json")
-    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out),
-                           "--specialize-active", "0", "--engine", json.dumps(ENGINE)],
-                          env=env, capture_output=True, text=True, timeout=420)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "engine_run.py"),
+            str(model),
+            str(out),
+            "--specialize-active",
+            "0",
+            "--engine",
+            json.dumps(ENGINE),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     text = proc.stdout + proc.stderr
-    result = {"returncode": proc.returncode, "device_errors": sorted(set(DEVICE_ERRORS.findall(text))),
-              "log_tail": [line for line in text.splitlines() if "capplan" in line or "Error" in line][-8:]}
+    result = {
+        "returncode": proc.returncode,
+        "device_errors": sorted(set(DEVICE_ERRORS.findall(text))),
+        "log_tail": [line for line in text.splitlines() if "capplan" in line or "Error" in line][-8:],
+    }
     if out.exists():
         result["results"] = json.loads(out.read_text())["results"]
     if plan is not None and (work / f"{name}.report.json").exists():

@@ -33,8 +33,15 @@ parallel: {{data_parallel_size: 1}}
 OUT = Path(os.environ.get("CAPPLAN_GPU_OUT", "/tmp/capplan-gpu"))
 
 
-def run_engine(name: str, model: Path, work: Path, specialize_active: int, cache_root: Path,
-               plan: Path | None = None, extra: list[str] | None = None) -> dict:
+def run_engine(
+    name: str,
+    model: Path,
+    work: Path,
+    specialize_active: int,
+    cache_root: Path,
+    plan: Path | None = None,
+    extra: list[str] | None = None,
+) -> dict:
     out = work / f"{name}.json"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(cache_root)}
     env.pop("CAPPLAN_PLAN", None)
@@ -43,14 +50,27 @@ def run_engine(name: str, model: Path, work: Path, specialize_active: int, cache
         env["CAPPLAN_REPORT"] = str(work / f"{name}.report.json")
     log = work / f"{name}.log"
     with log.open("w") as handle:
-        proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out),
-                               "--specialize-active", str(specialize_active), *(extra or [])],
-                              env=env, stdout=handle, stderr=subprocess.STDOUT, timeout=420)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "engine_run.py"),
+                str(model),
+                str(out),
+                "--specialize-active",
+                str(specialize_active),
+                *(extra or []),
+            ],
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            timeout=420,
+        )
     text = log.read_text()
     assert proc.returncode == 0, f"{name} engine failed:\n{text[-4000:]}"
     data = json.loads(out.read_text())
-    data["log_tail"] = [line for line in text.splitlines()
-                        if "Graph capturing finished" in line or "capplan" in line][-12:]
+    data["log_tail"] = [line for line in text.splitlines() if "Graph capturing finished" in line or "capplan" in line][
+        -12:
+    ]
     if plan is not None:
         data["report"] = json.loads((work / f"{name}.report.json").read_text())
     return data
@@ -93,15 +113,17 @@ def runs(setup):
         "planned": run_engine("planned", model, work, 1, shared, plan=plan),
     }
     results["cache_dirs"] = _cache_dirs(shared)
-    summary = {k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
-               for k, v in results.items()}
+    summary = {
+        k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
+        for k, v in results.items()
+    }
     ref = _by_key(results["reference"])
     for name in ("vanilla", "planned"):
         diff = _differing(results["reference"], results[name])
         summary[f"{name}_vs_reference"] = {
-            "requests": len(ref), "differing": len(diff),
-            "by_batch": sorted({f"{ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}"
-                                for k in diff}),
+            "requests": len(ref),
+            "differing": len(diff),
+            "by_batch": sorted({f"{ref[k]['adapters']} adapters{' + base' if ref[k]['base'] else ''}" for k in diff}),
         }
     _save("summary", summary)
     return results
@@ -118,13 +140,20 @@ def order_runs(setup):
     reference, then the plan again (which must reuse its own artifact)."""
     work, model, plan, _ = setup
     root = work / "cache-order"
-    out = {"planned_first": run_engine("planned_first", model, work, 1, root, plan=plan),
-           "reference_after": run_engine("reference_after", model, work, 0, root)}
+    out = {
+        "planned_first": run_engine("planned_first", model, work, 1, root, plan=plan),
+        "reference_after": run_engine("reference_after", model, work, 0, root),
+    }
     out["dirs_after_two"] = _cache_dirs(root)
     out["planned_again"] = run_engine("planned_again", model, work, 1, root, plan=plan)
     out["dirs_after_three"] = _cache_dirs(root)
-    _save("order", {k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
-                    for k, v in out.items()})
+    _save(
+        "order",
+        {
+            k: ({kk: vv for kk, vv in v.items() if kk != "results"} if isinstance(v, dict) else v)
+            for k, v in out.items()
+        },
+    )
     return out
 
 
@@ -150,8 +179,12 @@ def test_plan_matches_reference_on_every_request(runs):
     diff = _differing(runs["reference"], runs["planned"])
     assert diff == [], f"{len(diff)} requests differ from the reference: {diff[:8]}"
     ref, planned = _by_key(runs["reference"]), _by_key(runs["planned"])
-    worst = max(abs(a - b) for k in ref for a, b in zip(ref[k]["logprobs"], planned[k]["logprobs"])
-                if a is not None and b is not None)
+    worst = max(
+        abs(a - b)
+        for k in ref
+        for a, b in zip(ref[k]["logprobs"], planned[k]["logprobs"])
+        if a is not None and b is not None
+    )
     assert worst < 0.05, worst
 
 
@@ -183,11 +216,18 @@ def test_mismatched_plan_stops_engine_before_capture(setup):
     wrong = _compile(work, "wrong", SPEC.format(version=version).replace("max_loras: 4", "max_loras: 8"))
     out = work / "wrong.json"
     env = {**os.environ, "CAPPLAN_PLAN": str(wrong), "VLLM_CACHE_ROOT": str(work / "cache-wrong")}
-    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out),
-                           "--specialize-active", "1"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_run.py"), str(model), str(out), "--specialize-active", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = proc.stdout + proc.stderr
-    _save("mismatch", {"returncode": proc.returncode,
-                       "lines": [line for line in text.splitlines() if "capplan" in line][-5:]})
+    _save(
+        "mismatch",
+        {"returncode": proc.returncode, "lines": [line for line in text.splitlines() if "capplan" in line][-5:]},
+    )
     assert proc.returncode != 0
     assert "does not match this engine" in text and "lora.max_loras: plan 8, engine 4" in text
     assert "Graph capturing finished" not in text and not out.exists()
@@ -195,17 +235,37 @@ def test_mismatched_plan_stops_engine_before_capture(setup):
 
 def test_apply_smoke(setup):
     work, model, plan, _ = setup
-    env = {**os.environ, "CAPPLAN_SMOKE_LLM_ARGS": json.dumps(
-        {"attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.3, "dtype": "bfloat16", "max_lora_rank": 8})}
+    env = {
+        **os.environ,
+        "CAPPLAN_SMOKE_LLM_ARGS": json.dumps(
+            {"attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.3, "dtype": "bfloat16", "max_lora_rank": 8}
+        ),
+    }
     # This model multiplies its logits by 20 (stable greedy tokens), which
     # also multiplies eager-vs-compiled bf16 noise: on the H200 the first run
     # at --tolerance 0.1 saw |logprob diff| up to 0.72 on 17 of 72 requests,
     # in batches with and without base requests alike, with 69/72 token
     # sequences identical. Hence 1.0 here; at 1.0 the H200 run passed 72/72,
     # 5 of them diverging at a near-tie (tests/gpu/results/gpu_smoke.json).
-    proc = subprocess.run([sys.executable, "-m", "capplan.cli", "apply", "--runner", "mrv2", str(plan),
-                           "--smoke", str(model), "--tolerance", "1.0"],
-                          env=env, capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capplan.cli",
+            "apply",
+            "--runner",
+            "mrv2",
+            str(plan),
+            "--smoke",
+            str(model),
+            "--tolerance",
+            "1.0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     _save("smoke", {"returncode": proc.returncode, "stdout": proc.stdout[-2000:], "stderr": proc.stderr[-1500:]})
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.startswith("capplan smoke: 72/72 requests match eager"), proc.stdout

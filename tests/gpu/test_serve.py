@@ -22,8 +22,12 @@ def serve(tmp_path_factory):
         pytest.skip("the serve test's plan targets vLLM 0.25")
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / "gpu_serve.json"
-    proc = subprocess.run([sys.executable, str(HERE / "serve_run.py"), str(tmp_path_factory.mktemp("serve")),
-                           str(out)], capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "serve_run.py"), str(tmp_path_factory.mktemp("serve")), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

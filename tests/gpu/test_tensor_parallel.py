@@ -17,7 +17,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("CAPPLAN_GPU_OUT", "/tmp/capplan-gpu"))
-SPEC = (Path(__file__).resolve().parents[2] / "configs" / "h200-tiny-llama-025.yaml")
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "h200-tiny-llama-025.yaml"
 
 
 def _engine(name, model, work, specialize_active, plan=None):
@@ -26,13 +26,29 @@ def _engine(name, model, work, specialize_active, plan=None):
     if plan is not None:
         env["CAPPLAN_PLAN"] = str(plan)
         env["CAPPLAN_REPORT"] = str(work / f"{name}.{{pid}}.report.json")
-    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model), str(out), "--specialize-active",
-                           str(specialize_active), "--engine", json.dumps({"tensor_parallel_size": 2})],
-                          env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "engine_run.py"),
+            str(model),
+            str(out),
+            "--specialize-active",
+            str(specialize_active),
+            "--engine",
+            json.dumps({"tensor_parallel_size": 2}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     reports = [json.loads(p.read_text()) for p in sorted(work.glob(f"{name}.*.report.json"))]
-    return json.loads(out.read_text())["results"], reports, [
-        line for line in (proc.stdout + proc.stderr).splitlines() if "capplan" in line][-6:]
+    return (
+        json.loads(out.read_text())["results"],
+        reports,
+        [line for line in (proc.stdout + proc.stderr).splitlines() if "capplan" in line][-6:],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +70,12 @@ def runs(tmp_path_factory):
     planned, reports, lines = _engine("planned", model, work, 1, plan)
     a = {(r["batch"], r["req"]): r["tokens"] for r in ref}
     b = {(r["batch"], r["req"]): r["tokens"] for r in planned}
-    summary = {"requests": len(a), "differing": sum(a[k] != b.get(k) for k in a), "capplan_lines": lines,
-               "reports": [{k: r[k] for k in ("graphs_planned", "graphs_captured", "pid")} for r in reports]}
+    summary = {
+        "requests": len(a),
+        "differing": sum(a[k] != b.get(k) for k in a),
+        "capplan_lines": lines,
+        "reports": [{k: r[k] for k in ("graphs_planned", "graphs_captured", "pid")} for r in reports],
+    }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "gpu_tp.json").write_text(json.dumps(summary, indent=2))
     return summary

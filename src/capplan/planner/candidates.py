@@ -17,9 +17,7 @@ import bisect
 from capplan.schemas.plan import Descriptor, DispatchRange
 
 
-def _by_case_and_tokens(
-    descs: list[Descriptor], ids: dict[int, int]
-) -> dict[int, dict[int, list[int]]]:
+def _by_case_and_tokens(descs: list[Descriptor], ids: dict[int, int]) -> dict[int, dict[int, list[int]]]:
     """case -> tokens -> graph ids; `ids` maps id(descriptor) to its capture position."""
     table: dict[int, dict[int, list[int]]] = {}
     for desc in descs:
@@ -35,9 +33,7 @@ def build_ranges(
 ) -> list[DispatchRange]:
     rows: list[DispatchRange] = []
     if per_mode:
-        tables = [
-            _by_case_and_tokens(by_mode.get(mode, []), ids) for mode in ("FULL", "PIECEWISE")
-        ]
+        tables = [_by_case_and_tokens(by_mode.get(mode, []), ids) for mode in ("FULL", "PIECEWISE")]
     else:
         # 0.25 keys one list per (tokens, case): decode graph before mixed graph.
         merged = by_mode.get("FULL", []) + by_mode.get("PIECEWISE", [])

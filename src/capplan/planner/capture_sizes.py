@@ -44,9 +44,7 @@ def resolve_capture_sizes(spec: Spec) -> tuple[list[int], int]:
         limit = min(max_num_seqs * dql * 2, ceiling)
         if is_033:
             if dql > 1:
-                decode_sizes = sorted(
-                    {n * dql for n in _request_counts(max_num_seqs, ceiling) if n * dql <= limit}
-                )
+                decode_sizes = sorted({n * dql for n in _request_counts(max_num_seqs, ceiling) if n * dql <= limit})
             elif max_num_seqs <= limit:
                 decode_sizes = [max_num_seqs]
     limit = min(max_num_tokens, limit)

@@ -7,8 +7,8 @@ from collections import Counter
 
 from capplan.planner.candidates import build_ranges
 from capplan.planner.capture_sizes import resolve_capture_sizes
-from capplan.planner.deviations import ExactTwin, describe_deviations
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
+from capplan.planner.deviations import ExactTwin, describe_deviations
 from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
@@ -56,9 +56,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     ids = {id(d): i for i, d in enumerate(ordered)}
     per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
     layout = DummyLayouts(spec)
-    graphs = [
-        PlannedGraph.trusted(id=i, descriptor=d, dummy=layout(d)) for i, d in enumerate(ordered)
-    ]
+    graphs = [PlannedGraph.trusted(id=i, descriptor=d, dummy=layout(d)) for i, d in enumerate(ordered)]
     # Inputs are validated; the plan is assembled without re-validation, and
     # validated in full whenever a plan file is loaded.
     plan = Plan.trusted(
@@ -97,17 +95,26 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
 def _case_sizes_deviation(spec: Spec, sizes: list[int]):
     from capplan.schemas.plan import Deviation
 
-    changes = [f"capture: LoRA case {e.case}: {len(e.sizes)} of {len(sizes)} capture sizes "
-               f"({', '.join(map(str, e.sizes[:10]))}{', ...' if len(e.sizes) > 10 else ''}); batches of that case "
-               "pad to the next of these" for e in spec.cudagraph.lora_case_sizes]
-    return Deviation(fix="lora_case_sizes", failure_class="cost: vLLM captures every size for every LoRA case; "
-                     "capplan captures per case what the traffic uses (DP size 1 only)", changes=changes)
+    assert spec.cudagraph.lora_case_sizes is not None
+    changes = [
+        f"capture: LoRA case {e.case}: {len(e.sizes)} of {len(sizes)} capture sizes "
+        f"({', '.join(map(str, e.sizes[:10]))}{', ...' if len(e.sizes) > 10 else ''}); batches of that case "
+        "pad to the next of these"
+        for e in spec.cudagraph.lora_case_sizes
+    ]
+    return Deviation(
+        fix="lora_case_sizes",
+        failure_class="cost: vLLM captures every size for every LoRA case; "
+        "capplan captures per case what the traffic uses (DP size 1 only)",
+        changes=changes,
+    )
 
 
 def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
     """Keep, for each listed LoRA case, only its listed sizes (FULL decode graphs by the size they came from).
 
     Spec validation refuses a listed case that is not one of `cases`."""
+    assert spec.cudagraph.lora_case_sizes is not None and spec.cudagraph.capture_sizes is not None
     wanted = {entry.case: set(entry.sizes) for entry in spec.cudagraph.lora_case_sizes}
     if not wanted.keys() <= set(cases):  # a spec built without validation (model_copy)
         raise ValueError(f"lora_case_sizes lists a case outside {cases}: validate the spec first")
@@ -134,7 +141,7 @@ def _reachability(spec: Spec, dispatch_map: dict[int, int]):
             found = memo[holds] = reachable_cases(spec, dispatch_map, holds)
         return found
 
-    reachable.seqs = spec.scheduler.max_num_seqs
+    reachable.seqs = spec.scheduler.max_num_seqs  # type: ignore[attr-defined]
     return reachable
 
 

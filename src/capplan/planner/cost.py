@@ -13,8 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capplan.errors import SpecError
-from capplan.schemas.plan import Plan
 from capplan.files import read_yaml
+from capplan.schemas.plan import Plan
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
 
@@ -75,8 +75,10 @@ def _least_squares(rows: list[list[float]], values: list[float]) -> list[float]:
     for col in range(n):
         pivot = max(range(col, n), key=lambda k: abs(ata[k][col]))
         if abs(ata[pivot][col]) < 1e-12:
-            raise SpecError("calibration runs do not determine the model: give runs without LoRA, "
-                            "with one LoRA case and with several")
+            raise SpecError(
+                "calibration runs do not determine the model: give runs without LoRA, "
+                "with one LoRA case and with several"
+            )
         ata[col], ata[pivot] = ata[pivot], ata[col]
         atb[col], atb[pivot] = atb[pivot], atb[col]
         for k in range(n):

@@ -19,8 +19,12 @@ CAPTURE_MODE_ORDER = ("PIECEWISE", "FULL")
 
 
 def descriptors_by_mode(
-    spec: Spec, capture_sizes: list[int], max_capture_size: int, lora_cases: list[int],
-    reachable: Callable[[int], set[int]] | None = None, dropped: list | None = None,
+    spec: Spec,
+    capture_sizes: list[int],
+    max_capture_size: int,
+    lora_cases: list[int],
+    reachable: Callable[[int], set[int]] | None = None,
+    dropped: list | None = None,
 ) -> dict[str, list[Descriptor]]:
     """Descriptors per cg_mode, in vLLM's insertion order (ascending tokens).
 
@@ -38,6 +42,7 @@ def descriptors_by_mode(
     # Built from validated inputs: construct without re-validating (compile
     # runs on every commit and must stay cheaper than vLLM's own startup).
     make = Descriptor.trusted
+    drop: list = dropped if dropped is not None else []
     decode_kept: list[Descriptor] = []
     mixed_kept: list[Descriptor] = []
     seen: set[tuple] = set()
@@ -54,13 +59,25 @@ def descriptors_by_mode(
         for case in lora_cases:
             if decode_ok and (rounded, case) not in seen:
                 seen.add((rounded, case))
-                desc = make(cg_mode=decode_mode, num_tokens=rounded, num_reqs=decode_reqs,
-                            uniform_token_count=dql, max_query_len=None, num_active_loras=case)
-                (decode_kept if decode_cases is None or case in decode_cases else dropped).append(desc)
+                desc = make(
+                    cg_mode=decode_mode,
+                    num_tokens=rounded,
+                    num_reqs=decode_reqs,
+                    uniform_token_count=dql,
+                    max_query_len=None,
+                    num_active_loras=case,
+                )
+                (decode_kept if decode_cases is None or case in decode_cases else drop).append(desc)
             if mixed_mode != "NONE":
-                desc = make(cg_mode=mixed_mode, num_tokens=num_tokens, num_reqs=mixed_reqs,
-                            uniform_token_count=None, max_query_len=None, num_active_loras=case)
-                (mixed_kept if mixed_cases is None or case in mixed_cases else dropped).append(desc)
+                desc = make(
+                    cg_mode=mixed_mode,
+                    num_tokens=num_tokens,
+                    num_reqs=mixed_reqs,
+                    uniform_token_count=None,
+                    max_query_len=None,
+                    num_active_loras=case,
+                )
+                (mixed_kept if mixed_cases is None or case in mixed_cases else drop).append(desc)
     # Decode graphs exist only when the mode separates them, and then the two
     # routines run in different modes, so the lists never share a key.
     if decode_kept:

@@ -85,9 +85,7 @@ def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:
             key = (new.descriptor.num_active_loras, old.kernel_grid, new.dummy.kernel_grid)
             grids[key] = grids.get(key, 0) + 1
     for (case, old, new), n in sorted(grids.items()):
-        changes.append(
-            f"capture: {n} graph(s) of LoRA case {case} get a -1 dummy row: kernel grid {old} -> {new}"
-        )
+        changes.append(f"capture: {n} graph(s) of LoRA case {case} get a -1 dummy row: kernel grid {old} -> {new}")
     if id_changes and not grids:
         changes.append(
             f"capture: {id_changes} dummy layout(s) of case {plan.spec.lora.max_loras + 1} "
@@ -111,13 +109,17 @@ def _dummy_remainder(plan: Plan, exact: ExactTwin) -> list[str]:
         longest_after = max(a.max_query_len for a, _ in changed)
         over_before = sum(1 for _, b in changed if b.max_query_len > limit)
         over_after = sum(1 for a, _ in changed if a.max_query_len > limit)
-        lines.append(f"capture: {len(changed)} dummy batch(es) spread the token remainder over the last requests; "
-                     f"longest dummy request {longest_before} -> {longest_after} tokens "
-                     f"(max_model_len {limit}: {over_before} -> {over_after} over)")
+        lines.append(
+            f"capture: {len(changed)} dummy batch(es) spread the token remainder over the last requests; "
+            f"longest dummy request {longest_before} -> {longest_after} tokens "
+            f"(max_model_len {limit}: {over_before} -> {over_after} over)"
+        )
     for run in plan.dummy_runs:
         if run.vllm != run.plan:
-            lines.append(f"{run.run} dummy run ({run.tokens} tokens): longest dummy request {run.vllm_longest} -> "
-                         f"{run.longest} tokens (max_model_len {limit})")
+            lines.append(
+                f"{run.run} dummy run ({run.tokens} tokens): longest dummy request {run.vllm_longest} -> "
+                f"{run.longest} tokens (max_model_len {limit})"
+            )
     if lines:
         return lines
     if plan.spec.target.vllm != "0.25":
@@ -155,9 +157,11 @@ def _prune_unreachable(plan: Plan, exact: ExactTwin) -> list[str]:
     if not exact.dropped:
         return ["no change: every (graph, LoRA case) pair can be reached by some batch"]
     total = len(plan.graphs) + len(exact.dropped)
-    lines = [f"capture: {len(exact.dropped)} of {total} graphs dropped: a graph of n tokens holds at most "
-             "min(n, its requests) requests, so at most that many kernel slots, and no such batch maps to "
-             "their LoRA case; every reachable batch dispatches as before"]
+    lines = [
+        f"capture: {len(exact.dropped)} of {total} graphs dropped: a graph of n tokens holds at most "
+        "min(n, its requests) requests, so at most that many kernel slots, and no such batch maps to "
+        "their LoRA case; every reachable batch dispatches as before"
+    ]
     per: dict[tuple[str, int], list[int]] = {}
     for d in exact.dropped:
         per.setdefault((d.cg_mode, d.num_active_loras), []).append(d.num_tokens)

@@ -39,18 +39,31 @@ class PlanDiff:
         what = "; ".join(self.spec_changes[:3]) or "plan changed"
         if len(self.spec_changes) > 3:
             what += f"; +{len(self.spec_changes) - 3} more"
-        return (f"{what}: {_signed(n.graphs - o.graphs)} graphs, {_signed(n.capture_seconds - o.capture_seconds, '.0f')} s "
-                f"capture, {_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)")
+        seconds = _signed(n.capture_seconds - o.capture_seconds, ".0f")
+        return (
+            f"{what}: {_signed(n.graphs - o.graphs)} graphs, {seconds} s "
+            f"capture, {_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
+        )
 
     def to_json(self) -> dict:
-        est = lambda e: None if e is None else {  # noqa: E731
-            "graphs": e.graphs, "capture_seconds": round(e.capture_seconds, 2),
-            "graph_memory_gib": round(e.graph_memory_gib, 3)}
+        est = lambda e: (
+            None
+            if e is None
+            else {  # noqa: E731
+                "graphs": e.graphs,
+                "capture_seconds": round(e.capture_seconds, 2),
+                "graph_memory_gib": round(e.graph_memory_gib, 3),
+            }
+        )
         return {
-            "old": self.old_name, "new": self.new_name, "equal": self.equal, "headline": self.headline(),
+            "old": self.old_name,
+            "new": self.new_name,
+            "equal": self.equal,
+            "headline": self.headline(),
             "spec_changes": self.spec_changes,
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
-            "dispatch_changes": self.dispatch_changes, "lora_dispatch_changes": self.lora_map_changes,
+            "dispatch_changes": self.dispatch_changes,
+            "lora_dispatch_changes": self.lora_map_changes,
             "fix_changes": self.fix_changes,
             "estimate": {"old": est(self.old_estimate), "new": est(self.new_estimate), "calibration": self.calibration},
         }
@@ -115,9 +128,12 @@ def render_text(d: PlanDiff) -> str:
     lines.append(f"  estimate ({d.calibration}): {o.text()}  ->  {n.text()}")
     sections = [
         ("spec", d.spec_changes),
-        ("graphs", [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
-         + ([f"added e.g. {', '.join(d.added_sample)}"] if d.added_sample else [])
-         + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else [])),
+        (
+            "graphs",
+            [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
+            + ([f"added e.g. {', '.join(d.added_sample)}"] if d.added_sample else [])
+            + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
+        ),
         ("LoRA dispatch", d.lora_map_changes),
         ("dispatch (what a batch replays)", d.dispatch_changes),
         ("fixes and deviations", d.fix_changes),
@@ -150,7 +166,12 @@ def render_markdown(d: PlanDiff) -> str:
     if d.spec_changes:
         lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
     if d.graph_changes:
-        lines += ["**Graphs per mode and LoRA case**", "", "| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+        lines += [
+            "**Graphs per mode and LoRA case**",
+            "",
+            "| mode | LoRA case | added | removed |",
+            "|---|---:|---:|---:|",
+        ]
         lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
     for title, items in (("LoRA dispatch", d.lora_map_changes), ("Dispatch changes", d.dispatch_changes)):
         if items:

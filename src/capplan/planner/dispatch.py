@@ -41,8 +41,15 @@ class Dispatch(NamedTuple):
 
 
 def _as_dispatch(desc: Descriptor, graph_id: int) -> Dispatch:
-    return Dispatch(desc.cg_mode, desc.num_tokens, desc.num_reqs, desc.uniform_token_count,
-                    desc.max_query_len, desc.num_active_loras, graph_id)
+    return Dispatch(
+        desc.cg_mode,
+        desc.num_tokens,
+        desc.num_reqs,
+        desc.uniform_token_count,
+        desc.max_query_len,
+        desc.num_active_loras,
+        graph_id,
+    )
 
 
 @dataclass(frozen=True)

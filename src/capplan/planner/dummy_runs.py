@@ -34,9 +34,14 @@ def dummy_runs(spec: Spec, mixed_graph_tokens: list[int]) -> list[DummyRun]:
     tokens = spec.scheduler.max_num_batched_tokens
     reqs = min(tokens, spec.scheduler.max_num_seqs)
     vllm_spreads = spec.target.vllm != "0.25"
-    runs = [DummyRun.trusted(run="profile", tokens=tokens,
-                             vllm=token_runs(tokens, reqs, vllm_spreads),
-                             plan=token_runs(tokens, reqs, vllm_spreads or spec.has(Fix.dummy_remainder)))]
+    runs = [
+        DummyRun.trusted(
+            run="profile",
+            tokens=tokens,
+            vllm=token_runs(tokens, reqs, vllm_spreads),
+            plan=token_runs(tokens, reqs, vllm_spreads or spec.has(Fix.dummy_remainder)),
+        )
+    ]
     if spec.parallel.data_parallel_size > 1 and mixed_graph_tokens:
         top = max(mixed_graph_tokens)
         runs.append(DummyRun.trusted(run="dp_idle", tokens=top, vllm=[(1, top)], plan=[(1, top)]))

@@ -153,9 +153,16 @@ def _padding(weights: dict[int, int], sizes: list[int]) -> int:
     return total
 
 
-def optimize(spec: Spec, trace: list[TraceBatch], cost: CostModel, *, max_graphs: int | None = None,
-             max_graph_memory: float | None = None, shared_sizes: bool = False,
-             max_points: int = 400) -> Optimized:
+def optimize(
+    spec: Spec,
+    trace: list[TraceBatch],
+    cost: CostModel,
+    *,
+    max_graphs: int | None = None,
+    max_graph_memory: float | None = None,
+    shared_sizes: bool = False,
+    max_points: int = 400,
+) -> Optimized:
     if (max_graphs is None) == (max_graph_memory is None):
         raise UsageError("give exactly one budget: --max-graphs N or --max-graph-memory GIB")
     default_sizes, top = resolve_capture_sizes(spec)
@@ -167,22 +174,37 @@ def optimize(spec: Spec, trace: list[TraceBatch], cost: CostModel, *, max_graphs
     default_plan = compile_plan(spec)
     default = _point(default_plan, cost, default_sizes, _padding(weights, default_sizes), real)
     budget = f"{max_graphs} graphs" if max_graphs is not None else f"{max_graph_memory} GiB graph memory"
-    per_case = (not shared_sizes and spec.lora.enabled and spec.parallel.data_parallel_size == 1
-                and len(default_plan.lora_capture_cases) > 1)
+    per_case = (
+        not shared_sizes
+        and spec.lora.enabled
+        and spec.parallel.data_parallel_size == 1
+        and len(default_plan.lora_capture_cases) > 1
+    )
     if per_case:
         curve = _per_case_curve(base, trace, cost, top, real, default_plan, max_points)
     else:
         curve = _shared_curve(base, weights, cost, top, real, max_graphs, max_graph_memory, max_points)
     feasible = [p for p in curve if _fits(p, max_graphs, max_graph_memory)]
     if not feasible:
-        raise UsageError(f"no capture set fits {budget}: the smallest needs {min(p.graphs for p in curve)} graphs "
-                         f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB)", "raise the budget")
+        raise UsageError(
+            f"no capture set fits {budget}: the smallest needs {min(p.graphs for p in curve)} graphs "
+            f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB)",
+            "raise the budget",
+        )
     best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
     return Optimized(best.spec, compile_plan(best.spec), best, default, curve, budget)
 
 
-def _shared_curve(spec: Spec, weights: dict[int, int], cost: CostModel, top: int, real: int,
-                  max_graphs: int | None, max_gib: float | None, max_points: int) -> list[CurvePoint]:
+def _shared_curve(
+    spec: Spec,
+    weights: dict[int, int],
+    cost: CostModel,
+    top: int,
+    real: int,
+    max_graphs: int | None,
+    max_gib: float | None,
+    max_points: int,
+) -> list[CurvePoint]:
     """One size set for every LoRA case (what vLLM can express; required under DP)."""
     solver = Bucketing(weights, top)
     curve: list[CurvePoint] = []
@@ -198,8 +220,9 @@ def _shared_curve(spec: Spec, weights: dict[int, int], cost: CostModel, top: int
     return curve
 
 
-def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: int, real: int,
-                    default_plan: Plan, max_points: int) -> list[CurvePoint]:
+def _per_case_curve(
+    spec: Spec, trace: list[TraceBatch], cost: CostModel, top: int, real: int, default_plan: Plan, max_points: int
+) -> list[CurvePoint]:
     """Sizes per LoRA case: exact per-case bucketing, budget split across cases by a knapsack.
 
     Every case keeps the largest size (no batch loses its graph); a case the
@@ -224,8 +247,9 @@ def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: i
     per_size: dict[tuple[int, int], int] = {}
     for g in union.graphs:
         desc = g.descriptor
-        per_size[(desc.num_active_loras, desc.num_tokens)] = per_size.get((desc.num_active_loras, desc.num_tokens),
-                                                                          0) + 1
+        per_size[(desc.num_active_loras, desc.num_tokens)] = (
+            per_size.get((desc.num_active_loras, desc.num_tokens), 0) + 1
+        )
 
     def graphs_for(case: int, sizes: list[int]) -> int:
         keys = {(case, s) for s in sizes} | {(case, -(-s // dql) * dql) for s in sizes}
@@ -275,8 +299,9 @@ def _per_case_curve(spec: Spec, trace: list[TraceBatch], cost: CostModel, top: i
         seen.add(key)
         union_sizes = sorted({s for v in chosen.values() for s in v})
         data = with_sizes(spec, union_sizes).model_dump(mode="json")
-        data["cudagraph"]["lora_case_sizes"] = [{"case": c, "sizes": chosen[c]} for c in cases
-                                                if chosen[c] != union_sizes]
+        data["cudagraph"]["lora_case_sizes"] = [
+            {"case": c, "sizes": chosen[c]} for c in cases if chosen[c] != union_sizes
+        ]
         if not data["cudagraph"]["lora_case_sizes"]:
             data["cudagraph"]["lora_case_sizes"] = None
         cand = Spec.model_validate(data)
@@ -292,23 +317,36 @@ def _fits(point: CurvePoint, max_graphs: int | None, max_gib: float | None) -> b
     return point.graph_memory_gib <= max_gib
 
 
-def _point(plan: Plan, cost: CostModel, sizes: list[int], padded: int, real: int,
-           spec: Spec | None = None) -> CurvePoint:
+def _point(
+    plan: Plan, cost: CostModel, sizes: list[int], padded: int, real: int, spec: Spec | None = None
+) -> CurvePoint:
     est = cost.estimate(plan)
-    return CurvePoint(len(sizes), len(plan.graphs), round(est.graph_memory_gib, 4), round(est.capture_seconds, 2),
-                      padded, padded / real if real else 0.0, list(sizes), spec or plan.spec)
+    return CurvePoint(
+        len(sizes),
+        len(plan.graphs),
+        round(est.graph_memory_gib, 4),
+        round(est.capture_seconds, 2),
+        padded,
+        padded / real if real else 0.0,
+        list(sizes),
+        spec or plan.spec,
+    )
 
 
 def render_curve(result: Optimized, every: int = 1) -> str:
     d = result.default
-    lines = [f"capplan optimize: budget {result.budget}; objective: padded tokens on the trace "
-             f"(largest graph kept at {d.capture_sizes[-1]} tokens)",
-             f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{d.graph_memory_gib:.2f} GiB, "
-             f"padding {d.padding_overhead:.2%}",
-             "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding"]
+    lines = [
+        f"capplan optimize: budget {result.budget}; objective: padded tokens on the trace "
+        f"(largest graph kept at {d.capture_sizes[-1]} tokens)",
+        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{d.graph_memory_gib:.2f} GiB, "
+        f"padding {d.padding_overhead:.2%}",
+        "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding",
+    ]
     for i, p in enumerate(result.curve):
         if p is result.point or i % every == 0 or i == len(result.curve) - 1:
             mark = "  <- chosen" if p is result.point else ""
-            lines.append(f"  {p.sizes:>5}  {p.graphs:>6}  {p.graph_memory_gib:>6.3f}  {p.capture_seconds:>10.1f}  "
-                         f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}{mark}")
+            lines.append(
+                f"  {p.sizes:>5}  {p.graphs:>6}  {p.graph_memory_gib:>6.3f}  {p.capture_seconds:>10.1f}  "
+                f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}{mark}"
+            )
     return "\n".join(lines)

@@ -22,19 +22,25 @@ def _panel(title: str, xs: list[str], ys: list[float], top: int, color: str, yla
     step = max(1, len(xs) // 16)
     for i, (x, y) in enumerate(zip(xs, ys)):
         bh = h * y / peak
-        out.append(f'<rect x="{PAD + i * bw + 1:.1f}" y="{top + h - bh:.1f}" width="{max(bw - 2, 1):.1f}" '
-                   f'height="{bh:.1f}" fill="{color}"><title>{escape(x)}: {y:g}</title></rect>')
+        out.append(
+            f'<rect x="{PAD + i * bw + 1:.1f}" y="{top + h - bh:.1f}" width="{max(bw - 2, 1):.1f}" '
+            f'height="{bh:.1f}" fill="{color}"><title>{escape(x)}: {y:g}</title></rect>'
+        )
         if i % step == 0:
-            out.append(f'<text x="{PAD + i * bw + bw / 2:.1f}" y="{top + h + 14}" font-size="9" '
-                       f'text-anchor="middle">{escape(x)}</text>')
+            out.append(
+                f'<text x="{PAD + i * bw + bw / 2:.1f}" y="{top + h + 14}" font-size="9" '
+                f'text-anchor="middle">{escape(x)}</text>'
+            )
     return out
 
 
 def _svg(panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> str:
     height = len(panels) * (H - PAD) + PAD
-    body = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif">',
-            f'<rect width="{W}" height="{height}" fill="white"/>',
-            f'<text x="{PAD}" y="18" font-size="12">{escape(caption)}</text>']
+    body = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif">',
+        f'<rect width="{W}" height="{height}" fill="white"/>',
+        f'<text x="{PAD}" y="18" font-size="12">{escape(caption)}</text>',
+    ]
     for n, (title, xs, ys, color, ylabel) in enumerate(panels):
         body += _panel(title, xs, ys, 44 + n * (H - PAD), color, ylabel)
     body.append("</svg>")
@@ -64,8 +70,9 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
     return image.getvalue()
 
 
-def write_plot(path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str,
-               inputs: tuple[Path, ...] = ()) -> None:
+def write_plot(
+    path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str, inputs: tuple[Path, ...] = ()
+) -> None:
     suffix = path.suffix.lower()
     if suffix == ".svg":
         write_atomic(path, _svg(panels, caption), inputs)
@@ -78,12 +85,26 @@ def write_plot(path: Path, panels: list[tuple[str, list[str], list[float], str, 
 
 def simulation_panels(data: dict) -> list[tuple[str, list[str], list[float], str, str]]:
     sizes = [str(r["num_tokens"]) for r in data["by_size"]]
-    return [("steps replayed per captured size", sizes, [r["steps"] for r in data["by_size"]], "#4477aa", "steps"),
-            ("padded tokens per captured size", sizes, [r["padded_tokens"] for r in data["by_size"]], "#cc6677",
-             "padded tokens")]
+    return [
+        ("steps replayed per captured size", sizes, [r["steps"] for r in data["by_size"]], "#4477aa", "steps"),
+        (
+            "padded tokens per captured size",
+            sizes,
+            [r["padded_tokens"] for r in data["by_size"]],
+            "#cc6677",
+            "padded tokens",
+        ),
+    ]
 
 
 def curve_panels(points: list) -> list[tuple[str, list[str], list[float], str, str]]:
     xs = [str(p.graphs) for p in points]
-    return [("padding overhead (%) vs graphs captured", xs, [round(100 * p.padding_overhead, 3) for p in points],
-             "#228833", "padding %")]
+    return [
+        (
+            "padding overhead (%) vs graphs captured",
+            xs,
+            [round(100 * p.padding_overhead, 3) for p in points],
+            "#228833",
+            "padding %",
+        )
+    ]

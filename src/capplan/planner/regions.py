@@ -22,9 +22,7 @@ def _targets(plan: Plan, ids: list[int]) -> tuple[str, str]:
 
 
 def _expand(plan: Plan) -> dict[tuple[int, int], list[int]]:
-    return {
-        (row.lora_case, n): row.candidates for row in plan.dispatch for n in range(row.lo, row.hi + 1)
-    }
+    return {(row.lora_case, n): row.candidates for row in plan.dispatch for n in range(row.lo, row.hi + 1)}
 
 
 def _shape(label: str) -> str:
@@ -77,7 +75,10 @@ def target_changes(
             count = sum(hi - lo + 1 for lo, hi in token_runs)
             sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
             more = ", ..." if len(token_runs) > 6 else ""
-            where = ("all LoRA cases" if cases == all_cases and len(all_cases) > 1
-                     else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases)))
+            where = (
+                "all LoRA cases"
+                if cases == all_cases and len(all_cases) > 1
+                else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
+            )
             lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {a} -> {b}")
     return lines

@@ -128,7 +128,7 @@ def _emit_item(item: object, indent: int) -> Iterator[str]:
         first = True
         for k, v in item.items():
             for sub in _emit(_scalar(k), v, indent + 2):
-                yield (f"{pad}- " + sub[indent + 2:]) if first else sub
+                yield (f"{pad}- " + sub[indent + 2 :]) if first else sub
                 first = False
     elif isinstance(item, str):
         yield from _folded(item, indent, bullet=True)
@@ -142,8 +142,7 @@ def _folded(text: str, indent: int, bullet: bool = False) -> Iterator[str]:
     pad = " " * indent
     quoted = json.dumps(text)
     width = MAX_LINE - indent - 2
-    parts = textwrap.wrap(quoted, width, break_long_words=False, break_on_hyphens=False,
-                          drop_whitespace=True)
+    parts = textwrap.wrap(quoted, width, break_long_words=False, break_on_hyphens=False, drop_whitespace=True)
     if " ".join(parts) != quoted:  # runs of spaces would not survive folding: one long line
         parts = [quoted]
     lead = f"{pad}- " if bullet else pad
@@ -170,8 +169,10 @@ def plan_file_data(plan: Plan) -> dict:
         "dp": {"padded_tokens_lora_invariant": plan.dp.padded_tokens_lora_invariant},
         "graph_counts": _graph_counts(plan),
         "graphs": [_graph_entry(g) for g in plan.graphs],
-        "dummy_runs": [{"run": r.run, "tokens": r.tokens, "vllm": [list(x) for x in r.vllm],
-                        "plan": [list(x) for x in r.plan]} for r in plan.dummy_runs],
+        "dummy_runs": [
+            {"run": r.run, "tokens": r.tokens, "vllm": [list(x) for x in r.vllm], "plan": [list(x) for x in r.plan]}
+            for r in plan.dummy_runs
+        ],
         "dispatch": [_dispatch_entry(plan, row) for row in plan.dispatch],
     }
     return data
@@ -227,8 +228,11 @@ def _graph_entry(graph) -> dict:
 
 def _dispatch_entry(plan: Plan, row) -> dict:
     tokens: int | str = row.lo if row.lo == row.hi else f"{row.lo}..{row.hi}"
-    return {"case": row.lora_case, "tokens": tokens,
-            "graphs": [address(plan.graphs[i].descriptor) for i in row.candidates]}
+    return {
+        "case": row.lora_case,
+        "tokens": tokens,
+        "graphs": [address(plan.graphs[i].descriptor) for i in row.candidates],
+    }
 
 
 HEADER = """\

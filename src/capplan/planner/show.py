@@ -32,8 +32,10 @@ def _ranges(plan: Plan) -> list[str]:
         groups.setdefault(tuple(rows), []).append(case)
     lines: list[str] = []
     for rows, cases in groups.items():
-        lines.append(f"Token ranges, LoRA case{'s' if len(cases) > 1 else ''} {', '.join(map(str, cases))} "
-                     "(candidates in priority order; r = request slots, u = uniform tokens/request):")
+        lines.append(
+            f"Token ranges, LoRA case{'s' if len(cases) > 1 else ''} {', '.join(map(str, cases))} "
+            "(candidates in priority order; r = request slots, u = uniform tokens/request):"
+        )
         lines += _table(
             ["tokens", "candidates"],
             [[f"{lo}" if lo == hi else f"{lo}..{hi}", labels] for lo, hi, labels in rows],
@@ -55,9 +57,12 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         f"  target: vLLM {plan.target['vllm']} ({plan.target['runner']}), mode "
         f"{spec.cudagraph.mode.value}, decode_query_len {plan.decode_query_len}, "
         f"DP {spec.parallel.data_parallel_size}",
-        "  LoRA: " + (
+        "  LoRA: "
+        + (
             f"max_loras {lora.max_loras}, specialize {str(lora.specialize).lower()}, "
-            f"specialize_active {str(lora.specialize_active).lower()}" if lora.enabled else "off"
+            f"specialize_active {str(lora.specialize_active).lower()}"
+            if lora.enabled
+            else "off"
         ),
         f"  fixes: {', '.join(plan.fixes) or 'none (exactly vLLM)'}",
         f"  spec_hash {plan.spec_hash[:19]}  fingerprint {plan.fingerprint[:19]}",
@@ -76,12 +81,18 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         row = plan.stats.get(mode)
         if row:
             rows.append([mode, *(str(row.get(str(c), 0)) for c in cases), str(sum(row.values()))])
-    rows.append(["total", *(str(sum(1 for g in plan.graphs if g.descriptor.num_active_loras == c))
-                            for c in cases), str(len(plan.graphs))])
+    rows.append(
+        [
+            "total",
+            *(str(sum(1 for g in plan.graphs if g.descriptor.num_active_loras == c)) for c in cases),
+            str(len(plan.graphs)),
+        ]
+    )
     lines += _table(["mode", *(f"case {c}" for c in cases), "total"], rows)
     lines.append("")
     if plan.lora_dispatch_map:
-        key = "kernel slots (adapters + 1 with base requests)" if plan.lora_dispatch_key == "kernel_slots" else "adapters"
+        by_slots = plan.lora_dispatch_key == "kernel_slots"
+        key = "kernel slots (adapters + 1 with base requests)" if by_slots else "adapters"
         lines.append(f"LoRA dispatch by {key}:")
         lines += _table(["count", "case"], [[str(k), str(v)] for k, v in plan.lora_dispatch_map.items()])
         lines.append("")

@@ -38,20 +38,28 @@ class SimResult:
         return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
 
     def to_json(self, plan: Plan) -> dict:
-        unused = Counter((plan.graphs[i].descriptor.cg_mode, plan.graphs[i].descriptor.num_active_loras)
-                         for i in self.unused)
+        unused = Counter(
+            (plan.graphs[i].descriptor.cg_mode, plan.graphs[i].descriptor.num_active_loras) for i in self.unused
+        )
         return {
-            "steps": self.steps, "graph_steps": self.graph_steps, "eager_steps": self.eager_steps,
+            "steps": self.steps,
+            "graph_steps": self.graph_steps,
+            "eager_steps": self.eager_steps,
             "graph_hit_rate": round(self.hit_rate, 6),
             "eager_above_largest_graph": self.eager_above_largest,
-            "real_tokens_in_graphs": self.real_tokens, "padded_tokens": self.padded_tokens,
-            "padding_overhead": round(self.padding_overhead, 6), "eager_tokens": self.eager_tokens,
-            "graphs": len(plan.graphs), "graphs_used": len(plan.graphs) - len(self.unused),
+            "real_tokens_in_graphs": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "padding_overhead": round(self.padding_overhead, 6),
+            "eager_tokens": self.eager_tokens,
+            "graphs": len(plan.graphs),
+            "graphs_used": len(plan.graphs) - len(self.unused),
             "graphs_never_used": len(self.unused),
-            "never_used_by_mode_and_case": [{"cg_mode": m, "lora_case": c, "graphs": n}
-                                            for (m, c), n in sorted(unused.items())],
-            "by_size": [{"num_tokens": s, "steps": v[0], "padded_tokens": v[1]}
-                        for s, v in sorted(self.by_size.items())],
+            "never_used_by_mode_and_case": [
+                {"cg_mode": m, "lora_case": c, "graphs": n} for (m, c), n in sorted(unused.items())
+            ],
+            "by_size": [
+                {"num_tokens": s, "steps": v[0], "padded_tokens": v[1]} for s, v in sorted(self.by_size.items())
+            ],
         }
 
 
@@ -90,9 +98,15 @@ def render_simulation(plan_name: str, trace_name: str, plan: Plan, result: SimRe
         f"  padding overhead {data['padding_overhead']:.2%} ({data['padded_tokens']} padded tokens on "
         f"{data['real_tokens_in_graphs']} real tokens in graphs)",
         f"  graphs used {data['graphs_used']} of {data['graphs']}; never used: {data['graphs_never_used']}"
-        + ("" if not data["never_used_by_mode_and_case"] else " (" + ", ".join(
-            f"{u['cg_mode']} case {u['lora_case']}: {u['graphs']}" for u in data["never_used_by_mode_and_case"])
-            + ")"),
+        + (
+            ""
+            if not data["never_used_by_mode_and_case"]
+            else " ("
+            + ", ".join(
+                f"{u['cg_mode']} case {u['lora_case']}: {u['graphs']}" for u in data["never_used_by_mode_and_case"]
+            )
+            + ")"
+        ),
         "  size  steps  padded tokens",
     ]
     for row in data["by_size"]:

@@ -55,8 +55,9 @@ class VerifyReport:
     def to_json(self) -> dict:
         return {
             "ok": self.ok,
-            "violations": [{"kind": v.kind, "failure_class": CLASSES[v.kind], "message": v.message}
-                           for v in self.violations],
+            "violations": [
+                {"kind": v.kind, "failure_class": CLASSES[v.kind], "message": v.message} for v in self.violations
+            ],
             "eager_regions": self.eager_regions,
             "checked": self.checked,
         }
@@ -79,15 +80,22 @@ class _Tables:
         for row in plan.dispatch:
             bad = [i for i in row.candidates if not 0 <= i < n]
             if bad or row.lo > row.hi:
-                report.add("structure", f"dispatch range case {row.lora_case} tokens {row.lo}..{row.hi} "
-                                        f"is malformed (unknown graph ids {bad})" if bad else
-                           f"dispatch range case {row.lora_case} has lo {row.lo} > hi {row.hi}")
+                report.add(
+                    "structure",
+                    f"dispatch range case {row.lora_case} tokens {row.lo}..{row.hi} "
+                    f"is malformed (unknown graph ids {bad})"
+                    if bad
+                    else f"dispatch range case {row.lora_case} has lo {row.lo} > hi {row.hi}",
+                )
                 continue
             for i in row.candidates:
                 d = self.descs[i]
                 if d.num_active_loras != row.lora_case or d.num_tokens < row.hi:
-                    report.add("structure", f"case {row.lora_case} tokens {row.lo}..{row.hi} lists graph "
-                                            f"{address(d)} that cannot hold them")
+                    report.add(
+                        "structure",
+                        f"case {row.lora_case} tokens {row.lo}..{row.hi} lists graph "
+                        f"{address(d)} that cannot hold them",
+                    )
             self.rows.setdefault(row.lora_case, []).append(row)
         for case, rows in self.rows.items():
             rows.sort(key=lambda r: r.lo)
@@ -137,8 +145,9 @@ def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     found: dict[tuple, dict[int, list[list[int]]]] = {}
     for case in plan.lora_capture_cases:
         graphs = sorted((d for d in tables.descs if d.num_active_loras == case), key=lambda d: d.num_tokens)
-        edges = sorted({1, top + 1} | {r.lo for r in tables.rows.get(case, [])}
-                       | {r.hi + 1 for r in tables.rows.get(case, [])})
+        edges = sorted(
+            {1, top + 1} | {r.lo for r in tables.rows.get(case, [])} | {r.hi + 1 for r in tables.rows.get(case, [])}
+        )
         for lo, nxt in zip(edges, edges[1:]):
             hi = min(nxt - 1, budget)
             if lo > hi:
@@ -199,8 +208,11 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
         reqs = d.num_reqs or min(d.num_tokens, seqs)
         tokens = [t for count, t in dummy.tokens for _ in range(count)]
         if dummy.num_reqs != reqs or len(tokens) != reqs or sum(tokens) != d.num_tokens or min(tokens, default=0) < 1:
-            report.add("structure", f"{name}: dummy layout of {len(tokens)} requests / {sum(tokens)} tokens "
-                                    f"does not capture {reqs} requests / {d.num_tokens} tokens")
+            report.add(
+                "structure",
+                f"{name}: dummy layout of {len(tokens)} requests / {sum(tokens)} tokens "
+                f"does not capture {reqs} requests / {d.num_tokens} tokens",
+            )
             continue
         longest = max(tokens)
         if dummy.max_query_len != longest:
@@ -226,12 +238,18 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
             if real:
                 report.add("lora_case", f"{name}: a no-LoRA graph is warmed with adapters {sorted(real)}")
         elif not real:
-            report.add("lora_kernels", f"{name}: every dummy request is -1, so the LoRA kernels "
-                                       "short-circuit and are not recorded in the graph")
+            report.add(
+                "lora_kernels",
+                f"{name}: every dummy request is -1, so the LoRA kernels "
+                "short-circuit and are not recorded in the graph",
+            )
             continue
         elif len(real) != min(d.num_active_loras, lora.max_loras, reqs):
-            report.add("lora_case", f"{name}: warmed with {len(real)} adapters, the case needs "
-                                    f"{min(d.num_active_loras, lora.max_loras, reqs)}")
+            report.add(
+                "lora_case",
+                f"{name}: warmed with {len(real)} adapters, the case needs "
+                f"{min(d.num_active_loras, lora.max_loras, reqs)}",
+            )
         grid = kernel_grid(ids, reqs, spec)
         if dummy.kernel_grid != grid:
             report.add("structure", f"{name}: kernel_grid {dummy.kernel_grid} does not follow from its dummy ({grid})")
@@ -241,20 +259,33 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
             slots, example = need[idx]
             short_grids.setdefault((d.num_active_loras, grid, slots, example), []).append(d)
     for (case, grid, slots, example), descs in sorted(short_grids.items()):
-        report.add("lora_grid", f"LoRA case {case}: {len(descs)} graph(s) ({_sample(descs)}) record a kernel grid "
-                                f"of {grid} but serve {example} ({slots} kernel slots): an adapter is skipped")
+        report.add(
+            "lora_grid",
+            f"LoRA case {case}: {len(descs)} graph(s) ({_sample(descs)}) record a kernel grid "
+            f"of {grid} but serve {example} ({slots} kernel slots): an adapter is skipped",
+        )
     for run in plan.dummy_runs:
         if run.longest > model_len:
-            fix = ("a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
-                   f"(cudagraph.max_capture_size) at most {model_len}" if run.run == "dp_idle"
-                   else "turn on the dummy_remainder fix" if run.vllm_longest == run.longest and
-                   plan.spec.target.vllm == "0.25" else "raise max_num_seqs or max_model_len")
-            report.add("dummy_length", f"{run.run} dummy run of {run.tokens} tokens: a request of {run.longest} "
-                                       f"tokens exceeds max_model_len {model_len} ({fix})")
+            fix = (
+                "a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
+                f"(cudagraph.max_capture_size) at most {model_len}"
+                if run.run == "dp_idle"
+                else "turn on the dummy_remainder fix"
+                if run.vllm_longest == run.longest and plan.spec.target.vllm == "0.25"
+                else "raise max_num_seqs or max_model_len"
+            )
+            report.add(
+                "dummy_length",
+                f"{run.run} dummy run of {run.tokens} tokens: a request of {run.longest} "
+                f"tokens exceeds max_model_len {model_len} ({fix})",
+            )
     if piled:
         worst = max(piled, key=lambda p: p[1] - p[2])
-        report.add("dummy_length", f"{len(piled)} dummy batch(es) pile the token remainder on one request "
-                                   f"(worst: graph {worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})")
+        report.add(
+            "dummy_length",
+            f"{len(piled)} dummy batch(es) pile the token remainder on one request "
+            f"(worst: graph {worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})",
+        )
     report.checked["graphs"] = len(plan.graphs)
 
 
@@ -278,8 +309,7 @@ def _slots_by_case(plan: Plan) -> dict[int, list[tuple[int, str]]]:
             slots = kernel_slots(k, base)
             count = slots if by_slots else k
             case = mapping.get(count, top)
-            out.setdefault(case, []).append(
-                (slots, f"{k} adapter(s)" + (" + base requests" if base else "")))
+            out.setdefault(case, []).append((slots, f"{k} adapter(s)" + (" + base requests" if base else "")))
     for case, rows in out.items():
         rows.sort()
         # Running max: a graph holding R requests must cover every mix of <= R slots.
@@ -298,8 +328,9 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
         report.add("consistency", f"dp.data_parallel_size {plan.dp.data_parallel_size} != spec {size}")
     dql, seqs = plan.decode_query_len, spec.scheduler.max_num_seqs
     cases = plan.lora_capture_cases
-    points = sorted({r.lo for rows in tables.rows.values() for r in rows}
-                    | {r.hi for rows in tables.rows.values() for r in rows})
+    points = sorted(
+        {r.lo for rows in tables.rows.values() for r in rows} | {r.hi for rows in tables.rows.values() for r in rows}
+    )
     disagreements = []
     lora_dependent = False
     memo: dict[int, set[int]] = {}
@@ -319,26 +350,34 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
             # Each rank re-dispatches the agreed count with its own requests and
             # LoRA case; only cases its requests can reach (plus, under DP, the
             # idle rank's dummy case) occur.
-            padded = {(c, r): _padded(tables, c, tokens, uniform, r) for r in {1, max_r}
-                      for c in cases if c in reachable(r)}
+            padded = {
+                (c, r): _padded(tables, c, tokens, uniform, r) for r in {1, max_r} for c in cases if c in reachable(r)
+            }
             if len(set(padded.values())) > 1:
                 disagreements.append((tokens, uniform, padded))
                 if any(len({padded[(c, r)] for c in cases if c in reachable(r)}) > 1 for r in {1, max_r}):
                     lora_dependent = True
     invariant = not lora_dependent
     if plan.dp.padded_tokens_lora_invariant != invariant:
-        report.add("consistency", f"dp.padded_tokens_lora_invariant says {plan.dp.padded_tokens_lora_invariant}, "
-                                  f"the tables say {invariant}")
+        report.add(
+            "consistency",
+            f"dp.padded_tokens_lora_invariant says {plan.dp.padded_tokens_lora_invariant}, the tables say {invariant}",
+        )
     if size > 1:
         for tokens, uniform, padded in disagreements[:20]:
             kind = "mixed" if uniform is None else "uniform-decode"
             values = sorted(set(padded.values()))
-            (c1, r1), (c2, r2) = (next(k for k, v in padded.items() if v == values[0]),
-                                  next(k for k, v in padded.items() if v == values[-1]))
-            side = lambda v: "runs eager" if v == tokens else f"pads to {v}"  # noqa: E731
-            report.add("dp", f"an agreed {kind} batch of {tokens} tokens {side(values[0])} on a rank with LoRA "
-                             f"case {c1} and {r1} request(s) but {side(values[-1])} on one with case {c2} "
-                             f"and {r2}")
+            (c1, r1), (c2, r2) = (
+                next(k for k, v in padded.items() if v == values[0]),
+                next(k for k, v in padded.items() if v == values[-1]),
+            )
+            side = lambda v, tokens=tokens: "runs eager" if v == tokens else f"pads to {v}"
+            report.add(
+                "dp",
+                f"an agreed {kind} batch of {tokens} tokens {side(values[0])} on a rank with LoRA "
+                f"case {c1} and {r1} request(s) but {side(values[-1])} on one with case {c2} "
+                f"and {r2}",
+            )
         if len(disagreements) > 20:
             report.add("dp", f"... and {len(disagreements) - 20} more token counts where DP ranks can disagree")
     report.checked["dp_points"] = len(points)

@@ -38,16 +38,20 @@ def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = 
     if len(set(identities)) > 1:
         ranks = "; ".join(f"rank {i}: {_short(g)}" for i, g in enumerate(identities))
         also = "".join(f" Rank {i} also refused its own plan: {why}" for i, why in refused)
-        return (f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
-                f"captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does).{also}")
+        return (
+            f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
+            f"captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does).{also}"
+        )
     if not refused:
         return None
     own = next((why for i, why in refused if i == rank), None)
     if own is not None:
         return own
     i, why = refused[0]
-    return (f"capplan{rank_label}: DP rank {i} refused the plan, so this rank stops too. Nothing was "
-            f"captured. Rank {i} said: {why}")
+    return (
+        f"capplan{rank_label}: DP rank {i} refused the plan, so this rank stops too. Nothing was "
+        f"captured. Rank {i} said: {why}"
+    )
 
 
 def check_same_plan(identity: str, problem: str | None = None, group=None, rank_label: str = "") -> None:
@@ -56,7 +60,6 @@ def check_same_plan(identity: str, problem: str | None = None, group=None, rank_
 
     gathered: list[tuple[str, str | None] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, (identity, problem), group=group)
-    verdict = decide([g if g is not None else (NO_PLAN, None) for g in gathered],
-                     dist.get_rank(group), rank_label)
+    verdict = decide([g if g is not None else (NO_PLAN, None) for g in gathered], dist.get_rank(group), rank_label)
     if verdict is not None:
         raise PlanMismatch(verdict)

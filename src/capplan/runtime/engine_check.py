@@ -79,8 +79,10 @@ def engine_problem(plan: Plan, plan_path: str, manager) -> str | None:
     diffs = differences(plan, manager)
     if not diffs:
         return None
-    return (f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
-            "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC")
+    return (
+        f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
+        "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
+    )
 
 
 def config_settings(cfg) -> dict[str, object]:
@@ -118,5 +120,7 @@ def config_problem(plan: Plan, plan_path: str, cfg) -> str | None:
             diffs.append(f"{key}: plan {_short(want)}, engine {_short(have)}")
     if not diffs:
         return None
-    return (f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Refused before the engine "
-            "started. Set the spec to the engine's settings and regenerate: capplan compile SPEC")
+    return (
+        f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Refused before the engine "
+        "started. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
+    )

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from capplan.errors import CapplanError, printable
 
-_PROBE = ("import importlib.metadata as m, importlib.util as u\n"
-          "print(u.find_spec('vllm') is not None, "
-          "any(e.name == 'capplan' for e in m.entry_points(group='vllm.general_plugins')))")
+_PROBE = (
+    "import importlib.metadata as m, importlib.util as u\n"
+    "print(u.find_spec('vllm') is not None, "
+    "any(e.name == 'capplan' for e in m.entry_points(group='vllm.general_plugins')))"
+)
 
 
 def target_python(command: list[str]) -> str | None:
@@ -42,12 +44,16 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
     """The environment to run `command` in, after refusing every setup where the plan
     would not be in force."""
     if env.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
-        raise CapplanError("VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where the plan "
-                           "cannot be in force", "unset it: capplan apply runs Model Runner V2")
+        raise CapplanError(
+            "VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where the plan cannot be in force",
+            "unset it: capplan apply runs Model Runner V2",
+        )
     plugins = env.get("VLLM_PLUGINS")
     if plugins is not None and "capplan" not in [p.strip() for p in plugins.split(",")]:
-        raise CapplanError(f"VLLM_PLUGINS={printable(plugins)} leaves out capplan's plugin, so vLLM would not load "
-                           "the plan", "add capplan to VLLM_PLUGINS or unset it")
+        raise CapplanError(
+            f"VLLM_PLUGINS={printable(plugins)} leaves out capplan's plugin, so vLLM would not load the plan",
+            "add capplan to VLLM_PLUGINS or unset it",
+        )
     python = target_python(command)
     if python is None:
         python = sys.executable  # a wrapper script: the best guess is the Python running capplan
@@ -55,15 +61,20 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
         probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=60)
         has_vllm, has_plugin = (word == "True" for word in probe.stdout.split())
     except (OSError, ValueError, subprocess.TimeoutExpired):
-        raise CapplanError(f"cannot run {printable(python)} to check that it sees vLLM and capplan's plugin",
-                           "give a command that runs vLLM's Python") from None
+        raise CapplanError(
+            f"cannot run {printable(python)} to check that it sees vLLM and capplan's plugin",
+            "give a command that runs vLLM's Python",
+        ) from None
     where = printable(python)
     if not has_vllm:
-        raise CapplanError(f"vLLM is not installed for {where}, which runs the command",
-                           f"{where} -m pip install 'capplan[vllm]'")
+        raise CapplanError(
+            f"vLLM is not installed for {where}, which runs the command", f"{where} -m pip install 'capplan[vllm]'"
+        )
     if not has_plugin:
-        raise CapplanError(f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
-                           f"{where} -m pip install capplan")
+        raise CapplanError(
+            f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
+            f"{where} -m pip install capplan",
+        )
     # MoE models on vLLM 0.25 default to the V1 runner; the plan needs MRV2.
     return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
 

@@ -39,6 +39,7 @@ from capplan.runtime.versions import detect_semantics
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Fix
 
+
 def _require(target: str, semantics: str, fn=None):
     """Check the contract entry for `target` (and `fn`, the function actually patched,
     when it differs from the one the entry names); return the entry."""
@@ -59,8 +60,7 @@ class Installed:
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
         self.layouts = {
-            (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy
-            for g in plan.graphs
+            (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy for g in plan.graphs
         }
 
 
@@ -82,7 +82,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
     if semantics != plan.spec.target.vllm:
         raise IncompatibleVllm(
             f"capplan: plan targets vLLM {plan.spec.target.vllm} semantics but this is vLLM "
-            f"{vllm.__version__} ({semantics}); regenerate the plan with target.vllm: \"{semantics}\""
+            f'{vllm.__version__} ({semantics}); regenerate the plan with target.vllm: "{semantics}"'
         )
     manager_cls = cg.ModelCudaGraphManager
     m = contract.MANAGER
@@ -97,8 +97,13 @@ def install(plan: Plan, plan_path: str) -> Installed:
     desc_fields = {f.name for f in fields(desc_cls)}
 
     def to_vllm(d) -> object:
-        kwargs = dict(cg_mode=CUDAGraphMode[d.cg_mode], num_tokens=d.num_tokens, num_reqs=d.num_reqs,
-                      uniform_token_count=d.uniform_token_count, num_active_loras=d.num_active_loras)
+        kwargs = dict(
+            cg_mode=CUDAGraphMode[d.cg_mode],
+            num_tokens=d.num_tokens,
+            num_reqs=d.num_reqs,
+            uniform_token_count=d.uniform_token_count,
+            num_active_loras=d.num_active_loras,
+        )
         if "max_query_len" in desc_fields:
             kwargs["max_query_len"] = d.max_query_len
         return desc_cls(**kwargs)
@@ -133,8 +138,11 @@ def install(plan: Plan, plan_path: str) -> Installed:
         state.report.planned(vllm_planned_count=len(vllm_planned))
         dp_size = self.vllm_config.parallel_config.data_parallel_size
         where = f", DP rank {state.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
-        print(f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
-              f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}", file=sys.stderr)
+        print(
+            f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
+            f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}",
+            file=sys.stderr,
+        )
         state.in_force = True
 
     manager_cls._init_candidates = _init_candidates
@@ -143,11 +151,14 @@ def install(plan: Plan, plan_path: str) -> Installed:
     none_mode = CUDAGraphMode.NONE
     report = state.report
 
-    def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras,
-                 max_query_len=None, num_ubatches=1):
+    def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         if not self._graphs_captured or num_ubatches != 1:
-            kwargs = dict(cg_mode=none_mode, num_tokens=num_tokens, num_reqs=num_reqs,
-                          num_active_loras=state.dispatcher.lora_case(num_active_loras))
+            kwargs = dict(
+                cg_mode=none_mode,
+                num_tokens=num_tokens,
+                num_reqs=num_reqs,
+                num_active_loras=state.dispatcher.lora_case(num_active_loras),
+            )
             if num_ubatches != 1:
                 kwargs["num_ubatches"] = num_ubatches
             desc = desc_cls(**kwargs)
@@ -156,8 +167,12 @@ def install(plan: Plan, plan_path: str) -> Installed:
             if result.graph_id >= 0:
                 desc = vllm_descs[result.graph_id]
             else:
-                desc = desc_cls(cg_mode=none_mode, num_tokens=num_tokens, num_reqs=num_reqs,
-                                num_active_loras=result.num_active_loras)
+                desc = desc_cls(
+                    cg_mode=none_mode,
+                    num_tokens=num_tokens,
+                    num_reqs=num_reqs,
+                    num_active_loras=result.num_active_loras,
+                )
         if not state.in_step:  # inside a model-runner step the step wrapper counts what runs
             report.count(desc)
         return desc
@@ -257,10 +272,12 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
             report.count(result[0])
         return result
 
-    def sync_cudagraph_and_dp_padding(cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count,
-                                      dp_size, dp_rank, *args, **kwargs):
-        result = original_sync(cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count,
-                               dp_size, dp_rank, *args, **kwargs)
+    def sync_cudagraph_and_dp_padding(
+        cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count, dp_size, dp_rank, *args, **kwargs
+    ):
+        result = original_sync(
+            cudagraph_manager, desired, num_tokens, num_reqs, uniform_token_count, dp_size, dp_rank, *args, **kwargs
+        )
         if cudagraph_manager is None or isinstance(cudagraph_manager, manager_cls):
             synced = result[0]
             disagreed = None
@@ -462,9 +479,11 @@ class PlanNotInForce(RuntimeError):
 
 
 def v1_runner_message(plan_path: str) -> str:
-    return (f"capplan: vLLM chose its V1 model runner for this engine, where the plan {plan_path} cannot be in "
-            "force; refusing to start (run on Model Runner V2: VLLM_USE_V2_MODEL_RUNNER=1, and no feature "
-            "MRV2 lacks; or remove CAPPLAN_PLAN to run without a plan)")
+    return (
+        f"capplan: vLLM chose its V1 model runner for this engine, where the plan {plan_path} cannot be in "
+        "force; refusing to start (run on Model Runner V2: VLLM_USE_V2_MODEL_RUNNER=1, and no feature "
+        "MRV2 lacks; or remove CAPPLAN_PLAN to run without a plan)"
+    )
 
 
 def installed() -> Installed | None:

@@ -25,8 +25,10 @@ def register() -> None:
     from capplan.loading import load_plan
 
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
-        raise SystemExit(f"capplan: {ENV}={path} is set, but VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's "
-                         "V1 model runner, where the plan cannot be in force (unset one of the two)")
+        raise SystemExit(
+            f"capplan: {ENV}={path} is set, but VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's "
+            "V1 model runner, where the plan cannot be in force (unset one of the two)"
+        )
     try:
         plan = load_plan(path)
     except CapplanError as exc:

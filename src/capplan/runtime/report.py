@@ -106,10 +106,13 @@ class Report:
             "graphs_captured": sum(self.captured.values()),
             "vllm_would_capture": self.vllm_planned,
             "capture_seconds": round(self.capture_seconds, 3),
-            "graph_memory_gib": None if self.graph_memory_bytes is None
-            else round(self.graph_memory_bytes / 2**30, 4),
-            "dispatch": {"calls": total, "graph_hits": sum(self.hits.values()), "eager": self.eager,
-                         "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())}},
+            "graph_memory_gib": None if self.graph_memory_bytes is None else round(self.graph_memory_bytes / 2**30, 4),
+            "dispatch": {
+                "calls": total,
+                "graph_hits": sum(self.hits.values()),
+                "eager": self.eager,
+                "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())},
+            },
             "dp": None if self.dp is None else self.dp.to_json(),
         }
 
@@ -117,11 +120,15 @@ class Report:
         data = self.to_json()
         lines = [f"capplan: plan {self.plan_path} ({self.plan.fingerprint[:19]})"]
         for row in data["graphs"]:
-            lines.append(f"  {row['cg_mode']:<9} case {row['lora_case']:<3} planned {row['planned']:>4}  "
-                         f"captured {row['captured']:>4}")
-        lines.append(f"  graphs: {data['graphs_captured']}/{data['graphs_planned']} captured "
-                     f"(vLLM alone would capture {data['vllm_would_capture']}), "
-                     f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB")
+            lines.append(
+                f"  {row['cg_mode']:<9} case {row['lora_case']:<3} planned {row['planned']:>4}  "
+                f"captured {row['captured']:>4}"
+            )
+        lines.append(
+            f"  graphs: {data['graphs_captured']}/{data['graphs_planned']} captured "
+            f"(vLLM alone would capture {data['vllm_would_capture']}), "
+            f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB"
+        )
         d = data["dispatch"]
         lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
         if self.dp is not None:
@@ -189,16 +196,26 @@ class DPCounters:
             self.own_size += 1
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "size": self.size, "steps": self.steps, "idle_steps": self.idle,
-                "at_own_size": self.own_size, "padded_to_other_rank": self.padded_to_other,
-                "extra_tokens_from_other_ranks": self.extra_tokens, "eager_together": self.eager_together,
-                "forced_eager": self.forced_eager, "audited_steps": self.audited,
-                "token_disagreements": self.disagreements if self.audited else None}
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "steps": self.steps,
+            "idle_steps": self.idle,
+            "at_own_size": self.own_size,
+            "padded_to_other_rank": self.padded_to_other,
+            "extra_tokens_from_other_ranks": self.extra_tokens,
+            "eager_together": self.eager_together,
+            "forced_eager": self.forced_eager,
+            "audited_steps": self.audited,
+            "token_disagreements": self.disagreements if self.audited else None,
+        }
 
     def render(self) -> str:
-        line = (f"  DP rank {self.rank}/{self.size}: {self.steps} steps, {self.padded_to_other} padded to another "
-                f"rank's size (+{self.extra_tokens} tokens), {self.eager_together} eager together "
-                f"({self.forced_eager} forced by another rank), {self.idle} idle")
+        line = (
+            f"  DP rank {self.rank}/{self.size}: {self.steps} steps, {self.padded_to_other} padded to another "
+            f"rank's size (+{self.extra_tokens} tokens), {self.eager_together} eager together "
+            f"({self.forced_eager} forced by another rank), {self.idle} idle"
+        )
         if self.audited:
             line += f"; audit: {self.disagreements} of {self.audited} steps with differing padded sizes"
         return line

@@ -31,19 +31,24 @@ def engine_kwargs(plan: Plan) -> dict:
     """LLM(...) keywords that make the engine match the plan's fingerprint."""
     spec = plan.spec
     if spec.speculative.num_speculative_tokens or spec.parallel.data_parallel_size > 1:
-        raise CapplanError("--smoke drives single-rank engines without speculative decoding",
-                           "smoke-test a copy of the spec with those set to 0 and 1")
+        raise CapplanError(
+            "--smoke drives single-rank engines without speculative decoding",
+            "smoke-test a copy of the spec with those set to 0 and 1",
+        )
     kwargs = dict(
         max_num_seqs=spec.scheduler.max_num_seqs,
         max_num_batched_tokens=spec.scheduler.max_num_batched_tokens,
         max_model_len=spec.scheduler.max_model_len,
-        compilation_config={"cudagraph_mode": spec.cudagraph.mode.value,
-                            "cudagraph_capture_sizes": plan.capture_sizes,
-                            "cudagraph_specialize_lora": spec.lora.specialize},
+        compilation_config={
+            "cudagraph_mode": spec.cudagraph.mode.value,
+            "cudagraph_capture_sizes": plan.capture_sizes,
+            "cudagraph_specialize_lora": spec.lora.specialize,
+        },
     )
     if spec.lora.enabled:
-        kwargs.update(enable_lora=True, max_loras=spec.lora.max_loras,
-                      specialize_active_lora=spec.lora.specialize_active)
+        kwargs.update(
+            enable_lora=True, max_loras=spec.lora.max_loras, specialize_active_lora=spec.lora.specialize_active
+        )
     return kwargs
 
 
@@ -89,14 +94,23 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
     results = []
     max_loras = plan.spec.lora.max_loras if plan.spec.lora.enabled else 0
     for b, (k, base) in enumerate(batches(max_loras, len(adapters))):
-        prompts = [{"prompt_token_ids": [(31 * b + 17 * j + t) % (vocab - 10) + 5 for t in range(4 + j)]}
-                   for j in range(REQS_PER_BATCH)]
+        prompts = [
+            {"prompt_token_ids": [(31 * b + 17 * j + t) % (vocab - 10) + 5 for t in range(4 + j)]}
+            for j in range(REQS_PER_BATCH)
+        ]
         loras = assign_adapters(adapters, k, base, REQS_PER_BATCH)
         for j, o in enumerate(llm.generate(prompts, params, lora_request=loras, use_tqdm=False)):
             c = o.outputs[0]
-            results.append({"batch": b, "adapters": k, "base": base, "req": j, "tokens": list(c.token_ids),
-                            "logprobs": [max(lp.values(), key=lambda x: x.logprob).logprob
-                                         for lp in (c.logprobs or [])]})
+            results.append(
+                {
+                    "batch": b,
+                    "adapters": k,
+                    "base": base,
+                    "req": j,
+                    "tokens": list(c.token_ids),
+                    "logprobs": [max(lp.values(), key=lambda x: x.logprob).logprob for lp in (c.logprobs or [])],
+                }
+            )
     out.write_text(json.dumps(results))
 
 
@@ -119,9 +133,20 @@ def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple
             if not eager:
                 env["CAPPLAN_PLAN"] = str(plan_path.resolve())
             print(f"capplan smoke: starting the {name} engine", file=sys.stderr, flush=True)
-            proc = subprocess.run([sys.executable, "-m", "capplan.runtime.smoke", str(model_dir), str(out),
-                                   str(plan_path), "--eager" if eager else "--graphs"],
-                                  env=env, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "capplan.runtime.smoke",
+                    str(model_dir),
+                    str(out),
+                    str(plan_path),
+                    "--eager" if eager else "--graphs",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
                 raise CapplanError(f"smoke: the {name} engine failed:\n{tail}")
@@ -137,14 +162,19 @@ def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple
         worst = max((abs(a - b) for a, b in zip(ref["logprobs"][:upto], got["logprobs"][:upto])), default=0.0)
         if worst > tolerance:
             failures += 1
-            lines.append(f"  batch {key[0]} ({ref['adapters']} adapters{' + base' if ref['base'] else ''}) "
-                         f"request {key[1]}: max |logprob diff| {worst:.3f}"
-                         + ("" if split is None else f", tokens differ from position {split}"))
+            lines.append(
+                f"  batch {key[0]} ({ref['adapters']} adapters{' + base' if ref['base'] else ''}) "
+                f"request {key[1]}: max |logprob diff| {worst:.3f}"
+                + ("" if split is None else f", tokens differ from position {split}")
+            )
         elif split is not None:
             ties += 1
     total = len(runs["eager"])
-    verdict = (f"capplan smoke: {total - failures}/{total} requests match eager (tolerance {tolerance}"
-               + (f"; {ties} diverged at a near-tie" if ties else "") + ")")
+    verdict = (
+        f"capplan smoke: {total - failures}/{total} requests match eager (tolerance {tolerance}"
+        + (f"; {ties} diverged at a near-tie" if ties else "")
+        + ")"
+    )
     return failures == 0, "\n".join([verdict, *lines])
 
 

@@ -69,9 +69,7 @@ class _Strict(BaseModel):
 class Target(_Strict):
     """Which runner and which vLLM planning semantics the plan reproduces."""
 
-    runner: Literal["mrv2"] = Field(
-        "mrv2", description="Model runner. Only vLLM's Model Runner V2 is supported."
-    )
+    runner: Literal["mrv2"] = Field("mrv2", description="Model runner. Only vLLM's Model Runner V2 is supported.")
     vllm: Literal["0.25", "0.33"] = Field(
         "0.33",
         description=(
@@ -100,9 +98,7 @@ class Target(_Strict):
 class Scheduler(_Strict):
     """vLLM's SchedulerConfig limits (`--max-num-seqs` and friends)."""
 
-    max_num_seqs: int = Field(
-        256, ge=1, le=MAX_NUM_SEQS_LIMIT, description="vLLM max_num_seqs: requests per batch."
-    )
+    max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS_LIMIT, description="vLLM max_num_seqs: requests per batch.")
     max_num_batched_tokens: int = Field(
         8192,
         ge=1,
@@ -131,9 +127,10 @@ class LoraCaseSizes(_Strict):
 
     case: int = Field(ge=0, description="A resolved LoRA capture case (0 = no LoRA), as `capplan show` lists them.")
     sizes: list[Annotated[int, Field(ge=1)]] = Field(
-        min_length=1, max_length=MAX_CAPTURE_SIZES,
+        min_length=1,
+        max_length=MAX_CAPTURE_SIZES,
         description="Sizes captured for this case: a strictly increasing subset of capture_sizes ending at the "
-                    "largest, so every batch a graph can serve still has one.",
+        "largest, so every batch a graph can serve still has one.",
     )
 
 
@@ -172,10 +169,7 @@ class Cudagraph(_Strict):
     )
     performance_mode: Literal["balanced", "interactivity", "throughput"] = Field(
         "balanced",
-        description=(
-            "vLLM performance_mode. 'interactivity' captures every size 1..32 "
-            "when capture_sizes is null."
-        ),
+        description=("vLLM performance_mode. 'interactivity' captures every size 1..32 when capture_sizes is null."),
     )
 
     @field_validator("mode", mode="before")
@@ -199,9 +193,7 @@ class Cudagraph(_Strict):
         for prev, cur in zip(sizes, sizes[1:]):
             if cur <= prev:
                 kind = "duplicate" if cur == prev else "unsorted"
-                raise ValueError(
-                    f"{kind} size {cur} after {prev}; list sizes strictly increasing"
-                )
+                raise ValueError(f"{kind} size {cur} after {prev}; list sizes strictly increasing")
         return sizes
 
     @model_validator(mode="after")
@@ -230,8 +222,10 @@ class Cudagraph(_Strict):
                 if extra:
                     raise ValueError(f"{where}: size {extra[0]} is not in capture_sizes; use a subset of them")
                 if entry.sizes[-1] != self.capture_sizes[-1]:
-                    raise ValueError(f"{where}: must end at the largest capture size ({self.capture_sizes[-1]}), "
-                                     "or batches of that case would lose their graphs")
+                    raise ValueError(
+                        f"{where}: must end at the largest capture size ({self.capture_sizes[-1]}), "
+                        "or batches of that case would lose their graphs"
+                    )
         return self
 
 
@@ -239,9 +233,7 @@ class Lora(_Strict):
     """vLLM's LoRAConfig and the LoRA CUDA-graph switches."""
 
     enabled: bool = Field(False, description="vLLM enable_lora.")
-    max_loras: int = Field(
-        1, ge=1, le=MAX_LORAS_LIMIT, description="vLLM max_loras: adapters per batch."
-    )
+    max_loras: int = Field(1, ge=1, le=MAX_LORAS_LIMIT, description="vLLM max_loras: adapters per batch.")
     specialize: bool = Field(
         True,
         description="vLLM CompilationConfig.cudagraph_specialize_lora: separate graphs per LoRA case.",
@@ -269,9 +261,7 @@ class Speculative(_Strict):
 class Parallel(_Strict):
     """vLLM's ParallelConfig, as far as it shapes graphs and dispatch."""
 
-    data_parallel_size: int = Field(
-        1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size."
-    )
+    data_parallel_size: int = Field(1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size.")
 
 
 class Spec(_Strict):
@@ -281,9 +271,7 @@ class Spec(_Strict):
     scheduler: Scheduler = Field(default_factory=Scheduler, description="Scheduler limits.")
     cudagraph: Cudagraph = Field(default_factory=Cudagraph, description="CUDA-graph settings.")
     lora: Lora = Field(default_factory=Lora, description="LoRA settings.")
-    speculative: Speculative = Field(
-        default_factory=Speculative, description="Speculative decoding."
-    )
+    speculative: Speculative = Field(default_factory=Speculative, description="Speculative decoding.")
     parallel: Parallel = Field(default_factory=Parallel, description="Data parallelism.")
     fixes: list[Fix] = Field(
         default_factory=lambda: list(ALL_FIXES),
@@ -330,8 +318,7 @@ class Spec(_Strict):
             sizes is not None or self.cudagraph.max_capture_size is not None
         ):
             raise ValueError(
-                "cudagraph: capture sizes are set but mode is NONE; "
-                "remove them or choose a capturing mode"
+                "cudagraph: capture sizes are set but mode is NONE; remove them or choose a capturing mode"
             )
         return self
 
@@ -339,8 +326,10 @@ class Spec(_Strict):
     def _case_sizes_need_one_rank(self) -> Spec:
         if self.cudagraph.lora_case_sizes is not None:
             if self.parallel.data_parallel_size > 1:
-                raise ValueError("cudagraph.lora_case_sizes needs data_parallel_size 1: DP ranks with different "
-                                 "LoRA cases must pad to the same size (failure class 7); remove it")
+                raise ValueError(
+                    "cudagraph.lora_case_sizes needs data_parallel_size 1: DP ranks with different "
+                    "LoRA cases must pad to the same size (failure class 7); remove it"
+                )
             if not self.lora.enabled:
                 raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
             from capplan.planner.lora_cases import lora_capture_cases
@@ -348,8 +337,10 @@ class Spec(_Strict):
             cases = lora_capture_cases(self)
             for entry in self.cudagraph.lora_case_sizes:
                 if entry.case not in cases:
-                    raise ValueError(f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case "
-                                     f"of this spec (cases: {', '.join(map(str, cases))}); use one of those")
+                    raise ValueError(
+                        f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case "
+                        f"of this spec (cases: {', '.join(map(str, cases))}); use one of those"
+                    )
         return self
 
     def has(self, fix: Fix) -> bool:

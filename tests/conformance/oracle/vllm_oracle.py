@@ -58,14 +58,17 @@ os.environ.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 import vllm  # noqa: E402
 import vllm.platforms  # noqa: E402
-from vllm.config import CompilationConfig, LoRAConfig, SchedulerConfig  # noqa: E402
-from vllm.config import VllmConfig  # noqa: E402
+import vllm.v1.worker.gpu.cudagraph_utils as cg_utils  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CompilationConfig,
+    LoRAConfig,
+    SchedulerConfig,
+    VllmConfig,  # noqa: E402
+)
 from vllm.config.compilation import CUDAGraphMode  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport  # noqa: E402
-import vllm.v1.worker.gpu.cudagraph_utils as cg_utils  # noqa: E402
 from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers  # noqa: E402
 from vllm.v1.worker.gpu.lora_utils import (  # noqa: E402
     create_lora_capture_hook,
@@ -103,9 +106,7 @@ else:
 
 _MANAGER_PARAMS = set(inspect.signature(CudaGraphManager.__init__).parameters)
 _DISPATCH_PARAMS = set(inspect.signature(CudaGraphManager.dispatch).parameters)
-_RESOLVE_PARAMS = set(
-    inspect.signature(CompilationConfig.resolve_cudagraph_mode_and_sizes).parameters
-)
+_RESOLVE_PARAMS = set(inspect.signature(CompilationConfig.resolve_cudagraph_mode_and_sizes).parameters)
 _MAKE_DUMMY_PARAMS = set(inspect.signature(InputBatch.make_dummy).parameters)
 
 # --------------------------------------------------------------------------
@@ -139,13 +140,9 @@ class _FakeLoraRunner:
     def maybe_select_dummy_loras(self, lora_config, num_scheduled_tokens, *args, **kwargs):
         # Record what the capture hook passed, then run vLLM's real code.
         self.last_hook_num_scheduled = [int(x) for x in np.asarray(num_scheduled_tokens)]
-        return LoRAModelRunnerMixin.maybe_select_dummy_loras(
-            self, lora_config, num_scheduled_tokens, *args, **kwargs
-        )
+        return LoRAModelRunnerMixin.maybe_select_dummy_loras(self, lora_config, num_scheduled_tokens, *args, **kwargs)
 
-    def _set_active_loras(
-        self, prompt_lora_mapping, token_lora_mapping, lora_requests, mapping_type=None
-    ) -> None:
+    def _set_active_loras(self, prompt_lora_mapping, token_lora_mapping, lora_requests, mapping_type=None) -> None:
         self.calls.append(
             {
                 "prompt": [int(x) for x in prompt_lora_mapping],
@@ -167,17 +164,13 @@ def _scheduler_config(sched: dict, notes: list[str]):
     )
     try:
         sc = SchedulerConfig(is_encoder_decoder=False, **kwargs)
-        if (
-            sc.max_num_seqs == kwargs["max_num_seqs"]
-            and sc.max_num_batched_tokens == kwargs["max_num_batched_tokens"]
-        ):
+        if sc.max_num_seqs == kwargs["max_num_seqs"] and sc.max_num_batched_tokens == kwargs["max_num_batched_tokens"]:
             sc.max_model_len = kwargs["max_model_len"]  # InitVar: not kept
             return sc
         notes.append("SchedulerConfig changed the values; using a namespace")
     except Exception as e:  # noqa: BLE001
         msg = " ".join(str(e).split())
-        notes.append(f"SchedulerConfig rejected the values ({type(e).__name__}: {msg});"
-                     " using a namespace")
+        notes.append(f"SchedulerConfig rejected the values ({type(e).__name__}: {msg}); using a namespace")
     return SimpleNamespace(**kwargs)
 
 
@@ -335,14 +328,16 @@ def build_manager(spec: dict, notes: list[str] | None = None) -> SimpleNamespace
         mgr_kwargs["varlen_decode"] = False
     if "ubatch_runner" in _MANAGER_PARAMS:
         mgr_kwargs["ubatch_runner"] = None
-    manager = CudaGraphManager(
-        vllm_config_like, torch.device("cpu"), cudagraph_mode, **mgr_kwargs
-    )
+    manager = CudaGraphManager(vllm_config_like, torch.device("cpu"), cudagraph_mode, **mgr_kwargs)
     manager._graphs_captured = True
     return SimpleNamespace(
-        manager=manager, compilation_config=compilation_config, cudagraph_mode=cudagraph_mode,
-        lora_config=lora_config, lora_capture_cases=lora_capture_cases,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        manager=manager,
+        compilation_config=compilation_config,
+        cudagraph_mode=cudagraph_mode,
+        lora_config=lora_config,
+        lora_capture_cases=lora_capture_cases,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
 
 
@@ -374,9 +369,7 @@ def _run_spec(entry: dict) -> dict:
             num_reqs = desc.num_reqs or min(desc.num_tokens, manager.max_num_reqs)
             dummy = {
                 "num_reqs": num_reqs,
-                "tokens_per_req": _make_dummy_tokens(
-                    desc, num_reqs, max_num_seqs, max_num_batched_tokens
-                ),
+                "tokens_per_req": _make_dummy_tokens(desc, num_reqs, max_num_seqs, max_num_batched_tokens),
                 "lora_ids": None,
                 "hook_tokens_per_req": None,
             }
@@ -401,7 +394,9 @@ def _run_spec(entry: dict) -> dict:
             has_prefill = bool(has_prefill)
             if IS_V033:
                 u = get_uniform_decode_token_count(
-                    num_reqs, num_tokens, max_query_len,
+                    num_reqs,
+                    num_tokens,
+                    max_query_len,
                     decode_graph_eligible=not has_prefill,
                 )
             else:
@@ -446,8 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", required=True, help="OUT.json")
     args = ap.parse_args(argv)
 
-    _log(f"vLLM {VLLM_VERSION} from {os.path.dirname(vllm.__file__)} "
-         f"(imports took {time.monotonic() - _T0:.1f}s)")
+    _log(f"vLLM {VLLM_VERSION} from {os.path.dirname(vllm.__file__)} (imports took {time.monotonic() - _T0:.1f}s)")
     with open(args.input) as f:
         doc = json.load(f)
     specs = doc["specs"]
@@ -465,9 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             if os.environ.get("VLLM_ORACLE_TRACEBACK"):
                 traceback.print_exc()
         results.append(res)
-        status = res.get("error") or (
-            f"{len(res['descriptors'])} descriptors, {len(res['dispatch'])} queries"
-        )
+        status = res.get("error") or (f"{len(res['descriptors'])} descriptors, {len(res['dispatch'])} queries")
         _log(f"[{i + 1}/{len(specs)}] {name}: {status} ({time.monotonic() - t:.2f}s)")
 
     out = {"vllm_version": VLLM_VERSION, "results": results}
@@ -475,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(tmp, "w") as f:
         json.dump(out, f, separators=(",", ":"))
     os.replace(tmp, args.output)
-    _log(f"wrote {args.output}: {len(results)} specs in "
-         f"{time.monotonic() - t_specs:.1f}s after import")
+    _log(f"wrote {args.output}: {len(results)} specs in {time.monotonic() - t_specs:.1f}s after import")
     return 0
 
 
