@@ -41,7 +41,7 @@ def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")] = False,
 ) -> None:
     global _DEBUG
-    _DEBUG = debug
+    _DEBUG = _DEBUG or debug
 
 
 def _errors_to_exit(fn: Callable) -> Callable:
@@ -59,6 +59,8 @@ def _errors_to_exit(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             typer.echo("interrupted: nothing was written", err=True)
             raise typer.Exit(code=130) from None
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             if _DEBUG:
                 raise
@@ -121,12 +123,27 @@ def compile_cmd(
         typer.Option("--plan-dir", help="Put each plan in this folder as NAME.plan.yaml."),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Also print the plan as JSON on stdout (the plan file is still written; add --dry-run to "
+            "write nothing).",
+        ),
+    ] = False,
     check: Annotated[
         bool,
         typer.Option(
             "--check",
             help="Recompile in memory and compare with the existing plan; exit 1 if stale. Writes nothing.",
+        ),
+    ] = False,
+    skip_non_specs: Annotated[
+        bool,
+        typer.Option(
+            "--skip-non-specs",
+            help="Skip YAML files with none of a spec's sections (target, scheduler, cudagraph, lora, "
+            "speculative, parallel, fixes), e.g. a CI config; for hooks that see every YAML file.",
         ),
     ] = False,
 ) -> None:
@@ -160,6 +177,8 @@ def compile_cmd(
         targets.append((spec, plan_path))
     # Compile everything before writing anything: one bad spec writes nothing.
     jobs = []
+    if skip_non_specs:
+        targets = [(spec, path) for spec, path in targets if _looks_like_spec(spec)]
     for spec, plan_path in targets:
         plan = compile_plan(load_spec(spec))
         folder = plan_path.parent
@@ -201,6 +220,22 @@ def compile_cmd(
         for line in stale[:-1]:
             typer.echo(f"error: {line}", err=True)
         raise CapplanError(stale[-1])
+
+
+def _looks_like_spec(path: Path) -> bool:
+    """Whether a YAML file has any of a spec's top-level sections (else it is skipped, with a note)."""
+    from capplan.errors import SpecError
+    from capplan.files import read_yaml
+    from capplan.schemas.spec import Spec
+
+    try:
+        data = read_yaml(path, "spec", SpecError)
+    except SpecError:
+        return True  # unreadable: let the real load say why
+    if isinstance(data, dict) and "graphs" not in data and set(data) & set(Spec.model_fields):
+        return True
+    typer.echo(f"{printable(str(path))}: skipped, not a capplan spec (no spec section)", err=True)
+    return False
 
 
 def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | None:
@@ -554,10 +589,24 @@ def diff_cmd(
     if fmt not in ("text", "markdown", "json"):
         raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
     cost = load_cost_model(calibration)
-    if specs:
-        a, b = compile_plan(load_spec(old)), compile_plan(load_spec(new))
-    else:
-        a, b = load_plan(old), load_plan(new)
+    try:
+        if specs:
+            a, b = compile_plan(load_spec(old)), compile_plan(load_spec(new))
+        else:
+            a, b = load_plan(old), load_plan(new)
+    except CapplanError as exc:
+        # The likely mix-up: specs given without --spec, or plans given with it.
+        if not specs and "but a spec" in exc.message:
+            raise UsageError(
+                f"{exc.message.split(':')[0]} is a spec, not a plan",
+                f"compare specs with: capplan diff --spec {old} {new}",
+            ) from None
+        if specs and "this is a capture plan, not a spec" in exc.message:
+            raise UsageError(
+                f"{exc.message.split(':')[0]} is a plan, not a spec",
+                f"compare plans without --spec: capplan diff {old} {new}",
+            ) from None
+        raise
     result = diff_plans(a, b, cost, str(old), str(new))
     if fmt == "json":
         typer.echo(json.dumps(result.to_json(), indent=2))
@@ -754,7 +803,21 @@ def schema_cmd() -> None:
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    global _DEBUG
+    argv = sys.argv[1:]
+    # --debug is global: accepted before or after the subcommand (not after `--`,
+    # where apply's command begins).
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" in argv[:end]:
+        _DEBUG = True
+        argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < end)]
+    try:
+        app(args=argv, prog_name="capplan")
+    except BrokenPipeError:
+        # The reader went away (`capplan dispatch ... | head -1`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(128 + 13) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

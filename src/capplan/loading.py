@@ -73,6 +73,15 @@ def spec_from_data(data: object, source: str) -> Spec:
         raise SpecError(
             f"{source}: this is a capture plan, not a spec", "give the spec it was compiled from; its header names it"
         )
+    lora = data.get("lora")
+    if isinstance(lora, dict) and "enabled" not in lora:
+        given = [key for key in ("max_loras", "specialize", "specialize_active") if key in lora]
+        if given:
+            raise SpecError(
+                f"{source}: lora.{given[0]} is set but lora.enabled is not (LoRA is off by default, so the plan "
+                "would capture no LoRA graph)",
+                "add enabled: true to the lora section, or enabled: false to plan without LoRA",
+            )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:

@@ -141,7 +141,7 @@ def render_text(d: PlanDiff) -> str:
     for title, items in sections:
         if items:
             lines.append(f"{title}:")
-            bullet = "  " if title.startswith("fixes") else "  - "
+            bullet = "  " if title.startswith("fixes") else "  * "  # -/+ mean removed/added below
             lines += [f"{bullet}{item}" for item in items]
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,137 @@
+"""What an operator trips on in everyday use, each fixed and kept fixed."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import typer.main
+from typer.testing import CliRunner
+
+from capplan.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+runner = CliRunner()
+SPEC = "scheduler: {max_num_seqs: 8, max_num_batched_tokens: 64}\nlora: {enabled: true, max_loras: 2}\n"
+
+
+def capplan(*args, cwd=None, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "capplan", *args], capture_output=True, text=True, cwd=cwd, timeout=120, **kwargs
+    )
+
+
+def test_compile_json_says_the_plan_is_still_written(tmp_path):
+    helped = runner.invoke(app, ["compile", "--help"])
+    assert "the plan file is still written" in " ".join(helped.stdout.split())
+    (tmp_path / "s.yaml").write_text(SPEC)
+    out = runner.invoke(app, ["compile", str(tmp_path / "s.yaml"), "--json", "-o", str(tmp_path / "x.plan.yaml")])
+    assert out.exit_code == 0 and (tmp_path / "x.plan.yaml").exists() and out.stdout.startswith("{")
+
+
+def test_the_precommit_hook_skips_other_yaml_but_not_a_misspelt_spec(tmp_path):
+    hook = (ROOT / ".pre-commit-hooks.yaml").read_text()
+    assert "args: [--check, --skip-non-specs]" in hook
+    (tmp_path / "ci.yaml").write_text("jobs: {build: {runs-on: ubuntu-latest}}\n")
+    (tmp_path / "deploy.yaml").write_text(SPEC)
+    assert capplan("compile", "deploy.yaml", cwd=tmp_path).returncode == 0
+    ok = capplan("compile", "--check", "--skip-non-specs", "ci.yaml", "deploy.yaml", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "ci.yaml: skipped, not a capplan spec" in ok.stderr
+    (tmp_path / "typo.yaml").write_text(SPEC + "schedular: {max_num_seqs: 4}\n")
+    typo = capplan("compile", "--check", "--skip-non-specs", "typo.yaml", cwd=tmp_path)
+    assert typo.returncode == 1 and "schedular: unknown key" in typo.stderr
+
+
+def test_debug_works_after_the_subcommand(tmp_path):
+    (tmp_path / "bad.yaml").write_text("lora: {enabled: true, max_loras: -1}\n")
+    plain = capplan("compile", "bad.yaml", cwd=tmp_path)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    after = capplan("compile", "bad.yaml", "--debug", cwd=tmp_path)
+    before = capplan("--debug", "compile", "bad.yaml", cwd=tmp_path)
+    assert "Traceback" in after.stderr and "Traceback" in before.stderr
+
+
+def test_a_closed_pipe_is_not_an_error():
+    plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "capplan",
+            "dispatch",
+            str(plan),
+            "--reqs",
+            "3",
+            "--tokens",
+            "17",
+            "--loras",
+            "2",
+            "--base",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader is gone before anything is written (`| head -0`)
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "error" not in stderr.lower() and "Traceback" not in stderr, stderr
+
+
+def test_misused_diff_names_the_command_that_works():
+    spec_a, spec_b = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "configs" / "h200-tiny-llama-025.yaml"
+    out = runner.invoke(app, ["diff", str(spec_a), str(spec_b)])
+    assert out.exit_code == 2
+    assert out.stderr.strip() == (
+        f"error: {spec_a} is a spec, not a plan (compare specs with: capplan diff --spec {spec_a} {spec_b})"
+    )
+    plan_a, plan_b = (
+        ROOT / "examples" / "qwen3-8b-multilora.plan.yaml",
+        ROOT / "examples" / "h200-tiny-llama-025.plan.yaml",
+    )
+    out = runner.invoke(app, ["diff", "--spec", str(plan_a), str(plan_b)])
+    assert out.exit_code == 2 and f"compare plans without --spec: capplan diff {plan_a} {plan_b}" in out.stderr
+
+
+def test_lora_settings_without_enabled_are_refused(tmp_path):
+    (tmp_path / "s.yaml").write_text("lora: {max_loras: 4}\n")
+    out = runner.invoke(app, ["compile", str(tmp_path / "s.yaml"), "--dry-run"])
+    assert out.exit_code == 1 and "lora.max_loras is set but lora.enabled is not" in out.stderr
+    (tmp_path / "off.yaml").write_text("lora: {enabled: false, max_loras: 4}\n")  # said explicitly: fine
+    assert runner.invoke(app, ["compile", str(tmp_path / "off.yaml"), "--dry-run"]).exit_code == 0
+
+
+def test_text_diff_bullets_are_not_minus_signs():
+    old, new = ROOT / "configs" / "h200-tiny-llama-025.yaml", ROOT / "configs" / "mixtral-dp2-lora.yaml"
+    out = runner.invoke(app, ["diff", "--spec", str(old), str(new)])
+    body = out.stdout.splitlines()[2:]
+    items = [line for line in body if line.startswith("  ") and not line.startswith("  estimate")]
+    assert items and all(line.startswith(("  * ", "  - ", "  + ")) for line in items)
+    assert all(line.startswith("  * ") for line in items if ": +" in line or line.startswith("  * graph"))
+
+
+def _synopsis() -> list[str]:
+    block = README.split("## What it does", 1)[1].split("```", 2)[1]
+    return [line for line in block.splitlines() if line.startswith("capplan ")]
+
+
+def test_readme_synopsis_lists_every_command_and_option():
+    lines = _synopsis()
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        if sub.hidden:
+            continue
+        mine = [line for line in lines if line.startswith(f"capplan {name}")]
+        assert mine, f"README synopsis has no line for {name}"
+        options = [o for p in sub.params for o in p.opts if o.startswith("--")]
+        missing = [o for o in options if not any(re.search(rf"{re.escape(o)}\b", line) for line in mine)]
+        assert not missing, f"README synopsis of {name} leaves out {missing}"
+
+
+def test_readme_sample_summary_is_what_compile_prints(tmp_path):
+    sample = re.search(r"`wrote deploy\.plan\.yaml: (\d+ graphs: PIECEWISE \d+ \(case 0: \d+), \.\.\.\)`", README)
+    assert sample, "the README's compile sample line is gone"
+    (tmp_path / "deploy.yaml").write_text((ROOT / "configs" / "qwen3-8b-multilora.yaml").read_text())
+    out = capplan("compile", "deploy.yaml", cwd=tmp_path)
+    assert out.stderr.startswith(f"wrote deploy.plan.yaml: {sample.group(1)}"), out.stderr
