@@ -135,3 +135,69 @@ def test_readme_sample_summary_is_what_compile_prints(tmp_path):
     (tmp_path / "deploy.yaml").write_text((ROOT / "configs" / "qwen3-8b-multilora.yaml").read_text())
     out = capplan("compile", "deploy.yaml", cwd=tmp_path)
     assert out.stderr.startswith(f"wrote deploy.plan.yaml: {sample.group(1)}"), out.stderr
+
+
+def test_the_plan_picture_marks_captured_pruned_and_eager(tmp_path):
+    from capplan.planner.plot import CAPTURED, PRUNED
+
+    plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
+    out = runner.invoke(app, ["show", str(plan), "--plot", str(tmp_path / "plan.svg")])
+    assert out.exit_code == 0, out.output
+    svg = (tmp_path / "plan.svg").read_text()
+    assert svg.startswith("<svg") and "capplan show qwen3-8b-multilora.plan.yaml: 496 graphs" in svg
+    assert f'fill="{CAPTURED}"><title>PIECEWISE:512@0</title>' in svg
+    assert f'fill="{PRUNED}"><title>PIECEWISE:1@9</title>' in svg  # pruned: one token holds one adapter
+    assert "eager: all batches of 513..8192 tokens run eager" in svg
+    assert svg.count("<title>") == 496 + 20  # every captured graph, every pruned one
+    assert (ROOT / "docs" / "qwen3-8b-multilora.plan.svg").read_text() == svg.replace(str(tmp_path), "")
+
+
+def test_the_diff_picture_marks_added_and_removed(tmp_path):
+    from capplan.planner.plot import ADDED, REMOVED
+
+    old = ROOT / "configs" / "qwen3-8b-multilora.yaml"
+    new = tmp_path / "q.yaml"
+    new.write_text(old.read_text().replace("max_loras: 8", "max_loras: 4"))
+    out = runner.invoke(app, ["diff", "--spec", str(old), str(new), "--plot", str(tmp_path / "d.svg")])
+    assert out.exit_code == 2, out.output
+    svg = (tmp_path / "d.svg").read_text()
+    assert f'fill="{ADDED}"><title>FULL:16@5</title>' in svg and f'fill="{REMOVED}"><title>FULL:16@9</title>' in svg
+
+
+def test_the_optimize_curve_marks_budget_and_choice_and_the_text_stops_near_it(tmp_path):
+    spec, trace = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "examples" / "traces" / "chat.jsonl"
+    out = runner.invoke(
+        app,
+        [
+            "optimize",
+            str(spec),
+            str(trace),
+            "--max-graphs",
+            "300",
+            "-o",
+            str(tmp_path / "o.yaml"),
+            "--plot",
+            str(tmp_path / "c.svg"),
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    svg = (tmp_path / "c.svg").read_text()
+    assert "budget 300" in svg and "chosen: 294 graphs" in svg and "(log)" in svg
+    assert "more point(s), up to 2218 graphs (--full-curve prints them)" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert max(int(line.split()[1]) for line in rows) <= 2 * 294
+    full = runner.invoke(
+        app, ["optimize", str(spec), str(trace), "--max-graphs", "300", "-o", str(tmp_path / "o.yaml"), "--full-curve"]
+    )
+    assert "--full-curve prints them" not in full.stdout and " 2218 " in full.stdout
+
+
+def test_png_pictures_need_the_plot_extra(tmp_path):
+    import importlib.util
+
+    plan = ROOT / "examples" / "h200-tiny-llama-025.plan.yaml"
+    out = runner.invoke(app, ["show", str(plan), "--plot", str(tmp_path / "p.png")])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert out.exit_code == 2 and "pip install 'capplan[plot]'" in out.stderr
+    else:
+        assert out.exit_code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -61,8 +61,8 @@ def test_git_diff_shows_graphs_added_and_removed_per_mode_and_case(repo):
     repo("capplan", "compile", "configs/deploy.yaml")
     out = repo("git", "diff", "--", "configs/deploy.plan.yaml").stdout
     assert "capplan diff a/configs/deploy.plan.yaml -> b/configs/deploy.plan.yaml: lora.max_loras: 4 -> 2" in out
-    assert "  - PIECEWISE case 3: +" in out and "  - PIECEWISE case 5: +0 -" in out
-    assert "  - FULL case 4: +0 -" in out
+    assert "  * PIECEWISE case 3: +" in out and "  * PIECEWISE case 5: +0 -" in out
+    assert "  * FULL case 4: +0 -" in out
     raw = repo("git", "diff", "--no-ext-diff", "--", "configs/deploy.plan.yaml").stdout
     assert "-  - {graph: PIECEWISE:" in raw  # the raw line diff is still there when asked for
     repo("git", "commit", "-qam", "fewer adapters")

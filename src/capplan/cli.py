@@ -271,8 +271,21 @@ def show_cmd(
     calibration: Annotated[
         Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
     ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Draw the plan: captured and pruned graphs per capture size and LoRA case, per mode, and the "
+            "batches that run eager (.svg, or .png with capplan[plot]).",
+        ),
+    ] = None,
 ) -> None:
-    """Tables of what will be captured and how token ranges and LoRA counts dispatch."""
+    """Tables of what will be captured and how token ranges and LoRA counts dispatch.
+
+    Graphs are named MODE:TOKENS[xREQUESTS]@LORA_CASE: PIECEWISE:128@4 is the
+    PIECEWISE graph of 128 tokens for LoRA case 4; FULL:64x64@4 the FULL graph of
+    64 tokens padded to 64 requests.
+    """
     from capplan.loading import load_plan
     from capplan.planner.cost import load_cost_model
     from capplan.planner.render import plan_to_json
@@ -281,6 +294,14 @@ def show_cmd(
     loaded = load_plan(plan)
     cost = load_cost_model(calibration)
     estimate = cost.estimate(loaded)
+    if plot is not None:
+        from capplan.planner.picture import eager_note, plan_grids
+        from capplan.planner.plot import write_plan_picture
+
+        grids, legend = plan_grids(loaded)
+        totals = ", ".join(f"{mode} {n}" for mode, n in loaded.stats["total"].items() if mode != "graphs")
+        caption = f"capplan show {plan.name}: {loaded.stats['total']['graphs']} graphs ({totals or 'all eager'})"
+        write_plan_picture(plot, grids, caption, legend, eager_note(loaded), (plan,))
     if as_json:
         data = plan_to_json(loaded)
         data["estimate"] = {
@@ -479,6 +500,9 @@ def optimize_cmd(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")] = False,
+    full_curve: Annotated[
+        bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
+    ] = False,
 ) -> None:
     """Choose capture sizes that minimise padded tokens on a trace under a graph or memory budget.
 
@@ -534,11 +558,13 @@ def optimize_cmd(
     )
     write_atomic(out, header + render_spec(result.spec), (spec, trace))
     if plot is not None:
-        from capplan.planner.plot import curve_panels, write_plot
+        from capplan.planner.plot import write_curve
 
-        write_plot(
+        write_curve(
             plot,
-            curve_panels(result.curve),
+            result.curve,
+            p,
+            max_graphs,
             f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}",
             (spec, trace),
         )
@@ -556,7 +582,7 @@ def optimize_cmd(
             )
         )
     else:
-        typer.echo(render_curve(result, every=max(1, len(result.curve) // 40)))
+        typer.echo(render_curve(result, full=full_curve))
         typer.echo(
             f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
             f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies"
@@ -574,6 +600,14 @@ def diff_cmd(
     ] = False,
     calibration: Annotated[
         Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Draw graphs added, removed and kept per capture size and LoRA case (.svg, or .png with "
+            "capplan[plot]); link it from the markdown diff.",
+        ),
     ] = None,
 ) -> None:
     """Semantic diff: graphs added/removed per mode and LoRA case, dispatch changes,
@@ -608,6 +642,13 @@ def diff_cmd(
             ) from None
         raise
     result = diff_plans(a, b, cost, str(old), str(new))
+    if plot is not None:
+        from capplan.planner.picture import diff_grids
+        from capplan.planner.plot import write_plan_picture
+
+        grids, legend = diff_grids(a, b)
+        caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
+        write_plan_picture(plot, grids, caption[:150], legend, inputs=(old, new))
     if fmt == "json":
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "markdown":

@@ -73,6 +73,10 @@ def spec_from_data(data: object, source: str) -> Spec:
         raise SpecError(
             f"{source}: this is a capture plan, not a spec", "give the spec it was compiled from; its header names it"
         )
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: {describe_validation_error(exc, Spec)}") from None
     lora = data.get("lora")
     if isinstance(lora, dict) and "enabled" not in lora:
         given = [key for key in ("max_loras", "specialize", "specialize_active") if key in lora]
@@ -82,10 +86,6 @@ def spec_from_data(data: object, source: str) -> Spec:
                 "would capture no LoRA graph)",
                 "add enabled: true to the lora section, or enabled: false to plan without LoRA",
             )
-    try:
-        spec = Spec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(f"{source}: {describe_validation_error(exc, Spec)}") from None
     graphs = graphs_bound(spec)
     if graphs * MIN_ENTRIES_PER_GRAPH > MAX_ITEMS:
         raise SpecError(

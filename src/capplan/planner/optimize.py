@@ -333,7 +333,9 @@ def _point(
     )
 
 
-def render_curve(result: Optimized, every: int = 1) -> str:
+def render_curve(result: Optimized, full: bool = False) -> str:
+    """The trade-off curve as text: by default the points near the choice (up to twice its
+    graph count, at most 40 rows), the rest summarized in one line; `full` prints them all."""
     d = result.default
     lines = [
         f"capplan optimize: budget {result.budget}; objective: padded tokens on the trace "
@@ -342,11 +344,17 @@ def render_curve(result: Optimized, every: int = 1) -> str:
         f"padding {d.padding_overhead:.2%}",
         "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding",
     ]
-    for i, p in enumerate(result.curve):
-        if p is result.point or i % every == 0 or i == len(result.curve) - 1:
+    shown = result.curve if full else [p for p in result.curve if p.graphs <= 2 * result.point.graphs]
+    every = 1 if full else max(1, len(shown) // 40)
+    for i, p in enumerate(shown):
+        if p is result.point or i % every == 0 or i == len(shown) - 1:
             mark = "  <- chosen" if p is result.point else ""
             lines.append(
                 f"  {p.sizes:>5}  {p.graphs:>6}  {p.graph_memory_gib:>6.3f}  {p.capture_seconds:>10.1f}  "
                 f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}{mark}"
             )
+    rest = len(result.curve) - len(shown)
+    if rest:
+        top = max(p.graphs for p in result.curve)
+        lines.append(f"  ... {rest} more point(s), up to {top} graphs (--full-curve prints them)")
     return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""Plots for simulate and optimize: SVG written directly (no dependency), PNG through matplotlib."""
+"""Pictures: simulate's bars, optimize's trade-off curve, and the plan itself (graphs per
+capture size and LoRA case, per mode; a diff of two plans). SVG is written directly (no
+dependency); PNG goes through matplotlib (`pip install 'capplan[plot]'`)."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("PNG plots need matplotlib", "pip install matplotlib, or give a .svg path") from None
+        raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
     for ax, (title, xs, ys, color, ylabel) in zip(axes[:, 0], panels):
         ax.bar(range(len(xs)), ys, color=color)
@@ -97,14 +99,226 @@ def simulation_panels(data: dict) -> list[tuple[str, list[str], list[float], str
     ]
 
 
-def curve_panels(points: list) -> list[tuple[str, list[str], list[float], str, str]]:
-    xs = [str(p.graphs) for p in points]
-    return [
-        (
-            "padding overhead (%) vs graphs captured",
-            xs,
-            [round(100 * p.padding_overhead, 3) for p in points],
-            "#228833",
-            "padding %",
-        )
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
+    return plt
+
+
+def _png_bytes(fig) -> bytes:
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
+    _pyplot().close(fig)
+    return image.getvalue()
+
+
+def _write(path: Path, svg, png, inputs: tuple[Path, ...]) -> None:
+    """`svg()` or `png()` to `path` by its suffix."""
+    suffix = path.suffix.lower()
+    if suffix == ".svg":
+        write_atomic(path, svg(), inputs)
+    elif suffix == ".png":
+        check_output(path, inputs)
+        write_atomic(path, png(), inputs)
+    else:
+        raise UsageError(f"--plot {path}: unknown image type {suffix or '(none)'!r}", "use a .svg or .png path")
+
+
+# --- optimize: the trade-off curve --------------------------------------------------------
+
+FLOOR = 0.001  # padding % drawn for a point with none (a log axis has no zero)
+
+
+def write_curve(
+    path: Path, points: list, chosen, budget_graphs: int | None, caption: str, inputs: tuple[Path, ...] = ()
+) -> None:
+    """Padding (log scale) against graphs captured, the chosen point and the graph budget marked."""
+    xs = [p.graphs for p in points]
+    ys = [max(100 * p.padding_overhead, FLOOR) for p in points]
+    _write(
+        path,
+        lambda: _curve_svg(xs, ys, chosen, budget_graphs, caption),
+        lambda: _curve_png(xs, ys, chosen, budget_graphs, caption),
+        inputs,
+    )
+
+
+def _curve_svg(xs: list[int], ys: list[float], chosen, budget: int | None, caption: str) -> str:
+    import math
+
+    left, top, w, h = PAD + 10, 40, W - 2 * PAD - 10, H - 90
+    x_max = max(xs + ([budget] if budget else [])) or 1
+    lo, hi = math.log10(min(ys)), math.log10(max(ys))
+    if hi - lo < 1e-9:
+        lo, hi = lo - 1, hi + 1
+
+    def px(x: float) -> float:
+        return left + w * x / x_max
+
+    def py(y: float) -> float:
+        return top + h - h * (math.log10(y) - lo) / (hi - lo)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">',
+        f'<rect width="{W}" height="{H}" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="12">{escape(caption)}</text>',
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#333"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
+        f'<text x="{left + w / 2}" y="{top + h + 32}" font-size="11" text-anchor="middle">graphs captured</text>',
+        f'<text x="12" y="{top + h / 2}" font-size="11" transform="rotate(-90 12 {top + h / 2})" '
+        'text-anchor="middle">padding % of real tokens (log)</text>',
     ]
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        if lo <= e <= hi:
+            out.append(
+                f'<line x1="{left - 4}" y1="{py(10**e):.1f}" x2="{left + w}" y2="{py(10**e):.1f}" stroke="#ddd"/>'
+            )
+            out.append(f'<text x="{left - 6}" y="{py(10**e) + 3:.1f}" font-size="9" text-anchor="end">{10**e:g}</text>')
+    for k in range(6):
+        x = x_max * k / 5
+        out.append(f'<text x="{px(x):.1f}" y="{top + h + 14}" font-size="9" text-anchor="middle">{x:.0f}</text>')
+    path = " ".join(f"{'M' if i == 0 else 'L'}{px(x):.1f},{py(y):.1f}" for i, (x, y) in enumerate(zip(xs, ys)))
+    out.append(f'<path d="{path}" fill="none" stroke="#228833" stroke-width="1.5"/>')
+    for x, y in zip(xs, ys):
+        out.append(
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2" fill="#228833"><title>{x} graphs: {y:g}%</title></circle>'
+        )
+    if budget:
+        out.append(
+            f'<line x1="{px(budget):.1f}" y1="{top}" x2="{px(budget):.1f}" y2="{top + h}" stroke="#cc3311" '
+            'stroke-dasharray="4 3"/>'
+        )
+        out.append(
+            f'<text x="{px(budget) + 4:.1f}" y="{top + 12}" font-size="10" fill="#cc3311">budget {budget}</text>'
+        )
+    cy = max(100 * chosen.padding_overhead, FLOOR)
+    out.append(
+        f'<circle cx="{px(chosen.graphs):.1f}" cy="{py(cy):.1f}" r="6" fill="none" stroke="#0077bb" stroke-width="2"/>'
+    )
+    out.append(
+        f'<text x="{px(chosen.graphs) + 8:.1f}" y="{py(cy) - 8:.1f}" font-size="10" fill="#0077bb">chosen: '
+        f"{chosen.graphs} graphs, {100 * chosen.padding_overhead:.2f}%</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _curve_png(xs: list[int], ys: list[float], chosen, budget: int | None, caption: str) -> bytes:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot(xs, ys, marker=".", color="#228833")
+    ax.set_yscale("log")
+    if budget:
+        ax.axvline(budget, color="#cc3311", linestyle="--", label=f"budget {budget}")
+    ax.scatter(
+        [chosen.graphs],
+        [max(100 * chosen.padding_overhead, FLOOR)],
+        s=120,
+        facecolors="none",
+        edgecolors="#0077bb",
+        linewidths=2,
+        label=f"chosen: {chosen.graphs} graphs",
+        zorder=3,
+    )
+    ax.set_xlabel("graphs captured")
+    ax.set_ylabel("padding % of real tokens (log)")
+    ax.set_title(caption, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    return _png_bytes(fig)
+
+
+# --- the plan: graphs per capture size and LoRA case ---------------------------------------
+
+CAPTURED, PRUNED, ADDED, REMOVED = "#4477aa", "#dddddd", "#228833", "#cc3311"
+
+
+def write_plan_picture(
+    path: Path,
+    grids: list[tuple[str, list[int], list[int], dict]],
+    caption: str,
+    legend: dict,
+    eager: str = "",
+    inputs: tuple[Path, ...] = (),
+) -> None:
+    """One grid per mode: columns are token sizes, rows LoRA cases, cells colored by state
+    (`grids`: mode, sizes, cases, {(case, size): color}); `legend`: color -> meaning."""
+    _write(
+        path, lambda: _grid_svg(grids, caption, legend, eager), lambda: _grid_png(grids, caption, legend, eager), inputs
+    )
+
+
+def _grid_svg(grids, caption: str, legend: dict, eager: str) -> str:
+    left, cell_h = 110, 16
+    width = 940
+    y = 40
+    out = [f'<text x="10" y="18" font-size="12">{escape(caption)}</text>']
+    for mode, sizes, cases, cells in grids:
+        cw = max(1.5, min(16.0, (width - left - 20) / max(len(sizes), 1)))
+        out.append(f'<text x="10" y="{y + 12}" font-size="12" font-weight="bold">{mode}</text>')
+        y += 20
+        for r, case in enumerate(cases):
+            out.append(
+                f'<text x="{left - 6}" y="{y + r * cell_h + 12}" font-size="10" text-anchor="end">'
+                f"LoRA case {case}</text>"
+            )
+            for c, size in enumerate(sizes):
+                color = cells.get((case, size))
+                if color:
+                    out.append(
+                        f'<rect x="{left + c * cw:.1f}" y="{y + r * cell_h + 1}" width="{max(cw - 1, 1):.1f}" '
+                        f'height="{cell_h - 2}" fill="{color}"><title>{mode}:{size}@{case}</title></rect>'
+                    )
+        step = max(1, len(sizes) // 16)
+        base = y + len(cases) * cell_h
+        for c, size in enumerate(sizes):
+            if c % step == 0 or c == len(sizes) - 1:
+                out.append(
+                    f'<text x="{left + c * cw + cw / 2:.1f}" y="{base + 12}" font-size="9" '
+                    f'text-anchor="middle">{size}</text>'
+                )
+        out.append(f'<text x="{left}" y="{base + 26}" font-size="9">tokens (capture sizes)</text>')
+        y = base + 44
+    x = 10
+    for color, meaning in legend.items():
+        out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{x + 16}" y="{y + 10}" font-size="10">{escape(meaning)}</text>')
+        x += 30 + 6 * len(meaning)
+    if eager:
+        y += 24
+        out.append(f'<text x="10" y="{y + 10}" font-size="10">{escape(eager)}</text>')
+    height = y + 24
+    head = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    return "\n".join(head + out + ["</svg>"]) + "\n"
+
+
+def _grid_png(grids, caption: str, legend: dict, eager: str) -> bytes:
+    from matplotlib.colors import to_rgb
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(grids), 1, figsize=(12, 1.2 + 0.5 * sum(len(g[2]) for g in grids)), squeeze=False)
+    for ax, (mode, sizes, cases, cells) in zip(axes[:, 0], grids):
+        image = [[to_rgb(cells.get((case, size), "#ffffff")) for size in sizes] for case in cases]
+        ax.imshow(image, aspect="auto", interpolation="nearest")
+        ax.set_yticks(range(len(cases)), [f"case {c}" for c in cases], fontsize=8)
+        step = max(1, len(sizes) // 16)
+        ax.set_xticks(range(0, len(sizes), step), [sizes[i] for i in range(0, len(sizes), step)], fontsize=8)
+        ax.set_title(mode, fontsize=10)
+    fig.suptitle(caption + (f"\n{eager}" if eager else ""), fontsize=9)
+    fig.legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in legend],
+        labels=list(legend.values()),
+        loc="lower center",
+        ncol=len(legend),
+        fontsize=8,
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return _png_bytes(fig)
