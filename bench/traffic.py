@@ -80,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
     from capplan.batches import read_batches
-    from capplan.loading import load_spec
+    from capplan.loading import load_cost_model, load_spec
     from capplan.planner import compile_plan
-    from capplan.planner.cost import load_cost_model
     from capplan.planner.optimize import optimize
     from capplan.planner.verify import verify_plan
 

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from capplan.cli import app
+from capplan.loading import load_cost_model
 from capplan.planner import compile_plan
-from capplan.planner.cost import load_cost_model
 from capplan.planner.diff import diff_plans
 from tests.conftest import make_spec
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from capplan.batches import read_batches
 from capplan.cli import app
 from capplan.errors import CapplanError
+from capplan.loading import load_cost_model
 from capplan.planner import Batch, Dispatcher, compile_plan
-from capplan.planner.cost import load_cost_model
 from capplan.planner.optimize import Bucketing, optimize, token_weights
 from capplan.planner.traffic import TraceBatch, simulate
 from capplan.planner.verify import verify_plan

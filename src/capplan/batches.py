@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from capplan.errors import CapplanError, UsageError, printable
+from capplan.errors import InputError, UsageError, printable
 from capplan.files import json_value, shown, text_lines
 from capplan.limits import MAX_TRACE_BYTES
 from capplan.planner.dispatch import Batch
@@ -59,7 +59,7 @@ LOG_NOTE = (
 )
 
 
-class BatchFileError(CapplanError):
+class BatchFileError(InputError):
     """A batch file (trace or queries) is unreadable or holds an impossible batch."""
 
 

@@ -238,6 +238,12 @@ def _looks_like_spec(path: Path) -> bool:
     return False
 
 
+def _write_picture(path: Path, content: str | bytes, inputs: tuple[Path, ...]) -> None:
+    from capplan.files import write_atomic
+
+    write_atomic(path, content, inputs)
+
+
 def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | None:
     """Why the plan file does not hold `expected` (its content as data), or None."""
     from capplan.errors import PlanError
@@ -286,8 +292,7 @@ def show_cmd(
     PIECEWISE graph of 128 tokens for LoRA case 4; FULL:64x64@4 the FULL graph of
     64 tokens padded to 64 requests.
     """
-    from capplan.loading import load_plan
-    from capplan.planner.cost import load_cost_model
+    from capplan.loading import load_cost_model, load_plan
     from capplan.planner.render import plan_to_json
     from capplan.planner.show import render_show
 
@@ -296,12 +301,12 @@ def show_cmd(
     estimate = cost.estimate(loaded)
     if plot is not None:
         from capplan.planner.picture import eager_note, plan_grids
-        from capplan.planner.plot import write_plan_picture
+        from capplan.planner.plot import plot_plan
 
         grids, legend = plan_grids(loaded)
         totals = ", ".join(f"{mode} {n}" for mode, n in loaded.stats["total"].items() if mode != "graphs")
         caption = f"capplan show {plan.name}: {loaded.stats['total']['graphs']} graphs ({totals or 'all eager'})"
-        write_plan_picture(plot, grids, caption, legend, eager_note(loaded), (plan,))
+        _write_picture(plot, plot_plan(plot, grids, caption, legend, eager_note(loaded)), (plan,))
     if as_json:
         data = plan_to_json(loaded)
         data["estimate"] = {
@@ -460,15 +465,13 @@ def simulate_cmd(
     result = simulate(loaded, batches)
     data = result.to_json(loaded)
     if plot is not None:
-        from capplan.planner.plot import simulation_panels, write_plot
+        from capplan.planner.plot import plot_bars, simulation_panels
 
-        write_plot(
-            plot,
-            simulation_panels(data),
+        caption = (
             f"capplan simulate {plan.name} {trace.name}: "
-            f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}",
-            (plan, trace),
+            f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
         )
+        _write_picture(plot, plot_bars(plot, simulation_panels(data), caption), (plan, trace))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -521,8 +524,7 @@ def optimize_cmd(
     """
     from capplan.batches import read_batches
     from capplan.files import check_output, write_atomic
-    from capplan.loading import load_spec
-    from capplan.planner.cost import load_cost_model
+    from capplan.loading import load_cost_model, load_spec
     from capplan.planner.optimize import optimize, render_curve
     from capplan.planner.render import render_spec
     from capplan.planner.verify import verify_plan
@@ -558,16 +560,12 @@ def optimize_cmd(
     )
     write_atomic(out, header + render_spec(result.spec), (spec, trace))
     if plot is not None:
-        from capplan.planner.plot import write_curve
+        from capplan.planner.plot import plot_curve
 
-        write_curve(
-            plot,
-            result.curve,
-            p,
-            max_graphs,
-            f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}",
-            (spec, trace),
+        caption = (
+            f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}"
         )
+        _write_picture(plot, plot_curve(plot, result.curve, p, max_graphs, caption), (spec, trace))
     if as_json:
         typer.echo(
             json.dumps(
@@ -615,9 +613,8 @@ def diff_cmd(
 
     Exit 0 when the plans are equal, 2 when they differ, 1 on error.
     """
-    from capplan.loading import load_plan, load_spec
+    from capplan.loading import load_cost_model, load_plan, load_spec
     from capplan.planner import compile_plan
-    from capplan.planner.cost import load_cost_model
     from capplan.planner.diff import diff_plans, render_markdown, render_text
 
     if fmt not in ("text", "markdown", "json"):
@@ -644,11 +641,11 @@ def diff_cmd(
     result = diff_plans(a, b, cost, str(old), str(new))
     if plot is not None:
         from capplan.planner.picture import diff_grids
-        from capplan.planner.plot import write_plan_picture
+        from capplan.planner.plot import plot_plan
 
         grids, legend = diff_grids(a, b)
         caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
-        write_plan_picture(plot, grids, caption[:150], legend, inputs=(old, new))
+        _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), (old, new))
     if fmt == "json":
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "markdown":
@@ -723,8 +720,7 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     """
     import difflib
 
-    from capplan.loading import load_plan
-    from capplan.planner.cost import load_cost_model
+    from capplan.loading import load_cost_model, load_plan
     from capplan.planner.diff import diff_plans, render_text
 
     if len(args) < 7:

@@ -32,6 +32,10 @@ class PlanError(CapplanError):
     """A plan file is unreadable, invalid, or inconsistent with itself."""
 
 
+class InputError(CapplanError):
+    """A batch file or a calibration file is unreadable or invalid."""
+
+
 class UsageError(CapplanError):
     """The command line asks for something impossible."""
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from capplan.errors import CapplanError, PlanError, SpecError, printable
+from capplan.errors import CapplanError, InputError, PlanError, SpecError, printable
 from capplan.limits import MAX_FILE_BYTES, MAX_ITEMS
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
@@ -86,6 +86,9 @@ def spec_from_data(data: object, source: str) -> Spec:
                 "would capture no LoRA graph)",
                 "add enabled: true to the lora section, or enabled: false to plan without LoRA",
             )
+    problem = case_sizes_problem(spec)
+    if problem:
+        raise SpecError(f"{source}: {problem}")
     graphs = graphs_bound(spec)
     if graphs * MIN_ENTRIES_PER_GRAPH > MAX_ITEMS:
         raise SpecError(
@@ -94,6 +97,22 @@ def spec_from_data(data: object, source: str) -> Spec:
             "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size",
         )
     return spec
+
+
+def case_sizes_problem(spec: Spec) -> str | None:
+    """Why the spec's cudagraph.lora_case_sizes names a case it does not capture, or None."""
+    from capplan.planner.lora_cases import lora_capture_cases
+
+    if spec.cudagraph.lora_case_sizes is None:
+        return None
+    cases = lora_capture_cases(spec)
+    for entry in spec.cudagraph.lora_case_sizes:
+        if entry.case not in cases:
+            return (
+                f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case of this spec "
+                f"(cases: {', '.join(map(str, cases))}); use one of those"
+            )
+    return None
 
 
 # A graph's line in the plan file holds at least this many entries (its address,
@@ -177,6 +196,9 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
         raise PlanError(
             f"{source}: spec.{describe_validation_error(exc, Spec)}", "regenerate it with capplan compile SPEC"
         ) from None
+    problem = case_sizes_problem(spec)
+    if problem:
+        raise PlanError(f"{source}: spec.{problem}", "regenerate it with capplan compile SPEC")
     _check_size(spec, data, source)
     plan = compile_plan(spec)
     return plan, first_difference(data, plan_file_data(plan))
@@ -234,6 +256,20 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
     return None
 
 
+def load_cost_model(path: Path | None = None):
+    """The cost model of a calibration file (default: the shipped H200 one)."""
+    from capplan.files import read_yaml
+    from capplan.planner.cost import DEFAULT_CALIBRATION, Calibration, fit_cost_model
+
+    path = Path(path) if path else DEFAULT_CALIBRATION
+    data = read_yaml(path, "calibration", InputError)
+    try:
+        cal = Calibration.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}") from None
+    return fit_cost_model(cal)
+
+
 def size_problem(text: str, data: dict) -> str | None:
     """Why the loader would refuse `text` (a rendered plan, `data` its content) for its
     size alone; None when it loads. Compile checks this first, so it never writes
@@ -252,6 +288,7 @@ def size_problem(text: str, data: dict) -> str | None:
 
 __all__ = [
     "CapplanError",
+    "load_cost_model",
     "first_difference",
     "load_plan",
     "load_spec",

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from capplan.errors import SpecError
-from capplan.files import read_yaml
+from capplan.errors import InputError
 from capplan.schemas.plan import Plan
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
@@ -75,7 +74,7 @@ def _least_squares(rows: list[list[float]], values: list[float]) -> list[float]:
     for col in range(n):
         pivot = max(range(col, n), key=lambda k: abs(ata[k][col]))
         if abs(ata[pivot][col]) < 1e-12:
-            raise SpecError(
+            raise InputError(
                 "calibration runs do not determine the model: give runs without LoRA, "
                 "with one LoRA case and with several"
             )
@@ -89,15 +88,8 @@ def _least_squares(rows: list[list[float]], values: list[float]) -> list[float]:
     return [atb[i] / ata[i][i] for i in range(n)]
 
 
-def load_cost_model(path: Path | None = None) -> CostModel:
-    path = Path(path) if path else DEFAULT_CALIBRATION
-    data = read_yaml(path, "calibration", SpecError)
-    try:
-        cal = Calibration.model_validate(data)
-    except ValidationError as exc:
-        from capplan.loading import describe_validation_error
-
-        raise SpecError(f"{path}: {describe_validation_error(exc, Calibration)}") from None
+def fit_cost_model(cal: Calibration) -> CostModel:
+    """The cost model fitted (least squares) to a calibration's measured runs."""
     rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
     secs = _least_squares(rows, [r.capture_seconds for r in cal.runs])
     gib = _least_squares(rows, [r.graph_memory_gib for r in cal.runs])

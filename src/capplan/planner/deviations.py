@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from capplan.planner.lora_cases import case_for
 from capplan.planner.regions import target_changes
 from capplan.schemas.plan import Deviation, Plan
 from capplan.schemas.spec import Fix
@@ -60,9 +61,7 @@ def describe_deviations(plan: Plan, exact: ExactTwin) -> list[Deviation]:
 
 
 def _case(plan, count: int) -> int:
-    if count <= 0 or not plan.lora_dispatch_map:
-        return 0 if count <= 0 else count
-    return plan.lora_dispatch_map.get(count, max(plan.lora_dispatch_map.values()))
+    return case_for(count, plan.lora_dispatch_map)
 
 
 def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:

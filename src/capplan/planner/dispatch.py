@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from capplan.planner.lora_cases import kernel_slots
+from capplan.planner.lora_cases import case_for, kernel_slots
 
 if TYPE_CHECKING:  # the fast `capplan dispatch` path builds a Dispatcher without pydantic
     from capplan.schemas.plan import Descriptor, Plan
@@ -81,7 +81,8 @@ def derive_uniform(batch: Batch, vllm: str) -> int | None:
     return q if not batch.has_prefill and t == q * r else None
 
 
-def _compatible(desc: Dispatch, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
+def compatible(desc, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
+    """Whether a graph (a Descriptor or a Dispatch) can replay a batch: vLLM's `_is_compatible`."""
     return (
         (desc.uniform_token_count is None or desc.uniform_token_count == uniform)
         and (desc.max_query_len is None or (max_q is not None and desc.max_query_len >= max_q))
@@ -105,8 +106,8 @@ class Dispatcher:
         self.by_slots = plan.lora_dispatch_key == "kernel_slots"
         self.lora_map = dict(plan.lora_dispatch_map)
         self.max_case = max(self.lora_map.values(), default=0)
-        # count -> case for 0..largest case; larger counts clamp (vLLM's rule).
-        self.case_of = [0] + [self.lora_map[n] for n in range(1, self.max_case + 1)]
+        # case_for (the one rule) tabulated for 0..largest case; larger counts clamp.
+        self.case_of = [case_for(n, self.lora_map) for n in range(self.max_case + 1)]
         descs = plan.descriptors
         top = max((row.hi for row in plan.dispatch), default=0)
         self.max_tokens = top
@@ -131,44 +132,20 @@ class Dispatcher:
         return batch.num_active_loras
 
     def lora_case(self, count: int) -> int:
-        if count <= 0 or not self.lora_map:
-            return count
-        return self.lora_map.get(count, self.max_case)
+        case_of = self.case_of
+        return case_of[count] if 0 <= count < len(case_of) else case_for(count, self.lora_map)
 
     def dispatch(self, batch: Batch) -> Dispatch:
         if not self.fast:
             return self.explain(batch)
-        r, t = batch.num_reqs, batch.num_tokens
-        u = batch.uniform_token_count
-        if u is None:
-            q = batch.max_query_len
-            # 0.25: q == t // r and t == q * r (the same for r >= 1); 0.31+ also
-            # keeps batches with a real prefill out of decode graphs.
-            if t == q * r and (self.is_025 or not batch.has_prefill):
-                u = q
-        k = batch.num_active_loras
-        if k > 0:
-            if self.by_slots and batch.base:
-                k += 1
-            case_of = self.case_of
-            k = case_of[k] if k < len(case_of) else (self.max_case if len(case_of) > 1 else k)
-        # `lookup`, inlined: this runs once per scheduler step.
-        column = self.table.get(k)
-        if column is not None and 0 < t <= self.max_tokens:
-            for need_u, cap, desc in column[t]:
-                if (need_u is None or need_u == u) and r <= cap:
-                    return desc
-        return Dispatch("NONE", t, r, None, None, k, -1)
+        uniform = derive_uniform(batch, self.vllm)
+        return self.lookup(batch.num_reqs, batch.num_tokens, uniform, self.lora_count(batch))
 
     def lookup(self, num_reqs: int, num_tokens: int, uniform: int | None, count: int) -> Dispatch:
         """Dispatch with the uniform token count already derived and `count` the
         number the plan keys LoRA by (kernel slots or adapters): the call the
         runtime makes from inside vLLM, which derives both itself."""
-        if count > 0:
-            case_of = self.case_of
-            case = case_of[count] if count < len(case_of) else (self.max_case if len(case_of) > 1 else count)
-        else:
-            case = count
+        case = self.lora_case(count)
         column = self.table.get(case)
         if column is not None and 0 < num_tokens <= self.max_tokens:
             for need_u, cap, desc in column[num_tokens]:
@@ -197,7 +174,7 @@ class Dispatcher:
         n = batch.num_tokens
         if column is not None and 0 < n <= self.max_tokens:
             for _, _, desc in column[n]:
-                if _compatible(desc, batch.num_reqs, uniform, max_q):
+                if compatible(desc, batch.num_reqs, uniform, max_q):
                     if trace is not None:
                         trace.append(f"replays {_short(desc)}")
                     return desc

@@ -38,6 +38,14 @@ def lora_dispatch_map(cases: list[int]) -> dict[int, int]:
     return {n: with_lora[bisect.bisect_left(with_lora, n)] for n in range(1, with_lora[-1] + 1)}
 
 
+def case_for(count: int, dispatch_map: dict[int, int]) -> int:
+    """The LoRA case a batch's count dispatches to: 0 stays 0; a count above the map's
+    largest clamps to the largest captured case (vLLM's rule); no LoRA cases: the count."""
+    if count <= 0 or not dispatch_map:
+        return count if count > 0 else 0
+    return dispatch_map.get(count, max(dispatch_map.values()))
+
+
 def kernel_slots(num_adapters: int, has_base: bool) -> int:
     """Distinct ids the LoRA kernels see: adapters, plus the -1 slot when base requests share the batch.
 

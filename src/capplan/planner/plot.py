@@ -9,7 +9,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from capplan.errors import UsageError
-from capplan.files import check_output, write_atomic
 
 W, H, PAD = 760, 300, 56
 
@@ -72,17 +71,9 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
     return image.getvalue()
 
 
-def write_plot(
-    path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str, inputs: tuple[Path, ...] = ()
-) -> None:
-    suffix = path.suffix.lower()
-    if suffix == ".svg":
-        write_atomic(path, _svg(panels, caption), inputs)
-    elif suffix == ".png":
-        check_output(path, inputs)
-        write_atomic(path, _png(panels, caption), inputs)
-    else:
-        raise UsageError(f"--plot {path}: unknown image type {suffix or '(none)'!r}", "use a .svg or .png path")
+def plot_bars(path: Path, panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> str | bytes:
+    """Bar panels as the image `path`'s suffix asks for (SVG text or PNG bytes); writes nothing."""
+    return _render(path, lambda: _svg(panels, caption), lambda: _png(panels, caption))
 
 
 def simulation_panels(data: dict) -> list[tuple[str, list[str], list[float], str, str]]:
@@ -117,16 +108,14 @@ def _png_bytes(fig) -> bytes:
     return image.getvalue()
 
 
-def _write(path: Path, svg, png, inputs: tuple[Path, ...]) -> None:
-    """`svg()` or `png()` to `path` by its suffix."""
+def _render(path: Path, svg, png) -> str | bytes:
+    """`svg()` or `png()`, by the suffix of the path the picture is for."""
     suffix = path.suffix.lower()
     if suffix == ".svg":
-        write_atomic(path, svg(), inputs)
-    elif suffix == ".png":
-        check_output(path, inputs)
-        write_atomic(path, png(), inputs)
-    else:
-        raise UsageError(f"--plot {path}: unknown image type {suffix or '(none)'!r}", "use a .svg or .png path")
+        return svg()
+    if suffix == ".png":
+        return png()
+    raise UsageError(f"--plot {path}: unknown image type {suffix or '(none)'!r}", "use a .svg or .png path")
 
 
 # --- optimize: the trade-off curve --------------------------------------------------------
@@ -134,17 +123,14 @@ def _write(path: Path, svg, png, inputs: tuple[Path, ...]) -> None:
 FLOOR = 0.001  # padding % drawn for a point with none (a log axis has no zero)
 
 
-def write_curve(
-    path: Path, points: list, chosen, budget_graphs: int | None, caption: str, inputs: tuple[Path, ...] = ()
-) -> None:
+def plot_curve(path: Path, points: list, chosen, budget_graphs: int | None, caption: str) -> str | bytes:
     """Padding (log scale) against graphs captured, the chosen point and the graph budget marked."""
     xs = [p.graphs for p in points]
     ys = [max(100 * p.padding_overhead, FLOOR) for p in points]
-    _write(
+    return _render(
         path,
         lambda: _curve_svg(xs, ys, chosen, budget_graphs, caption),
         lambda: _curve_png(xs, ys, chosen, budget_graphs, caption),
-        inputs,
     )
 
 
@@ -238,18 +224,17 @@ def _curve_png(xs: list[int], ys: list[float], chosen, budget: int | None, capti
 CAPTURED, PRUNED, ADDED, REMOVED = "#4477aa", "#dddddd", "#228833", "#cc3311"
 
 
-def write_plan_picture(
+def plot_plan(
     path: Path,
     grids: list[tuple[str, list[int], list[int], dict]],
     caption: str,
     legend: dict,
     eager: str = "",
-    inputs: tuple[Path, ...] = (),
-) -> None:
+) -> str | bytes:
     """One grid per mode: columns are token sizes, rows LoRA cases, cells colored by state
     (`grids`: mode, sizes, cases, {(case, size): color}); `legend`: color -> meaning."""
-    _write(
-        path, lambda: _grid_svg(grids, caption, legend, eager), lambda: _grid_png(grids, caption, legend, eager), inputs
+    return _render(
+        path, lambda: _grid_svg(grids, caption, legend, eager), lambda: _grid_png(grids, caption, legend, eager)
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from capplan.planner.dispatch import compatible
 from capplan.planner.lora_cases import kernel_grid, kernel_slots, reachable_cases
 from capplan.schemas.plan import Descriptor, Plan, address
 
@@ -116,7 +117,7 @@ class _Tables:
 
 
 def _serves(d: Descriptor, uniform: int | None, reqs: int) -> bool:
-    return (d.uniform_token_count is None or d.uniform_token_count == uniform) and _cap(d) >= reqs
+    return compatible(d, reqs, uniform, None)
 
 
 def _padded(tables: _Tables, case: int, tokens: int, uniform: int | None, reqs: int) -> int:
