@@ -41,7 +41,7 @@ def _write(name: str, steps: list[tuple]) -> None:
     for (reqs, tokens, max_q, adapters, base, prefill), n in sorted(counts.items()):
         row = {"num_reqs": reqs, "num_tokens": tokens, "max_query_len": max_q}
         if adapters:
-            row["adapters"] = adapters
+            row["num_active_loras"] = adapters
         if base:
             row["base"] = True
         if prefill:
