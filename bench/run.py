@@ -126,8 +126,8 @@ def realistic_queries(spec, count: int, seed: int = 0) -> list[tuple]:
 
 def bench_compile(spec_data: dict, repeats: int, vllm_side) -> dict:
     from capplan.loading import spec_from_data
+    from capplan.planfile import render_plan
     from capplan.planner import compile_plan
-    from capplan.planner.render import render_plan
 
     def capplan_compile():
         render_plan(compile_plan(spec_from_data(spec_data, "bench")), "bench.yaml")
@@ -211,10 +211,10 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
 
 
 def bench_load_verify(spec_data: dict, repeats: int) -> dict:
+    from capplan.analysis.verify import verify_plan
     from capplan.loading import load_plan, spec_from_data
+    from capplan.planfile import render_plan
     from capplan.planner import compile_plan
-    from capplan.planner.render import render_plan
-    from capplan.planner.verify import verify_plan
 
     plan = compile_plan(spec_from_data(spec_data, "bench"))
     with tempfile.TemporaryDirectory() as tmp:

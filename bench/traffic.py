@@ -54,7 +54,7 @@ def vllm_default(spec, trace, vllm_side) -> dict:
 
 
 def capplan_side(plan, trace) -> dict:
-    from capplan.planner.traffic import simulate
+    from capplan.traffic.simulate import simulate
 
     r = simulate(plan, trace)
     return {
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     if code is not None:
         return code
 
+    from capplan.analysis.verify import verify_plan
     from capplan.batches import read_batches
     from capplan.loading import load_cost_model, load_spec
     from capplan.planner import compile_plan
-    from capplan.planner.optimize import optimize
-    from capplan.planner.verify import verify_plan
+    from capplan.traffic.optimize import optimize
 
     vllm_side = oracle_module(args)
     spec = load_spec(SPEC)

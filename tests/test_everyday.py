@@ -138,7 +138,7 @@ def test_readme_sample_summary_is_what_compile_prints(tmp_path):
 
 
 def test_the_plan_picture_marks_captured_pruned_and_eager(tmp_path):
-    from capplan.planner.plot import CAPTURED, PRUNED
+    from capplan.present.plot import CAPTURED, PRUNED
 
     plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
     out = runner.invoke(app, ["show", str(plan), "--plot", str(tmp_path / "plan.svg")])
@@ -153,7 +153,7 @@ def test_the_plan_picture_marks_captured_pruned_and_eager(tmp_path):
 
 
 def test_the_diff_picture_marks_added_and_removed(tmp_path):
-    from capplan.planner.plot import ADDED, REMOVED
+    from capplan.present.plot import ADDED, REMOVED
 
     old = ROOT / "configs" / "qwen3-8b-multilora.yaml"
     new = tmp_path / "q.yaml"

@@ -6,11 +6,11 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capplan.analysis.verify import verify_plan
 from capplan.errors import CapplanError
 from capplan.loading import load_plan, load_spec, spec_from_data
+from capplan.planfile import render_plan
 from capplan.planner import compile_plan
-from capplan.planner.render import render_plan
-from capplan.planner.verify import verify_plan
 
 VALID = {
     "target": {"runner": "mrv2", "vllm": "0.25", "blackwell": False},

@@ -4,9 +4,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from capplan.loading import spec_from_data
+from capplan.planfile import render_plan
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.lora_cases import kernel_slots
-from capplan.planner.render import render_plan
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
@@ -67,7 +67,7 @@ def test_compile_is_deterministic_and_round_trips(spec):
     import yaml
 
     from capplan.loading import first_difference, plan_from_data
-    from capplan.planner.render import MAX_LINE, plan_file_data
+    from capplan.planfile import MAX_LINE, plan_file_data
 
     plan = compile_plan(spec)
     text = render_plan(plan, "x.yaml")

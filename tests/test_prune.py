@@ -3,8 +3,8 @@ and no reachable batch dispatches differently."""
 
 import pytest
 
+from capplan.analysis.verify import verify_plan
 from capplan.planner import Batch, Dispatcher, compile_plan
-from capplan.planner.verify import verify_plan
 from capplan.schemas.spec import ALL_FIXES
 from tests.conftest import make_spec
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from capplan.analysis.verify import verify_plan
 from capplan.batches import read_batches
 from capplan.cli import app
 from capplan.errors import CapplanError
 from capplan.loading import load_cost_model
 from capplan.planner import Batch, Dispatcher, compile_plan
-from capplan.planner.optimize import Bucketing, optimize, token_weights
-from capplan.planner.traffic import TraceBatch, simulate
-from capplan.planner.verify import verify_plan
+from capplan.traffic.optimize import Bucketing, optimize, token_weights
+from capplan.traffic.simulate import TraceBatch, simulate
 from tests.conftest import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from typer.testing import CliRunner
 
+from capplan.analysis.verify import verify_plan
 from capplan.cli import app
+from capplan.planfile import render_plan
 from capplan.planner import compile_plan
-from capplan.planner.render import render_plan
-from capplan.planner.verify import verify_plan
 from capplan.schemas.plan import Plan
 from tests.conftest import make_spec
 from tests.test_properties import specs

@@ -36,8 +36,8 @@ from capplan.errors import InputError, UsageError, printable
 from capplan.files import json_value, shown, text_lines
 from capplan.limits import MAX_TRACE_BYTES
 from capplan.planner.dispatch import Batch
-from capplan.planner.traffic import TraceBatch
 from capplan.schemas.spec import Spec
+from capplan.traffic.simulate import TraceBatch
 
 FIELDS = (
     "num_reqs",

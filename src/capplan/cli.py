@@ -155,8 +155,8 @@ def compile_cmd(
     """
     from capplan.files import check_output, write_atomic
     from capplan.loading import first_difference, load_spec, size_problem
+    from capplan.planfile import plan_file_data, plan_to_json, render_plan
     from capplan.planner import compile_plan
-    from capplan.planner.render import plan_file_data, plan_to_json, render_plan
 
     if output is not None and (len(specs) > 1 or plan_dir is not None):
         raise UsageError("-o names one plan: give one spec and no --plan-dir")
@@ -293,15 +293,15 @@ def show_cmd(
     64 tokens padded to 64 requests.
     """
     from capplan.loading import load_cost_model, load_plan
-    from capplan.planner.render import plan_to_json
-    from capplan.planner.show import render_show
+    from capplan.planfile import plan_to_json
+    from capplan.present.show import render_show
 
     loaded = load_plan(plan)
     cost = load_cost_model(calibration)
     estimate = cost.estimate(loaded)
     if plot is not None:
-        from capplan.planner.picture import eager_note, plan_grids
-        from capplan.planner.plot import plot_plan
+        from capplan.present.picture import eager_note, plan_grids
+        from capplan.present.plot import plot_plan
 
         grids, legend = plan_grids(loaded)
         totals = ", ".join(f"{mode} {n}" for mode, n in loaded.stats["total"].items() if mode != "graphs")
@@ -410,8 +410,8 @@ def verify_cmd(
     exactly what its spec compiles to. Exit 0 when it holds, 1 with one line
     per violation.
     """
+    from capplan.analysis.verify import verify_plan
     from capplan.loading import load_plan
-    from capplan.planner.verify import verify_plan
 
     report = verify_plan(load_plan(plan))
     if as_json:
@@ -455,7 +455,7 @@ def simulate_cmd(
     """
     from capplan.batches import read_batches
     from capplan.loading import load_plan
-    from capplan.planner.traffic import render_simulation, simulate
+    from capplan.traffic.simulate import render_simulation, simulate
 
     loaded = load_plan(plan)
     batch_file = read_batches(trace, loaded.spec)
@@ -465,7 +465,7 @@ def simulate_cmd(
     result = simulate(loaded, batches)
     data = result.to_json(loaded)
     if plot is not None:
-        from capplan.planner.plot import plot_bars, simulation_panels
+        from capplan.present.plot import plot_bars, simulation_panels
 
         caption = (
             f"capplan simulate {plan.name} {trace.name}: "
@@ -522,12 +522,12 @@ def optimize_cmd(
     writes a spec with explicit cudagraph.capture_sizes whose compiled plan
     verifies, and leaves everything else in the spec as it was.
     """
+    from capplan.analysis.verify import verify_plan
     from capplan.batches import read_batches
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_cost_model, load_spec
-    from capplan.planner.optimize import optimize, render_curve
-    from capplan.planner.render import render_spec
-    from capplan.planner.verify import verify_plan
+    from capplan.planfile import render_spec
+    from capplan.traffic.optimize import optimize, render_curve
 
     out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
     for target in (out, plot):
@@ -560,7 +560,7 @@ def optimize_cmd(
     )
     write_atomic(out, header + render_spec(result.spec), (spec, trace))
     if plot is not None:
-        from capplan.planner.plot import plot_curve
+        from capplan.present.plot import plot_curve
 
         caption = (
             f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}"
@@ -613,9 +613,9 @@ def diff_cmd(
 
     Exit 0 when the plans are equal, 2 when they differ, 1 on error.
     """
+    from capplan.analysis.diff import diff_plans, render_markdown, render_text
     from capplan.loading import load_cost_model, load_plan, load_spec
     from capplan.planner import compile_plan
-    from capplan.planner.diff import diff_plans, render_markdown, render_text
 
     if fmt not in ("text", "markdown", "json"):
         raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
@@ -640,8 +640,8 @@ def diff_cmd(
         raise
     result = diff_plans(a, b, cost, str(old), str(new))
     if plot is not None:
-        from capplan.planner.picture import diff_grids
-        from capplan.planner.plot import plot_plan
+        from capplan.present.picture import diff_grids
+        from capplan.present.plot import plot_plan
 
         grids, legend = diff_grids(a, b)
         caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
@@ -720,8 +720,8 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     """
     import difflib
 
+    from capplan.analysis.diff import diff_plans, render_text
     from capplan.loading import load_cost_model, load_plan
-    from capplan.planner.diff import diff_plans, render_text
 
     if len(args) < 7:
         typer.echo(

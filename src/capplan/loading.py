@@ -160,8 +160,8 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
     """(the plan the data's spec compiles to, None when the data is exactly that plan's
     file content, else what differs first). PlanError when the data is not a plan of
     this format or its spec is invalid."""
+    from capplan.planfile import plan_file_data
     from capplan.planner.compiler import compile_plan
-    from capplan.planner.render import plan_file_data
 
     if not isinstance(data, dict):
         raise PlanError(f"{source}: a plan must be a YAML mapping (got {type(data).__name__})")
@@ -259,7 +259,7 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
 def load_cost_model(path: Path | None = None):
     """The cost model of a calibration file (default: the shipped H200 one)."""
     from capplan.files import read_yaml
-    from capplan.planner.cost import DEFAULT_CALIBRATION, Calibration, fit_cost_model
+    from capplan.traffic.cost import DEFAULT_CALIBRATION, Calibration, fit_cost_model
 
     path = Path(path) if path else DEFAULT_CALIBRATION
     data = read_yaml(path, "calibration", InputError)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from capplan.loading import spec_from_data
+from capplan.planfile import render_plan
 from capplan.planner import compile_plan
-from capplan.planner.render import render_plan
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing
 
 ROOT = Path(__file__).resolve().parents[2]

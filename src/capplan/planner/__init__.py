@@ -1,7 +1,7 @@
-"""Pure planning functions: spec -> plan. Imports neither torch nor vLLM.
+"""The core: spec -> plan, and a plan's dispatch. Pure functions: no file I/O, no torch, no vLLM.
 
-Exports resolve lazily, so `capplan.planner.dispatch` can be imported (the
-fast `capplan dispatch` path) without building the pydantic schemas.
+Exports resolve lazily, so the runtime can import `capplan.planner.dispatch`
+without building every planning module.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 from pathlib import Path
 
 from capplan.loading import spec_from_data
+from capplan.planfile import render_plan
 from capplan.planner import compile_plan
-from capplan.planner.render import render_plan
 
 HERE = Path(__file__).resolve().parent
 SPEC = {

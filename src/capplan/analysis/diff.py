@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from capplan.planner.cost import CostModel, Estimate
 from capplan.planner.regions import target_changes
 from capplan.schemas.plan import Plan, address
+from capplan.traffic.cost import CostModel, Estimate
 
 
 @dataclass

@@ -3,7 +3,7 @@ pruned, or (for two plans) added and removed, and which token ranges run eager."
 
 from __future__ import annotations
 
-from capplan.planner.plot import ADDED, CAPTURED, PRUNED, REMOVED
+from capplan.present.plot import ADDED, CAPTURED, PRUNED, REMOVED
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Fix
 
@@ -59,7 +59,7 @@ def diff_grids(old: Plan, new: Plan) -> tuple[list, dict]:
 
 def eager_note(plan: Plan) -> str:
     """The token ranges that run eager, as verify reports them (at most three)."""
-    from capplan.planner.verify import verify_plan
+    from capplan.analysis.verify import verify_plan
 
     regions = verify_plan(plan, consistency=False).eager_regions
     if not regions:

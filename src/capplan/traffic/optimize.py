@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from capplan.errors import UsageError
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.compiler import compile_plan
-from capplan.planner.cost import CostModel
-from capplan.planner.traffic import TraceBatch
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Spec
+from capplan.traffic.cost import CostModel
+from capplan.traffic.simulate import TraceBatch
 
 INF = float("inf")
 
