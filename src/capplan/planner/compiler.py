@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 
 from capplan.planner.candidates import build_ranges
@@ -26,15 +25,7 @@ DP_SYNC = (
 
 def compile_plan(spec: Spec, *, with_deviations: bool = True) -> Plan:
     """Compile a validated spec into its plan (deterministic, pure)."""
-    # Thousands of small acyclic objects: the cycle collector would only run
-    # (and stall) mid-build, so pause it for the duration.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _compile(spec, with_deviations)
-    finally:
-        if enabled:
-            gc.enable()
+    return _compile(spec, with_deviations)
 
 
 def _compile(spec: Spec, with_deviations: bool) -> Plan:
