@@ -34,6 +34,9 @@ app = typer.Typer(
 )
 
 _DEBUG = False
+CalibrationOption = Annotated[
+    Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+]
 
 
 @app.callback()
@@ -274,9 +277,7 @@ def show_cmd(
             "descriptors (capture order), and everything else the plan holds.",
         ),
     ] = False,
-    calibration: Annotated[
-        Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
-    ] = None,
+    calibration: CalibrationOption = None,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -596,9 +597,7 @@ def diff_cmd(
     specs: Annotated[
         bool, typer.Option("--spec", help="OLD and NEW are specs: compile both in memory and compare.")
     ] = False,
-    calibration: Annotated[
-        Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
-    ] = None,
+    calibration: CalibrationOption = None,
     plot: Annotated[
         Path | None,
         typer.Option(

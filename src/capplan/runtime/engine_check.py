@@ -13,26 +13,14 @@ class PlanMismatch(RuntimeError):
 
 
 def engine_settings(manager) -> dict[str, object]:
-    """The settings the plan depends on, read off a CudaGraphManager and its VllmConfig."""
-    cfg = manager.vllm_config
-    comp = cfg.compilation_config
-    lora = getattr(cfg, "lora_config", None)
-    model = getattr(cfg, "model_config", None)
+    """The settings the plan depends on, as the CUDA-graph manager resolved them: its config's,
+    with the manager's own mode, decode query length and LoRA capture cases."""
     mode = manager.cudagraph_mode
     return {
-        "scheduler.max_num_seqs": cfg.scheduler_config.max_num_seqs,
-        "scheduler.max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-        "scheduler.max_model_len": getattr(model, "max_model_len", None),
+        **config_settings(manager.vllm_config),
         "cudagraph.mode": getattr(mode, "name", str(mode)),
-        "cudagraph.capture_sizes (resolved)": list(comp.cudagraph_capture_sizes or []),
-        "cudagraph.max_capture_size (resolved)": comp.max_cudagraph_capture_size or 0,
-        "lora.enabled": lora is not None,
-        "lora.max_loras": getattr(lora, "max_loras", None),
-        "lora.specialize": bool(comp.cudagraph_specialize_lora),
-        "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
         "lora_capture_cases (resolved)": list(manager.lora_capture_cases),
         "speculative.num_speculative_tokens": manager.decode_query_len - 1,
-        "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
     }
 
 
