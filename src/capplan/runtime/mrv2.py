@@ -182,6 +182,11 @@ def install(plan: Plan, plan_path: str) -> Installed:
     original_capture = manager_cls.capture
 
     def capture(self, *args, **kwargs):
+        if not state.in_force:  # the plan's capture list never replaced vLLM's: fail closed
+            raise PlanNotInForce(
+                f"capplan: vLLM is about to capture CUDA graphs without the plan {plan_path} installed "
+                "(its graph manager was built another way); refusing, nothing was captured"
+            )
         state.report.capture_started()
         try:
             return original_capture(self, *args, **kwargs)
