@@ -201,3 +201,28 @@ def test_png_pictures_need_the_plot_extra(tmp_path):
         assert out.exit_code == 2 and "pip install 'capplan[plot]'" in out.stderr
     else:
         assert out.exit_code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_picture_that_cannot_be_drawn_writes_nothing(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import pytest
+
+        pytest.skip("matplotlib is installed: PNG pictures can be drawn")
+    spec, trace = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "examples" / "traces" / "chat.jsonl"
+    out = runner.invoke(
+        app,
+        [
+            "optimize",
+            str(spec),
+            str(trace),
+            "--max-graphs",
+            "300",
+            "-o",
+            str(tmp_path / "o.yaml"),
+            "--plot",
+            str(tmp_path / "c.png"),
+        ],
+    )
+    assert out.exit_code == 2 and not any(tmp_path.iterdir())

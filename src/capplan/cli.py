@@ -559,14 +559,17 @@ def optimize_cmd(
         f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
         f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
     )
-    write_atomic(out, header + render_spec(result.spec), (spec, trace))
-    if plot is not None:
+    picture = None
+    if plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
         from capplan.present.plot import plot_curve
 
         caption = (
             f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}"
         )
-        _write_picture(plot, plot_curve(plot, result.curve, p, max_graphs, caption), (spec, trace))
+        picture = plot_curve(plot, result.curve, p, max_graphs, caption)
+    write_atomic(out, header + render_spec(result.spec), (spec, trace))
+    if plot is not None and picture is not None:
+        _write_picture(plot, picture, (spec, trace))
     if as_json:
         typer.echo(
             json.dumps(

@@ -286,9 +286,9 @@ def _grid_svg(grids, caption: str, legend: dict, eager: str) -> str:
 
 
 def _grid_png(grids, caption: str, legend: dict, eager: str) -> bytes:
+    plt = _pyplot()
     from matplotlib.colors import to_rgb
 
-    plt = _pyplot()
     fig, axes = plt.subplots(len(grids), 1, figsize=(12, 1.2 + 0.5 * sum(len(g[2]) for g in grids)), squeeze=False)
     for ax, (mode, sizes, cases, cells) in zip(axes[:, 0], grids):
         image = [[to_rgb(cells.get((case, size), "#ffffff")) for size in sizes] for case in cases]
