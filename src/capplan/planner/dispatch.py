@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from capplan.planner.lora_cases import case_for, kernel_slots
 
-if TYPE_CHECKING:  # the fast `capplan dispatch` path builds a Dispatcher without pydantic
-    from capplan.schemas.plan import Descriptor, Plan
+from capplan.schemas.plan import Descriptor
 
-DESCRIPTOR_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len", "num_active_loras")
+if TYPE_CHECKING:
+    from capplan.schemas.plan import Plan
+
+# vLLM's BatchExecutionDescriptor field names, in order: the Descriptor model's fields.
+DESCRIPTOR_FIELDS = tuple(Descriptor.model_fields)
 
 
 class Dispatch(NamedTuple):
