@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from capplan.planner.lora_cases import case_for, kernel_slots
-
 from capplan.schemas.plan import Descriptor
 
 if TYPE_CHECKING:
