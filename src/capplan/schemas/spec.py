@@ -1,7 +1,7 @@
 """The deployment spec: what a user writes in `configs/*.yaml`.
 
 Every field has a default and a description; unknown keys are errors. Field
-names follow the issue that defined them and are public API: tools script
+names are public API: tools script
 against them. vLLM's own names are given in each description.
 """
 
