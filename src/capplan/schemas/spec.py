@@ -1,8 +1,8 @@
 """The deployment spec: what a user writes in `configs/*.yaml`.
 
 Every field has a default and a description; unknown keys are errors. Field
-names are public API: tools script
-against them. vLLM's own names are given in each description.
+names are public API: tools script against them. vLLM's own names are given
+in each description.
 """
 
 from __future__ import annotations
