@@ -77,13 +77,16 @@ BASE_SPECS: dict[str, dict] = {
 }
 
 
-def versioned_specs() -> list[tuple[str, str, dict]]:
-    """(name, oracle version, spec with fixes []) for both targets."""
+def versioned_specs(releases: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+    """(name, vLLM release, spec with fixes []) for each release, under the planning
+    semantics capplan gives that release."""
+    from tests.conformance.releases import SEMANTICS
+
     out = []
-    for name, base in BASE_SPECS.items():
-        for target, oracle in (("0.25", "0.25.0"), ("0.33", "0.33.0")):
-            spec = {**base, "target": {**base["target"], "vllm": target}, "fixes": []}
-            out.append((f"{name}@{target}", oracle, spec))
+    for release in releases:
+        for name, base in BASE_SPECS.items():
+            spec = {**base, "target": {**base["target"], "vllm": SEMANTICS[release]}, "fixes": []}
+            out.append((f"{name}@{release}", release, spec))
     return out
 
 

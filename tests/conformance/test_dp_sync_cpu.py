@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.test_dp_plan_check import _free_port
+from tests.conformance.releases import releases
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def _pair(version: str, mode: str, tmp: Path) -> list[dict]:
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+@pytest.mark.parametrize("version", releases())
 def test_ranks_agree_on_every_padded_step(version, tmp_path):
     r0, r1 = _pair(version, "sync", tmp_path)
     assert r0["refused"] is None and r1["refused"] is None
@@ -75,7 +76,7 @@ def test_ranks_agree_on_every_padded_step(version, tmp_path):
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+@pytest.mark.parametrize("version", releases())
 def test_one_rank_refusing_stops_both(version, tmp_path):
     r0, r1 = _pair(version, "mismatch", tmp_path)
     assert "does not match this engine" in r1["refused"] and "lora.max_loras: plan 4, engine 8" in r1["refused"]
@@ -84,7 +85,7 @@ def test_one_rank_refusing_stops_both(version, tmp_path):
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+@pytest.mark.parametrize("version", releases())
 def test_rank_without_plan_stops_both(version, tmp_path):
     r0, r1 = _pair(version, "noplan", tmp_path)
     for rank, r in enumerate((r0, r1)):

@@ -1,4 +1,4 @@
-"""The runtime against vLLM's real MRV2 classes on CPU (0.25.0 and 0.33.0)."""
+"""The runtime against vLLM's real MRV2 classes on CPU, for each claimed release."""
 
 import json
 import os
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.releases import SEMANTICS, releases
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.conformance
 @pytest.mark.parametrize("variant", ["", "case-sizes"])
-@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+@pytest.mark.parametrize("version", releases())
 def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
@@ -59,7 +60,8 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
     # and with the plan in force what the plan says capplan makes it do.
     assert report["dummy_vllm_layout_as_planned"] is True
-    assert report["dummy_vllm_layout"] == ([[99, 81], [1, 173]] if version == "0.25.0" else [[8, 81], [92, 82]])
+    piled = SEMANTICS[version] == "0.25"
+    assert report["dummy_vllm_layout"] == ([[99, 81], [1, 173]] if piled else [[8, 81], [92, 82]])
     assert report["dummy_hooked_as_planned"] is True and report["dummy_attributes_restored"] is True
     assert report["dummy_hooked_scheduler"] == [[8, 81], [92, 82]]
 

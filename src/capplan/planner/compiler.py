@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from capplan.planner.candidates import build_ranges
+from capplan.releases import releases_of
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
 from capplan.planner.deviations import ExactTwin, describe_deviations
@@ -15,7 +16,8 @@ from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, re
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
 
-VLLM_RANGES = {"0.25": "0.25.x", "0.33": ">=0.31,<=0.33"}
+# The plan's `target.vllm`: the supported releases that plan with the spec's semantics.
+VLLM_RELEASES = {semantics: ", ".join(releases_of(semantics)) for semantics in ("0.25", "0.33")}
 
 DP_SYNC = (
     "ranks all-reduce num_tokens and cg_mode; all pad to the max num_tokens, the "
@@ -53,7 +55,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     plan = Plan.trusted(
         format_version=FORMAT_VERSION,
         spec_hash=spec_hash(spec),
-        target={"runner": spec.target.runner, "vllm": VLLM_RANGES[spec.target.vllm]},
+        target={"runner": spec.target.runner, "vllm": VLLM_RELEASES[spec.target.vllm]},
         fingerprint=fingerprint(spec, sizes, cases),
         spec=spec,
         fixes=[f.value for f in spec.fixes],

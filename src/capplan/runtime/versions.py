@@ -1,19 +1,17 @@
-"""Which planning semantics a live vLLM has."""
+"""Which vLLM release is running, and the planning semantics it plans with (capplan.releases)."""
 
 from __future__ import annotations
 
-SUPPORTED = "vLLM 0.25.x and 0.31-0.33"
+from capplan.releases import SUPPORTED_RELEASES
+
+SUPPORTED = "vLLM " + ", ".join(SUPPORTED_RELEASES)
 
 
 def detect_semantics(version: str) -> str:
-    """'0.25' or '0.33' for a vLLM version string; raises for anything else."""
-    parts = version.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise RuntimeError(f"capplan: cannot read vLLM version {version!r}; supported: {SUPPORTED}") from None
-    if (major, minor) == (0, 25):
-        return "0.25"
-    if major == 0 and 31 <= minor <= 33:
-        return "0.33"
-    raise RuntimeError(f"capplan: vLLM {version} is not supported; supported: {SUPPORTED}")
+    """'0.25' or '0.33' for a supported vLLM release (a local build suffix such as +cu130 is
+    ignored); RuntimeError naming the supported releases for anything else."""
+    release = version.split("+", 1)[0]
+    semantics = SUPPORTED_RELEASES.get(release)
+    if semantics is None:
+        raise RuntimeError(f"capplan: vLLM {version} is not supported; supported: {SUPPORTED}")
+    return semantics

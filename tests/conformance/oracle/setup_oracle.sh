@@ -5,8 +5,8 @@
 #
 # Creates, each step skipped when its marker file says it is already done:
 #   CACHE_DIR/venv            python3.11 venv with requirements-vllm.txt (--no-deps)
-#   CACHE_DIR/src/0.25.0      vllm/*.py unzipped from the vllm==0.25.0 wheel
-#   CACHE_DIR/src/0.33.0      vllm/*.py unzipped from the vllm==0.33.0 wheel
+#   CACHE_DIR/src/<release>   vllm/*.py unzipped from the vllm==<release> wheel, for each
+#                             release in CAPPLAN_ORACLE_RELEASES (default: 0.25.0 0.32.0 0.33.0)
 # Wheels are downloaded into CACHE_DIR/wheels and deleted once unzipped.
 #
 # Then run the oracle with one version's sources on PYTHONPATH:
@@ -18,7 +18,8 @@
 # editing requirements-vllm.txt rebuilds the venv on the next run.
 set -euo pipefail
 
-VERSIONS=(0.25.0 0.33.0)
+# Releases to prepare: CAPPLAN_ORACLE_RELEASES (comma or space separated) or the CI set.
+read -r -a VERSIONS <<< "$(echo "${CAPPLAN_ORACLE_RELEASES:-0.25.0 0.32.0 0.33.0}" | tr ',' ' ')"
 PYTHON=${PYTHON:-python3.11}
 
 if [[ $# -ne 1 || -z "${1:-}" ]]; then
