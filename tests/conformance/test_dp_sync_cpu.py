@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.releases import releases
+from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 from capplan.planner.candidates import build_ranges
-from capplan.releases import releases_of
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.descriptors import capture_order, descriptors_by_mode
 from capplan.planner.deviations import ExactTwin, describe_deviations
@@ -13,6 +12,7 @@ from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
+from capplan.releases import releases_of
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
 
