@@ -164,31 +164,22 @@ def test_the_diff_picture_marks_added_and_removed(tmp_path):
     assert f'fill="{ADDED}"><title>FULL:16@5</title>' in svg and f'fill="{REMOVED}"><title>FULL:16@9</title>' in svg
 
 
-def test_the_optimize_curve_marks_budget_and_choice_and_the_text_stops_near_it(tmp_path):
+def _optimize_qwen3(tmp_path, *extra):
+    """optimize the qwen3 example on the chat trace with a 300-graph budget."""
     spec, trace = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "examples" / "traces" / "chat.jsonl"
-    out = runner.invoke(
-        app,
-        [
-            "optimize",
-            str(spec),
-            str(trace),
-            "--max-graphs",
-            "300",
-            "-o",
-            str(tmp_path / "o.yaml"),
-            "--plot",
-            str(tmp_path / "c.svg"),
-        ],
-    )
+    args = ["optimize", str(spec), str(trace), "--max-graphs", "300", "-o", str(tmp_path / "o.yaml"), *extra]
+    return runner.invoke(app, args)
+
+
+def test_the_optimize_curve_marks_budget_and_choice_and_the_text_stops_near_it(tmp_path):
+    out = _optimize_qwen3(tmp_path, "--plot", str(tmp_path / "c.svg"))
     assert out.exit_code == 0, out.output
     svg = (tmp_path / "c.svg").read_text()
     assert "budget 300" in svg and "chosen: 294 graphs" in svg and "(log)" in svg
     assert "more point(s), up to 2218 graphs (--full-curve prints them)" in out.stdout
     rows = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert max(int(line.split()[1]) for line in rows) <= 2 * 294
-    full = runner.invoke(
-        app, ["optimize", str(spec), str(trace), "--max-graphs", "300", "-o", str(tmp_path / "o.yaml"), "--full-curve"]
-    )
+    full = _optimize_qwen3(tmp_path, "--full-curve")
     assert "--full-curve prints them" not in full.stdout and " 2218 " in full.stdout
 
 
@@ -210,19 +201,5 @@ def test_a_picture_that_cannot_be_drawn_writes_nothing(tmp_path):
         import pytest
 
         pytest.skip("matplotlib is installed: PNG pictures can be drawn")
-    spec, trace = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "examples" / "traces" / "chat.jsonl"
-    out = runner.invoke(
-        app,
-        [
-            "optimize",
-            str(spec),
-            str(trace),
-            "--max-graphs",
-            "300",
-            "-o",
-            str(tmp_path / "o.yaml"),
-            "--plot",
-            str(tmp_path / "c.png"),
-        ],
-    )
+    out = _optimize_qwen3(tmp_path, "--plot", str(tmp_path / "c.png"))
     assert out.exit_code == 2 and not any(tmp_path.iterdir())

@@ -185,8 +185,8 @@ def compile_cmd(
     for spec, plan_path in targets:
         plan = compile_plan(load_spec(spec))
         folder = plan_path.parent
-        text = render_plan(plan, _relative(spec, folder), regenerate_command(spec, plan_path, folder))
         data = plan_file_data(plan)
+        text = render_plan(plan, _relative(spec, folder), regenerate_command(spec, plan_path, folder), data)
         problem = size_problem(text, data)
         if problem is not None:
             raise CapplanError(
@@ -414,7 +414,8 @@ def verify_cmd(
     from capplan.analysis.verify import verify_plan
     from capplan.loading import load_plan
 
-    report = verify_plan(load_plan(plan))
+    # A loaded plan is the one its spec compiles to (the loader compared them): no second compile.
+    report = verify_plan(load_plan(plan), consistency=False)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -138,8 +138,6 @@ def _construct_suspect(loader: _Loader, node: yaml.ScalarNode) -> None:
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
     mapping = {}
     for key_node, value_node in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            raise _problem(key_node, "merge keys (<<) are not supported; write the keys out")
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)

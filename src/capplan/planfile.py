@@ -251,9 +251,10 @@ _SECTION_NOTES = {
 }
 
 
-def iter_plan_lines(plan: Plan, header: str) -> Iterator[str]:
+def iter_plan_lines(data: dict, header: str) -> Iterator[str]:
+    """The text lines of a plan file holding `data` (plan_file_data's output)."""
     yield from header.splitlines()
-    for key, value in plan_file_data(plan).items():
+    for key, value in data.items():
         note = _SECTION_NOTES.get(key)
         if key in ("capture_sizes", "lora_cases", "graphs", "dummy_runs", "dispatch", "deviations"):
             if note:
@@ -272,11 +273,13 @@ def iter_plan_lines(plan: Plan, header: str) -> Iterator[str]:
             yield from _emit(key, value, 0)
 
 
-def render_plan(plan: Plan, spec_name: str, command: str | None = None) -> str:
+def render_plan(plan: Plan, spec_name: str, command: str | None = None, data: dict | None = None) -> str:
     """The plan file's text; the header names the spec (relative to the plan's folder)
-    and the command that regenerates the plan from there."""
+    and the command that regenerates the plan from there. `data`: plan_file_data(plan),
+    when the caller has it already."""
     header = HEADER.format(version=__version__, spec=spec_name, command=command or f"capplan compile {spec_name}")
-    return "\n".join(iter_plan_lines(plan, header)) + "\n"
+    data = plan_file_data(plan) if data is None else data
+    return "\n".join(iter_plan_lines(data, header)) + "\n"
 
 
 def plan_to_json(plan: Plan) -> dict:

@@ -104,7 +104,6 @@ class Dispatcher:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.vllm = plan.spec.target.vllm
-        self.is_025 = self.vllm == "0.25"
         self.by_slots = plan.lora_dispatch_key == "kernel_slots"
         self.lora_map = dict(plan.lora_dispatch_map)
         self.max_case = max(self.lora_map.values(), default=0)

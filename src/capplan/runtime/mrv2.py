@@ -462,7 +462,7 @@ def _refuse_v1_runner(state: Installed) -> None:
     above apply there, and the engine would serve without the plan."""
     from vllm.v1.worker.gpu_worker import Worker
 
-    hook = _require("vllm.v1.worker.gpu_worker:Worker.init_device", detect_semantics_of_plan(state))
+    hook = _require("vllm.v1.worker.gpu_worker:Worker.init_device", state.plan.spec.target.vllm)
     original = Worker.init_device
 
     def init_device(self, *args, **kwargs):
@@ -473,10 +473,6 @@ def _refuse_v1_runner(state: Installed) -> None:
         return result
 
     Worker.init_device = init_device
-
-
-def detect_semantics_of_plan(state: Installed) -> str:
-    return state.plan.spec.target.vllm
 
 
 class PlanNotInForce(RuntimeError):
