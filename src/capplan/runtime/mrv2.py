@@ -59,6 +59,8 @@ class Installed:
         self.in_step = False
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
+        self.desc_cls: type = object  # vLLM's BatchExecutionDescriptor, set by install()
+        self.vllm_descs: list = []  # the plan's graphs as vLLM descriptors, in plan order
         self.layouts = {
             (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy for g in plan.graphs
         }
@@ -68,7 +70,10 @@ _STATE: Installed | None = None
 
 
 def install(plan: Plan, plan_path: str) -> Installed:
-    """Hook vLLM (idempotent per process). Raises IncompatibleVllm on an unsupported vLLM."""
+    """Hook vLLM (idempotent per process). Raises IncompatibleVllm on an unsupported vLLM.
+
+    Every hook is checked against the contract table (`runtime/contract.py`) before
+    any is installed, so a vLLM that renamed one refuses at import, not mid-capture."""
     global _STATE
     if _STATE is not None:
         return _STATE
@@ -76,7 +81,6 @@ def install(plan: Plan, plan_path: str) -> Installed:
     import vllm.v1.worker.gpu.cudagraph_utils as cg
     import vllm.v1.worker.gpu.model_runner as runner_mod
     from vllm.config import VllmConfig
-    from vllm.config.compilation import CUDAGraphMode
 
     semantics = detect_semantics(vllm.__version__)
     if semantics != plan.spec.target.vllm:
@@ -86,36 +90,60 @@ def install(plan: Plan, plan_path: str) -> Installed:
         )
     manager_cls = cg.ModelCudaGraphManager
     m = contract.MANAGER
-    init_hook = _require(f"{m}._init_candidates", semantics)
+    init_entry = _require(f"{m}._init_candidates", semantics)
     _require(f"{m}.dispatch", semantics)
     _require(f"{m}.capture", semantics)
-    count_hook = _require(f"{contract.RUNNER}:get_num_active_loras_for_dispatch", semantics)
-    capture_hook = _require(f"{contract.RUNNER}:create_lora_capture_hook", semantics)
+    count_entry = _require(f"{contract.RUNNER}:get_num_active_loras_for_dispatch", semantics)
+    capture_entry = _require(f"{contract.RUNNER}:create_lora_capture_hook", semantics)
     _require("vllm.config:VllmConfig.compute_hash", semantics)
     state = Installed(plan, plan_path)
-    desc_cls = cg.BatchExecutionDescriptor
-    desc_fields = {f.name for f in fields(desc_cls)}
+    state.desc_cls = cg.BatchExecutionDescriptor
+    state.vllm_descs = [_to_vllm(state.desc_cls, g.descriptor) for g in plan.graphs]
+    state.report.graph_ids = {desc: i for i, desc in enumerate(state.vllm_descs)}
 
-    def to_vllm(d) -> object:
-        kwargs = dict(
-            cg_mode=CUDAGraphMode[d.cg_mode],
-            num_tokens=d.num_tokens,
-            num_reqs=d.num_reqs,
-            uniform_token_count=d.uniform_token_count,
-            num_active_loras=d.num_active_loras,
-        )
-        if "max_query_len" in desc_fields:
-            kwargs["max_query_len"] = d.max_query_len
-        return desc_cls(**kwargs)
+    _hook_init_candidates(state, manager_cls, init_entry)
+    _hook_dispatch(state, manager_cls)
+    _hook_capture(state, manager_cls)
+    if plan.spec.has(Fix.lora_slot) and plan.spec.lora.enabled:
+        _hook_lora_count(state, runner_mod, count_entry)
+    if plan.spec.lora.enabled:
+        runner_mod.create_lora_capture_hook = _capture_hook_factory(state, capture_entry)
+    if semantics == "0.25" and plan.spec.has(Fix.dummy_remainder):
+        _spread_make_dummy()
+        _spread_dummy_run(runner_mod.GPUModelRunner)
+    _refuse_v1_runner(state)
+    _check_config_early(state, semantics)
+    _hook_compute_hash(state, VllmConfig)
+    _hook_dp_sync(state, manager_cls, runner_mod, semantics)
+    _STATE = state
+    return state
 
-    vllm_descs = [to_vllm(g.descriptor) for g in plan.graphs]
-    state.vllm_descs = vllm_descs
-    state.report.graph_ids = {desc: i for i, desc in enumerate(vllm_descs)}
-    original_init_candidates = manager_cls._init_candidates
+
+def _to_vllm(desc_cls, d) -> object:
+    """The plan's descriptor as vLLM's BatchExecutionDescriptor (0.25 has no max_query_len)."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    kwargs = dict(
+        cg_mode=CUDAGraphMode[d.cg_mode],
+        num_tokens=d.num_tokens,
+        num_reqs=d.num_reqs,
+        uniform_token_count=d.uniform_token_count,
+        num_active_loras=d.num_active_loras,
+    )
+    if "max_query_len" in {f.name for f in fields(desc_cls)}:
+        kwargs["max_query_len"] = d.max_query_len
+    return desc_cls(**kwargs)
+
+
+def _hook_init_candidates(state: Installed, manager_cls, entry) -> None:
+    """Check plan against engine (and across DP ranks), then install the plan's capture
+    list, candidate table and LoRA dispatch map in place of vLLM's."""
+    plan, plan_path, vllm_descs = state.plan, state.plan_path, state.vllm_descs
+    original = manager_cls._init_candidates
 
     def _init_candidates(self) -> None:
-        original_init_candidates(self)  # vLLM's own tables, kept for the report
-        contract.check_attributes(init_hook, self)  # every attribute written below exists on vLLM's side
+        original(self)  # vLLM's own tables, kept for the report
+        contract.check_attributes(entry, self)  # every attribute written below exists on vLLM's side
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         problem = engine_problem(plan, plan_path, self)
         if self.vllm_config.parallel_config.data_parallel_size > 1:
@@ -147,9 +175,14 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     manager_cls._init_candidates = _init_candidates
 
-    lookup = state.dispatcher.lookup
+
+def _hook_dispatch(state: Installed, manager_cls) -> None:
+    """The plan's O(1) dispatcher in place of vLLM's candidate scan."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    desc_cls, vllm_descs, report = state.desc_cls, state.vllm_descs, state.report
+    lookup, lora_case = state.dispatcher.lookup, state.dispatcher.lora_case
     none_mode = CUDAGraphMode.NONE
-    report = state.report
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         if not self._graphs_captured or num_ubatches != 1:
@@ -157,7 +190,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
                 cg_mode=none_mode,
                 num_tokens=num_tokens,
                 num_reqs=num_reqs,
-                num_active_loras=state.dispatcher.lora_case(num_active_loras),
+                num_active_loras=lora_case(num_active_loras),
             )
             if num_ubatches != 1:
                 kwargs["num_ubatches"] = num_ubatches
@@ -179,60 +212,60 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     manager_cls.dispatch = dispatch
 
-    original_capture = manager_cls.capture
+
+def _hook_capture(state: Installed, manager_cls) -> None:
+    """Time the capture and measure graph memory for the report; refuse to capture a
+    list the plan did not install (fail closed)."""
+    original = manager_cls.capture
 
     def capture(self, *args, **kwargs):
         if not state.in_force:  # the plan's capture list never replaced vLLM's: fail closed
             raise PlanNotInForce(
-                f"capplan: vLLM is about to capture CUDA graphs without the plan {plan_path} installed "
+                f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "
                 "(its graph manager was built another way); refusing, nothing was captured"
             )
         state.report.capture_started()
         try:
-            return original_capture(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
         finally:
             state.report.capture_finished(self)
 
     manager_cls.capture = capture
 
-    if plan.spec.has(Fix.lora_slot) and plan.spec.lora.enabled:
-        from capplan.planner.lora_cases import kernel_slots
 
-        def get_num_active_loras_for_dispatch(lora_config, lora_state, req_ids, dummy_run):
-            if not lora_config:
-                return 0
-            if dummy_run:
-                return lora_config.max_loras + 1
-            if not state.lora_state_checked:
-                contract.check_attributes(count_hook, lora_state)
-                state.lora_state_checked = True
-            adapters = len(lora_state.get_activate_loras(req_ids))
-            base = any(r not in lora_state.lora_requests for r in req_ids)
-            return kernel_slots(adapters, base)
+def _hook_lora_count(state: Installed, runner_mod, entry) -> None:
+    """Dispatch on kernel slots (adapters, plus one when base requests share the
+    batch), not on adapters: the plan's `lora_slot` fix (failure class 6)."""
+    from capplan.planner.lora_cases import kernel_slots
 
-        runner_mod.get_num_active_loras_for_dispatch = get_num_active_loras_for_dispatch
+    def get_num_active_loras_for_dispatch(lora_config, lora_state, req_ids, dummy_run):
+        if not lora_config:
+            return 0
+        if dummy_run:
+            return lora_config.max_loras + 1
+        if not state.lora_state_checked:
+            contract.check_attributes(entry, lora_state)
+            state.lora_state_checked = True
+        adapters = len(lora_state.get_activate_loras(req_ids))
+        base = any(r not in lora_state.lora_requests for r in req_ids)
+        return kernel_slots(adapters, base)
 
-    if plan.spec.lora.enabled:
-        runner_mod.create_lora_capture_hook = _capture_hook_factory(state, capture_hook)
+    runner_mod.get_num_active_loras_for_dispatch = get_num_active_loras_for_dispatch
 
-    if semantics == "0.25" and plan.spec.has(Fix.dummy_remainder):
-        _spread_make_dummy()
-        _spread_dummy_run(runner_mod.GPUModelRunner)
-    _refuse_v1_runner(state)
-    _check_config_early(state, semantics)
 
-    original_hash = VllmConfig.compute_hash
+def _hook_compute_hash(state: Installed, config_cls) -> None:
+    """Mix the plan fingerprint into vLLM's config hash: the torch.compile cache is
+    never shared between different plans (failure class 9)."""
+    original = config_cls.compute_hash
+    fingerprint = state.plan.fingerprint
 
     def compute_hash(self, *args, **kwargs) -> str:
         import hashlib
 
-        base = original_hash(self, *args, **kwargs)
-        return hashlib.sha256(f"{base}|capplan:{plan.fingerprint}".encode()).hexdigest()[: len(base)]
+        base = original(self, *args, **kwargs)
+        return hashlib.sha256(f"{base}|capplan:{fingerprint}".encode()).hexdigest()[: len(base)]
 
-    VllmConfig.compute_hash = compute_hash
-    _hook_dp_sync(state, manager_cls, runner_mod, semantics)
-    _STATE = state
-    return state
+    config_cls.compute_hash = compute_hash
 
 
 def _agree_across_dp(identity: str, problem: str | None) -> None:
