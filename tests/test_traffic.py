@@ -43,13 +43,58 @@ def test_bucketing_is_optimal_against_brute_force(seed):
     rng = random.Random(seed)
     top = rng.randint(8, 40)
     weights = {rng.randint(1, top): rng.randint(1, 50) for _ in range(rng.randint(1, 9))}
-    solver = Bucketing(weights, top)
+    solver = Bucketing({0: weights}, top)
     for k in range(1, 6):
         padded, sizes = solver.best(k)
         assert padded == _brute(weights, top, k), (weights, top, k)
         assert sizes[-1] == top and len(sizes) <= k and sizes == sorted(set(sizes))
         # the reconstructed sizes really achieve the reported padding
         assert padded == sum(w * (min(s for s in sizes if s >= t) - t) for t, w in weights.items())
+
+
+def _brute_time(weights, top, k, price, eager):
+    cands = sorted({t for w in weights.values() for t in w} | {top})
+    best = None
+    for n in range(1, min(k, len(cands)) + 1):
+        for sizes in itertools.combinations(cands, n):
+            cost = 0.0
+            for case, w in weights.items():
+                for t, steps in w.items():
+                    fit = [s for s in sizes if s >= t]
+                    cost += steps * (price(case, min(fit)) if fit else eager(case, t))
+            best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_step_time_bucketing_is_optimal_against_brute_force(seed):
+    """Step-time objective: per-case prices, eager above the largest chosen size (which may
+    be below the top)."""
+    rng = random.Random(seed)
+    top = rng.randint(8, 30)
+    cases = rng.sample(range(6), rng.randint(1, 3))
+    weights = {c: {rng.randint(1, top): rng.randint(1, 50) for _ in range(rng.randint(1, 5))} for c in cases}
+    base = {c: rng.uniform(1, 5) for c in cases}
+    slope = {c: rng.uniform(0.01, 0.5) for c in cases}
+    launch = rng.uniform(0, 20)  # eager pays a launch overhead a graph does not
+
+    def price(case, size):
+        return base[case] + slope[case] * size
+
+    def eager(case, tokens):
+        return base[case] + launch + slope[case] * 1.2 * tokens
+
+    solver = Bucketing(weights, top, price, eager)
+    for k in range(1, 5):
+        value, sizes = solver.best(k)
+        assert value == pytest.approx(_brute_time(weights, top, k, price, eager)), (weights, top, k)
+        assert 1 <= len(sizes) <= k and sizes == sorted(set(sizes))
+        achieved = sum(
+            steps * (price(c, min(s for s in sizes if s >= t)) if t <= sizes[-1] else eager(c, t))
+            for c, w in weights.items()
+            for t, steps in w.items()
+        )
+        assert value == pytest.approx(achieved)
 
 
 def _trace(rows):

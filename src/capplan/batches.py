@@ -12,7 +12,9 @@ One scheduled batch per line (blank lines and lines starting with # are skipped)
 - has_prefill: a real prefill chunk is in the batch (0.31+ keeps it out of
   decode graphs); default false;
 - uniform_token_count: override the uniform-decode count vLLM would derive;
-- count: how many steps had exactly this batch (a weight); default 1.
+- count: how many steps had exactly this batch (a weight); default 1;
+- t: seconds since recording started (written by capplan's trace recorder,
+  `capplan apply --trace`; read and ignored).
 
 A vLLM log written with VLLM_LOG_BATCHSIZE_INTERVAL is read too ("Batchsize
 forward time stats" lines; the last wins, the stats are cumulative). The
@@ -50,6 +52,7 @@ FIELDS = (
     "count",
 )
 ALIASES = {"adapters": "num_active_loras"}
+IGNORED = ("t",)  # the recorder's timestamp
 MAX_BATCHES = 2_000_000
 VLLM_LOG = re.compile(r"Batchsize forward time stats \(batchsize, count, median_time\(ms\)\): (\[.*\])")
 LOG_NOTE = (
@@ -155,7 +158,7 @@ def parse_batch(item: object) -> TraceBatch:
             if new in item:
                 raise ValueError(f"{old} and {new} name the same field; give one")
             item = {(new if k == old else k): v for k, v in item.items()}
-    unknown = sorted(set(item) - set(FIELDS))
+    unknown = sorted(set(item) - set(FIELDS) - set(IGNORED))
     if unknown:
         raise ValueError(f"unknown key {printable(unknown[0])[:40]!r}; known: {', '.join(FIELDS)} (or adapters)")
     for key in ("num_reqs", "num_tokens"):

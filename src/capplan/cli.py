@@ -442,8 +442,16 @@ def simulate_cmd(
         Path | None,
         typer.Option("--plot", help="Write hits and padding per captured size (.svg, or .png with matplotlib)."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="Calibration YAML; when it has step times (capplan calibrate), the total step time is predicted.",
+        ),
+    ] = None,
 ) -> None:
-    """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs.
+    """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs,
+    and with a step-time calibration the predicted total step time.
 
     TRACE has one batch per line, e.g.
     {"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "num_active_loras": 2, "base": true, "count": 120}
@@ -456,7 +464,7 @@ def simulate_cmd(
     Synthetic traces: examples/traces/.
     """
     from capplan.batches import read_batches
-    from capplan.loading import load_plan
+    from capplan.loading import load_cost_model, load_plan
     from capplan.traffic.simulate import render_simulation, simulate
 
     loaded = load_plan(plan)
@@ -464,7 +472,7 @@ def simulate_cmd(
     if batch_file.note:
         typer.echo(f"note: {batch_file.note}", err=True)
     batches = batch_file.batches
-    result = simulate(loaded, batches)
+    result = simulate(loaded, batches, cost=load_cost_model(calibration))
     data = result.to_json(loaded)
     if plot is not None:
         from capplan.present.plot import plot_bars, simulation_panels
@@ -492,6 +500,18 @@ def optimize_cmd(
         float | None,
         typer.Option("--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model)."),
     ] = None,
+    max_capture_seconds: Annotated[
+        float | None,
+        typer.Option("--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds."),
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective",
+            help="step-time (predicted from the calibration's step times; the default when it has them) "
+            "or padding (padded tokens; the default otherwise).",
+        ),
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="Where to write the optimized spec (default: SPEC.optimized.yaml)."),
@@ -509,7 +529,15 @@ def optimize_cmd(
         bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
     ] = False,
 ) -> None:
-    """Choose capture sizes that minimise padded tokens on a trace under a graph or memory budget.
+    """Choose capture sizes for a trace under a graph, memory or capture-time budget.
+
+    The objective is the trace's predicted total step time when the
+    calibration has step times (capplan calibrate): a step replaying a graph
+    costs the measured replay time of its padded size, a step above the
+    largest graph (or in shared-sizes mode, above the largest size chosen)
+    costs the measured eager time, so the largest size is kept only when it
+    pays. Without step times the objective is padded tokens, and the largest
+    size stays the spec's max capture size.
 
     With LoRA and one DP rank, sizes are chosen per LoRA case
     (cudagraph.lora_case_sizes, run by capplan's runtime): a case the trace
@@ -518,9 +546,7 @@ def optimize_cmd(
 
     Exact: dynamic programming over the sorted token counts of the trace
     (optimal 1-D bucketing) for every number of sizes; each candidate set is
-    compiled (LoRA cases, modes, pruning) to count its real graphs. The
-    largest size stays the spec's max capture size, so no batch goes eager
-    that the spec's default plan would replay. Prints the trade-off curve,
+    compiled (LoRA cases, modes, pruning) to count its real graphs. Prints the trade-off curve,
     writes a spec with explicit cudagraph.capture_sizes whose compiled plan
     verifies, and leaves everything else in the spec as it was.
     """
@@ -546,7 +572,9 @@ def optimize_cmd(
         load_cost_model(calibration),
         max_graphs=max_graphs,
         max_graph_memory=max_graph_memory,
+        max_capture_seconds=max_capture_seconds,
         shared_sizes=shared_sizes,
+        objective=objective,
     )
     report = verify_plan(result.plan)
     if not report.ok:
@@ -556,7 +584,7 @@ def optimize_cmd(
         )
     p, d = result.point, result.default
     header = (
-        f"# capplan optimize {spec.name} {trace.name} (budget {result.budget})\n"
+        f"# capplan optimize {spec.name} {trace.name} (budget {result.budget}, objective {result.objective})\n"
         f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
         f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
     )
@@ -577,6 +605,7 @@ def optimize_cmd(
                 {
                     "output": str(out),
                     "budget": result.budget,
+                    "objective": result.objective,
                     "chosen": p.to_json(),
                     "default": d.to_json(),
                     "curve": [c.to_json() for c in result.curve],
@@ -783,6 +812,15 @@ def apply_cmd(
         ),
     ] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")] = 0.1,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="Record every step's batch here as JSON lines, the format simulate and optimize read "
+            "(same as CAPPLAN_TRACE=PATH). {rank} is filled in; with DP > 1 each rank writes its own "
+            "file. Stops at CAPPLAN_TRACE_MAX_MB (default 256).",
+        ),
+    ] = None,
 ) -> None:
     """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
 
@@ -809,12 +847,18 @@ def apply_cmd(
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything
+    if trace is not None:
+        folder = trace.resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise UsageError(f"--trace {printable(str(trace))}: {printable(str(folder))} is not a writable folder")
     from capplan.runtime.launch import check_environment, run_child
 
     env = check_environment(command, dict(os.environ))
     env["CAPPLAN_PLAN"] = str(plan.resolve())
     if report is not None:
         env["CAPPLAN_REPORT"] = str(report.resolve())
+    if trace is not None:
+        env["CAPPLAN_TRACE"] = str(trace.resolve())
     typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}", err=True)
     code = run_child(command, env)
     if report is not None and code == 0 and not _report_written(report):
@@ -831,6 +875,42 @@ def _report_written(report: Path) -> bool:
     import glob
 
     return bool(glob.glob(str(report).replace("{rank}", "*").replace("{pid}", "*")))
+
+
+@app.command("calibrate")
+@_errors_to_exit
+def calibrate_cmd(
+    spec: Annotated[Path, typer.Argument(help="Spec YAML of the deployment to measure.", show_default=False)],
+    model: Annotated[
+        Path,
+        typer.Option("--model", help="Model folder: the base model in MODEL/base, LoRA adapters in sibling folders."),
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Calibration YAML to write.")],
+    name: Annotated[str | None, typer.Option("--name", help="Calibration name (default: GPU, vLLM, model).")] = None,
+) -> None:
+    """Measure capture cost and step times on this machine's GPU, through vLLM, into a calibration file.
+
+    Builds three engines from SPEC, each in its own process with a plan in
+    force: the spec's own plan (capture cost; decode step time replaying each
+    measured size, per LoRA case), a plan of the smallest size only (capture
+    cost of a few graphs; eager decode step times) and a plan of every fourth
+    size with LoRA off (capture cost). Pass the file to show, diff, simulate
+    and optimize with --calibration; optimize then minimizes predicted step
+    time. Needs a GPU and vLLM; extra LLM(...) keywords come from the JSON
+    object in CAPPLAN_SMOKE_LLM_ARGS. Takes a few minutes.
+    """
+    from capplan.files import check_output, write_atomic
+    from capplan.loading import load_spec
+    from capplan.runtime.calibrate import calibrate
+
+    check_output(output, (spec,))
+    loaded = load_spec(spec)
+    text, data = calibrate(loaded, spec.name, model, name)
+    write_atomic(output, text, (spec,))
+    typer.echo(
+        f"wrote {output}: {len(data['runs'])} capture runs, {len(data['step_times'])} step times "
+        f"(calibration {data['name']})"
+    )
 
 
 @app.command("schema")

@@ -45,6 +45,7 @@ MANAGER_STATE = (
     "lora_capture_cases",
     "decode_query_len",
 )
+RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len")
 DUMMY_BATCH_FIELDS = (
     "num_scheduled_tokens",
     "query_start_loc_np",
@@ -117,7 +118,16 @@ CONTRACT: tuple[Hook, ...] = (
         f"{RUNNER}:GPUModelRunner.execute_model",
         ("0.25",),
         ("self", "scheduler_output", "intermediate_tensors", "dummy_run", "skip_attn_for_dummy_run", "is_profile"),
-        "the dummy scheduler output _dummy_run builds (class 5)",
+        "the dummy scheduler output _dummy_run builds (class 5); each real step's batch for the trace recorder",
+        RECORDED_STATE,
+    ),
+    Hook(
+        f"{RUNNER}:GPUModelRunner.execute_model",
+        ("0.33",),
+        ("self", "scheduler_output", "intermediate_tensors", "dummy_run"),
+        "each real step's batch for the trace recorder",
+        RECORDED_STATE,
+        prefix=True,
     ),
     Hook(
         "vllm.config:VllmConfig.compute_hash",

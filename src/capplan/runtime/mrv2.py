@@ -26,11 +26,12 @@ unexpected vLLM fails at start instead of half-way through capture:
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
-from capplan.runtime import contract
+from capplan.runtime import contract, recorder
 from capplan.runtime.contract import IncompatibleVllm
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, config_problem, engine_problem
@@ -57,8 +58,10 @@ class Installed:
         self.dispatcher = Dispatcher(plan)
         self.report = Report(plan, plan_path)
         self.in_step = False
+        self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.31+), per step
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
+        self.recorder: recorder.Recorder | None = None
         self.desc_cls: type = object  # vLLM's BatchExecutionDescriptor, set by install()
         self.vllm_descs: list = []  # the plan's graphs as vLLM descriptors, in plan order
         self.layouts = {
@@ -115,6 +118,8 @@ def install(plan: Plan, plan_path: str) -> Installed:
     _check_config_early(state, semantics)
     _hook_compute_hash(state, VllmConfig)
     _hook_dp_sync(state, manager_cls, runner_mod, semantics)
+    if os.environ.get(recorder.ENV):
+        _hook_record(state, runner_mod.GPUModelRunner, semantics)
     _STATE = state
     return state
 
@@ -302,6 +307,8 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
         if not isinstance(cudagraph_manager, manager_cls):
             return original_step(cudagraph_manager, *args, **kwargs)
         state.in_step = True
+        if "max_query_len" in kwargs:  # 0.31+: None when a prefill is in the batch
+            state.step_has_prefill = kwargs["max_query_len"] is None
         try:
             result = original_step(cudagraph_manager, *args, **kwargs)
         finally:
@@ -332,6 +339,45 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
 
     runner_mod.dispatch_cg_and_sync_dp = dispatch_cg_and_sync_dp
     dp_utils.sync_cudagraph_and_dp_padding = sync_cudagraph_and_dp_padding
+
+
+def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
+    """Append each real step's batch to the trace (CAPPLAN_TRACE), read after vLLM ran it."""
+    entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", semantics)
+    original = runner_cls.execute_model
+    header = (
+        f"capplan trace: one line per model-runner step of an engine running plan {state.plan_path} "
+        f"({state.plan.fingerprint[:19]}); read by capplan simulate / optimize / dispatch --queries"
+    )
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
+        state.step_has_prefill = None
+        result = original(self, scheduler_output, *args, **kwargs)
+        counts = scheduler_output.num_scheduled_tokens
+        if dummy or not counts:
+            return result
+        rec = state.recorder
+        if rec is None:
+            contract.check_attributes(entry, self)
+            rec = state.recorder = recorder.open_recorder(self.dp_rank, self.dp_size, header)
+            state.report.recorder = rec
+            if rec is None:
+                return result
+        adapters, base = 0, False
+        if self.lora_config:
+            req_ids = list(counts)
+            lora_state = self.lora_state
+            adapters = len(lora_state.get_activate_loras(req_ids))
+            base = adapters > 0 and any(r not in lora_state.lora_requests for r in req_ids)
+        max_q = max(counts.values())
+        prefill = state.step_has_prefill
+        if prefill is None:
+            prefill = max_q > self.decode_query_len
+        rec.step(len(counts), sum(counts.values()), max_q, adapters, base, prefill)
+        return result
+
+    runner_cls.execute_model = execute_model
 
 
 def install_dp_guard() -> None:

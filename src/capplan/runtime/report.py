@@ -31,6 +31,7 @@ class Report:
         self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
         self.dp_rank = 0
+        self.recorder = None  # capplan.runtime.recorder.Recorder, when CAPPLAN_TRACE is set
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
@@ -114,6 +115,7 @@ class Report:
                 "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())},
             },
             "dp": None if self.dp is None else self.dp.to_json(),
+            "trace": None if self.recorder is None else self.recorder.to_json(),
         }
 
     def render(self) -> str:
@@ -133,6 +135,13 @@ class Report:
         lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
         if self.dp is not None:
             lines.append(self.dp.render())
+        if self.recorder is not None:
+            t = self.recorder.to_json()
+            lines.append(
+                f"  trace: {t['steps']} steps to {t['path']} ({t['overhead_us_per_step']} us per step to record"
+                + (f"; {t['stopped']}" if t["stopped"] else "")
+                + ")"
+            )
         return "\n".join(lines)
 
     def path(self) -> str | None:
@@ -158,6 +167,8 @@ class Report:
         if self._finished or self.vllm_planned is None:
             return  # this process never built a model graph manager
         self._finished = True
+        if self.recorder is not None:
+            self.recorder.close()
         print(self.render(), file=sys.stderr)
         self.write()
 

@@ -1,14 +1,23 @@
-"""A small cost model: capture seconds and graph memory from graph counts.
+"""A small cost model: capture seconds and graph memory from graph counts, and step time.
 
 Coefficients are fitted from measured runs in a calibration file (default:
-`src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25.0), so
+`src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25), so
 "max_loras 4 -> 8 adds N graphs, ~X s, ~Y GiB" is known before a GPU boots.
+
+A calibration written by `capplan calibrate` also lists measured step times
+(`step_times`): milliseconds of one decode step replaying a graph of N tokens,
+or running eager on N tokens, per LoRA case. The step model interpolates them
+linearly in tokens (and extrapolates from the last two points), per mode and
+LoRA case, taking the nearest measured case for one not measured; times are
+made non-decreasing in tokens, as a larger batch never runs faster.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,10 +36,54 @@ class CalibrationRun(BaseModel):
     graph_memory_gib: float = Field(ge=0)
 
 
+class StepTime(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["graph", "eager"]
+    case: int = Field(ge=0)
+    tokens: int = Field(ge=1)
+    ms: float = Field(gt=0)
+
+
 class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     runs: list[CalibrationRun] = Field(min_length=3)
+    step_times: list[StepTime] = Field(default_factory=list, max_length=100_000)
+
+
+class StepModel:
+    """Predicted milliseconds of one step, from measured step times."""
+
+    def __init__(self, rows: list[StepTime]) -> None:
+        tables: dict[tuple[str, int], dict[int, float]] = {}
+        for r in rows:
+            tables.setdefault((r.mode, r.case), {})[r.tokens] = r.ms
+        self.tables: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+        for key, points in tables.items():
+            xs = sorted(points)
+            ys, top = [], 0.0
+            for x in xs:
+                top = max(top, points[x])
+                ys.append(top)
+            self.tables[key] = (xs, ys)
+        self.modes = {mode for mode, _ in self.tables}
+
+    def ms(self, mode: str, case: int, tokens: int) -> float:
+        cases = [c for m, c in self.tables if m == mode]
+        near = min(cases, key=lambda c: (abs(c - case), -c))  # ties: the larger case
+        xs, ys = self.tables[(mode, near)]
+        i = bisect.bisect_left(xs, tokens)
+        if i < len(xs) and xs[i] == tokens:
+            return ys[i]
+        if i == 0:
+            return ys[0]
+        if i == len(xs):
+            if len(xs) == 1:
+                return ys[0]
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+            return ys[-1] + slope * (tokens - xs[-1])
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -45,6 +98,7 @@ class CostModel:
     name: str
     seconds: Coefficients
     gib: Coefficients
+    steps: StepModel | None = None  # None: the calibration has no step times (padding is the objective)
 
     def estimate(self, plan: Plan) -> Estimate:
         lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
@@ -93,4 +147,9 @@ def fit_cost_model(cal: Calibration) -> CostModel:
     rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
     secs = _least_squares(rows, [r.capture_seconds for r in cal.runs])
     gib = _least_squares(rows, [r.graph_memory_gib for r in cal.runs])
-    return CostModel(cal.name, Coefficients(*secs), Coefficients(*gib))
+    steps = None
+    if cal.step_times:
+        steps = StepModel(cal.step_times)
+        if steps.modes != {"graph", "eager"}:
+            raise InputError("calibration step_times need both graph and eager rows (capplan calibrate writes both)")
+    return CostModel(cal.name, Coefficients(*secs), Coefficients(*gib), steps)

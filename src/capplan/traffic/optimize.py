@@ -44,25 +44,78 @@ def token_weights(trace: list[TraceBatch], max_size: int) -> dict[int, int]:
     return weights
 
 
-class Bucketing:
-    """Exact k-size bucketing of weighted token counts, top size fixed."""
+def case_weights(trace: list[TraceBatch], max_size: int, plan: Plan) -> dict[int, dict[int, int]]:
+    """Steps per LoRA case and token count (the case the plan's dispatcher gives each batch),
+    for batches a graph can serve."""
+    from capplan.planner.dispatch import Dispatcher
 
-    def __init__(self, weights: dict[int, int], top: int) -> None:
-        self.sizes = sorted(set(weights) | {top})
+    d = Dispatcher(plan)
+    per_case: dict[int, dict[int, int]] = {c: {} for c in plan.lora_capture_cases or [0]}
+    for item in trace:
+        t = item.batch.num_tokens
+        if t <= max_size:
+            weights = per_case.setdefault(d.lora_case(d.lora_count(item.batch)), {})
+            weights[t] = weights.get(t, 0) + item.count
+    return per_case
+
+
+class Bucketing:
+    """Exact k-size bucketing of weighted token counts.
+
+    `weights` maps a LoRA case to {tokens: steps}. Without `price` the cost is
+    padded tokens (a step of t tokens on size s costs s - t) and the top size
+    is always chosen. With `price(case, size)` (milliseconds of one step
+    replaying that size) the cost is step time; with `eager(case, tokens)` as
+    well, the largest chosen size may stay below `top`, and batches above it
+    are priced eager. Prices are made non-decreasing in size, which keeps the
+    bucket cost Monge (so each DP layer's argmin is monotone).
+    """
+
+    def __init__(self, weights: dict[int, dict[int, int]], top: int, price=None, eager=None) -> None:
+        counts = {t for w in weights.values() for t in w}
+        self.sizes = sorted(counts | {top})
         if self.sizes[-1] != top:
             raise ValueError("weights above the top size")
-        self.w = [0]
-        self.t = [0]
+        self.padding = price is None
+        groups = [{t: sum(w.get(t, 0) for w in weights.values()) for t in counts}] if self.padding else None
+        cases = [None] if self.padding else sorted(weights)
+        self.w: list[list[int]] = []  # per group: prefix sums of steps
+        self.g: list[list[float]] = []  # per group: price of each size (1-based)
+        for case in cases:
+            w = groups[0] if groups else weights[case]
+            prefix = [0]
+            for c in self.sizes:
+                prefix.append(prefix[-1] + w.get(c, 0))
+            self.w.append(prefix)
+            prices, top_price = [0.0], 0.0
+            for c in self.sizes:
+                top_price = max(top_price, float(c) if self.padding else price(case, c))
+                prices.append(top_price)
+            self.g.append(prices)
+        self.t = [0]  # prefix sums of weighted tokens (padding objective)
+        merged = {t: sum(w.get(t, 0) for w in weights.values()) for t in counts}
         for c in self.sizes:
-            self.w.append(self.w[-1] + weights.get(c, 0))
-            self.t.append(self.t[-1] + weights.get(c, 0) * c)
+            self.t.append(self.t[-1] + merged.get(c, 0) * c)
+        # tail[j]: eager cost of every batch above sizes[j-1] (inf: the top size must be chosen)
+        m = len(self.sizes)
+        self.tail = [INF] * m + [0.0]
+        if eager is not None and not self.padding:
+            acc = 0.0
+            for j in range(m - 1, -1, -1):
+                t = self.sizes[j]
+                acc += sum(weights[case].get(t, 0) * eager(case, t) for case in cases)
+                self.tail[j] = acc
         self.layers: list[list[float]] = []
         self.parents: list[list[int]] = []
 
     def cost(self, i: int, j: int) -> float:
-        """Padded tokens when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j)."""
-        c = self.sizes[j - 1]
-        return c * (self.w[j] - self.w[i]) - (self.t[j] - self.t[i])
+        """Cost when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j)."""
+        total = 0.0
+        for w, g in zip(self.w, self.g):
+            total += g[j] * (w[j] - w[i])
+        if self.padding:
+            total -= self.t[j] - self.t[i]
+        return total
 
     def solve(self, max_k: int) -> None:
         m = len(self.sizes)
@@ -95,17 +148,21 @@ class Bucketing:
             stack.append((mid + 1, hi, arg, opt_hi))
 
     def best(self, k: int) -> tuple[float, list[int]]:
-        """(padded tokens, sizes) of the optimal k-size set ending at the top size."""
+        """(cost, sizes) of the optimal set of at most k sizes (ending at the top size unless
+        batches above a smaller largest size are priced eager)."""
         self.solve(k)
         k = min(k, len(self.sizes))
         m = len(self.sizes)
-        chosen, j = [], m
-        for layer in range(k - 1, -1, -1):
+        layer = self.layers[k - 1]
+        j = min(range(1, m + 1), key=lambda e: (layer[e] + self.tail[e], -e))
+        value = layer[j] + self.tail[j]
+        chosen = []
+        for level in range(k - 1, -1, -1):
             if j <= 0:
                 break
             chosen.append(self.sizes[j - 1])
-            j = self.parents[layer][j]
-        return self.layers[k - 1][m], sorted(chosen)
+            j = self.parents[level][j]
+        return value, sorted(chosen)
 
 
 @dataclass(frozen=True)
@@ -118,6 +175,7 @@ class CurvePoint:
     padding_overhead: float
     capture_sizes: list[int]
     spec: Spec
+    step_seconds: float | None = None  # predicted total step time on the trace (step-time objective)
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -134,6 +192,7 @@ class Optimized:
     default: CurvePoint
     curve: list[CurvePoint]
     budget: str
+    objective: str  # "padding" or "step-time"
 
 
 def with_sizes(spec: Spec, sizes: list[int]) -> Spec:
@@ -149,8 +208,58 @@ def _padding(weights: dict[int, int], sizes: list[int]) -> int:
 
     total = 0
     for t, w in weights.items():
-        total += w * (sizes[bisect.bisect_left(sizes, t)] - t)
+        i = bisect.bisect_left(sizes, t)
+        if i < len(sizes):  # above the largest size: eager, no padding
+            total += w * (sizes[i] - t)
     return total
+
+
+class Objective:
+    """What a capture set costs on the trace: padded tokens, or predicted step time (ms)."""
+
+    def __init__(self, trace: list[TraceBatch], top: int, plan: Plan, cost: CostModel, name: str) -> None:
+        self.name = name
+        self.steps = cost.steps if name == "step-time" else None
+        self.per_case = case_weights(trace, top, plan)
+        self.flat = token_weights(trace, top)
+        self.real = sum(t * w for t, w in self.flat.items())
+        # batches above the top size run eager whatever is chosen
+        self.fixed_ms = 0.0
+        if self.steps is not None:
+            from capplan.planner.dispatch import Dispatcher
+
+            d = Dispatcher(plan)
+            for item in trace:
+                if item.batch.num_tokens > top:
+                    case = d.lora_case(d.lora_count(item.batch))
+                    self.fixed_ms += item.count * self.steps.ms("eager", case, item.batch.num_tokens)
+
+    def price(self, case: int, size: int) -> float:
+        assert self.steps is not None
+        return self.steps.ms("graph", case, size)
+
+    def eager(self, case: int, tokens: int) -> float:
+        assert self.steps is not None
+        return self.steps.ms("eager", case, tokens)
+
+    def solver(self, weights: dict[int, dict[int, int]], top: int, open_top: bool) -> Bucketing:
+        if self.steps is None:
+            return Bucketing(weights, top)
+        return Bucketing(weights, top, self.price, self.eager if open_top else None)
+
+    def step_seconds(self, per_case_sizes: dict[int, list[int]]) -> float | None:
+        """Predicted total step time for these sizes per case (None under the padding objective)."""
+        if self.steps is None:
+            return None
+        import bisect
+
+        total = self.fixed_ms
+        for case, weights in self.per_case.items():
+            sizes = per_case_sizes.get(case) or per_case_sizes.get(-1) or max(per_case_sizes.values())
+            for t, w in weights.items():
+                i = bisect.bisect_left(sizes, t)
+                total += w * (self.price(case, sizes[i]) if i < len(sizes) else self.eager(case, t))
+        return round(total / 1000, 3)
 
 
 def optimize(
@@ -160,20 +269,52 @@ def optimize(
     *,
     max_graphs: int | None = None,
     max_graph_memory: float | None = None,
+    max_capture_seconds: float | None = None,
     shared_sizes: bool = False,
+    objective: str | None = None,
     max_points: int = 400,
 ) -> Optimized:
-    if (max_graphs is None) == (max_graph_memory is None):
-        raise UsageError("give exactly one budget: --max-graphs N or --max-graph-memory GIB")
+    budgets = [b for b in (max_graphs, max_graph_memory, max_capture_seconds) if b is not None]
+    if len(budgets) != 1:
+        raise UsageError("give exactly one budget: --max-graphs N, --max-graph-memory GIB or --max-capture-seconds S")
+    if objective is None:
+        objective = "step-time" if cost.steps is not None else "padding"
+    if objective not in ("step-time", "padding"):
+        raise UsageError(f"--objective must be step-time or padding (got {objective!r})")
+    if objective == "step-time" and cost.steps is None:
+        raise UsageError(
+            f"the calibration {cost.name} has no step times, so step time cannot be the objective",
+            "pass --calibration with a file from capplan calibrate, or --objective padding",
+        )
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
-    weights = token_weights(trace, top)
-    real = sum(t * w for t, w in weights.items())
     default_plan = compile_plan(spec)
-    default = _point(default_plan, cost, default_sizes, _padding(weights, default_sizes), real)
-    budget = f"{max_graphs} graphs" if max_graphs is not None else f"{max_graph_memory} GiB graph memory"
+    goal = Objective(trace, top, default_plan, cost, objective)
+    default = _point(
+        default_plan,
+        cost,
+        default_sizes,
+        _padding(goal.flat, default_sizes),
+        goal.real,
+        None,
+        goal.step_seconds({-1: default_sizes, **_case_sizes(spec)}),
+    )
+    if max_graphs is not None:
+        budget = f"{max_graphs} graphs"
+    elif max_graph_memory is not None:
+        budget = f"{max_graph_memory} GiB graph memory"
+    else:
+        budget = f"{max_capture_seconds} s capture"
+
+    def fits(p: CurvePoint) -> bool:
+        if max_graphs is not None:
+            return p.graphs <= max_graphs
+        if max_graph_memory is not None:
+            return p.graph_memory_gib <= max_graph_memory
+        return p.capture_seconds <= max_capture_seconds
+
     per_case = (
         not shared_sizes
         and spec.lora.enabled
@@ -181,66 +322,70 @@ def optimize(
         and len(default_plan.lora_capture_cases) > 1
     )
     if per_case:
-        curve = _per_case_curve(base, trace, cost, top, real, default_plan, max_points)
+        curve = _per_case_curve(base, goal, cost, top, default_plan, max_points)
     else:
-        curve = _shared_curve(base, weights, cost, top, real, max_graphs, max_graph_memory, max_points)
-    feasible = [p for p in curve if _fits(p, max_graphs, max_graph_memory)]
+        curve = _shared_curve(base, goal, cost, top, fits, max_points)
+    feasible = [p for p in curve if fits(p)]
     if not feasible:
         raise UsageError(
             f"no capture set fits {budget}: the smallest needs {min(p.graphs for p in curve)} graphs "
-            f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB)",
+            f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB, ~{min(p.capture_seconds for p in curve):.0f} s)",
             "raise the budget",
         )
-    best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
-    return Optimized(best.spec, compile_plan(best.spec), best, default, curve, budget)
+    if objective == "step-time":
+        best = min(feasible, key=lambda p: (p.step_seconds, p.graphs))
+    else:
+        best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
+    return Optimized(best.spec, compile_plan(best.spec), best, default, curve, budget, objective)
 
 
-def _shared_curve(
-    spec: Spec,
-    weights: dict[int, int],
-    cost: CostModel,
-    top: int,
-    real: int,
-    max_graphs: int | None,
-    max_gib: float | None,
-    max_points: int,
-) -> list[CurvePoint]:
-    """One size set for every LoRA case (what vLLM can express; required under DP)."""
-    solver = Bucketing(weights, top)
+def _case_sizes(spec: Spec) -> dict[int, list[int]]:
+    entries = spec.cudagraph.lora_case_sizes or []
+    return {e.case: e.sizes for e in entries}
+
+
+def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, max_points: int) -> list[CurvePoint]:
+    """One size set for every LoRA case (what vLLM can express; required under DP). Under the
+    step-time objective the largest size is chosen too: batches above it are priced eager."""
+    weights = goal.per_case if goal.steps is not None else {0: goal.flat}
+    solver = goal.solver(weights, top, open_top=True)
     curve: list[CurvePoint] = []
     for k in range(1, min(len(solver.sizes), max_points) + 1):
-        padded, sizes = solver.best(k)
+        value, sizes = solver.best(k)
+        if curve and sizes == curve[-1].capture_sizes:
+            break  # no more sizes pay
         chosen = with_sizes(spec, sizes)
-        point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, int(padded), real, chosen)
+        padded = _padding(goal.flat, sizes)
+        point = _point(
+            compile_plan(chosen, with_deviations=False),
+            cost,
+            sizes,
+            padded,
+            goal.real,
+            chosen,
+            goal.step_seconds({-1: sizes}),
+        )
         curve.append(point)
-        if len(curve) > 1 and not _fits(point, max_graphs, max_gib) and not _fits(curve[-2], max_graphs, max_gib):
+        if len(curve) > 1 and not fits(point) and not fits(curve[-2]):
             break  # two past the budget: graph counts only grow from here
-        if padded == 0:
+        if goal.steps is None and value == 0:
             break
     return curve
 
 
 def _per_case_curve(
-    spec: Spec, trace: list[TraceBatch], cost: CostModel, top: int, real: int, default_plan: Plan, max_points: int
+    spec: Spec, goal: Objective, cost: CostModel, top: int, default_plan: Plan, max_points: int
 ) -> list[CurvePoint]:
     """Sizes per LoRA case: exact per-case bucketing, budget split across cases by a knapsack.
 
-    Every case keeps the largest size (no batch loses its graph); a case the
-    trace never uses keeps only that one. The graph cost of a size for a case
-    is counted from the compiled union of all candidate sizes, so the knapsack
-    sees pruning and FULL/PIECEWISE; every curve point is compiled for its
-    exact count.
+    Every case keeps the largest size (the spec requires it of cudagraph.lora_case_sizes,
+    so no batch loses its graph); a case the trace never uses keeps only that one. The
+    graph cost of a size for a case is counted from the compiled union of all candidate
+    sizes, so the knapsack sees pruning and FULL/PIECEWISE; every curve point is compiled
+    for its exact count.
     """
-    from capplan.planner.dispatch import Dispatcher
-
-    d = Dispatcher(default_plan)
     cases = default_plan.lora_capture_cases
-    per_case: dict[int, dict[int, int]] = {c: {} for c in cases}
-    for item in trace:
-        t = item.batch.num_tokens
-        if t <= top:
-            weights = per_case[d.lora_case(d.lora_count(item.batch))]
-            weights[t] = weights.get(t, 0) + item.count
+    per_case = {c: goal.per_case.get(c, {}) for c in cases}
     candidates = sorted({t for w in per_case.values() for t in w} | {top})
     union = compile_plan(with_sizes(spec, candidates), with_deviations=False)
     dql = spec.decode_query_len
@@ -255,31 +400,30 @@ def _per_case_curve(
         keys = {(case, s) for s in sizes} | {(case, -(-s // dql) * dql) for s in sizes}
         return sum(per_size.get(k, 0) for k in keys)
 
-    options: dict[int, list[tuple[int, int, list[int]]]] = {}
+    options: dict[int, list[tuple[int, float, list[int]]]] = {}
     for c in cases:
-        solver = Bucketing(per_case[c], top)
-        opts, last = [], None
+        solver = goal.solver({c: per_case[c]}, top, open_top=False)
+        opts: list[tuple[int, float, list[int]]] = []
         for k in range(1, min(len(solver.sizes), max_points) + 1):
-            padded, sizes = solver.best(k)
-            if last is not None and padded >= last:
+            value, sizes = solver.best(k)
+            if opts and value >= opts[-1][1]:
                 break
-            opts.append((graphs_for(c, sizes), int(padded), sizes))
-            last = padded
-            if padded == 0:
+            opts.append((graphs_for(c, sizes), value, sizes))
+            if goal.steps is None and value == 0:
                 break
         options[c] = opts
     total = sum(o[-1][0] for o in options.values())
     floor = sum(o[0][0] for o in options.values())
-    # Knapsack over cases: best[b] = least padding with at most b graphs.
+    # Knapsack over cases: best[b] = least cost with at most b graphs.
     best: list[float] = [0.0] * (total + 1)
     picks: list[list[int]] = []
     for c in cases:
         new = [INF] * (total + 1)
         pick = [-1] * (total + 1)
         for b in range(total + 1):
-            for i, (g, padded, _) in enumerate(options[c]):
-                if g <= b and best[b - g] + padded < new[b]:
-                    new[b], pick[b] = best[b - g] + padded, i
+            for i, (g, value, _) in enumerate(options[c]):
+                if g <= b and best[b - g] + value < new[b]:
+                    new[b], pick[b] = best[b - g] + value, i
         best = new
         picks.append(pick)
     curve: list[CurvePoint] = []
@@ -306,19 +450,20 @@ def _per_case_curve(
             data["cudagraph"]["lora_case_sizes"] = None
         cand = Spec.model_validate(data)
         plan = compile_plan(cand, with_deviations=False)
-        curve.append(_point(plan, cost, union_sizes, int(best[b]), real, cand))
+        padded = sum(_padding(per_case[c], chosen[c]) for c in cases)
+        curve.append(_point(plan, cost, union_sizes, padded, goal.real, cand, goal.step_seconds(chosen)))
     curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
     return curve
 
 
-def _fits(point: CurvePoint, max_graphs: int | None, max_gib: float | None) -> bool:
-    if max_graphs is not None:
-        return point.graphs <= max_graphs
-    return point.graph_memory_gib <= max_gib
-
-
 def _point(
-    plan: Plan, cost: CostModel, sizes: list[int], padded: int, real: int, spec: Spec | None = None
+    plan: Plan,
+    cost: CostModel,
+    sizes: list[int],
+    padded: int,
+    real: int,
+    spec: Spec | None = None,
+    step_seconds: float | None = None,
 ) -> CurvePoint:
     est = cost.estimate(plan)
     return CurvePoint(
@@ -330,6 +475,7 @@ def _point(
         padded / real if real else 0.0,
         list(sizes),
         spec or plan.spec,
+        step_seconds,
     )
 
 
@@ -337,12 +483,16 @@ def render_curve(result: Optimized, full: bool = False) -> str:
     """The trade-off curve as text: by default the points near the choice (up to twice its
     graph count, at most 40 rows), the rest summarized in one line; `full` prints them all."""
     d = result.default
+    timed = result.objective == "step-time"
+    if timed:
+        goal = "predicted step time on the trace (graph replay vs eager, from the calibration's step times)"
+    else:
+        goal = f"padded tokens on the trace (largest graph kept at {d.capture_sizes[-1]} tokens)"
     lines = [
-        f"capplan optimize: budget {result.budget}; objective: padded tokens on the trace "
-        f"(largest graph kept at {d.capture_sizes[-1]} tokens)",
+        f"capplan optimize: budget {result.budget}; objective: {goal}",
         f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{d.graph_memory_gib:.2f} GiB, "
-        f"padding {d.padding_overhead:.2%}",
-        "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding",
+        f"padding {d.padding_overhead:.2%}" + (f", ~{d.step_seconds:.2f} s of steps" if timed else ""),
+        "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
     ]
     shown = result.curve if full else [p for p in result.curve if p.graphs <= 2 * result.point.graphs]
     every = 1 if full else max(1, len(shown) // 40)
@@ -351,7 +501,9 @@ def render_curve(result: Optimized, full: bool = False) -> str:
             mark = "  <- chosen" if p is result.point else ""
             lines.append(
                 f"  {p.sizes:>5}  {p.graphs:>6}  {p.graph_memory_gib:>6.3f}  {p.capture_seconds:>10.1f}  "
-                f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}{mark}"
+                f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}"
+                + (f"  {p.step_seconds:>8.2f}" if timed else "")
+                + mark
             )
     rest = len(result.curve) - len(shown)
     if rest:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from capplan.planner.dispatch import Batch, Dispatcher
 from capplan.schemas.plan import Plan
+from capplan.traffic.cost import CostModel
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class SimResult:
     hits: Counter = field(default_factory=Counter)  # graph id -> steps
     by_size: dict = field(default_factory=dict)  # num_tokens -> [steps, padded tokens]
     unused: list = field(default_factory=list)  # graph ids never replayed
+    step_ms: float | None = None  # predicted total step time (a calibration with step times)
+    step_model: str | None = None  # the calibration that predicted it
 
     @property
     def hit_rate(self) -> float:
@@ -51,6 +54,8 @@ class SimResult:
             "padded_tokens": self.padded_tokens,
             "padding_overhead": round(self.padding_overhead, 6),
             "eager_tokens": self.eager_tokens,
+            "predicted_step_seconds": None if self.step_ms is None else round(self.step_ms / 1000, 6),
+            "step_model": self.step_model,
             "graphs": len(plan.graphs),
             "graphs_used": len(plan.graphs) - len(self.unused),
             "graphs_never_used": len(self.unused),
@@ -63,14 +68,25 @@ class SimResult:
         }
 
 
-def simulate(plan: Plan, trace: list[TraceBatch], dispatcher: Dispatcher | None = None) -> SimResult:
+def simulate(
+    plan: Plan, trace: list[TraceBatch], dispatcher: Dispatcher | None = None, cost: CostModel | None = None
+) -> SimResult:
+    """Replay the trace; with a cost model that has step times, also predict the total step time."""
     dispatcher = dispatcher or Dispatcher(plan)
     result = SimResult()
+    steps = cost.steps if cost is not None else None
+    if steps is not None:
+        result.step_ms, result.step_model = 0.0, cost.name
     largest = plan.max_capture_size
     for item in trace:
         batch, n = item.batch, item.count
         d = dispatcher.dispatch(batch)
         result.steps += n
+        if steps is not None:
+            if d.graph_id < 0:
+                result.step_ms += n * steps.ms("eager", d.num_active_loras, batch.num_tokens)
+            else:
+                result.step_ms += n * steps.ms("graph", d.num_active_loras, d.num_tokens)
         if d.graph_id < 0:
             result.eager_steps += n
             result.eager_tokens += n * batch.num_tokens
@@ -107,8 +123,13 @@ def render_simulation(plan_name: str, trace_name: str, plan: Plan, result: SimRe
             )
             + ")"
         ),
-        "  size  steps  padded tokens",
     ]
+    if data["predicted_step_seconds"] is not None:
+        lines.append(
+            f"  predicted step time {data['predicted_step_seconds']:.2f} s over the trace "
+            f"(step model {data['step_model']})"
+        )
+    lines.append("  size  steps  padded tokens")
     for row in data["by_size"]:
         lines.append(f"  {row['num_tokens']:>4}  {row['steps']:>5}  {row['padded_tokens']:>13}")
     return "\n".join(lines)

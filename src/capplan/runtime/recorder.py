@@ -1,0 +1,143 @@
+"""Record every step the engine runs as a batch trace (`capplan apply --trace`, CAPPLAN_TRACE).
+
+One JSON line per model-runner step, in the batch format `simulate`,
+`optimize` and `dispatch --queries` read (capplan.batches):
+
+    {"num_reqs": 64, "num_tokens": 64, "max_query_len": 1, "num_active_loras": 3, "base": true, "t": 12.5031}
+
+`t` is seconds since the recorder started (the readers ignore it; it dates a
+step and gives the interval between busy steps). Lines are buffered and
+written at most once a second by a background thread, so the step path only
+appends to a list. The file is bounded: at the limit (CAPPLAN_TRACE_MAX_MB,
+default 256, the size `simulate` reads) recording stops and says so on stderr
+and in the file. With data parallelism each rank writes its own file: `{rank}`
+in the path is replaced by the DP rank, or `.rankN` is added before the
+suffix when the path has no `{rank}`. Dummy runs (profiling, warm-up,
+capture, DP idle steps) are not recorded.
+
+Recording reads the batch after vLLM ran it and never changes what runs.
+The time spent recording is measured per step and written to the run's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+ENV = "CAPPLAN_TRACE"
+ENV_MAX_MB = "CAPPLAN_TRACE_MAX_MB"
+DEFAULT_MAX_MB = 256
+
+
+def trace_path(template: str, rank: int, dp_size: int) -> str:
+    """The file one rank writes."""
+    if "{rank}" in template:
+        return template.replace("{rank}", str(rank))
+    if dp_size <= 1:
+        return template
+    path = Path(template)
+    return str(path.with_name(f"{path.stem}.rank{rank}{path.suffix}"))
+
+
+class Recorder:
+    def __init__(self, path: str, max_bytes: int, header: str) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.t0 = time.perf_counter()
+        self.steps = 0
+        self.seconds = 0.0  # time spent in step(), for the report
+        self.written = 0
+        self.stopped: str | None = None
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._file = os.fdopen(fd, "w", encoding="utf-8")
+        self._write(f"# {header}\n")
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="capplan-trace", daemon=True)
+        self._thread.start()
+
+    def step(
+        self, num_reqs: int, num_tokens: int, max_query_len: int, adapters: int, base: bool, has_prefill: bool
+    ) -> None:
+        start = time.perf_counter()
+        line = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
+        if adapters:
+            line["num_active_loras"] = adapters
+            if base:
+                line["base"] = True
+        if has_prefill:
+            line["has_prefill"] = True
+        line["t"] = round(start - self.t0, 4)
+        with self._lock:
+            self._pending.append(json.dumps(line, separators=(", ", ": ")))
+        self.steps += 1
+        self.seconds += time.perf_counter() - start
+
+    def _loop(self) -> None:
+        while not self._closed:
+            time.sleep(1.0)
+            self.flush()
+
+    def _write(self, text: str) -> None:
+        self._file.write(text)
+        self.written += len(text.encode())
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._pending = self._pending, []
+        if not lines or self.stopped:
+            return
+        try:
+            for line in lines:
+                if self.written + len(line) + 1 > self.max_bytes:
+                    self.stopped = (
+                        f"stopped at the {self.max_bytes // 2**20} MiB limit ({ENV_MAX_MB}) after {self.steps} steps"
+                    )
+                    self._write(f"# capplan: trace {self.stopped}\n")
+                    print(f"capplan: trace {self.path} {self.stopped}", file=sys.stderr)
+                    break
+                self._write(line + "\n")
+            self._file.flush()
+        except OSError as exc:  # a trace must never break the engine
+            self.stopped = f"stopped: cannot write ({exc.strerror})"
+            print(f"capplan: trace {self.path} {self.stopped}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.flush()
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "steps": self.steps,
+            "bytes": self.written,
+            "overhead_us_per_step": round(1e6 * self.seconds / self.steps, 2) if self.steps else None,
+            "stopped": self.stopped,
+        }
+
+
+def open_recorder(rank: int, dp_size: int, header: str) -> Recorder | None:
+    """The recorder CAPPLAN_TRACE asks for, or None."""
+    template = os.environ.get(ENV)
+    if not template:
+        return None
+    try:
+        max_mb = float(os.environ.get(ENV_MAX_MB, DEFAULT_MAX_MB))
+    except ValueError:
+        max_mb = DEFAULT_MAX_MB
+    path = trace_path(template, rank, dp_size)
+    try:
+        return Recorder(path, int(max_mb * 2**20), header)
+    except OSError as exc:
+        raise SystemExit(f"capplan: {ENV}={template}: cannot write {path} ({exc.strerror})") from None

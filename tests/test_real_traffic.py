@@ -1,0 +1,294 @@
+"""The real-traffic loop on CPU: the trace recorder, the step-time model, step-time optimize, calibrate's plans."""
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capplan.batches import read_batches
+from capplan.cli import app
+from capplan.errors import InputError
+from capplan.planner import Batch, Dispatcher, compile_plan
+from capplan.runtime.calibrate import case_batches, decode_sizes, engines
+from capplan.runtime.recorder import Recorder, trace_path
+from capplan.traffic.cost import Calibration, StepModel, StepTime, fit_cost_model
+from capplan.traffic.optimize import optimize
+from capplan.traffic.simulate import TraceBatch, simulate
+from tests.conftest import make_spec
+
+runner = CliRunner()
+SPEC = dict(
+    scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 512},
+    lora={"enabled": True, "max_loras": 2, "specialize_active": True},
+)
+RUNS = [
+    {"label": "small", "no_lora_graphs": 2, "lora_graphs": 8, "capture_seconds": 3.0, "graph_memory_gib": 0.15},
+    {"label": "full", "no_lora_graphs": 80, "lora_graphs": 320, "capture_seconds": 45.0, "graph_memory_gib": 0.9},
+    {"label": "no lora", "no_lora_graphs": 20, "lora_graphs": 0, "capture_seconds": 2.5, "graph_memory_gib": 0.06},
+]
+
+
+def _calibration(graph, eager, cases=(0, 1, 2, 3), tokens=(1, 8, 64, 512)) -> Calibration:
+    rows = [
+        StepTime(mode=mode, case=c, tokens=t, ms=fn(c, t))
+        for mode, fn in (("graph", graph), ("eager", eager))
+        for c in cases
+        for t in tokens
+    ]
+    return Calibration(name="test", runs=RUNS, step_times=rows)
+
+
+# --- recorder ---------------------------------------------------------------
+
+
+def test_recorder_writes_a_trace_simulate_reads(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    rec = Recorder(str(path), 1 << 20, "header")
+    rec.step(8, 8, 1, 2, True, False)
+    rec.step(3, 400, 300, 0, False, True)
+    rec.step(4, 4, 1, 1, False, False)
+    rec.close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644 & ~_umask()
+    spec = make_spec(**SPEC)
+    batches = read_batches(path, spec).batches
+    got = [(b.batch.num_reqs, b.batch.num_tokens, b.batch.max_query_len, b.batch.num_active_loras, b.batch.base,
+            b.batch.has_prefill) for b in batches]  # fmt: skip
+    assert got == [(8, 8, 1, 2, True, False), (3, 400, 300, 0, False, True), (4, 4, 1, 1, False, False)]
+    lines = path.read_text().splitlines()
+    assert lines[0] == "# header"
+    times = [json.loads(line)["t"] for line in lines[1:]]
+    assert times == sorted(times)
+    assert rec.to_json()["steps"] == 3 and rec.to_json()["overhead_us_per_step"] > 0
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_recorder_stops_at_its_limit_and_says_so(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    rec = Recorder(str(path), 400, "h")
+    for _ in range(50):
+        rec.step(8, 8, 1, 0, False, False)
+    rec.close()
+    text = path.read_text()
+    assert len(text.encode()) <= 400 + 100  # the closing note may pass the limit, no batch line does
+    assert "stopped at the" in text.splitlines()[-1]
+    assert "stopped at the" in capsys.readouterr().err
+    assert rec.to_json()["stopped"]
+    assert 0 < len(read_batches(path).batches) < 50
+
+
+def test_recorder_flushes_in_the_background(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    rec = Recorder(str(path), 1 << 20, "h")
+    rec.step(1, 1, 1, 0, False, False)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and '"num_reqs"' not in path.read_text():
+        time.sleep(0.1)
+    assert '"num_reqs": 1' in path.read_text()  # written without close()
+    rec.close()
+
+
+def test_trace_path_per_dp_rank():
+    assert trace_path("/t/trace.jsonl", 0, 1) == "/t/trace.jsonl"
+    assert trace_path("/t/trace.jsonl", 1, 2) == "/t/trace.rank1.jsonl"
+    assert trace_path("/t/trace-{rank}.jsonl", 1, 2) == "/t/trace-1.jsonl"
+
+
+def test_apply_trace_refuses_an_unwritable_folder(tmp_path):
+    plan = tmp_path / "p.plan.yaml"
+    spec = tmp_path / "s.yaml"
+    spec.write_text("lora: {enabled: true, max_loras: 2}\n")
+    assert runner.invoke(app, ["compile", str(spec), "-o", str(plan)]).exit_code == 0
+    result = runner.invoke(app, ["apply", str(plan), "--trace", str(tmp_path / "no" / "t.jsonl"), "--", "true"])
+    assert result.exit_code == 2
+    assert "is not a writable folder" in result.output
+
+
+# --- step model -------------------------------------------------------------
+
+
+def test_step_model_interpolates_and_stays_monotone():
+    model = StepModel(
+        [
+            StepTime(mode="graph", case=0, tokens=8, ms=2.0),
+            StepTime(mode="graph", case=0, tokens=64, ms=1.5),  # noisy: below the smaller size
+            StepTime(mode="graph", case=0, tokens=128, ms=4.0),
+            StepTime(mode="graph", case=4, tokens=8, ms=3.0),
+        ]
+    )
+    assert model.ms("graph", 0, 8) == 2.0
+    assert model.ms("graph", 0, 64) == 2.0  # made non-decreasing
+    assert model.ms("graph", 0, 96) == pytest.approx(3.0)  # halfway between 2.0 and 4.0
+    assert model.ms("graph", 0, 1) == 2.0  # below the first point: the first point
+    assert model.ms("graph", 0, 192) == pytest.approx(6.0)  # extrapolated from the last two
+    assert model.ms("graph", 3, 8) == 3.0  # nearest measured case: 4
+    assert model.ms("graph", 2, 8) == 3.0  # tie between 0 and 4: the larger case
+
+
+def test_calibration_needs_graph_and_eager_step_times():
+    cal = Calibration(name="x", runs=RUNS, step_times=[StepTime(mode="graph", case=0, tokens=1, ms=1.0)])
+    with pytest.raises(InputError, match="both graph and eager"):
+        fit_cost_model(cal)
+    assert fit_cost_model(Calibration(name="x", runs=RUNS)).steps is None
+
+
+def test_cost_model_fits_small_and_large_plans_exactly_from_three_kinds_of_runs():
+    model = fit_cost_model(_calibration(lambda c, t: 1.0, lambda c, t: 2.0))
+    for run in RUNS:
+        s = model.seconds
+        est = s.per_graph * run["no_lora_graphs"] + s.per_lora_graph * run["lora_graphs"]
+        est += s.lora_fixed if run["lora_graphs"] else 0.0
+        assert est == pytest.approx(run["capture_seconds"])
+
+
+def test_simulate_predicts_step_time_from_the_dispatch():
+    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + c + t / 100, lambda c, t: 10.0 + c + t / 50))
+    plan = compile_plan(make_spec(**SPEC))
+    trace = [
+        TraceBatch(Batch(8, 8, 1, 2, False), 10),  # a graph
+        TraceBatch(Batch(3, 500, 300, 0, False, True), 2),  # above the largest graph: eager
+    ]
+    result = simulate(plan, trace, cost=cost)
+    d = Dispatcher(plan)
+    g = d.dispatch(trace[0].batch)
+    e = d.dispatch(trace[1].batch)
+    assert e.graph_id < 0 <= g.graph_id
+    expected = 10 * cost.steps.ms("graph", g.num_active_loras, g.num_tokens) + 2 * cost.steps.ms(
+        "eager", e.num_active_loras, 500
+    )
+    assert result.step_ms == pytest.approx(expected)
+    assert result.to_json(plan)["predicted_step_seconds"] == round(expected / 1000, 6)
+    assert simulate(plan, trace).to_json(plan)["predicted_step_seconds"] is None
+
+
+# --- optimize on step time ----------------------------------------------------
+
+
+def _decode_trace(sizes_and_counts, adapters=1):
+    return [TraceBatch(Batch(n, n, 1, adapters, False), c) for n, c in sizes_and_counts]
+
+
+def test_step_time_objective_drops_the_largest_size_when_eager_costs_no_more():
+    """PIECEWISE-only style economics: eager costs as much as a graph replay, so a graph
+    earns nothing; under one shared size list the top size is dropped."""
+    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 1.0 + t / 10))
+    spec = make_spec(**SPEC)
+    trace = _decode_trace([(3, 100), (20, 50), (60, 10)])
+    result = optimize(spec, trace, cost, max_graphs=10_000, shared_sizes=True)
+    assert result.objective == "step-time"
+    assert max(result.point.capture_sizes) < max(result.default.capture_sizes)
+    assert result.point.step_seconds <= result.default.step_seconds
+
+
+def test_step_time_objective_keeps_graphs_when_eager_is_slow():
+    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 100, lambda c, t: 20.0 + t / 100))
+    spec = make_spec(**SPEC)
+    trace = _decode_trace([(3, 100), (20, 50), (60, 10)])
+    result = optimize(spec, trace, cost, max_graphs=10_000, shared_sizes=True)
+    assert {3, 20, 60} <= set(result.point.capture_sizes)  # every size the trace uses: no padding at all
+    assert result.point.padded_tokens == 0
+
+
+def test_step_time_objective_weighs_padding_against_graph_budget_per_case():
+    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 50.0 + t))
+    spec = make_spec(**SPEC)
+    trace = _decode_trace([(3, 100), (20, 50), (60, 10)], adapters=1) + _decode_trace([(5, 30)], adapters=2)
+    default_graphs = len(compile_plan(spec).graphs)
+    result = optimize(spec, trace, cost, max_graphs=default_graphs // 3)
+    assert result.point.graphs <= default_graphs // 3
+    assert result.point.step_seconds <= min(p.step_seconds for p in result.curve if p.graphs <= default_graphs // 3)
+    # the prediction of the chosen point is what simulate predicts for its plan
+    sim = simulate(result.plan, trace, cost=cost)
+    assert sim.step_ms / 1000 == pytest.approx(result.point.step_seconds, abs=1e-3)
+
+
+def test_step_time_needs_step_times():
+    cost = fit_cost_model(Calibration(name="x", runs=RUNS))
+    spec = make_spec(**SPEC)
+    with pytest.raises(Exception, match="no step times"):
+        optimize(spec, _decode_trace([(3, 1)]), cost, max_graphs=50, objective="step-time")
+    assert optimize(spec, _decode_trace([(3, 1)]), cost, max_graphs=500).objective == "padding"
+
+
+def test_capture_seconds_budget():
+    cost = fit_cost_model(_calibration(lambda c, t: 1.0, lambda c, t: 2.0))
+    spec = make_spec(**SPEC)
+    result = optimize(spec, _decode_trace([(3, 100), (20, 5)]), cost, max_capture_seconds=10.0)
+    assert result.point.capture_seconds <= 10.0
+    assert result.budget == "10.0 s capture"
+
+
+# --- calibrate's engines ------------------------------------------------------
+
+
+def test_calibrate_builds_three_engines_that_identify_the_cost_model():
+    spec = make_spec(**SPEC)
+    built = engines(spec)
+    assert [m for _, _, m in built] == ["graph", "eager", None]
+    plans = [compile_plan(s) for _, s, _ in built]
+    rows = []
+    for plan in plans:
+        lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
+        rows.append([len(plan.graphs) - lora, lora, 1.0 if lora else 0.0])
+    assert rows[2][1] == 0  # the middle plan has LoRA off
+    assert plans[1].capture_sizes == [1]
+    # the three rows are independent: the 3-coefficient fit is determined
+    a, b, c = rows
+    det = a[0] * (b[1] * c[2] - b[2] * c[1]) - a[1] * (b[0] * c[2] - b[2] * c[0]) + a[2] * (b[0] * c[1] - b[1] * c[0])
+    assert det != 0
+
+
+def test_calibrate_drives_every_lora_case():
+    plan = compile_plan(make_spec(**SPEC))
+    cases = case_batches(plan, num_adapters=4, num_reqs=8)
+    assert sorted(cases) == sorted(plan.lora_capture_cases)
+    d = Dispatcher(plan)
+    for case, (k, base) in cases.items():
+        assert d.lora_case(d.lora_count(Batch(8, 8, 1, k, base))) == case
+    assert decode_sizes(plan) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_calibrate_without_vllm_is_one_line(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("lora: {enabled: true, max_loras: 2}\n")
+    result = runner.invoke(app, ["calibrate", str(spec), "--model", str(tmp_path), "-o", str(tmp_path / "c.yaml")])
+    assert result.exit_code == 1
+    assert "vLLM" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_simulate_cli_prints_predicted_step_time(tmp_path):
+    import yaml
+
+    cal = _calibration(lambda c, t: 1.0 + t / 100, lambda c, t: 5.0 + t / 50)
+    cal_path = tmp_path / "cal.yaml"
+    cal_path.write_text(yaml.safe_dump(cal.model_dump()))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("scheduler: {max_num_seqs: 64, max_num_batched_tokens: 512}\nlora: {enabled: true, max_loras: 2}\n")
+    plan = tmp_path / "p.plan.yaml"
+    assert runner.invoke(app, ["compile", str(spec), "-o", str(plan)]).exit_code == 0
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"num_reqs": 8, "num_tokens": 8, "num_active_loras": 1, "t": 0.5}\n')
+    result = runner.invoke(app, ["simulate", str(plan), str(trace), "--calibration", str(cal_path)])
+    assert result.exit_code == 0, result.output
+    assert "predicted step time" in result.output
+    data = json.loads(
+        runner.invoke(app, ["simulate", str(plan), str(trace), "--calibration", str(cal_path), "--json"]).output
+    )
+    assert data["predicted_step_seconds"] == pytest.approx(0.00108, abs=1e-5)
+
+
+def test_shipped_calibration_loads():
+    from capplan.loading import load_cost_model
+
+    model = load_cost_model()
+    assert model.seconds.per_graph > 0
+    assert Path(model.name)  # a name, whatever the shipped file calls itself
