@@ -38,7 +38,7 @@ def test_bench_runs_on_a_tiny_spec(tmp_path):
     assert data["cli"].get("heavy_modules_imported", []) == []
 
 
-def test_traffic_bench_runs_and_meets_issue_4_targets(tmp_path):
+def test_traffic_bench_runs_and_meets_its_targets(tmp_path):
     out = tmp_path / "traffic.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.traffic", "--capplan-only", "--json", str(out)],

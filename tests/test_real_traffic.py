@@ -292,3 +292,87 @@ def test_shipped_calibration_loads():
     model = load_cost_model()
     assert model.seconds.per_graph > 0
     assert Path(model.name)  # a name, whatever the shipped file calls itself
+
+
+# --- step times as served ----------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SERVED = EXAMPLES / "served"
+
+
+def _busy_seconds(times, gap=0.1):
+    return sum(b - a for a, b in zip(times, times[1:]) if 0 < b - a <= gap)
+
+
+def test_step_times_fitted_on_one_served_sample_predict_the_other():
+    """Traces recorded under `vllm serve` on an H200 (examples/served/): fitted on
+    sample A, the model predicts sample B's measured busy step time within 5%; the offline
+    calibration alone (decode steps timed through LLM.generate) misses it by over 25%."""
+    from capplan.loading import load_calibration, load_plan
+    from capplan.traffic.cost import fit_step_times, merge_step_times
+
+    plan = load_plan(SERVED / "llama0.9b.plan.yaml")
+    a = read_batches(SERVED / "trace-a.jsonl", plan.spec)
+    b = read_batches(SERVED / "trace-b.jsonl", plan.spec)
+    offline = load_calibration(SERVED / "h200-vllm0.25.1-llama0.9b.yaml")
+    fitted = fit_step_times(plan, a.batches, a.times)
+    served = Calibration(name="s", runs=offline.runs, step_times=merge_step_times(offline.step_times, fitted))
+    measured = _busy_seconds(b.times)
+    predicted = simulate(plan, b.batches, cost=fit_cost_model(served)).step_ms / 1000
+    assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
+    offline_predicted = simulate(plan, b.batches, cost=fit_cost_model(offline)).step_ms / 1000
+    assert (measured - offline_predicted) / measured > 0.25
+    modes = {r.mode for r in fitted}
+    assert modes == {"graph", "piecewise", "eager"}
+
+
+def test_merge_keeps_base_rows_only_below_what_the_fit_reached():
+    from capplan.traffic.cost import merge_step_times
+
+    base = [StepTime(mode="eager", case=0, tokens=t, ms=float(t)) for t in (2, 64, 600, 1000)]
+    fitted = [StepTime(mode="eager", case=0, tokens=t, ms=50.0) for t in (500, 900)]
+    merged = merge_step_times(base, fitted)
+    assert [(r.tokens, r.ms) for r in merged] == [(2, 2.0), (64, 64.0), (500, 50.0), (900, 50.0)]
+
+
+def test_calibrate_trace_cli(tmp_path):
+    out = tmp_path / "served.yaml"
+    args = [
+        "calibrate-trace",
+        str(SERVED / "llama0.9b.plan.yaml"),
+        str(SERVED / "trace-a.jsonl"),
+        "--calibration",
+        str(SERVED / "h200-vllm0.25.1-llama0.9b.yaml"),
+        "-o",
+        str(out),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == (SERVED / "h200-vllm0.25.1-llama0.9b-served.yaml").read_text()  # the shipped file
+    untimed = tmp_path / "untimed.jsonl"
+    untimed.write_text('{"num_reqs": 8, "num_tokens": 8}\n')
+    args[2], args[-1] = str(untimed), str(tmp_path / "x.yaml")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "no step times" in result.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_decode_batches_are_priced_full_up_to_the_largest_full_size_then_piecewise():
+    from capplan.traffic.optimize import Objective
+
+    rows = [
+        StepTime(mode=m, case=c, tokens=t, ms=ms)
+        for c in (0, 1, 2, 3)
+        for t in (1, 512)
+        for m, ms in (("graph", 1.0), ("piecewise", 5.0), ("eager", 20.0))
+    ]
+    cost = fit_cost_model(Calibration(name="x", runs=RUNS, step_times=rows))
+    spec = make_spec(**SPEC)
+    trace = [TraceBatch(Batch(8, 8, 1, 1, False), 3), TraceBatch(Batch(2, 40, 30, 1, False, True), 2)]
+    goal = Objective(spec, trace, 128, compile_plan(spec), cost, "step-time")
+    (case,) = goal.groups
+    kinds = {kind: w for (_, kind), w in goal.groups[case].items()}
+    assert kinds == {"full": {8: 3}, "piecewise": {40: 2}}
+    assert goal.full_max == 40  # the largest candidate size (8, 40, 128) vLLM captures FULL (<= 64 decode tokens)
+    assert goal.price((case, "full"), 40) == 1.0 and goal.price((case, "full"), 128) == 5.0
+    assert goal.price((case, "piecewise"), 8) == 5.0

@@ -70,6 +70,7 @@ class BatchFileError(InputError):
 class BatchFile:
     batches: list[TraceBatch]
     source: str  # "jsonl" or "vllm-log"
+    times: list[float] | None = None  # `t` of every line (a trace capplan recorded), else None
 
     @property
     def note(self) -> str | None:
@@ -189,6 +190,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
     json_lines: list[tuple[int, str]] = []
     stats: list[tuple[int, str]] = []
     other: tuple[int, str] | None = None
+    times: list[float] | None = []  # the recorder's step times, when every line has one
     for number, line in text_lines(path, "batch file", BatchFileError, MAX_TRACE_BYTES):
         text = line.strip()
         if not text or text.startswith("#"):
@@ -220,7 +222,13 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
         batches = []
         for number, text in json_lines:
             try:
-                batches.append(parse_batch(json_value(text)))
+                item = json_value(text)
+                batches.append(parse_batch(item))
+                stamp = item.get("t") if isinstance(item, dict) else None
+                if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and times is not None:
+                    times.append(float(stamp))
+                else:
+                    times = None
             except ValueError as exc:  # json.JSONDecodeError is a ValueError
                 raise BatchFileError(f"{name}:{number}: {printable(str(exc))[:200]}") from None
         source = "jsonl"
@@ -234,7 +242,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
                     f"{name}:{number}: {problem}: this deployment never schedules it",
                     "record the trace on the deployment the plan is for",
                 )
-    return BatchFile(batches, source)
+    return BatchFile(batches, source, times if source == "jsonl" and times else None)
 
 
 def _numbered(json_lines, batches, source):

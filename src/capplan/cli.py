@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from capplan.errors import CapplanError, UsageError, printable
+from capplan.errors import CapplanError, InputError, UsageError, printable
 
 app = typer.Typer(
     name="capplan",
@@ -911,6 +911,70 @@ def calibrate_cmd(
         f"wrote {output}: {len(data['runs'])} capture runs, {len(data['step_times'])} step times "
         f"(calibration {data['name']})"
     )
+
+
+@app.command("calibrate-trace")
+@_errors_to_exit
+def calibrate_trace_cmd(
+    plan: Annotated[Path, typer.Argument(help="The plan the trace was recorded under.", show_default=False)],
+    trace: Annotated[
+        Path, typer.Argument(help="Trace recorded by capplan apply --trace (with step times).", show_default=False)
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Calibration YAML to write.")],
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration", help="Calibration whose capture runs (and step times outside the trace) to keep."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Calibration name (default: the base's, + served).")
+    ] = None,
+) -> None:
+    """Fit step times as served from a recorded trace, into a calibration file. No GPU needed.
+
+    The interval between two recorded steps is the second step's period as the
+    engine ran it (scheduling and output included); intervals over 0.1 s are
+    idle time. Steps are dispatched through PLAN: graph steps give the time of
+    a FULL or PIECEWISE replay per LoRA case and padded size, eager steps the
+    time per token count. Medians of at least 3 steps become the calibration's
+    step_times; the capture runs, and step times for token counts the trace
+    never reached (eager decode, say), come from --calibration.
+    """
+    import yaml
+
+    from capplan.batches import read_batches
+    from capplan.files import check_output, write_atomic
+    from capplan.loading import load_calibration, load_plan
+    from capplan.traffic.cost import fit_step_times, merge_step_times
+
+    check_output(output, (plan, trace))
+    loaded = load_plan(plan)
+    batch_file = read_batches(trace, loaded.spec)
+    if batch_file.times is None:
+        raise InputError(
+            f"{printable(str(trace))}: has no step times (t) on every line",
+            "record the trace with capplan apply --trace, or CAPPLAN_TRACE",
+        )
+    base = load_calibration(calibration)
+    fitted = fit_step_times(loaded, batch_file.batches, batch_file.times)
+    if not fitted:
+        raise InputError(f"{printable(str(trace))}: too few busy steps to fit (need 3 per size)")
+    rows = merge_step_times(base.step_times, fitted)
+    data = {
+        "name": name or f"{base.name}+served",
+        "runs": [r.model_dump() for r in base.runs],
+        "step_times": [r.model_dump() for r in rows],
+    }
+    header = (
+        f"# Calibration written by capplan calibrate-trace {plan.name} {trace.name}\n"
+        f"# runs: from {base.name}. step_times: {len(fitted)} fitted from the trace "
+        f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {base.name}.\n"
+    )
+    write_atomic(
+        output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), (plan, trace)
+    )
+    typer.echo(f"wrote {output}: {len(fitted)} step times fitted from {trace}, {len(rows) - len(fitted)} kept")
 
 
 @app.command("schema")

@@ -125,7 +125,10 @@ def graphs_bound(spec: Spec) -> int:
     from capplan.planner.capture_sizes import resolve_capture_sizes
     from capplan.planner.lora_cases import lora_capture_cases
 
-    return 2 * len(resolve_capture_sizes(spec)[0]) * max(1, len(lora_capture_cases(spec)))
+    sizes = len(resolve_capture_sizes(spec)[0])
+    cases = lora_capture_cases(spec) or [0]
+    listed = {e.case: len(e.sizes) for e in spec.cudagraph.lora_case_sizes or []}
+    return 2 * sum(listed.get(case, sizes) for case in cases)
 
 
 def load_spec(path: Path) -> Spec:
@@ -256,18 +259,24 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
     return None
 
 
-def load_cost_model(path: Path | None = None):
-    """The cost model of a calibration file (default: the shipped H200 one)."""
+def load_calibration(path: Path | None = None):
+    """A calibration file (default: the shipped H200 one), validated."""
     from capplan.files import read_yaml
-    from capplan.traffic.cost import DEFAULT_CALIBRATION, Calibration, fit_cost_model
+    from capplan.traffic.cost import DEFAULT_CALIBRATION, Calibration
 
     path = Path(path) if path else DEFAULT_CALIBRATION
     data = read_yaml(path, "calibration", InputError)
     try:
-        cal = Calibration.model_validate(data)
+        return Calibration.model_validate(data)
     except ValidationError as exc:
         raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}") from None
-    return fit_cost_model(cal)
+
+
+def load_cost_model(path: Path | None = None):
+    """The cost model of a calibration file (default: the shipped H200 one)."""
+    from capplan.traffic.cost import fit_cost_model
+
+    return fit_cost_model(load_calibration(path))
 
 
 def size_problem(text: str, data: dict) -> str | None:

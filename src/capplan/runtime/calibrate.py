@@ -108,7 +108,8 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path) -> None:
     rows = []
     if measure:
         adapters = [LoRARequest(p.name, i, str(p)) for i, p in enumerate(adapters_in(model_dir), 1)]
-        for n in decode_sizes(plan) if measure == "graph" else decode_sizes(plan)[1:]:
+        sizes = decode_sizes(load_plan(os.environ["CAPPLAN_CALIBRATE_SIZES_OF"]))
+        for n in sizes if measure == "graph" else [n for n in sizes if n > max(plan.capture_sizes)]:
             for case, (k, base) in sorted(case_batches(plan, len(adapters), n).items()):
                 loras = [None if (k == 0 or (base and j >= k)) else adapters[j % k] for j in range(n)]
                 prompts = [{"prompt_token_ids": [5 + (7 * j + t) % 500 for t in range(8)]} for j in range(n)]
@@ -161,6 +162,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
             plan_path.write_text(render_plan(plan, plan_path.name, "capplan calibrate", plan_file_data(plan)))
             out = Path(tmp) / f"engine{i}.json"
             env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "1", "CAPPLAN_PLAN": str(plan_path)}
+            env["CAPPLAN_CALIBRATE_SIZES_OF"] = str(Path(tmp) / "engine0.plan.yaml")  # sizes of the own plan
             env.pop("CAPPLAN_TRACE", None)
             print(
                 f"capplan calibrate: engine {i + 1}/3 ({label}: {len(plan.graphs)} graphs"

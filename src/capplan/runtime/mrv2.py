@@ -355,8 +355,8 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
         state.step_has_prefill = None
         result = original(self, scheduler_output, *args, **kwargs)
         counts = scheduler_output.num_scheduled_tokens
-        if dummy or not counts:
-            return result
+        if dummy or not counts or all(r.startswith(recorder.WARMUP_PREFIXES) for r in counts):
+            return result  # dummy runs and vLLM's start-up warm-up requests are no traffic
         rec = state.recorder
         if rec is None:
             contract.check_attributes(entry, self)

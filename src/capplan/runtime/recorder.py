@@ -13,7 +13,7 @@ default 256, the size `simulate` reads) recording stops and says so on stderr
 and in the file. With data parallelism each rank writes its own file: `{rank}`
 in the path is replaced by the DP rank, or `.rankN` is added before the
 suffix when the path has no `{rank}`. Dummy runs (profiling, warm-up,
-capture, DP idle steps) are not recorded.
+capture, DP idle steps) and vLLM's start-up warm-up steps are not recorded.
 
 Recording reads the batch after vLLM ran it and never changes what runs.
 The time spent recording is measured per step and written to the run's report.
@@ -31,6 +31,7 @@ from pathlib import Path
 ENV = "CAPPLAN_TRACE"
 ENV_MAX_MB = "CAPPLAN_TRACE_MAX_MB"
 DEFAULT_MAX_MB = 256
+WARMUP_PREFIXES = ("_warmup_", "_v2_mixed_warmup")  # request ids of vLLM's start-up warm-up steps
 
 
 def trace_path(template: str, rank: int, dp_size: int) -> str:

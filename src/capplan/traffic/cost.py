@@ -4,12 +4,16 @@ Coefficients are fitted from measured runs in a calibration file (default:
 `src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25), so
 "max_loras 4 -> 8 adds N graphs, ~X s, ~Y GiB" is known before a GPU boots.
 
-A calibration written by `capplan calibrate` also lists measured step times
-(`step_times`): milliseconds of one decode step replaying a graph of N tokens,
-or running eager on N tokens, per LoRA case. The step model interpolates them
-linearly in tokens (and extrapolates from the last two points), per mode and
-LoRA case, taking the nearest measured case for one not measured; times are
-made non-decreasing in tokens, as a larger batch never runs faster.
+A calibration may also list measured step times (`step_times`): milliseconds
+of one engine step of N tokens per LoRA case, replaying a FULL graph of N
+tokens (`graph`), a PIECEWISE graph (`piecewise`), or with no graph
+(`eager`). `capplan calibrate` measures decode steps offline (graph and
+eager); `capplan calibrate-trace` fits all three from a trace recorded under
+`vllm serve` (the step period as served, prefill included). The step model
+interpolates linearly in tokens (and extrapolates from the last two points),
+per mode and LoRA case, taking the nearest measured case for one not
+measured, and `graph` for `piecewise` when no PIECEWISE step was measured;
+times are made non-decreasing in tokens, as a larger batch never runs faster.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class CalibrationRun(BaseModel):
 
 class StepTime(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["graph", "eager"]
+    mode: Literal["graph", "piecewise", "eager"]
     case: int = Field(ge=0)
     tokens: int = Field(ge=1)
     ms: float = Field(gt=0)
@@ -69,6 +73,8 @@ class StepModel:
         self.modes = {mode for mode, _ in self.tables}
 
     def ms(self, mode: str, case: int, tokens: int) -> float:
+        if mode not in self.modes and mode == "piecewise":
+            mode = "graph"
         cases = [c for m, c in self.tables if m == mode]
         near = min(cases, key=lambda c: (abs(c - case), -c))  # ties: the larger case
         xs, ys = self.tables[(mode, near)]
@@ -150,6 +156,61 @@ def fit_cost_model(cal: Calibration) -> CostModel:
     steps = None
     if cal.step_times:
         steps = StepModel(cal.step_times)
-        if steps.modes != {"graph", "eager"}:
+        if not {"graph", "eager"} <= steps.modes:
             raise InputError("calibration step_times need both graph and eager rows (capplan calibrate writes both)")
     return CostModel(cal.name, Coefficients(*secs), Coefficients(*gib), steps)
+
+
+STEP_GAP_S = 0.1  # a longer interval between two recorded steps is idle time, not a step
+MIN_SAMPLES = 3  # steps needed before a (mode, case, tokens) point is trusted
+
+
+def fit_step_times(plan: Plan, batches: list, times: list[float]) -> list[StepTime]:
+    """Step times as served, from a trace recorded under `plan` (`capplan apply --trace`).
+
+    The interval from one recorded step to the next is the next step's period
+    (recording happens as each step's model run returns); intervals over
+    STEP_GAP_S are idle time and left out. Each step is dispatched through the
+    plan: graph steps are keyed by mode, LoRA case and padded size, eager steps
+    by case and token count in half-octave bins (the bin's median count). The
+    median of each key with at least MIN_SAMPLES steps becomes one row.
+    """
+    import math
+    import statistics
+
+    from capplan.planner.dispatch import Dispatcher
+
+    d = Dispatcher(plan)
+    samples: dict[tuple[str, int, int], list[tuple[float, int]]] = {}
+    for i in range(1, len(batches)):
+        dt = times[i] - times[i - 1]
+        if not 0 < dt <= STEP_GAP_S:
+            continue
+        batch = batches[i].batch
+        r = d.dispatch(batch)
+        if r.graph_id >= 0:
+            key = ("graph" if r.cg_mode == "FULL" else "piecewise", r.num_active_loras, r.num_tokens)
+        else:
+            key = ("eager", r.num_active_loras, round(2 * math.log2(batch.num_tokens)))
+        samples.setdefault(key, []).append((1000 * dt, batch.num_tokens))
+    rows = []
+    for (mode, case, tokens), found in sorted(samples.items()):
+        if len(found) < MIN_SAMPLES:
+            continue
+        if mode == "eager":
+            tokens = int(statistics.median_low(t for _, t in found))
+        ms = statistics.median(v for v, _ in found)
+        rows.append(StepTime(mode=mode, case=case, tokens=tokens, ms=round(ms, 4)))
+    return rows
+
+
+def merge_step_times(base: list[StepTime], fitted: list[StepTime]) -> list[StepTime]:
+    """The fitted rows, plus base rows for token counts the fit does not reach in the same
+    mode and case (e.g. eager decode steps, which a plan that serves them from graphs never
+    records)."""
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in fitted:
+        lo, hi = seen.get((r.mode, r.case), (r.tokens, r.tokens))
+        seen[(r.mode, r.case)] = (min(lo, r.tokens), max(hi, r.tokens))
+    kept = [r for r in base if not ((r.mode, r.case) in seen and seen[(r.mode, r.case)][0] <= r.tokens)]
+    return sorted(kept + fitted, key=lambda r: (r.mode, r.case, r.tokens))

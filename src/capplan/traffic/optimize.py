@@ -215,37 +215,66 @@ def _padding(weights: dict[int, int], sizes: list[int]) -> int:
 
 
 class Objective:
-    """What a capture set costs on the trace: padded tokens, or predicted step time (ms)."""
+    """What a capture set costs on the trace: padded tokens, or predicted step time (ms).
 
-    def __init__(self, trace: list[TraceBatch], top: int, plan: Plan, cost: CostModel, name: str) -> None:
+    Under step time, batches are grouped by LoRA case and by the graph mode that
+    would serve them: a uniform decode batch replays a FULL graph when its size
+    is one vLLM captures FULL (up to the largest FULL size), a PIECEWISE one
+    above that; any other batch replays PIECEWISE, or runs eager when the mode
+    has no PIECEWISE graphs. Each group is priced with its own measured times.
+    """
+
+    def __init__(self, spec: Spec, trace: list[TraceBatch], top: int, plan: Plan, cost: CostModel, name: str) -> None:
+        from capplan.planner.dispatch import Dispatcher, derive_uniform
+
         self.name = name
         self.steps = cost.steps if name == "step-time" else None
-        self.per_case = case_weights(trace, top, plan)
         self.flat = token_weights(trace, top)
         self.real = sum(t * w for t, w in self.flat.items())
-        # batches above the top size run eager whatever is chosen
-        self.fixed_ms = 0.0
-        if self.steps is not None:
-            from capplan.planner.dispatch import Dispatcher
-
-            d = Dispatcher(plan)
-            for item in trace:
-                if item.batch.num_tokens > top:
-                    case = d.lora_case(d.lora_count(item.batch))
-                    self.fixed_ms += item.count * self.steps.ms("eager", case, item.batch.num_tokens)
-
-    def price(self, case: int, size: int) -> float:
-        assert self.steps is not None
-        return self.steps.ms("graph", case, size)
-
-    def eager(self, case: int, tokens: int) -> float:
-        assert self.steps is not None
-        return self.steps.ms("eager", case, tokens)
-
-    def solver(self, weights: dict[int, dict[int, int]], top: int, open_top: bool) -> Bucketing:
+        self.per_case = case_weights(trace, top, plan)
+        self.fixed_ms = 0.0  # steps whose cost no capture set changes
+        self.groups: dict[int, dict[tuple[int, str], dict[int, int]]] = {}  # case -> (case, kind) -> weights
         if self.steps is None:
-            return Bucketing(weights, top)
-        return Bucketing(weights, top, self.price, self.eager if open_top else None)
+            return
+        union = compile_plan(with_sizes(spec, sorted(set(self.flat) | {top})), with_deviations=False)
+        self.full_max = max(
+            (g.descriptor.num_tokens for g in union.graphs if g.descriptor.cg_mode == "FULL"), default=0
+        )
+        has_piecewise = any(g.descriptor.cg_mode == "PIECEWISE" for g in union.graphs)
+        d = Dispatcher(plan)
+        dql = spec.decode_query_len
+        for item in trace:
+            b = item.batch
+            case = d.lora_case(d.lora_count(b))
+            decode = not b.has_prefill and derive_uniform(b, spec.target.vllm) == dql
+            if b.num_tokens > top or not (decode or has_piecewise):
+                self.fixed_ms += item.count * self.steps.ms("eager", case, b.num_tokens)
+                continue
+            kind = "full" if decode and self.full_max else "piecewise"
+            weights = self.groups.setdefault(case, {}).setdefault((case, kind), {})
+            weights[b.num_tokens] = weights.get(b.num_tokens, 0) + item.count
+
+    def price(self, group: tuple[int, str], size: int) -> float:
+        assert self.steps is not None
+        case, kind = group
+        if kind == "full" and size <= self.full_max:
+            return self.steps.ms("graph", case, size)
+        return self.steps.ms("piecewise", case, size)
+
+    def eager(self, group: tuple[int, str], tokens: int) -> float:
+        assert self.steps is not None
+        return self.steps.ms("eager", group[0], tokens)
+
+    def solver(self, cases: list[int], top: int, open_top: bool) -> Bucketing:
+        """The bucketing problem of these LoRA cases (all of them: one shared size list)."""
+        if self.steps is None:
+            merged: dict[int, int] = {}
+            for c in cases:
+                for t, w in self.per_case.get(c, {}).items():
+                    merged[t] = merged.get(t, 0) + w
+            return Bucketing({0: merged}, top)
+        groups = {g: w for c in cases for g, w in self.groups.get(c, {}).items()}
+        return Bucketing(groups, top, self.price, self.eager if open_top else None)
 
     def step_seconds(self, per_case_sizes: dict[int, list[int]]) -> float | None:
         """Predicted total step time for these sizes per case (None under the padding objective)."""
@@ -254,11 +283,12 @@ class Objective:
         import bisect
 
         total = self.fixed_ms
-        for case, weights in self.per_case.items():
+        for case, groups in self.groups.items():
             sizes = per_case_sizes.get(case) or per_case_sizes.get(-1) or max(per_case_sizes.values())
-            for t, w in weights.items():
-                i = bisect.bisect_left(sizes, t)
-                total += w * (self.price(case, sizes[i]) if i < len(sizes) else self.eager(case, t))
+            for group, weights in groups.items():
+                for t, w in weights.items():
+                    i = bisect.bisect_left(sizes, t)
+                    total += w * (self.price(group, sizes[i]) if i < len(sizes) else self.eager(group, t))
         return round(total / 1000, 3)
 
 
@@ -291,7 +321,7 @@ def optimize(
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
-    goal = Objective(trace, top, default_plan, cost, objective)
+    goal = Objective(spec, trace, top, default_plan, cost, objective)
     default = _point(
         default_plan,
         cost,
@@ -347,8 +377,7 @@ def _case_sizes(spec: Spec) -> dict[int, list[int]]:
 def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, max_points: int) -> list[CurvePoint]:
     """One size set for every LoRA case (what vLLM can express; required under DP). Under the
     step-time objective the largest size is chosen too: batches above it are priced eager."""
-    weights = goal.per_case if goal.steps is not None else {0: goal.flat}
-    solver = goal.solver(weights, top, open_top=True)
+    solver = goal.solver(sorted(goal.per_case), top, open_top=True)
     curve: list[CurvePoint] = []
     for k in range(1, min(len(solver.sizes), max_points) + 1):
         value, sizes = solver.best(k)
@@ -402,7 +431,7 @@ def _per_case_curve(
 
     options: dict[int, list[tuple[int, float, list[int]]]] = {}
     for c in cases:
-        solver = goal.solver({c: per_case[c]}, top, open_top=False)
+        solver = goal.solver([c], top, open_top=False)
         opts: list[tuple[int, float, list[int]]] = []
         for k in range(1, min(len(solver.sizes), max_points) + 1):
             value, sizes = solver.best(k)

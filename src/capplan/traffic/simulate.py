@@ -86,7 +86,8 @@ def simulate(
             if d.graph_id < 0:
                 result.step_ms += n * steps.ms("eager", d.num_active_loras, batch.num_tokens)
             else:
-                result.step_ms += n * steps.ms("graph", d.num_active_loras, d.num_tokens)
+                mode = "graph" if d.cg_mode == "FULL" else "piecewise"
+                result.step_ms += n * steps.ms(mode, d.num_active_loras, d.num_tokens)
         if d.graph_id < 0:
             result.eager_steps += n
             result.eager_tokens += n * batch.num_tokens
