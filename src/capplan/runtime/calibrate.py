@@ -90,7 +90,7 @@ def engines(spec: Spec) -> list[tuple[str, Spec, str | None]]:
     ]
 
 
-def _child(plan_path: Path, model_dir: Path, measure: str, out: Path) -> None:
+def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: Path) -> None:
     """In an engine process (CAPPLAN_PLAN set): build the engine, time decode steps, write JSON."""
     from vllm import LLM
     from vllm.lora.request import LoRARequest
@@ -108,7 +108,7 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path) -> None:
     rows = []
     if measure:
         adapters = [LoRARequest(p.name, i, str(p)) for i, p in enumerate(adapters_in(model_dir), 1)]
-        sizes = decode_sizes(load_plan(os.environ["CAPPLAN_CALIBRATE_SIZES_OF"]))
+        sizes = decode_sizes(load_plan(sizes_of))  # the sizes of the spec's own plan
         for n in sizes if measure == "graph" else [n for n in sizes if n > max(plan.capture_sizes)]:
             for case, (k, base) in sorted(case_batches(plan, len(adapters), n).items()):
                 loras = [None if (k == 0 or (base and j >= k)) else adapters[j % k] for j in range(n)]
@@ -162,7 +162,6 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
             plan_path.write_text(render_plan(plan, plan_path.name, "capplan calibrate", plan_file_data(plan)))
             out = Path(tmp) / f"engine{i}.json"
             env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "1", "CAPPLAN_PLAN": str(plan_path)}
-            env["CAPPLAN_CALIBRATE_SIZES_OF"] = str(Path(tmp) / "engine0.plan.yaml")  # sizes of the own plan
             env.pop("CAPPLAN_TRACE", None)
             print(
                 f"capplan calibrate: engine {i + 1}/3 ({label}: {len(plan.graphs)} graphs"
@@ -180,6 +179,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
                     str(model_dir),
                     measure or "",
                     str(out),
+                    str(Path(tmp) / "engine0.plan.yaml"),
                 ],
                 env,
             )
@@ -246,4 +246,4 @@ def _versions() -> dict:
 
 
 if __name__ == "__main__":
-    _child(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+    _child(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]))
