@@ -175,7 +175,23 @@ def plan_file_data(plan: Plan) -> dict:
         ],
         "dispatch": [_dispatch_entry(plan, row) for row in plan.dispatch],
     }
+    if plan.encoder is not None:
+        e = plan.encoder
+        data["encoder"] = {
+            "graphs": [f"ENCODER:{b}" for b in e.budgets],
+            "max_items": e.max_items,
+            "max_frames": e.max_frames,
+            "vllm_graphs": [f"ENCODER:{b}" for b in e.vllm_budgets],
+            "dispatch": ENCODER_DISPATCH if e.budgets else "eager: no encoder graphs",
+            "lora": e.lora,
+        }
     return data
+
+
+ENCODER_DISPATCH = (
+    "items by output tokens, ascending, packed while under max_items and the largest budget; "
+    "each batch replays the smallest budget >= its tokens, else eager"
+)
 
 
 def _drop_nulls(value: object) -> object:
@@ -265,7 +281,7 @@ def iter_plan_lines(data: dict, header: str) -> Iterator[str]:
             yield f"{key}:"
             for item in value:
                 yield from _emit_item(item, 2)
-        elif key in ("spec", "graph_counts"):  # always one line per entry: a change stays on its line
+        elif key in ("spec", "graph_counts", "encoder"):  # one line per entry: a change stays on its line
             yield f"{key}:"
             for k, v in value.items():
                 yield from _emit(_scalar(k), v, 2)

@@ -27,6 +27,7 @@ CLASSES = {
     "lora_grid": "6: no-LoRA slot not counted",
     "dummy_length": "5: dummy request too long",
     "dp": "7: DP ranks can disagree",
+    "encoder_lora": "11: encoder graphs skip tower/connector LoRA",
     "consistency": "hand edit: plan does not match its spec",
 }
 
@@ -194,6 +195,23 @@ def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     if top < budget:
         report.eager_regions.append(f"all batches of {top + 1}..{budget} tokens run eager (above the largest graph)")
     report.checked["dispatch_ranges"] = len(plan.dispatch)
+
+
+def _check_encoder(plan: Plan, report: VerifyReport) -> None:
+    """Encoder graphs are captured with no tower LoRA mapping set: with specialize_active_lora
+    the tower and connector LoRA kernels read an active-adapter count of 0 at capture, launch
+    with an empty grid and are not in the graph; every replay then runs the base tower."""
+    enc, mm = plan.encoder, plan.spec.multimodal
+    if enc is None or mm is None:
+        return
+    report.checked["encoder graphs"] = len(enc.budgets)
+    if enc.budgets and mm.tower_connector_lora and plan.spec.lora.specialize_active:
+        report.add(
+            "encoder_lora",
+            f"{len(enc.budgets)} encoder graph(s) {', '.join(f'ENCODER:{b}' for b in enc.budgets)} are captured "
+            "with tower/connector LoRA on and specialize_active_lora: the LoRA kernels launch with 0 active "
+            "adapters at capture, so vision requests with an adapter get base-tower outputs (fix: encoder_lora_eager)",
+        )
 
 
 def _check_graphs(plan: Plan, report: VerifyReport) -> None:
@@ -402,6 +420,7 @@ def verify_plan(plan: Plan, *, consistency: bool = True) -> VerifyReport:
     _check_coverage(plan, tables, report)
     _check_graphs(plan, report)
     _check_dp(plan, tables, report)
+    _check_encoder(plan, report)
     if consistency:
         _check_consistency(plan, report)
     return report

@@ -76,6 +76,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
             padded_tokens_lora_invariant=lora_invariant,
         ),
         stats=_stats(ordered, cases),
+        encoder=_encoder(spec),
     )
     if with_deviations and spec.fixes:
         twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode), dropped)
@@ -83,6 +84,29 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     if with_deviations and spec.cudagraph.lora_case_sizes is not None:
         plan.__dict__["deviations"] = [*plan.deviations, _case_sizes_deviation(spec, sizes)]
     return plan
+
+
+TOWER_LORA = (
+    "set per encoder batch before the encoder runs (set_active_mm_loras: TOWER mapping, then CONNECTOR), "
+    "one adapter id per item"
+)
+
+
+def _encoder(spec: Spec):
+    """The plan's encoder section (None for a text model)."""
+    from capplan.planner.encoder import encoder_plan_graphs
+    from capplan.schemas.plan import EncoderPlan
+
+    if spec.multimodal is None:
+        return None
+    vllm, planned = encoder_plan_graphs(spec)
+    return EncoderPlan.trusted(
+        budgets=sorted(planned.budgets, reverse=True) if planned else [],
+        max_items=planned.max_items if planned else 0,
+        max_frames=planned.max_frames if planned else 0,
+        vllm_budgets=sorted(vllm.budgets, reverse=True) if vllm else [],
+        lora=TOWER_LORA if spec.multimodal.tower_connector_lora else None,
+    )
 
 
 def _case_sizes_deviation(spec: Spec, sizes: list[int]):

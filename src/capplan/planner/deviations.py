@@ -12,6 +12,7 @@ FAILURE_CLASSES = {
     Fix.dummy_remainder: "5: dummy requests longer than max_model_len (remainder piled on one request)",
     Fix.mixed_ranges: "8: coverage holes (0.25 union ranges send mixed batches eager)",
     Fix.prune_unreachable: "cost: graphs captured that no reachable batch can replay (capture time, graph memory)",
+    Fix.encoder_lora_eager: "11: encoder graphs skip tower/connector LoRA (kernel grid of 0 adapters at capture)",
 }
 
 
@@ -53,10 +54,21 @@ def describe_deviations(plan: Plan, exact: ExactTwin) -> list[Deviation]:
         Fix.dummy_remainder: _dummy_remainder,
         Fix.mixed_ranges: _mixed_ranges,
         Fix.prune_unreachable: _prune_unreachable,
+        Fix.encoder_lora_eager: _encoder_lora_eager,
     }
     return [
         Deviation(fix=fix.value, failure_class=FAILURE_CLASSES[fix], changes=describe[fix](plan, exact))
         for fix in plan.spec.fixes
+    ]
+
+
+def _encoder_lora_eager(plan: Plan, exact: ExactTwin) -> list[str]:
+    enc = plan.encoder
+    if enc is None or enc.budgets == enc.vllm_budgets:
+        return ["no change: encoder graphs are off, or cannot skip tower LoRA here (specialize_active off)"]
+    return [
+        f"encoder: runs eager; vLLM would capture {len(enc.vllm_budgets)} budget graph(s) "
+        f"{enc.vllm_budgets} whose tower/connector LoRA kernels launch with a grid of 0 adapters"
     ]
 
 

@@ -22,6 +22,8 @@ def spec_data(spec: Spec) -> dict:
     data = spec.model_dump(mode="json")
     if data["cudagraph"].get("lora_case_sizes") is None:
         data["cudagraph"].pop("lora_case_sizes", None)
+    if data.get("multimodal", 0) is None:
+        data.pop("multimodal")
     return data
 
 

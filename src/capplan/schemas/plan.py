@@ -151,6 +151,17 @@ class DPPolicy(_Frozen):
     padded_tokens_lora_invariant: bool
 
 
+class EncoderPlan(_Frozen):
+    """The multimodal encoder: its CUDA graphs (vLLM 0.31+ MRV2) and where its LoRA
+    mappings are set."""
+
+    budgets: list[int] = Field(description="Token budgets captured, in capture order (largest first); [] eager.")
+    max_items: int = Field(ge=0, description="Most encoder items (images, videos) one graph takes.")
+    max_frames: int = Field(ge=0, description="Most video frames one graph takes.")
+    vllm_budgets: list[int] = Field(description="What vLLM alone would capture, in capture order.")
+    lora: str | None = Field(description="Where the tower and connector LoRA mappings are set; None: no tower LoRA.")
+
+
 class Plan(_Frozen):
     """A serialized capture plan."""
 
@@ -172,6 +183,7 @@ class Plan(_Frozen):
     dummy_runs: list[DummyRun]
     dp: DPPolicy
     stats: dict[str, dict[str, int]]
+    encoder: EncoderPlan | None = None
 
     @property
     def descriptors(self) -> list[Descriptor]:

@@ -47,9 +47,14 @@ class Fix(str, enum.Enum):
     dummy_remainder = "dummy_remainder"
     mixed_ranges = "mixed_ranges"
     prune_unreachable = "prune_unreachable"
+    encoder_lora_eager = "encoder_lora_eager"
 
 
+# The fixes every spec gets by default; encoder_lora_eager is added by default only
+# where it applies (a multimodal section with tower LoRA), so other plans never change.
 ALL_FIXES: tuple[Fix, ...] = (Fix.lora_slot, Fix.dummy_remainder, Fix.mixed_ranges, Fix.prune_unreachable)
+FIX_ORDER: tuple[Fix, ...] = (*ALL_FIXES, Fix.encoder_lora_eager)
+MAX_ENCODER_BUDGET = 1 << 22
 
 # Limits that reject absurd values with a clear message instead of letting a
 # typo (max_num_seqs: 2560000) build a plan of millions of lines.
@@ -264,6 +269,63 @@ class Parallel(_Strict):
     data_parallel_size: int = Field(1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size.")
 
 
+class Multimodal(_Strict):
+    """A multimodal model's encoder on MRV2 (vision tower and connector), as far as graphs
+    and LoRA are concerned. The model's own encoder CUDA-graph limits (its
+    `get_encoder_cudagraph_budget_range` and `max_frames_per_video`) are given here,
+    since capplan reads no model."""
+
+    tower_connector_lora: bool = Field(
+        False, description="vLLM LoRAConfig.enable_tower_connector_lora: LoRA on the vision tower and connector."
+    )
+    encoder_cudagraphs: bool = Field(
+        False,
+        description="vLLM CompilationConfig.cudagraph_mm_encoder: CUDA graphs for the encoder (MRV2 from 0.31).",
+    )
+    token_budgets: list[Annotated[int, Field(ge=1, le=MAX_ENCODER_BUDGET)]] | None = Field(
+        None,
+        max_length=64,
+        description="vLLM encoder_cudagraph_token_budgets; null: powers of two over the model's budget range.",
+    )
+    max_vision_items_per_batch: int = Field(
+        0, ge=0, le=MAX_ENCODER_BUDGET, description="vLLM encoder_cudagraph_max_vision_items_per_batch; 0: auto."
+    )
+    max_frames_per_batch: int | None = Field(
+        None, ge=0, le=MAX_ENCODER_BUDGET, description="vLLM encoder_cudagraph_max_frames_per_batch; null: auto."
+    )
+    budget_range: list[Annotated[int, Field(ge=1, le=MAX_ENCODER_BUDGET)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description=(
+            "The model's encoder token budget range [min, max] (its get_encoder_cudagraph_budget_range); "
+            "needed unless token_budgets and max_vision_items_per_batch are both given."
+        ),
+    )
+    video: bool = Field(False, description="Video inputs allowed (limit_mm_per_prompt video > 0).")
+    max_frames_per_video: int = Field(
+        0, ge=0, le=MAX_ENCODER_BUDGET, description="The model's max_frames_per_video (video, frames auto only)."
+    )
+
+    @model_validator(mode="after")
+    def _budgets_resolvable(self) -> Multimodal:
+        if not self.encoder_cudagraphs:
+            return self
+        explicit = self.token_budgets is not None and self.max_vision_items_per_batch > 0
+        if not explicit and self.budget_range is None:
+            raise ValueError(
+                "encoder_cudagraphs needs budget_range (the model's encoder token budget range) unless "
+                "token_budgets and max_vision_items_per_batch are both given; add budget_range: [MIN, MAX]"
+            )
+        if self.budget_range is not None and self.budget_range[0] > self.budget_range[1]:
+            raise ValueError(f"budget_range {list(self.budget_range)}: min above max; swap them")
+        if self.token_budgets is not None and len(set(self.token_budgets)) != len(self.token_budgets):
+            raise ValueError("token_budgets lists a budget twice; list each once")
+        if self.video and self.max_frames_per_batch is None and self.max_frames_per_video == 0:
+            raise ValueError("video with auto max_frames_per_batch needs max_frames_per_video (the model's)")
+        return self
+
+
 class Spec(_Strict):
     """A vLLM MRV2 deployment, as far as CUDA-graph capture is concerned."""
 
@@ -273,12 +335,16 @@ class Spec(_Strict):
     lora: Lora = Field(default_factory=Lora, description="LoRA settings.")
     speculative: Speculative = Field(default_factory=Speculative, description="Speculative decoding.")
     parallel: Parallel = Field(default_factory=Parallel, description="Data parallelism.")
+    multimodal: Multimodal | None = Field(
+        None, description="The model's multimodal encoder (vision tower and connector); null: a text model."
+    )
     fixes: list[Fix] = Field(
         default_factory=lambda: list(ALL_FIXES),
-        max_length=len(ALL_FIXES),
+        max_length=len(FIX_ORDER),
         description=(
             "capplan's deliberate deviations from vLLM: lora_slot, dummy_remainder, "
-            "mixed_ranges, prune_unreachable. [] reproduces vLLM exactly."
+            "mixed_ranges, prune_unreachable, and for a multimodal spec with tower LoRA "
+            "encoder_lora_eager (in the default where it applies). [] reproduces vLLM exactly."
         ),
     )
 
@@ -292,7 +358,7 @@ class Spec(_Strict):
                     try:
                         item = Fix(item)
                     except ValueError:
-                        allowed = ", ".join(f.value for f in ALL_FIXES)
+                        allowed = ", ".join(f.value for f in FIX_ORDER)
                         raise ValueError(f"unknown fix {item!r}; known: {allowed}") from None
                 out.append(item)
             return out
@@ -303,7 +369,7 @@ class Spec(_Strict):
     def _canonical_fixes(cls, fixes: list[Fix]) -> list[Fix]:
         if len(set(fixes)) != len(fixes):
             raise ValueError("lists a fix twice; name each fix once")
-        return [f for f in ALL_FIXES if f in fixes]
+        return [f for f in FIX_ORDER if f in fixes]
 
     @model_validator(mode="after")
     def _sizes_fit_budget(self) -> Spec:
@@ -334,6 +400,28 @@ class Spec(_Strict):
                 raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
         # That each listed case is one of the spec's LoRA capture cases is a planning rule:
         # capplan.loading checks it (capplan.planner.lora_cases), schemas import no planner code.
+        return self
+
+    @model_validator(mode="after")
+    def _multimodal_rules(self) -> Spec:
+        mm = self.multimodal
+        if mm is None:
+            if Fix.encoder_lora_eager in self.fixes:
+                raise ValueError("fixes: encoder_lora_eager applies to a multimodal spec only; remove it")
+            return self
+        if mm.tower_connector_lora and not self.lora.enabled:
+            raise ValueError("multimodal.tower_connector_lora needs lora.enabled; enable LoRA or remove it")
+        if mm.encoder_cudagraphs and self.target.vllm == "0.25":
+            raise ValueError(
+                "multimodal.encoder_cudagraphs: vLLM 0.25's Model Runner V2 captures no encoder graphs "
+                '(only its V1 runner does); set it to false, or target.vllm: "0.33"'
+            )
+        if (
+            "fixes" not in self.model_fields_set
+            and mm.tower_connector_lora
+            and Fix.encoder_lora_eager not in self.fixes
+        ):
+            self.__dict__["fixes"] = [*self.fixes, Fix.encoder_lora_eager]  # the default: every fix that applies
         return self
 
     def has(self, fix: Fix) -> bool:
