@@ -189,8 +189,9 @@ def plan_file_data(plan: Plan) -> dict:
 
 
 ENCODER_DISPATCH = (
-    "items by output tokens, ascending, packed while under max_items and the largest budget; "
-    "each batch replays the smallest budget >= its tokens, else eager"
+    "items by output tokens, ascending, packed while under max_items and the largest budget (0.32+: an item "
+    "needing at least the batch's budget, cheaper alone, starts a new batch); each batch replays the "
+    "smallest budget >= its tokens, else eager"
 )
 
 

@@ -27,6 +27,7 @@ class PlanDiff:
     removed_sample: list[str] = field(default_factory=list)
     dispatch_changes: list[str] = field(default_factory=list)
     lora_map_changes: list[str] = field(default_factory=list)
+    encoder_changes: list[str] = field(default_factory=list)
     fix_changes: list[str] = field(default_factory=list)
     old_estimate: Estimate | None = None
     new_estimate: Estimate | None = None
@@ -64,6 +65,7 @@ class PlanDiff:
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
             "dispatch_changes": self.dispatch_changes,
             "lora_dispatch_changes": self.lora_map_changes,
+            "encoder_changes": self.encoder_changes,
             "fix_changes": self.fix_changes,
             "estimate": {"old": est(self.old_estimate), "new": est(self.new_estimate), "calibration": self.calibration},
         }
@@ -105,6 +107,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         o, n = old.lora_dispatch_map.get(count), new.lora_dispatch_map.get(count)
         if o != n:
             result.lora_map_changes.append(f"LoRA count {count}: case {_fmt(o)} -> case {_fmt(n)}")
+    result.encoder_changes = _encoder_changes(old, new)
     if old.fixes != new.fixes:
         result.fix_changes.append(f"fixes: {old.fixes} -> {new.fixes}")
     old_dev = {d.fix: d.changes for d in old.deviations}
@@ -114,6 +117,22 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         result.fix_changes += [f"- {fix}: {c}" for c in before if c not in after]
         result.fix_changes += [f"+ {fix}: {c}" for c in after if c not in before]
     return result
+
+
+def _encoder_changes(old: Plan, new: Plan) -> list[str]:
+    def shown(plan: Plan) -> dict[str, object]:
+        enc = plan.encoder
+        if enc is None:
+            return {"graphs": "none (no multimodal encoder)"}
+        return {
+            "graphs": ", ".join(f"ENCODER:{b}" for b in enc.budgets) or "none (eager)",
+            "max items": enc.max_items,
+            "max frames": enc.max_frames,
+            "tower/connector LoRA": "on" if enc.lora else "off",
+        }
+
+    a, b = shown(old), shown(new)
+    return [f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
 
 
 def _fmt(value: object) -> str:
@@ -135,6 +154,7 @@ def render_text(d: PlanDiff) -> str:
             + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
         ),
         ("LoRA dispatch", d.lora_map_changes),
+        ("encoder", d.encoder_changes),
         ("dispatch (what a batch replays)", d.dispatch_changes),
         ("fixes and deviations", d.fix_changes),
     ]
@@ -173,7 +193,11 @@ def render_markdown(d: PlanDiff) -> str:
             "|---|---:|---:|---:|",
         ]
         lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
-    for title, items in (("LoRA dispatch", d.lora_map_changes), ("Dispatch changes", d.dispatch_changes)):
+    for title, items in (
+        ("LoRA dispatch", d.lora_map_changes),
+        ("Encoder", d.encoder_changes),
+        ("Dispatch changes", d.dispatch_changes),
+    ):
         if items:
             lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
     if d.fix_changes:

@@ -102,8 +102,8 @@ def _encoder(spec: Spec):
     vllm, planned = encoder_plan_graphs(spec)
     return EncoderPlan.trusted(
         budgets=sorted(planned.budgets, reverse=True) if planned else [],
-        max_items=planned.max_items if planned else 0,
-        max_frames=planned.max_frames if planned else 0,
+        max_items=vllm.max_items if vllm else 0,
+        max_frames=vllm.max_frames if vllm else 0,
         vllm_budgets=sorted(vllm.budgets, reverse=True) if vllm else [],
         lora=TOWER_LORA if spec.multimodal.tower_connector_lora else None,
     )

@@ -97,6 +97,8 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         lines += _table(["count", "case"], [[str(k), str(v)] for k, v in plan.lora_dispatch_map.items()])
         lines.append("")
     lines += _ranges(plan)
+    if plan.encoder is not None:
+        lines += _encoder_lines(plan)
     if plan.deviations:
         lines.append("Deviations from vLLM:")
         for dev in plan.deviations:
@@ -109,3 +111,22 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
     )
     return "\n".join(lines) + "\n"
+
+
+def _encoder_lines(plan: Plan) -> list[str]:
+    enc = plan.encoder
+    assert enc is not None
+    if enc.budgets:
+        head = (
+            f"Encoder graphs ({len(enc.budgets)}, largest first): {', '.join(map(str, enc.budgets))} tokens; "
+            f"up to {enc.max_items} items and {enc.max_frames} frames a graph; a batch above the largest "
+            "budget runs eager."
+        )
+    elif enc.vllm_budgets:
+        head = f"Encoder: eager (vLLM alone would capture {len(enc.vllm_budgets)} graphs: {enc.vllm_budgets})."
+    else:
+        head = "Encoder: eager (no encoder CUDA graphs)."
+    lines = [head]
+    if enc.lora:
+        lines.append(f"  tower/connector LoRA: {enc.lora}")
+    return [*lines, ""]

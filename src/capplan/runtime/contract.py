@@ -164,6 +164,13 @@ CONTRACT: tuple[Hook, ...] = (
         prefix=True,
     ),
     Hook(
+        "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.capture",
+        ("0.33",),
+        ("self", "graph_pool"),
+        "check the encoder budgets against the plan; under encoder_lora_eager capture none (class 11)",
+        ("token_budgets", "max_batch_size", "max_frames_per_batch", "graph_pool"),
+    ),
+    Hook(
         "vllm.engine.arg_utils:EngineArgs.create_engine_config",
         ("0.25", "0.33"),
         ("self",),

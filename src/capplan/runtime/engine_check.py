@@ -40,7 +40,20 @@ def plan_settings(plan: Plan) -> dict[str, object]:
         "lora_capture_cases (resolved)": plan.lora_capture_cases,
         "speculative.num_speculative_tokens": spec.speculative.num_speculative_tokens,
         "parallel.data_parallel_size": spec.parallel.data_parallel_size,
+        **_multimodal_plan(plan),
     }
+
+
+def _multimodal_plan(plan: Plan) -> dict[str, object]:
+    mm = plan.spec.multimodal
+    out: dict[str, object] = {"multimodal.tower_connector_lora": bool(mm and mm.tower_connector_lora)}
+    if plan.spec.target.vllm != "0.25":  # 0.25's MRV2 captures no encoder graphs, whatever the flag says
+        out["multimodal.encoder_cudagraphs"] = bool(mm and mm.encoder_cudagraphs)
+        if mm and mm.encoder_cudagraphs:
+            out["multimodal.token_budgets"] = sorted(mm.token_budgets or [])
+            out["multimodal.max_vision_items_per_batch"] = mm.max_vision_items_per_batch
+            out["multimodal.max_frames_per_batch"] = mm.max_frames_per_batch
+    return out
 
 
 def _short(value: object) -> str:
@@ -52,6 +65,8 @@ def differences(plan: Plan, manager) -> list[str]:
     ours, theirs = plan_settings(plan), engine_settings(manager)
     out = []
     for key, want in ours.items():
+        if key not in theirs:
+            continue
         have = theirs[key]
         if key == "lora.specialize" and not ours["lora.enabled"]:
             continue  # irrelevant without LoRA
@@ -93,6 +108,11 @@ def config_settings(cfg) -> dict[str, object]:
         "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
         "speculative.num_speculative_tokens": getattr(spec, "num_speculative_tokens", None) or 0,
         "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
+        "multimodal.tower_connector_lora": bool(getattr(lora, "enable_tower_connector_lora", False)),
+        "multimodal.encoder_cudagraphs": bool(getattr(comp, "cudagraph_mm_encoder", False)),
+        "multimodal.token_budgets": sorted(getattr(comp, "encoder_cudagraph_token_budgets", None) or []),
+        "multimodal.max_vision_items_per_batch": getattr(comp, "encoder_cudagraph_max_vision_items_per_batch", 0),
+        "multimodal.max_frames_per_batch": getattr(comp, "encoder_cudagraph_max_frames_per_batch", None),
     }
 
 
@@ -101,6 +121,8 @@ def config_problem(plan: Plan, plan_path: str, cfg) -> str | None:
     ours, theirs = plan_settings(plan), config_settings(cfg)
     diffs = []
     for key, have in theirs.items():
+        if key not in ours:
+            continue  # a setting this plan does not depend on (encoder budgets without encoder graphs)
         want = ours[key]
         if key == "lora.specialize" and not ours["lora.enabled"]:
             continue

@@ -120,6 +120,8 @@ def install(plan: Plan, plan_path: str) -> Installed:
     _hook_dp_sync(state, manager_cls, runner_mod, semantics)
     if os.environ.get(recorder.ENV):
         _hook_record(state, runner_mod.GPUModelRunner, semantics)
+    if plan.encoder is not None and plan.encoder.vllm_budgets:
+        _hook_encoder_capture(state, semantics)
     _STATE = state
     return state
 
@@ -378,6 +380,40 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
         return result
 
     runner_cls.execute_model = execute_model
+
+
+def _hook_encoder_capture(state: Installed, semantics: str) -> None:
+    """Check vLLM's encoder budgets against the plan before any encoder graph is captured;
+    under encoder_lora_eager capture none, so the encoder runs eager (vLLM replays encoder
+    graphs only once captured) and tower/connector LoRA applies (failure class 11)."""
+    from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+
+    target = "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.capture"
+    entry = _require(target, semantics)
+    original = EncoderCudaGraphManager.capture
+    enc = state.plan.encoder
+    assert enc is not None
+
+    def capture(self, graph_pool):
+        contract.check_attributes(entry, self)
+        have = (sorted(self.token_budgets, reverse=True), self.max_batch_size, self.max_frames_per_batch)
+        want = (enc.vllm_budgets, enc.max_items, enc.max_frames)
+        if have != want:
+            raise PlanMismatch(
+                f"capplan: {state.plan_path} does not match this engine's encoder graphs (budgets {have[0]}, "
+                f"{have[1]} items, {have[2]} frames; the plan: {want[0]}, {want[1]}, {want[2]}). Nothing was "
+                "captured. Set the spec's multimodal section to the model's and regenerate: capplan compile SPEC"
+            )
+        if not enc.budgets:
+            print(
+                f"capplan: plan {state.plan_path}: encoder runs eager, no encoder graphs captured "
+                "(encoder_lora_eager: tower/connector LoRA with specialize_active_lora)",
+                file=sys.stderr,
+            )
+            return None
+        return original(self, graph_pool)
+
+    EncoderCudaGraphManager.capture = capture
 
 
 def install_dp_guard() -> None:

@@ -156,8 +156,8 @@ class EncoderPlan(_Frozen):
     mappings are set."""
 
     budgets: list[int] = Field(description="Token budgets captured, in capture order (largest first); [] eager.")
-    max_items: int = Field(ge=0, description="Most encoder items (images, videos) one graph takes.")
-    max_frames: int = Field(ge=0, description="Most video frames one graph takes.")
+    max_items: int = Field(ge=0, description="Most encoder items (images, videos) one graph takes (vLLM's).")
+    max_frames: int = Field(ge=0, description="Most video frames one graph takes (vLLM's).")
     vllm_budgets: list[int] = Field(description="What vLLM alone would capture, in capture order.")
     lora: str | None = Field(description="Where the tower and connector LoRA mappings are set; None: no tower LoRA.")
 
