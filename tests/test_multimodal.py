@@ -166,3 +166,32 @@ def test_diff_names_encoder_changes():
     d = diff_plans(old, new, load_cost_model())
     assert any(c.startswith("graphs: none (eager) -> ENCODER:4096") for c in d.encoder_changes)
     assert d.to_json()["encoder_changes"] == d.encoder_changes
+
+
+def test_dispatch_encoder_items(tmp_path):
+    spec = tmp_path / "vl.yaml"
+    spec.write_text(
+        'target: {vllm: "0.33"}\nlora: {enabled: true, max_loras: 2}\n'
+        "multimodal: {tower_connector_lora: true, encoder_cudagraphs: true, budget_range: [64, 4096]}\n"
+    )
+    plan = tmp_path / "vl.plan.yaml"
+    assert runner.invoke(app, ["compile", str(spec), "-o", str(plan)]).exit_code == 0
+    result = runner.invoke(app, ["dispatch", str(plan), "--encoder-items", "100,200,3000,50,9000", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rows = json.loads(result.output)
+    assert [(r["items"], r["graph"]) for r in rows] == [
+        ([3], "ENCODER:64"),
+        ([0], "ENCODER:128"),
+        ([1, 2], "ENCODER:4096"),
+        ([4], None),
+    ]
+    text = runner.invoke(app, ["dispatch", str(plan), "--encoder-items", "9000"]).output
+    assert text.startswith("eager: items [0] (9000 tokens; above the largest budget)")
+    for bad in ("1,x", "0", ""):
+        result = runner.invoke(app, ["dispatch", str(plan), "--encoder-items", bad])
+        assert result.exit_code == 2 and "--encoder-items" in result.output
+    text_plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
+    result = runner.invoke(app, ["dispatch", str(text_plan), "--encoder-items", "5"])
+    assert result.exit_code == 2 and "no multimodal encoder" in result.output

@@ -353,6 +353,14 @@ def dispatch_cmd(
             "prints one descriptor object per line, in order.",
         ),
     ] = None,
+    encoder_items: Annotated[
+        str | None,
+        typer.Option(
+            "--encoder-items",
+            help="Instead of a batch: one encoder batch, the output tokens of each item (image, video), "
+            "comma-separated, e.g. 300,1200,40; prints how vLLM packs it onto the plan's encoder graphs.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the descriptor as a JSON object.")] = False,
 ) -> None:
     """Which captured graph serves a batch (or eager), and why."""
@@ -361,6 +369,11 @@ def dispatch_cmd(
     from capplan.planner.dispatch import Dispatcher
     from capplan.schemas.plan import address
 
+    if encoder_items is not None:
+        if reqs is not None or tokens is not None or queries is not None:
+            raise UsageError("--encoder-items asks about an encoder batch; give it without --reqs/--tokens/--queries")
+        _encoder_dispatch(load_plan(plan), encoder_items, as_json)
+        return
     if queries is not None:
         if reqs is not None or tokens is not None:
             raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
@@ -391,6 +404,44 @@ def dispatch_cmd(
         )
     for line in trace:
         typer.echo(f"  - {line}")
+
+
+def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
+    from capplan.planner.encoder import EncoderGraphs, pack
+
+    enc = plan.encoder
+    if enc is None:
+        raise UsageError("this plan has no multimodal encoder (no multimodal section in its spec)")
+    try:
+        items = [int(part) for part in items_text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--encoder-items: give comma-separated token counts, e.g. 300,1200,40 (got {items_text!r})"
+        ) from None
+    if not items or len(items) > 10_000 or min(items) < 1 or max(items) > 1 << 24:
+        raise UsageError("--encoder-items: 1 to 10000 items, each 1 to 16777216 tokens")
+    if not enc.budgets:
+        batches = [(list(range(len(items))), None)]
+        why = "the plan captures no encoder graphs" + (" (encoder_lora_eager)" if enc.vllm_budgets else "")
+    else:
+        graphs = EncoderGraphs(sorted(enc.budgets), enc.max_items, enc.max_frames)
+        batches = pack(graphs, items)
+        why = "above the largest budget"
+    rows = [
+        {"items": idx, "tokens": sum(items[i] for i in idx), "graph": None if b is None else f"ENCODER:{b}"}
+        for idx, b in batches
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    for row in rows:
+        if row["graph"] is None:
+            typer.echo(f"eager: items {row['items']} ({row['tokens']} tokens; {why})")
+        else:
+            budget = int(row["graph"].split(":")[1])
+            typer.echo(f"{row['graph']}: items {row['items']} ({row['tokens']} tokens, pads {budget - row['tokens']})")
+    if enc.budgets:
+        typer.echo("  - packing as vLLM 0.32+ does (vLLM 0.31 never starts a new batch for a large item early)")
 
 
 @app.command("verify")
