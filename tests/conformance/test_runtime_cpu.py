@@ -91,3 +91,40 @@ def test_plugin_refuses_the_v1_runner_before_loading_anything(tmp_path, monkeypa
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     with pytest.raises(SystemExit, match="VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner"):
         register()
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", releases())
+def test_trace_recorder_in_real_runner(version, tmp_path):
+    """capplan's execute_model wrapper on vLLM's real GPUModelRunner (signature, contract):
+    real steps are recorded with the LoRA count the lora_slot hook made for the same step;
+    dummy runs and vLLM's warm-up steps are not; what vLLM returns is passed through."""
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    trace, out = tmp_path / "trace.jsonl", tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
+    proc = subprocess.run(
+        [
+            str(ORACLE_DIR / "venv" / "bin" / "python"),
+            str(Path(__file__).parent / "recorder_runtime_check.py"),
+            str(trace),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["results"] == ["ran"] * 5
+    lines = [json.loads(line) for line in trace.read_text().splitlines() if line.startswith("{")]
+    for line in lines:
+        line.pop("t")
+    assert lines == [
+        {"num_reqs": 4, "num_tokens": 4, "max_query_len": 1, "num_active_loras": 2, "base": True},
+        {"num_reqs": 2, "num_tokens": 301, "max_query_len": 300, "num_active_loras": 2, "has_prefill": True},
+        {"num_reqs": 1, "num_tokens": 1, "max_query_len": 1},
+    ]
+    assert report["recorder"]["steps"] == 3 and report["recorder"]["overhead_us_per_step"] > 0

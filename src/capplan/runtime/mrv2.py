@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
@@ -59,6 +60,7 @@ class Installed:
         self.report = Report(plan, plan_path)
         self.in_step = False
         self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.31+), per step
+        self.step_lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted, per step
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
         self.recorder: recorder.Recorder | None = None
@@ -255,6 +257,7 @@ def _hook_lora_count(state: Installed, runner_mod, entry) -> None:
             state.lora_state_checked = True
         adapters = len(lora_state.get_activate_loras(req_ids))
         base = any(r not in lora_state.lora_requests for r in req_ids)
+        state.step_lora = (adapters, base)  # the trace recorder's, for this step
         return kernel_slots(adapters, base)
 
     runner_mod.get_num_active_loras_for_dispatch = get_num_active_loras_for_dispatch
@@ -354,8 +357,9 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
-        state.step_has_prefill = None
+        state.step_has_prefill = state.step_lora = None
         result = original(self, scheduler_output, *args, **kwargs)
+        started = time.perf_counter()
         counts = scheduler_output.num_scheduled_tokens
         if dummy or not counts or all(r.startswith(recorder.WARMUP_PREFIXES) for r in counts):
             return result  # dummy runs and vLLM's start-up warm-up requests are no traffic
@@ -367,16 +371,19 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
             if rec is None:
                 return result
         adapters, base = 0, False
-        if self.lora_config:
+        if state.step_lora is not None:  # counted this step by the lora_slot hook
+            adapters, base = state.step_lora
+        elif self.lora_config:
             req_ids = list(counts)
             lora_state = self.lora_state
             adapters = len(lora_state.get_activate_loras(req_ids))
-            base = adapters > 0 and any(r not in lora_state.lora_requests for r in req_ids)
+            base = any(r not in lora_state.lora_requests for r in req_ids)
         max_q = max(counts.values())
         prefill = state.step_has_prefill
         if prefill is None:
             prefill = max_q > self.decode_query_len
-        rec.step(len(counts), sum(counts.values()), max_q, adapters, base, prefill)
+        rec.step(len(counts), scheduler_output.total_num_scheduled_tokens, max_q, adapters, base and adapters > 0,
+                 prefill, started)  # fmt: skip
         return result
 
     runner_cls.execute_model = execute_model

@@ -53,7 +53,7 @@ class Recorder:
         self.seconds = 0.0  # time spent in step(), for the report
         self.written = 0
         self.stopped: str | None = None
-        self._pending: list[str] = []
+        self._pending: list[tuple] = []
         self._lock = threading.Lock()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._file = os.fdopen(fd, "w", encoding="utf-8")
@@ -63,21 +63,35 @@ class Recorder:
         self._thread.start()
 
     def step(
-        self, num_reqs: int, num_tokens: int, max_query_len: int, adapters: int, base: bool, has_prefill: bool
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        max_query_len: int,
+        adapters: int,
+        base: bool,
+        has_prefill: bool,
+        started: float | None = None,
     ) -> None:
-        start = time.perf_counter()
-        line = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
+        """Queue one step (formatted by the writer thread, not here). `started`: when the
+        caller began its own recording work, so the overhead counted includes it."""
+        now = time.perf_counter()
+        with self._lock:
+            self._pending.append((num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, now - self.t0))
+        self.steps += 1
+        self.seconds += time.perf_counter() - (now if started is None else started)
+
+    @staticmethod
+    def _line(step: tuple) -> str:
+        num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, t = step
+        line: dict = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
         if adapters:
             line["num_active_loras"] = adapters
             if base:
                 line["base"] = True
         if has_prefill:
             line["has_prefill"] = True
-        line["t"] = round(start - self.t0, 4)
-        with self._lock:
-            self._pending.append(json.dumps(line, separators=(", ", ": ")))
-        self.steps += 1
-        self.seconds += time.perf_counter() - start
+        line["t"] = round(t, 4)
+        return json.dumps(line, separators=(", ", ": "))
 
     def _loop(self) -> None:
         while not self._closed:
@@ -90,11 +104,12 @@ class Recorder:
 
     def flush(self) -> None:
         with self._lock:
-            lines, self._pending = self._pending, []
-        if not lines or self.stopped:
+            steps, self._pending = self._pending, []
+        if not steps or self.stopped:
             return
         try:
-            for line in lines:
+            for step in steps:
+                line = self._line(step)
                 if self.written + len(line) + 1 > self.max_bytes:
                     self.stopped = (
                         f"stopped at the {self.max_bytes // 2**20} MiB limit ({ENV_MAX_MB}) after {self.steps} steps"
