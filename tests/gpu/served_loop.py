@@ -30,7 +30,6 @@ import math
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +49,9 @@ ADAPTERS = 4
 LLM_ARGS = {"attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.5, "max_lora_rank": 8, "dtype": "bfloat16"}
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 T0 = time.monotonic()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_run import free_port  # noqa: E402
+
 # Seconds each stage took on the H200 (or a guess), so a call with a time limit stops between stages.
 EXPECTED_S = dict(model=90, record=170, calibrate=330, optimize=30, vllm=170, default=170, optimized=130, summary=20)
 
@@ -121,12 +123,6 @@ def sample(seed: int) -> list[dict]:
             }
         )
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(model: Path, port: int) -> list[str]:
