@@ -28,7 +28,10 @@ def test_cost_model_reproduces_its_calibration_runs():
     ):
         # The calibration runs were plain vLLM: its exact graph set (no pruning).
         est = model.estimate(compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora, fixes=[])))
-        assert est.capture_seconds == pytest.approx(seconds) and est.graph_memory_gib == pytest.approx(gib)
+        # Seconds: three runs, three unknowns, exact. Memory: a line through three points
+        # (base + per graph; the runs share the largest graph), least squares.
+        assert est.capture_seconds == pytest.approx(seconds)
+        assert est.graph_memory_gib == pytest.approx(gib, rel=0.03)
 
 
 def test_diff_counts_graphs_per_mode_and_case():

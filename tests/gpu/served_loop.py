@@ -20,6 +20,12 @@ Stages (each one's result is kept in WORK, so a later call resumes):
 6. summary:   the comparison table, the calibration's fit error (predicted vs
               measured step time on sample B), the recorder's overhead.
 Results land in OUT/served_loop.json (and .md).
+
+More plans can be served on sample B beside these, each a stage of its own:
+`--plan NAME=SPEC` (repeatable) compiles SPEC and serves it as stage NAME;
+`--stages a,b,...` runs only the stages named (with a fresh WORK, `model` first);
+`--calibration PATH` is the step model the summary predicts with (default: the
+one the calibrate stage wrote).
 """
 
 from __future__ import annotations
@@ -304,9 +310,15 @@ def busy_step_seconds(trace: Path, gap: float = 0.1) -> tuple[float, int]:
     return sum(deltas), len(deltas)
 
 
+def option(name: str, default: str | None = None) -> str | None:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main() -> None:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
-    stop_after = float(sys.argv[sys.argv.index("--stop-after") + 1]) if "--stop-after" in sys.argv else 1e9
+    stop_after = float(option("--stop-after", "1e9"))
+    extra = dict(arg.split("=", 1) for flag, arg in zip(sys.argv, sys.argv[1:]) if flag == "--plan")
+    calibration = option("--calibration")
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     state_path = work / "state.json"
@@ -320,11 +332,14 @@ def main() -> None:
         state_path.write_text(json.dumps(state, indent=2))
         (out / "served_loop.json").write_text(json.dumps(state, indent=2))
 
-    stages = ["model", "record", "calibrate", "optimize", "vllm", "default", "optimized", "summary"]
+    stages = ["model", "record", "calibrate", "optimize", "vllm", "default", "optimized", *extra, "summary"]
+    only = option("--stages")
+    if only:
+        stages = [s for s in stages if s in only.split(",")]
     for stage in stages:
-        if stage in state:
+        if stage in state and stage != "summary":
             continue
-        if time.monotonic() - T0 + EXPECTED_S[stage] > stop_after:
+        if time.monotonic() - T0 + EXPECTED_S.get(stage, 140) > stop_after:
             log(f"stopping before {stage} (it would pass --stop-after); run again to resume")
             return
         log(f"stage {stage}")
@@ -358,20 +373,35 @@ def main() -> None:
             done(stage, serve("default", work, sample(2), work / "default.plan.yaml", work / "traceB-default.jsonl"))
         elif stage == "optimized":
             done(stage, serve("optimized", work, sample(2), work / "optimized.plan.yaml", work / "traceB-opt.jsonl"))
+        elif stage in extra:
+            plan = work / f"{stage}.plan.yaml"
+            capplan("compile", extra[stage], "-o", str(plan))
+            done(stage, serve(stage, work, sample(2), plan, work / f"traceB-{stage}.jsonl"))
         elif stage == "summary":
-            done(stage, summary(work, out, state))
+            done(stage, summary(work, out, state, calibration or str(work / "h200.yaml")))
     log("all stages done")
 
 
-def summary(work: Path, out: Path, state: dict) -> dict:
-    cal = str(work / "h200.yaml")
-    fit = {}
-    for name, plan, trace in (
-        ("default", "default.plan.yaml", "traceB-default.jsonl"),
-        ("optimized", "optimized.plan.yaml", "traceB-opt.jsonl"),
-    ):
-        sim = json.loads(capplan("simulate", str(work / plan), str(work / trace), "--calibration", cal, "--json"))
-        measured, counted = busy_step_seconds(work / trace)
+LABELS = {"vllm": "vLLM alone", "default": "default plan", "optimized": "optimized plan"}
+
+
+def summary(work: Path, out: Path, state: dict, cal: str) -> dict:
+    """The comparison table of every serve of sample B, the step model's fit on each plan's
+    trace of sample B, and the cost model's estimates of each plan."""
+    served = [name for name in state if name not in ("model", "record", "calibrate", "optimize", "summary")]
+    planned = [name for name in served if state[name].get("plan")]
+    # What vLLM alone captures, as the default plan's runtime report counted it (a plan with
+    # other capture sizes reports what vLLM would capture for those sizes, not for the spec's).
+    vllm_graphs = next((state[n]["vllm_alone_graphs"] for n in ("default", "record") if n in state), None)
+    fit, cost = {}, {}
+    for name in planned:
+        plan, trace = work / f"{name}.plan.yaml", work / f"traceB-{name}.jsonl"
+        if name == "default":
+            trace = work / "traceB-default.jsonl"
+        elif name == "optimized":
+            trace = work / "traceB-opt.jsonl"
+        sim = json.loads(capplan("simulate", str(plan), str(trace), "--calibration", cal, "--json"))
+        measured, counted = busy_step_seconds(trace)
         fit[name] = {
             "steps": sim["steps"],
             "predicted_step_s": sim["predicted_step_seconds"],
@@ -379,18 +409,20 @@ def summary(work: Path, out: Path, state: dict) -> dict:
             "busy_intervals": counted,
             "eager_steps_simulated": sim["eager_steps"],
         }
-    cost = {}
-    for name in ("default", "optimized"):
-        shown = json.loads(capplan("show", str(work / f"{name}.plan.yaml"), "--calibration", cal, "--json"))
-        cost[name] = shown["estimate"]
+        shown = json.loads(capplan("show", str(plan), "--calibration", cal, "--json"))
+        cost[name] = {
+            "estimate": shown["estimate"],
+            "measured_capture_s": state[name].get("vllm_capture_s"),
+            "measured_graph_gib": state[name].get("vllm_graph_gib"),
+        }
     table = []
-    for name in ("vllm", "default", "optimized"):
+    for name in served:
         r = state[name]
         table.append(
             {
-                "run": {"vllm": "vLLM alone", "default": "default plan", "optimized": "optimized plan"}[name],
+                "run": LABELS.get(name, f"{name} plan"),
                 "engine_start_s": r.get("engine_start_s"),
-                "graphs": r.get("graphs", state["record"].get("vllm_alone_graphs") if name == "vllm" else None),
+                "graphs": r.get("graphs", vllm_graphs if name == "vllm" else None),
                 "capture_s": r.get("vllm_capture_s"),
                 "graph_gib": r.get("vllm_graph_gib"),
                 "output_tok_per_s": r.get("output_tok_per_s"),
@@ -399,6 +431,7 @@ def summary(work: Path, out: Path, state: dict) -> dict:
                 "tpot_ms_p50": r.get("tpot_ms_p50"),
                 "tpot_ms_p99": r.get("tpot_ms_p99"),
                 "eager_steps": r.get("eager_steps"),
+                "recorder_us_per_step": (r.get("trace") or {}).get("overhead_us_per_step"),
                 "failed": r.get("failed"),
             }
         )
@@ -406,7 +439,7 @@ def summary(work: Path, out: Path, state: dict) -> dict:
     md = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     md += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in table]
     (out / "served_loop.md").write_text("\n".join(md) + "\n")
-    return {"table": table, "fit": fit, "estimates": cost}
+    return {"calibration": Path(cal).name, "table": table, "fit": fit, "estimates": cost}
 
 
 if __name__ == "__main__":

@@ -195,6 +195,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
                     "label": f"{label}, {len(plan.graphs)} graphs",
                     "no_lora_graphs": len(plan.graphs) - lora,
                     "lora_graphs": lora,
+                    "max_tokens": max(g.descriptor.num_tokens for g in plan.graphs),
                     "capture_seconds": report["capture_seconds"],
                     "graph_memory_gib": report["graph_memory_gib"],
                 }

@@ -1,8 +1,12 @@
-"""A small cost model: capture seconds and graph memory from graph counts, and step time.
+"""A small cost model: capture seconds and graph memory of a plan, and step time.
 
-Coefficients are fitted from measured runs in a calibration file (default:
-`src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM 0.25), so
-"max_loras 4 -> 8 adds N graphs, ~X s, ~Y GiB" is known before a GPU boots.
+Coefficients are fitted (least squares) from measured runs in a calibration file
+(default: `src/capplan/data/h200-vllm025.yaml`, measured on the H200 with vLLM
+0.25), so "max_loras 4 -> 8 adds N graphs, ~X s, ~Y GiB" is known before a GPU
+boots. Capture seconds follow the graph counts with and without LoRA; graph
+memory follows the graph count and the largest graph's tokens (the shared pool
+keeps the largest graph's workspace, so a 7-graph plan up to 512 tokens costs
+far more than 7/400 of a 400-graph plan).
 
 A calibration may also list measured step times (`step_times`): milliseconds
 of one engine step of N tokens per LoRA case, replaying a FULL graph of N
@@ -36,6 +40,7 @@ class CalibrationRun(BaseModel):
     label: str
     no_lora_graphs: int = Field(ge=0)
     lora_graphs: int = Field(ge=0)
+    max_tokens: int = Field(ge=1)  # the largest graph's tokens: its workspace stays in the graph pool
     capture_seconds: float = Field(ge=0)
     graph_memory_gib: float = Field(ge=0)
 
@@ -94,26 +99,42 @@ class StepModel:
 
 @dataclass(frozen=True)
 class Coefficients:
+    """Capture seconds: per graph without LoRA, per LoRA graph, and once when any LoRA graph is
+    captured (the LoRA kernels' first launches)."""
+
     per_graph: float
     per_lora_graph: float
     lora_fixed: float
 
 
 @dataclass(frozen=True)
+class MemoryCoefficients:
+    """Graph memory: a base, the largest graph's workspace (per token of that graph) and a
+    share per graph. Graphs share one memory pool, so the largest graph's activations are
+    paid once whatever the number of graphs, and each graph keeps its own outputs."""
+
+    base: float
+    per_max_token: float
+    per_graph: float
+
+
+@dataclass(frozen=True)
 class CostModel:
     name: str
     seconds: Coefficients
-    gib: Coefficients
+    gib: MemoryCoefficients
     steps: StepModel | None = None  # None: the calibration has no step times (padding is the objective)
 
     def estimate(self, plan: Plan) -> Estimate:
+        if not plan.graphs:
+            return Estimate(0, 0.0, 0.0)
         lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
         plain = len(plan.graphs) - lora
-
-        def apply(c: Coefficients) -> float:
-            return c.per_graph * plain + c.per_lora_graph * lora + (c.lora_fixed if lora else 0.0)
-
-        return Estimate(len(plan.graphs), apply(self.seconds), apply(self.gib))
+        s, m = self.seconds, self.gib
+        seconds = s.per_graph * plain + s.per_lora_graph * lora + (s.lora_fixed if lora else 0.0)
+        top = max(g.descriptor.num_tokens for g in plan.graphs)
+        gib = m.base + m.per_max_token * top + m.per_graph * len(plan.graphs)
+        return Estimate(len(plan.graphs), seconds, gib)
 
 
 @dataclass(frozen=True)
@@ -126,18 +147,16 @@ class Estimate:
         return f"{self.graphs} graphs, ~{self.capture_seconds:.0f} s capture, ~{self.graph_memory_gib:.2f} GiB"
 
 
-def _least_squares(rows: list[list[float]], values: list[float]) -> list[float]:
-    """Solve the 3-unknown normal equations (exact when rows are exactly 3)."""
-    n = 3
+def _least_squares(rows: list[list[float]], values: list[float], missing: str) -> list[float]:
+    """Solve the normal equations (exact when there are as many rows as unknowns); `missing`
+    says which runs to add when they do not determine the unknowns."""
+    n = len(rows[0])
     ata = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
     atb = [sum(r[i] * v for r, v in zip(rows, values)) for i in range(n)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda k: abs(ata[k][col]))
         if abs(ata[pivot][col]) < 1e-12:
-            raise InputError(
-                "calibration runs do not determine the model: give runs without LoRA, "
-                "with one LoRA case and with several"
-            )
+            raise InputError(f"calibration runs do not determine the model: {missing}")
         ata[col], ata[pivot] = ata[pivot], ata[col]
         atb[col], atb[pivot] = atb[pivot], atb[col]
         for k in range(n):
@@ -151,14 +170,26 @@ def _least_squares(rows: list[list[float]], values: list[float]) -> list[float]:
 def fit_cost_model(cal: Calibration) -> CostModel:
     """The cost model fitted (least squares) to a calibration's measured runs."""
     rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
-    secs = _least_squares(rows, [r.capture_seconds for r in cal.runs])
-    gib = _least_squares(rows, [r.graph_memory_gib for r in cal.runs])
+    secs = _least_squares(
+        rows,
+        [r.capture_seconds for r in cal.runs],
+        "give runs without LoRA, with few LoRA graphs and with many",
+    )
+    # Runs that all share one largest graph cannot separate its workspace from the base:
+    # the base then holds it (a plan with another largest graph is estimated as if it had this one).
+    tops = len({r.max_tokens for r in cal.runs}) > 1
+    base, *rest = _least_squares(
+        [[1.0, r.no_lora_graphs + r.lora_graphs] + ([r.max_tokens] if tops else []) for r in cal.runs],
+        [r.graph_memory_gib for r in cal.runs],
+        "give runs with different graph counts",
+    )
+    gib = MemoryCoefficients(base, rest[1] if tops else 0.0, rest[0])
     steps = None
     if cal.step_times:
         steps = StepModel(cal.step_times)
         if not {"graph", "eager"} <= steps.modes:
             raise InputError("calibration step_times need both graph and eager rows (capplan calibrate writes both)")
-    return CostModel(cal.name, Coefficients(*secs), Coefficients(*gib), steps)
+    return CostModel(cal.name, Coefficients(*secs), gib, steps)
 
 
 STEP_GAP_S = 0.1  # a longer interval between two recorded steps is idle time, not a step
