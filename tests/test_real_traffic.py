@@ -422,3 +422,17 @@ def test_decode_batches_are_priced_full_up_to_the_largest_full_size_then_piecewi
     assert goal.full_max == 40  # the largest candidate size (8, 40, 128) vLLM captures FULL (<= 64 decode tokens)
     assert goal.price((case, "full"), 40) == 1.0 and goal.price((case, "full"), 128) == 5.0
     assert goal.price((case, "piecewise"), 8) == 5.0
+
+
+def test_a_calibration_without_max_tokens_says_what_to_add(tmp_path):
+    cal = tmp_path / "old.yaml"
+    cal.write_text(
+        "name: old\nruns:\n"
+        + "".join(
+            f"  - {{label: r{i}, no_lora_graphs: 86, lora_graphs: {n}, capture_seconds: 8, graph_memory_gib: 0.3}}\n"
+            for i, n in enumerate((0, 86, 344))
+        )
+    )
+    result = runner.invoke(app, ["show", str(EXAMPLES / "served" / "llama0.9b.plan.yaml"), "--calibration", str(cal)])
+    assert result.exit_code == 1
+    assert "runs.0.max_tokens: is required" in result.output and "tokens of its largest graph" in result.output

@@ -269,7 +269,11 @@ def load_calibration(path: Path | None = None):
     try:
         return Calibration.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}") from None
+        first = exc.errors(include_url=False)[0]
+        hint = None
+        if first["type"] == "missing" and first["loc"][-1:] == ("max_tokens",):
+            hint = "give each run the tokens of its largest graph; capplan calibrate writes it"
+        raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}", hint) from None
 
 
 def load_cost_model(path: Path | None = None):
