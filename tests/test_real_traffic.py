@@ -178,13 +178,14 @@ def test_cost_model_fits_small_and_large_plans_exactly_from_three_kinds_of_runs(
 def test_graph_memory_follows_the_largest_graph_not_only_the_count():
     """Measured under `vllm serve` (vLLM 0.25.1, H200, the served example's model): the
     default plan (418 graphs), per-case sizes (123 graphs, 60 sizes for one case and only
-    512 for the others) and shared sizes (165 graphs). The calibration `capplan calibrate`
-    wrote offline for that model estimates each within 10%."""
+    512 for the others) and shared sizes (85, 165 and 255 graphs). The calibration `capplan
+    calibrate` wrote offline for that model estimates each within 10%."""
     from capplan.loading import load_calibration, load_spec
 
     served = Path(__file__).resolve().parents[1] / "examples" / "served"
     model = fit_cost_model(load_calibration(served / "h200-vllm0.25.1-llama0.9b.yaml"))
     measured = {"llama0.9b.yaml": 0.9316, "llama0.9b.percase.yaml": 0.3809, "llama0.9b.shared.yaml": 0.4414}
+    measured |= {"llama0.9b.shared85.yaml": 0.3027, "llama0.9b.shared255.yaml": 0.5977}
     for name, gib in measured.items():
         est = model.estimate(compile_plan(load_spec(served / name)))
         assert est.graph_memory_gib == pytest.approx(gib, rel=0.10), name
