@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from capplan.analysis.diff import diff_plans
+from capplan.analysis.diff import diff_plans, render_text
 from capplan.cli import app
 from capplan.loading import load_cost_model
 from capplan.planner import compile_plan
@@ -108,6 +108,26 @@ def test_diff_specs_directly(spec_pair):
     assert result.exit_code == 2
     assert result.stdout.startswith("capplan diff old.yaml -> new.yaml: lora.max_loras: 4 -> 8: +10 graphs")
     bad = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "html"])
-    assert bad.exit_code == 2 and "--format must be text, markdown or json" in bad.stderr
+    assert bad.exit_code == 1 and "--format must be text, markdown or json" in bad.stderr
     missing = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml"])
     assert missing.exit_code == 1 and "no such file" in missing.stderr
+
+
+def test_diff_names_kept_graphs_whose_warm_up_batch_changed():
+    """max_num_seqs 64 -> 68 on the Mixtral example: no graph of the old plan is removed, but
+    the larger request limit spreads some dummy batches over more requests; those graphs
+    are captured from other inputs, and the diff says which."""
+    from capplan.loading import load_spec
+
+    spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
+    old = compile_plan(spec)
+    new = compile_plan(spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 68})}))
+    result = diff_plans(old, new, load_cost_model(None))
+    assert all(removed == 0 for _, _, _, removed in result.graph_changes)
+    kept = {g.descriptor: g.dummy for g in old.graphs}
+    changed = [g for g in new.graphs if g.descriptor in kept and kept[g.descriptor] != g.dummy]
+    assert changed and len(result.dummy_changes) == len(changed)
+    assert result.dummy_changes[0].startswith(f"{changed[0].descriptor.cg_mode}:")
+    text = render_text(result)
+    assert "warm-up (graphs kept, captured from another dummy batch):" in text
+    assert f"... and {len(changed) - 8} more" in text  # the text form samples, the JSON form lists all

@@ -39,6 +39,23 @@ def test_the_precommit_hook_skips_other_yaml_but_not_a_misspelt_spec(tmp_path):
     ok = capplan("compile", "--check", "--skip-non-specs", "ci.yaml", "deploy.yaml", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "ci.yaml: skipped, not a capplan spec" in ok.stderr
+    # YAML capplan's strict reader refuses, in files that are not specs: skipped too.
+    others = {
+        "k8s.yaml": "apiVersion: v1\nkind: Namespace\n---\napiVersion: v1\nkind: Namespace\n",
+        "compose.yml": "services:\n  ssh:\n    ports:\n      - 22:22\n",
+        "playbook.yml": "- hosts: all\n  tasks:\n    - file: {path: /etc/x, mode: 0644}\n",
+        "stack.yaml": "Outputs:\n  Id: {Value: !Ref Bucket}\n",
+        "chart.yaml": "image: {{ .Values.image }}\n",
+    }
+    for name, text in others.items():
+        (tmp_path / name).write_text(text)
+    skipped = capplan("compile", "--check", "--skip-non-specs", *others, cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stderr.count("skipped, not a capplan spec") == len(others)
+    # A spec the strict reader refuses is still a spec: the hook fails and says why.
+    (tmp_path / "octal.yaml").write_text(SPEC + "speculative: {num_speculative_tokens: 01}\n")
+    octal = capplan("compile", "--check", "--skip-non-specs", "octal.yaml", cwd=tmp_path)
+    assert octal.returncode == 1 and "leading zero" in octal.stderr
     (tmp_path / "typo.yaml").write_text(SPEC + "schedular: {max_num_seqs: 4}\n")
     typo = capplan("compile", "--check", "--skip-non-specs", "typo.yaml", cwd=tmp_path)
     assert typo.returncode == 1 and "schedular: unknown key" in typo.stderr
@@ -82,7 +99,7 @@ def test_a_closed_pipe_is_not_an_error():
 def test_misused_diff_names_the_command_that_works():
     spec_a, spec_b = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "configs" / "h200-tiny-llama-025.yaml"
     out = runner.invoke(app, ["diff", str(spec_a), str(spec_b)])
-    assert out.exit_code == 2
+    assert out.exit_code == 1  # 2 is diff's "the plans differ"
     assert out.stderr.strip() == (
         f"error: {spec_a} is a spec, not a plan (compare specs with: capplan diff --spec {spec_a} {spec_b})"
     )
@@ -91,7 +108,7 @@ def test_misused_diff_names_the_command_that_works():
         ROOT / "examples" / "h200-tiny-llama-025.plan.yaml",
     )
     out = runner.invoke(app, ["diff", "--spec", str(plan_a), str(plan_b)])
-    assert out.exit_code == 2 and f"compare plans without --spec: capplan diff {plan_a} {plan_b}" in out.stderr
+    assert out.exit_code == 1 and f"compare plans without --spec: capplan diff {plan_a} {plan_b}" in out.stderr
 
 
 def test_lora_settings_without_enabled_are_refused(tmp_path):
@@ -203,3 +220,17 @@ def test_a_picture_that_cannot_be_drawn_writes_nothing(tmp_path):
         pytest.skip("matplotlib is installed: PNG pictures can be drawn")
     out = _optimize_qwen3(tmp_path, "--plot", str(tmp_path / "c.png"))
     assert out.exit_code == 2 and not any(tmp_path.iterdir())
+
+
+def test_diff_of_a_spec_and_a_plan_says_to_compile_the_spec(tmp_path):
+    spec, plan = ROOT / "configs" / "qwen3-8b-multilora.yaml", ROOT / "examples" / "h200-tiny-llama-025.plan.yaml"
+    for args in (["diff", str(spec), str(plan)], ["diff", "--spec", str(plan), str(spec)]):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 1, args
+        assert out.stderr.strip().endswith(
+            f"(compile the spec first (capplan compile {spec}) and compare the two plans)"
+        )
+    # Refusals of the picture exit 1 too: 2 is only ever "the plans differ".
+    same = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
+    out = runner.invoke(app, ["diff", str(same), str(same), "--plot", str(tmp_path / "d.pdf")])
+    assert out.exit_code == 1 and "d.pdf" in out.stderr

@@ -129,3 +129,22 @@ def test_pull_request_script_summarizes_changed_plans_and_fails_on_stale_ones(re
     assert "run capplan compile configs/deploy.yaml" in proc.stderr
     text = summary.read_text()
     assert "**Stale plans**" in text and "spec.scheduler.max_num_seqs: the file says 8, its spec compiles to 4" in text
+
+
+def test_pull_request_script_with_a_plan_folder(repo):
+    """The example workflow's mode: specs in configs/, plans in their own folder."""
+    repo("git", "checkout", "-qb", "feature")
+    repo("mkdir", "plans")
+    repo("capplan", "compile", "configs/deploy.yaml", "--plan-dir", "plans")
+    repo("git", "add", "plans")
+    repo("git", "commit", "-qm", "plans in their own folder")
+    (repo.path / "configs" / "deploy.yaml").write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 8"))
+    stale = _review(repo, "--plan-dir", "plans")
+    assert stale.returncode == 1
+    assert "run capplan compile configs/deploy.yaml -o plans/deploy.plan.yaml" in stale.stderr
+    repo("capplan", "compile", "configs/deploy.yaml", "--plan-dir", "plans")
+    repo("git", "commit", "-qam", "smaller batches")
+    ok = _review(repo, "--plan-dir", "plans")
+    assert ok.returncode == 0, ok.stderr
+    assert "`main:plans/deploy.plan.yaml`" not in ok.stdout  # not on main: a new plan, not a diff
+    assert "plans/deploy.plan.yaml" in ok.stdout and "All 1 plan(s) are what their specs compile to." in ok.stdout

@@ -106,6 +106,14 @@ def test_wrong_warmup_count_is_caught(plan):
     assert "lora_case" in kinds(mutate(plan, fewer))
 
 
+def test_dummy_adapter_ids_outside_the_slots_are_caught(plan):
+    def stray(data):
+        g = next(g for g in data["graphs"] if g["descriptor"]["num_active_loras"] == 2)
+        g["dummy"]["lora_ids"] = [1, 99]
+
+    assert "lora_ids" in kinds(mutate(plan, stray))
+
+
 def test_piled_dummy_remainder_is_caught(plan):
     def pile(data):
         g = next(g for g in data["graphs"] if g["descriptor"]["num_tokens"] == 40 and g["dummy"]["num_reqs"] == 16)

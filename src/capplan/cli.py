@@ -228,13 +228,23 @@ def compile_cmd(
 def _looks_like_spec(path: Path) -> bool:
     """Whether a YAML file has any of a spec's top-level sections (else it is skipped, with a note)."""
     from capplan.errors import SpecError
-    from capplan.files import read_yaml
+    from capplan.files import read_text, read_yaml
     from capplan.schemas.spec import Spec
 
     try:
         data = read_yaml(path, "spec", SpecError)
     except SpecError:
-        return True  # unreadable: let the real load say why
+        # Not YAML capplan reads (several documents, custom tags, YAML 1.1 numbers, a
+        # template): a spec only if a line starts one of a spec's sections, so a misspelt
+        # spec still fails while a Kubernetes manifest or a playbook is skipped.
+        try:
+            text = read_text(path, "spec", SpecError)
+        except SpecError:
+            return True  # not readable at all: let the real load say why
+        sections = tuple(f"{name}:" for name in Spec.model_fields)
+        if any(line.startswith(sections) for line in text.splitlines()):
+            return True
+        data = None
     if isinstance(data, dict) and "graphs" not in data and set(data) & set(Spec.model_fields):
         return True
     typer.echo(f"{printable(str(path))}: skipped, not a capplan spec (no spec section)", err=True)
@@ -696,39 +706,21 @@ def diff_cmd(
 
     Exit 0 when the plans are equal, 2 when they differ, 1 on error.
     """
-    from capplan.analysis.diff import diff_plans, render_markdown, render_text
-    from capplan.loading import load_cost_model, load_plan, load_spec
-    from capplan.planner import compile_plan
+    from capplan.analysis.diff import render_markdown, render_text
 
-    if fmt not in ("text", "markdown", "json"):
-        raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
-    cost = load_cost_model(calibration)
     try:
-        if specs:
-            a, b = compile_plan(load_spec(old)), compile_plan(load_spec(new))
-        else:
-            a, b = load_plan(old), load_plan(new)
-    except CapplanError as exc:
-        # The likely mix-up: specs given without --spec, or plans given with it.
-        if not specs and "but a spec" in exc.message:
-            raise UsageError(
-                f"{exc.message.split(':')[0]} is a spec, not a plan",
-                f"compare specs with: capplan diff --spec {old} {new}",
-            ) from None
-        if specs and "this is a capture plan, not a spec" in exc.message:
-            raise UsageError(
-                f"{exc.message.split(':')[0]} is a plan, not a spec",
-                f"compare plans without --spec: capplan diff {old} {new}",
-            ) from None
-        raise
-    result = diff_plans(a, b, cost, str(old), str(new))
-    if plot is not None:
-        from capplan.present.picture import diff_grids
-        from capplan.present.plot import plot_plan
+        result, a, b = _diff(old, new, fmt, specs, calibration)
+        if plot is not None:
+            from capplan.present.picture import diff_grids
+            from capplan.present.plot import plot_plan
 
-        grids, legend = diff_grids(a, b)
-        caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
-        _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), (old, new))
+            grids, legend = diff_grids(a, b)
+            caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
+            _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), (old, new))
+    except UsageError as exc:
+        # Exit 2 is this command's answer "the plans differ": a refusal exits 1.
+        exc.exit_code = 1
+        raise
     if fmt == "json":
         typer.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "markdown":
@@ -737,6 +729,52 @@ def diff_cmd(
         sys.stdout.write(render_text(result))
     if not result.equal:
         raise typer.Exit(code=2)
+
+
+def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None):
+    """Load both sides of `capplan diff` (plans, or specs compiled in memory) and compare them."""
+    from capplan.analysis.diff import diff_plans
+    from capplan.files import shown
+    from capplan.loading import load_cost_model, load_plan, load_spec
+    from capplan.planner import compile_plan
+
+    if fmt not in ("text", "markdown", "json"):
+        raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
+    cost = load_cost_model(calibration)
+
+    def load(path: Path):
+        try:
+            return compile_plan(load_spec(path)) if specs else load_plan(path)
+        except CapplanError as exc:
+            return exc
+
+    a, b = load(old), load(new)
+    if isinstance(a, CapplanError) or isinstance(b, CapplanError):
+        # The likely mix-ups: specs without --spec, plans with it, or one of each.
+        def kind(side) -> str:
+            if isinstance(side, CapplanError):
+                if "but a spec" in side.message:
+                    return "spec"
+                if "this is a capture plan, not a spec" in side.message:
+                    return "plan"
+                return "error"
+            return "plan" if not specs else "spec"
+
+        kinds = (kind(a), kind(b))
+        o, n = shown(old), shown(new)
+        if kinds == ("spec", "spec") and not specs:
+            raise UsageError(f"{o} is a spec, not a plan", f"compare specs with: capplan diff --spec {o} {n}")
+        if kinds == ("plan", "plan") and specs:
+            raise UsageError(f"{o} is a plan, not a spec", f"compare plans without --spec: capplan diff {o} {n}")
+        if sorted(kinds) == ["plan", "spec"]:
+            spec_side = o if kinds[0] == "spec" else n
+            plan_side = n if kinds[0] == "spec" else o
+            raise UsageError(
+                f"{spec_side} is a spec and {plan_side} a plan; diff compares two plans, or two specs with --spec",
+                f"compile the spec first (capplan compile {spec_side}) and compare the two plans",
+            )
+        raise a if isinstance(a, CapplanError) else b
+    return diff_plans(a, b, cost, str(old), str(new)), a, b
 
 
 GIT_ATTRIBUTE = "*.plan.yaml diff=capplan"

@@ -1,1 +1,1 @@
-"""Analysis of plans: verify (the failure classes, over every reachable batch) and diff."""
+"""Analysis of plans: verify (docs/design.md's failure classes, over every reachable batch) and diff."""

@@ -25,6 +25,7 @@ class PlanDiff:
     graph_changes: list[tuple[str, int, int, int]] = field(default_factory=list)  # mode, case, added, removed
     added_sample: list[str] = field(default_factory=list)
     removed_sample: list[str] = field(default_factory=list)
+    dummy_changes: list[str] = field(default_factory=list)  # kept graphs warmed with another dummy batch
     dispatch_changes: list[str] = field(default_factory=list)
     lora_map_changes: list[str] = field(default_factory=list)
     encoder_changes: list[str] = field(default_factory=list)
@@ -63,6 +64,7 @@ class PlanDiff:
             "headline": self.headline(),
             "spec_changes": self.spec_changes,
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
+            "dummy_changes": self.dummy_changes,
             "dispatch_changes": self.dispatch_changes,
             "lora_dispatch_changes": self.lora_map_changes,
             "encoder_changes": self.encoder_changes,
@@ -100,13 +102,14 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     result.graph_changes = [(m, c, plus[(m, c)], minus[(m, c)]) for m, c in sorted(set(plus) | set(minus))]
     result.added_sample = [address(d) for d in added[:8]]
     result.removed_sample = [address(d) for d in removed[:8]]
+    result.dummy_changes = _dummy_changes(old, new)
     result.dispatch_changes = target_changes(old, new, exact_sizes=True)
     if old.lora_dispatch_key != new.lora_dispatch_key:
         result.lora_map_changes.append(f"LoRA dispatch by {old.lora_dispatch_key} -> {new.lora_dispatch_key}")
     for count in sorted(set(old.lora_dispatch_map) | set(new.lora_dispatch_map)):
         o, n = old.lora_dispatch_map.get(count), new.lora_dispatch_map.get(count)
         if o != n:
-            result.lora_map_changes.append(f"LoRA count {count}: case {_fmt(o)} -> case {_fmt(n)}")
+            result.lora_map_changes.append(f"LoRA count {count}: {_case(o)} -> {_case(n)}")
     result.encoder_changes = _encoder_changes(old, new)
     if old.fixes != new.fixes:
         result.fix_changes.append(f"fixes: {old.fixes} -> {new.fixes}")
@@ -117,6 +120,27 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         result.fix_changes += [f"- {fix}: {c}" for c in before if c not in after]
         result.fix_changes += [f"+ {fix}: {c}" for c in after if c not in before]
     return result
+
+
+def _case(case: int | None) -> str:
+    return "not in the plan" if case is None else f"case {case}"
+
+
+def _dummy_changes(old: Plan, new: Plan) -> list[str]:
+    """Graphs in both plans whose warm-up dummy batch differs: the same graph, captured from
+    other inputs (a dummy layout or its adapter ids)."""
+
+    def shown(dummy, ids: bool) -> str:
+        return f"{[list(run) for run in dummy.tokens]}" + (f", adapters {dummy.lora_ids}" if ids else "")
+
+    before = {g.descriptor: g.dummy for g in old.graphs}
+    lines = []
+    for g in new.graphs:
+        was = before.get(g.descriptor)
+        if was is not None and was != g.dummy:
+            ids = was.lora_ids != g.dummy.lora_ids
+            lines.append(f"{address(g.descriptor)}: dummy {shown(was, ids)} -> {shown(g.dummy, ids)}")
+    return lines
 
 
 def _encoder_changes(old: Plan, new: Plan) -> list[str]:
@@ -139,6 +163,11 @@ def _fmt(value: object) -> str:
     return "none" if value is None else str(value)
 
 
+def _sample(items: list[str], shown: int = 8) -> list[str]:
+    """The first `shown` items and a count of the rest (the JSON form has them all)."""
+    return items if len(items) <= shown else [*items[:shown], f"... and {len(items) - shown} more"]
+
+
 def render_text(d: PlanDiff) -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
     if d.equal:
@@ -154,6 +183,7 @@ def render_text(d: PlanDiff) -> str:
             + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
         ),
         ("LoRA dispatch", d.lora_map_changes),
+        ("warm-up (graphs kept, captured from another dummy batch)", _sample(d.dummy_changes)),
         ("encoder", d.encoder_changes),
         ("dispatch (what a batch replays)", d.dispatch_changes),
         ("fixes and deviations", d.fix_changes),
@@ -195,6 +225,7 @@ def render_markdown(d: PlanDiff) -> str:
         lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
     for title, items in (
         ("LoRA dispatch", d.lora_map_changes),
+        ("Warm-up (graphs kept, captured from another dummy batch)", _sample(d.dummy_changes)),
         ("Encoder", d.encoder_changes),
         ("Dispatch changes", d.dispatch_changes),
     ):

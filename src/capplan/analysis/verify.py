@@ -23,6 +23,7 @@ CLASSES = {
     "structure": "plan tables reference graphs that cannot serve them",
     "coverage": "8: coverage hole",
     "lora_kernels": "1: LoRA kernels missing from a graph",
+    "lora_ids": "2: LoRA graph warmed without a valid adapter mapping",
     "lora_case": "3: graph warmed with the wrong active-LoRA count",
     "lora_grid": "6: no-LoRA slot not counted",
     "dummy_length": "5: dummy request too long",
@@ -250,7 +251,7 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
         ids = dummy.lora_ids or []
         rows = [ids[i % len(ids)] for i in range(reqs)] if ids else []
         if not rows or any(i != -1 and not 1 <= i <= lora.max_loras for i in ids):
-            report.add("lora_case", f"{name}: dummy adapter ids {ids} are not -1 or 1..{lora.max_loras}")
+            report.add("lora_ids", f"{name}: dummy adapter ids {ids} are not -1 or 1..{lora.max_loras}")
             continue
         real = {i for i in rows if i != -1}
         if d.num_active_loras == 0:

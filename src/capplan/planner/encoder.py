@@ -1,5 +1,6 @@
 """The multimodal encoder on MRV2: which encoder CUDA graphs vLLM captures, and how it
-packs an encoder batch onto them (vLLM's EncoderCudaGraphManager, 0.31+ MRV2).
+packs an encoder batch onto them (vLLM's EncoderCudaGraphManager, 0.31+ MRV2), and
+failure class 11 of docs/design.md (encoder graphs that skip tower/connector LoRA).
 
 vLLM captures one graph per token budget (one default path, no capture axes:
 the shape capplan models), largest budget first. The budgets, the most items

@@ -67,7 +67,9 @@ def target_changes(
                     case_runs.append([n, n])
     lines = []
     all_cases = sorted(shared_cases)
-    for (kind, a, b), by_case in sorted(runs.items()):
+    # By batch kind, then by the smallest batch the line covers (not by the targets' text).
+    ordered = sorted(runs.items(), key=lambda item: (item[0][0], min(r[0][0] for r in item[1].values()), item[0]))
+    for (kind, a, b), by_case in ordered:
         groups: dict[tuple, list[int]] = {}
         for case, case_runs in by_case.items():
             groups.setdefault(tuple(map(tuple, case_runs)), []).append(case)

@@ -102,7 +102,7 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
     if plan.deviations:
         lines.append("Deviations from vLLM:")
         for dev in plan.deviations:
-            lines.append(f"  {dev.fix} (failure class {dev.failure_class})")
+            lines.append(f"  {dev.fix} (failure class {dev.failure_class} in docs/design.md)")
             lines += [f"    - {change}" for change in dev.changes]
         lines.append("")
     dp = plan.dp

@@ -3,7 +3,8 @@
 Installed by the `vllm.general_plugins` entry point (capplan.runtime.plugin)
 in every engine and worker process. Each hook checks the signature of the
 vLLM function it replaces first and refuses to install on a mismatch, so an
-unexpected vLLM fails at start instead of half-way through capture:
+unexpected vLLM fails at start instead of half-way through capture (the failure
+classes cited are those of docs/design.md):
 
 - `ModelCudaGraphManager._init_candidates`: checks the plan against the live
   config (fingerprint) and, with DP > 1, that every rank loaded the same plan
