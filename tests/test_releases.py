@@ -35,5 +35,5 @@ def test_plans_name_the_releases_of_their_semantics():
     from tests.conformance.specs import BASE_SPECS  # noqa: F401  (importable without the oracle)
     from tests.conftest import make_spec
 
-    assert compile_plan(make_spec(target={"vllm": "0.25"})).target["vllm"] == "0.25.0, 0.25.1"
+    assert compile_plan(make_spec(target={"vllm": "0.25"})).target["vllm"] == "0.25.0, 0.25.1, 0.26.0"
     assert compile_plan(make_spec(target={"vllm": "0.33"})).target["vllm"] == "0.31.0, 0.32.0, 0.33.0"

@@ -7,6 +7,7 @@ Prints nothing on success; writes a JSON report the pytest side asserts on.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -287,6 +288,14 @@ def main(out: Path, variant: str = "") -> None:
     config.scheduler_config.max_num_seqs += 1
     report["early_check_other_engine"] = config_problem(plan, "runtime.plan.yaml", config)
     config.scheduler_config.max_num_seqs -= 1
+    # Breakable CUDA graphs, read through the release's own vllm.envs.
+    from capplan.runtime.mrv2 import breakable_problem
+
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    report["breakable_refusal"] = breakable_problem("runtime.plan.yaml")
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
+    report["breakable_off_refusal"] = breakable_problem("runtime.plan.yaml")
+    del os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"]
 
     # A mismatched engine stops before capture.
     # (An engine config: capplan's lora_case_sizes means nothing to vLLM, and its

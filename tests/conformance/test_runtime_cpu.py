@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from capplan.releases import BREAKABLE_GRAPHS_DIFFER
 from tests.conformance.releases import SEMANTICS, releases
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
@@ -57,6 +58,12 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert report["early_check_same_engine"] is None and report["uses_v2_runner_attribute"] is True
     assert "scheduler.max_num_seqs: plan 16, engine 17" in report["early_check_other_engine"]
     assert "Refused before the engine started" in report["early_check_other_engine"]
+    # VLLM_USE_BREAKABLE_CUDAGRAPH=1 changes the captured graphs only on 0.26.0: refused there.
+    assert report["breakable_off_refusal"] is None
+    if version in BREAKABLE_GRAPHS_DIFFER:
+        assert "VLLM_USE_BREAKABLE_CUDAGRAPH is on" in report["breakable_refusal"]
+    else:
+        assert report["breakable_refusal"] is None
     # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
     # and with the plan in force what the plan says capplan makes it do.
     assert report["dummy_vllm_layout_as_planned"] is True

@@ -33,6 +33,7 @@ import time
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
+from capplan.releases import BREAKABLE_GRAPHS_DIFFER
 from capplan.runtime import contract, recorder
 from capplan.runtime.contract import IncompatibleVllm
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
@@ -572,6 +573,9 @@ def _check_config_early(state: Installed, semantics: str) -> None:
         config = original(self, *args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(state.plan_path))
+        problem = breakable_problem(state.plan_path)
+        if problem:
+            raise SystemExit(problem)
         problem = config_problem(state.plan, state.plan_path, config)
         if problem:
             raise SystemExit(problem)
@@ -596,6 +600,23 @@ def _refuse_v1_runner(state: Installed) -> None:
         return result
 
     Worker.init_device = init_device
+
+
+def breakable_problem(plan_path: str) -> str | None:
+    """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
+    MRV2 captures (capplan.releases.BREAKABLE_GRAPHS_DIFFER), or None. Read after the
+    engine config is built: vLLM turns the setting on itself for some architectures."""
+    import vllm
+    import vllm.envs as envs
+
+    release = vllm.__version__.split("+", 1)[0]
+    if release not in BREAKABLE_GRAPHS_DIFFER or not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
+        return None
+    return (
+        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release} for this model), "
+        f"so vLLM {release} pads requests in its mixed PIECEWISE graphs, which the plan {plan_path} does not "
+        "plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
+    )
 
 
 class PlanNotInForce(RuntimeError):

@@ -78,7 +78,7 @@ class Target(_Strict):
     vllm: Literal["0.25", "0.33"] = Field(
         "0.33",
         description=(
-            "vLLM planning semantics: '0.25' (vLLM 0.25.0, 0.25.1) or '0.33' (vLLM 0.31.0, 0.32.0, 0.33.0). "
+            "vLLM planning semantics: '0.25' (vLLM 0.25.0, 0.25.1, 0.26.0) or '0.33' (vLLM 0.31.0, 0.32.0, 0.33.0). "
             "They differ in default capture sizes, token ranges and dummy layouts."
         ),
     )
