@@ -131,3 +131,12 @@ def test_diff_names_kept_graphs_whose_warm_up_batch_changed():
     text = render_text(result)
     assert "warm-up (graphs kept, captured from another dummy batch):" in text
     assert f"... and {len(changed) - 8} more" in text  # the text form samples, the JSON form lists all
+
+
+def test_diff_spec_refuses_a_spec_compile_refuses():
+    """`diff --spec` compiles in memory; a spec whose plan no command could load is refused
+    as `capplan compile` refuses it, not compared."""
+    bad = ROOT / "tests" / "data" / "bad"
+    out = runner.invoke(app, ["diff", "--spec", str(bad / "spec-huge-plan.yaml"), str(bad / "base.yaml")])
+    assert out.exit_code == 1
+    assert "the plan would be over the 200000 entry limit for a plan file" in out.stderr

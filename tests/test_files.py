@@ -62,6 +62,20 @@ def test_the_output_cannot_be_an_input(work):
     assert trace.read_text() == '{"num_reqs": 2, "num_tokens": 2}\n'
     line = one_error(run("optimize", "deploy.yaml", "t.jsonl", "--max-graphs", "4", "--plot", "deploy.yaml"))
     assert line.startswith("error: deploy.yaml: is also an input")
+    # A calibration is an input too, and one command's two outputs cannot share a path.
+    cal = Path("cal.yaml")
+    cal.write_text((ROOT / "src" / "capplan" / "data" / "h200-vllm025.yaml").read_text())
+    before = cal.read_text()
+    for args in (
+        ("optimize", "deploy.yaml", "t.jsonl", "--max-graphs", "4", "--calibration", "cal.yaml", "-o", "cal.yaml"),
+        ("optimize", "deploy.yaml", "t.jsonl", "--max-graphs", "4", "--calibration", "cal.yaml", "--plot", "cal.yaml"),
+    ):
+        assert one_error(run(*args)).startswith("error: cal.yaml: is also an input"), args
+    assert cal.read_text() == before
+    line = one_error(
+        run("optimize", "deploy.yaml", "t.jsonl", "--max-graphs", "4", "-o", "o.svg", "--plot", "o.svg"), 2
+    )
+    assert "--plot o.svg is also the optimized spec's path" in line and not Path("o.svg").exists()
 
 
 def test_two_specs_cannot_write_one_plan(work):
@@ -187,3 +201,33 @@ def test_a_comment_that_looks_like_a_vllm_log_line_does_not_change_the_format(wo
 
     assert json.loads(result.stdout)["steps"] == 500
     assert "note:" not in result.stderr
+
+
+def test_blank_and_comment_lines_are_skipped_with_line_numbers_kept(work):
+    from capplan.batches import BatchFileError
+    from capplan.files import text_lines
+
+    trace = work / "t.jsonl"
+    trace.write_text('\n  \n# a comment\n\t# another\r\n{"num_reqs": 1}\r\n\n  {"x": 2}  \n#\n')
+    lines = list(text_lines(trace, "batch file", BatchFileError, 1 << 20))
+    assert lines == [(5, '{"num_reqs": 1}'), (7, '  {"x": 2}  ')]
+    # Comment lines cost no per-line work: a file of them holds no batches, whatever its size.
+    trace.write_text("#\n" * 200_000 + "\n" * 200_000 + '{"y": 1}\n')
+    assert list(text_lines(trace, "batch file", BatchFileError, 1 << 20)) == [(400_001, '{"y": 1}')]
+
+
+def test_a_name_with_a_line_break_stays_on_one_line_in_outputs(work):
+    name = "t\nmultimodal: {tower_connector_lora: true}\n#.jsonl"
+    Path(name).write_text('{"num_reqs": 2, "num_tokens": 2}\n')
+    result = run("optimize", "deploy.yaml", name, "--max-graphs", "4", "-o", "o.yaml")
+    assert result.exit_code == 0, result.output
+    text = Path("o.yaml").read_text()
+    assert "\nmultimodal:" not in text and "t\\nmultimodal" in text.splitlines()[0]
+
+
+def test_two_names_of_one_folder_cannot_write_one_plan(work):
+    Path("a").mkdir()
+    Path("a/s.yaml").write_text(SPEC)
+    Path("alias").symlink_to("a")
+    line = one_error(run("compile", "a/s.yaml", "alias/s.yaml"), 2)
+    assert "would both be written to" in line

@@ -157,7 +157,7 @@ def compile_cmd(
     not matter), 1 with `plan is stale: run COMMAND` otherwise.
     """
     from capplan.files import check_output, write_atomic
-    from capplan.loading import first_difference, load_spec, size_problem
+    from capplan.loading import first_difference, load_spec
     from capplan.planfile import plan_file_data, plan_to_json, render_plan
     from capplan.planner import compile_plan
 
@@ -169,7 +169,7 @@ def compile_cmd(
         if plan_dir is not None:
             plan_path = plan_dir / default_plan_path(spec).name
         for other, other_path in targets:
-            if os.path.abspath(other_path) == os.path.abspath(plan_path):
+            if os.path.realpath(other_path) == os.path.realpath(plan_path):
                 raise UsageError(
                     f"{printable(str(other))} and {printable(str(spec))} would both be written to "
                     f"{printable(str(plan_path))}",
@@ -187,12 +187,7 @@ def compile_cmd(
         folder = plan_path.parent
         data = plan_file_data(plan)
         text = render_plan(plan, _relative(spec, folder), regenerate_command(spec, plan_path, folder), data)
-        problem = size_problem(text, data)
-        if problem is not None:
-            raise CapplanError(
-                f"{spec}: the plan would be {problem}, so no command could load it",
-                "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size",
-            )
+        _refuse_unloadable(spec, text, data)
         jobs.append((spec, plan_path, plan, text, data))
     stale = []
     for spec, plan_path, plan, text, data in jobs:
@@ -218,11 +213,36 @@ def compile_cmd(
             typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
             continue
         write_atomic(plan_path, text, specs)
-        typer.echo(f"wrote {plan_path}: {_summary(plan)}", err=True)
+        typer.echo(f"wrote {printable(str(plan_path))}: {_summary(plan)}", err=True)
     if stale:
         for line in stale[:-1]:
             typer.echo(f"error: {line}", err=True)
         raise CapplanError(stale[-1])
+
+
+def _refuse_unloadable(spec: Path, text: str, data: dict) -> None:
+    """Refuse a spec whose plan file (`text`, its content `data`) no command could load."""
+    from capplan.loading import size_problem
+
+    problem = size_problem(text, data)
+    if problem is not None:
+        raise CapplanError(
+            f"{spec}: the plan would be {problem}, so no command could load it",
+            "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size",
+        )
+
+
+def _compile_spec(spec: Path):
+    """The plan a spec compiles to, refused like `capplan compile` refuses it when no
+    command could load its file (for commands that compare specs in memory)."""
+    from capplan.loading import load_spec
+    from capplan.planfile import plan_file_data, render_plan
+    from capplan.planner import compile_plan
+
+    plan = compile_plan(load_spec(spec))
+    data = plan_file_data(plan)
+    _refuse_unloadable(spec, render_plan(plan, spec.name, None, data), data)
+    return plan
 
 
 def _looks_like_spec(path: Path) -> bool:
@@ -317,7 +337,8 @@ def show_cmd(
         grids, legend = plan_grids(loaded)
         totals = ", ".join(f"{mode} {n}" for mode, n in loaded.stats["total"].items() if mode != "graphs")
         caption = f"capplan show {plan.name}: {loaded.stats['total']['graphs']} graphs ({totals or 'all eager'})"
-        _write_picture(plot, plot_plan(plot, grids, caption, legend, eager_note(loaded)), (plan,))
+        inputs = (plan,) if calibration is None else (plan, calibration)
+        _write_picture(plot, plot_plan(plot, grids, caption, legend, eager_note(loaded)), inputs)
     if as_json:
         data = plan_to_json(loaded)
         data["estimate"] = {
@@ -542,7 +563,8 @@ def simulate_cmd(
             f"capplan simulate {plan.name} {trace.name}: "
             f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
         )
-        _write_picture(plot, plot_bars(plot, simulation_panels(data), caption), (plan, trace))
+        inputs = (plan, trace) if calibration is None else (plan, trace, calibration)
+        _write_picture(plot, plot_bars(plot, simulation_panels(data), caption), inputs)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -619,9 +641,12 @@ def optimize_cmd(
     from capplan.traffic.optimize import optimize, render_curve
 
     out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
+    inputs = (spec, trace) if calibration is None else (spec, trace, calibration)
+    if plot is not None and os.path.realpath(plot) == os.path.realpath(out):
+        raise UsageError(f"--plot {printable(str(plot))} is also the optimized spec's path", "give the picture its own")
     for target in (out, plot):
         if target is not None:
-            check_output(target, (spec, trace))
+            check_output(target, inputs)
     loaded = load_spec(spec)
     batch_file = read_batches(trace, loaded)
     if batch_file.note:
@@ -645,7 +670,8 @@ def optimize_cmd(
         )
     p, d = result.point, result.default
     header = (
-        f"# capplan optimize {spec.name} {trace.name} (budget {result.budget}, objective {result.objective})\n"
+        f"# capplan optimize {printable(spec.name)} {printable(trace.name)} (budget {result.budget}, "
+        f"objective {result.objective})\n"
         f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
         f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
     )
@@ -657,9 +683,9 @@ def optimize_cmd(
             f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}"
         )
         picture = plot_curve(plot, result.curve, p, max_graphs, caption)
-    write_atomic(out, header + render_spec(result.spec), (spec, trace))
+    write_atomic(out, header + render_spec(result.spec), inputs)
     if plot is not None and picture is not None:
-        _write_picture(plot, picture, (spec, trace))
+        _write_picture(plot, picture, inputs)
     if as_json:
         typer.echo(
             json.dumps(
@@ -735,8 +761,7 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
     """Load both sides of `capplan diff` (plans, or specs compiled in memory) and compare them."""
     from capplan.analysis.diff import diff_plans
     from capplan.files import shown
-    from capplan.loading import load_cost_model, load_plan, load_spec
-    from capplan.planner import compile_plan
+    from capplan.loading import load_cost_model, load_plan
 
     if fmt not in ("text", "markdown", "json"):
         raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
@@ -744,7 +769,7 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
 
     def load(path: Path):
         try:
-            return compile_plan(load_spec(path)) if specs else load_plan(path)
+            return _compile_spec(path) if specs else load_plan(path)
         except CapplanError as exc:
             return exc
 
@@ -1037,7 +1062,8 @@ def calibrate_trace_cmd(
     from capplan.loading import load_calibration, load_plan
     from capplan.traffic.cost import fit_step_times, merge_step_times
 
-    check_output(output, (plan, trace))
+    inputs = (plan, trace) if calibration is None else (plan, trace, calibration)
+    check_output(output, inputs)
     loaded = load_plan(plan)
     batch_file = read_batches(trace, loaded.spec)
     if batch_file.times is None:
@@ -1056,14 +1082,15 @@ def calibrate_trace_cmd(
         "step_times": [r.model_dump() for r in rows],
     }
     header = (
-        f"# Calibration written by capplan calibrate-trace {plan.name} {trace.name}\n"
+        f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n"
         f"# runs: from {base.name}. step_times: {len(fitted)} fitted from the trace "
         f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {base.name}.\n"
     )
-    write_atomic(
-        output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), (plan, trace)
+    write_atomic(output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), inputs)
+    typer.echo(
+        f"wrote {printable(str(output))}: {len(fitted)} step times fitted from {printable(str(trace))}, "
+        f"{len(rows) - len(fitted)} kept"
     )
-    typer.echo(f"wrote {output}: {len(fitted)} step times fitted from {trace}, {len(rows) - len(fitted)} kept")
 
 
 @app.command("schema")

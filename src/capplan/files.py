@@ -55,9 +55,11 @@ def read_text(path: Path, what: str, error: type[CapplanError], limit: int = MAX
     except OSError as exc:
         raise error(f"{name}: cannot read ({exc.strerror})") from None
     if stat.S_ISDIR(info.st_mode):
-        raise error(f"{name}: is a directory, expected a {what} file")
+        raise error(f"{name}: is a directory, expected a {what.removesuffix(' file')} file")
     if not stat.S_ISREG(info.st_mode):
-        raise error(f"{name}: not a regular file (a device, pipe or socket), expected a {what} file")
+        raise error(
+            f"{name}: not a regular file (a device, pipe or socket), expected a {what.removesuffix(' file')} file"
+        )
     try:
         with open(path, "rb") as handle:
             data = handle.read(limit + 1)
@@ -222,10 +224,20 @@ def json_value(line: str) -> object:
     return json.loads(line, object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
 
 
+# A line with something on it that is not a `#` comment (the regex engine skips the rest,
+# so a file of blank or comment lines costs neither a Python loop nor a list of lines).
+_CONTENT_LINE = re.compile(r"^[ \t\r\f\v]*[^#\s][^\n]*", re.MULTILINE)
+
+
 def text_lines(path: Path, what: str, error: type[CapplanError], limit: int) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a regular text file, at most `limit` bytes and MAX_LINE_BYTES a line."""
+    """(line number, line) of each line of a regular text file that is neither blank nor a
+    `#` comment; at most `limit` bytes in all and MAX_LINE_BYTES a line."""
     text = read_text(path, what, error, limit)
-    for number, line in enumerate(text.splitlines(), 1):
+    number, counted = 1, 0
+    for match in _CONTENT_LINE.finditer(text):
+        number += text.count("\n", counted, match.start())
+        counted = match.start()
+        line = match.group().rstrip("\r")
         if len(line) > MAX_LINE_BYTES:
             raise error(f"{shown(path)}:{number}: line of {len(line)} characters (at most {MAX_LINE_BYTES})")
         yield number, line
