@@ -94,7 +94,9 @@ def setup(tmp_path_factory):
     work = tmp_path_factory.mktemp("gpu")
     model = work / "model"
     build(model)
-    version = "0.25" if vllm.__version__.startswith("0.25") else "0.33"
+    from capplan.runtime.versions import detect_semantics
+
+    version = detect_semantics(vllm.__version__)
     return work, model, _compile(work, "tiny", SPEC.format(version=version)), version
 
 

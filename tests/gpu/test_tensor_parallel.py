@@ -56,7 +56,9 @@ def runs(tmp_path_factory):
     import torch
     import vllm
 
-    if torch.cuda.device_count() < 2 or not vllm.__version__.startswith("0.25"):
+    from capplan.runtime.versions import detect_semantics
+
+    if torch.cuda.device_count() < 2 or detect_semantics(vllm.__version__) != "0.25":
         pytest.skip("needs two GPUs and vLLM 0.25")
     sys.path.insert(0, str(HERE))
     from make_model import build
