@@ -129,7 +129,7 @@ def test_diff_names_kept_graphs_whose_warm_up_batch_changed():
     assert changed and len(result.dummy_changes) == len(changed)
     assert result.dummy_changes[0].startswith(f"{changed[0].descriptor.cg_mode}:")
     text = render_text(result)
-    assert "warm-up (graphs kept, captured from another dummy batch):" in text
+    assert "warm-up (graphs kept, captured from another dummy batch or kernel grid):" in text
     assert f"... and {len(changed) - 8} more" in text  # the text form samples, the JSON form lists all
 
 
@@ -140,3 +140,15 @@ def test_diff_spec_refuses_a_spec_compile_refuses():
     out = runner.invoke(app, ["diff", "--spec", str(bad / "spec-huge-plan.yaml"), str(bad / "base.yaml")])
     assert out.exit_code == 1
     assert "the plan would be over the 200000 entry limit for a plan file" in out.stderr
+
+
+def test_diff_names_a_kept_graph_whose_kernel_grid_alone_changed():
+    from capplan.loading import load_spec
+
+    spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
+    lora = spec.lora.model_copy(update={"specialize_active": not spec.lora.specialize_active})
+    result = diff_plans(compile_plan(spec), compile_plan(spec.model_copy(update={"lora": lora})), load_cost_model(None))
+    grid_only = [line for line in result.dummy_changes if "kernel grid" in line and "adapters" not in line]
+    assert grid_only, result.dummy_changes[:3]
+    before, after = grid_only[0].split(": dummy ", 1)[1].split(" -> ")
+    assert before.split(", kernel grid")[0] == after.split(", kernel grid")[0]  # same batch, other grid

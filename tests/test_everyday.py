@@ -56,6 +56,9 @@ def test_the_precommit_hook_skips_other_yaml_but_not_a_misspelt_spec(tmp_path):
     (tmp_path / "octal.yaml").write_text(SPEC + "speculative: {num_speculative_tokens: 01}\n")
     octal = capplan("compile", "--check", "--skip-non-specs", "octal.yaml", cwd=tmp_path)
     assert octal.returncode == 1 and "leading zero" in octal.stderr
+    (tmp_path / "flow.yaml").write_text('{"scheduler": {"max_num_seqs": 16}, "scheduler": {"max_num_seqs": 8}}\n')
+    flow = capplan("compile", "--check", "--skip-non-specs", "flow.yaml", cwd=tmp_path)
+    assert flow.returncode == 1 and "duplicate key" in flow.stderr
     (tmp_path / "typo.yaml").write_text(SPEC + "schedular: {max_num_seqs: 4}\n")
     typo = capplan("compile", "--check", "--skip-non-specs", "typo.yaml", cwd=tmp_path)
     assert typo.returncode == 1 and "schedular: unknown key" in typo.stderr

@@ -211,7 +211,12 @@ def test_blank_and_comment_lines_are_skipped_with_line_numbers_kept(work):
     trace.write_text('\n  \n# a comment\n\t# another\r\n{"num_reqs": 1}\r\n\n  {"x": 2}  \n#\n')
     lines = list(text_lines(trace, "batch file", BatchFileError, 1 << 20))
     assert lines == [(5, '{"num_reqs": 1}'), (7, '  {"x": 2}  ')]
-    # Comment lines cost no per-line work: a file of them holds no batches, whatever its size.
+    # Line numbers stay right across many skipped lines, lone-CR line ends and other whitespace.
+    trace.write_text('\u00a0\u3000{"z": 3}\r\u3000# c\r' + "#\n" * 200_000 + "\n" * 199_998 + '{"y": 1}\n')
+    assert list(text_lines(trace, "batch file", BatchFileError, 1 << 20)) == [
+        (1, '\u00a0\u3000{"z": 3}'),
+        (400_001, '{"y": 1}'),
+    ]
     trace.write_text("#\n" * 200_000 + "\n" * 200_000 + '{"y": 1}\n')
     assert list(text_lines(trace, "batch file", BatchFileError, 1 << 20)) == [(400_001, '{"y": 1}')]
 

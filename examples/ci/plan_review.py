@@ -56,7 +56,7 @@ def plan_diff(base: str, path: str, scratch: Path) -> str:
     old_path = scratch / (path.replace("/", "__") + ".base.plan.yaml")
     old_path.write_text(old.stdout, encoding="utf-8")
     diff = _run(["capplan", "diff", str(old_path), path, "--format", "markdown"])
-    if diff.returncode in (0, 2):  # 0: equal, 2: different
+    if diff.returncode in (0, 2) and diff.stdout:  # 0: equal, 2: different
         return diff.stdout.replace(f"`{old_path}`", f"`{base}:{path}`")
     return f"### `{path}`\n\nNot compared: {diff.stderr.strip()}\n"
 

@@ -192,9 +192,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
     other: tuple[int, str] | None = None
     times: list[float] | None = []  # the recorder's step times, when every line has one
     for number, line in text_lines(path, "batch file", BatchFileError, MAX_TRACE_BYTES):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
+        text = line.strip()  # text_lines gives no blank or comment line
         if text.startswith("{"):
             json_lines.append((number, text))
             if len(json_lines) > MAX_BATCHES:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -157,31 +158,32 @@ def compile_cmd(
     not matter), 1 with `plan is stale: run COMMAND` otherwise.
     """
     from capplan.files import check_output, write_atomic
-    from capplan.loading import first_difference, load_spec
+    from capplan.loading import load_spec, plan_difference
     from capplan.planfile import plan_file_data, plan_to_json, render_plan
     from capplan.planner import compile_plan
 
     if output is not None and (len(specs) > 1 or plan_dir is not None):
         raise UsageError("-o names one plan: give one spec and no --plan-dir")
     targets: list[tuple[Path, Path]] = []
+    written: dict[str, Path] = {}  # real path of each plan -> the spec writing it
     for spec in specs:
+        if skip_non_specs and not _looks_like_spec(spec):
+            continue
         plan_path = output or default_plan_path(spec)
         if plan_dir is not None:
             plan_path = plan_dir / default_plan_path(spec).name
-        for other, other_path in targets:
-            if os.path.realpath(other_path) == os.path.realpath(plan_path):
-                raise UsageError(
-                    f"{printable(str(other))} and {printable(str(spec))} would both be written to "
-                    f"{printable(str(plan_path))}",
-                    "compile them one at a time with -o",
-                )
+        other = written.setdefault(os.path.realpath(plan_path), spec)
+        if other is not spec:
+            raise UsageError(
+                f"{printable(str(other))} and {printable(str(spec))} would both be written to "
+                f"{printable(str(plan_path))}",
+                "compile them one at a time with -o",
+            )
         if not check and not dry_run:
             check_output(plan_path, specs)
         targets.append((spec, plan_path))
     # Compile everything before writing anything: one bad spec writes nothing.
     jobs = []
-    if skip_non_specs:
-        targets = [(spec, path) for spec, path in targets if _looks_like_spec(spec)]
     for spec, plan_path in targets:
         plan = compile_plan(load_spec(spec))
         folder = plan_path.parent
@@ -192,25 +194,25 @@ def compile_cmd(
     stale = []
     for spec, plan_path, plan, text, data in jobs:
         if check:
-            why = _stale_reason(plan_path, data, first_difference)
+            why = _stale_reason(plan_path, data, plan_difference)
             if why is not None:
                 stale.append(f"plan is stale ({why}): run {regenerate_command(spec, plan_path, Path.cwd())}")
             else:
-                typer.echo(f"{plan_path}: up to date ({_summary(plan)})", err=True)
+                typer.echo(f"{printable(str(plan_path))}: up to date ({_summary(plan)})", err=True)
             continue
         if as_json:
             typer.echo(json.dumps(plan_to_json(plan), indent=2))
         if dry_run:
             if not as_json:
                 sys.stdout.write(text)
-            typer.echo(f"dry run: would write {plan_path}: {_summary(plan)}", err=True)
+            typer.echo(f"dry run: would write {printable(str(plan_path))}: {_summary(plan)}", err=True)
             continue
         try:  # text mode: a CRLF checkout of the same plan is unchanged
             unchanged = plan_path.read_text(encoding="utf-8") == text
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, UnicodeDecodeError):
             unchanged = False
         if unchanged:
-            typer.echo(f"{plan_path}: unchanged, {_summary(plan)}", err=True)
+            typer.echo(f"{printable(str(plan_path))}: unchanged, {_summary(plan)}", err=True)
             continue
         write_atomic(plan_path, text, specs)
         typer.echo(f"wrote {printable(str(plan_path))}: {_summary(plan)}", err=True)
@@ -264,6 +266,9 @@ def _looks_like_spec(path: Path) -> bool:
         sections = tuple(f"{name}:" for name in Spec.model_fields)
         if any(line.startswith(sections) for line in text.splitlines()):
             return True
+        names = "|".join(Spec.model_fields)
+        if text.lstrip().startswith("{") and re.search(rf'[{{,]\s*["\']?(?:{names})["\']?\s*:', text):
+            return True  # a spec in flow (JSON) style
         data = None
     if isinstance(data, dict) and "graphs" not in data and set(data) & set(Spec.model_fields):
         return True
@@ -277,7 +282,7 @@ def _write_picture(path: Path, content: str | bytes, inputs: tuple[Path, ...]) -
     write_atomic(path, content, inputs)
 
 
-def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | None:
+def _stale_reason(plan_path: Path, expected: dict, difference) -> str | None:
     """Why the plan file does not hold `expected` (its content as data), or None."""
     from capplan.errors import PlanError
     from capplan.files import read_yaml
@@ -291,7 +296,7 @@ def _stale_reason(plan_path: Path, expected: dict, first_difference) -> str | No
     version = current.get("format_version") if isinstance(current, dict) else None
     if version != expected["format_version"] or type(version) is not int:
         return f"{plan_path} is format {version!r}, this capplan writes format {expected['format_version']}"
-    found = first_difference(current, expected)
+    found = difference(current, expected)
     return None if found is None else f"{plan_path}: {found}"
 
 
@@ -703,7 +708,7 @@ def optimize_cmd(
     else:
         typer.echo(render_curve(result, full=full_curve))
         typer.echo(
-            f"wrote {out}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+            f"wrote {printable(str(out))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
             f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies"
         )
 
@@ -742,7 +747,8 @@ def diff_cmd(
 
             grids, legend = diff_grids(a, b)
             caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
-            _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), (old, new))
+            inputs = (old, new) if calibration is None else (old, new, calibration)
+            _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), inputs)
     except UsageError as exc:
         # Exit 2 is this command's answer "the plans differ": a refusal exits 1.
         exc.exit_code = 1
@@ -1022,7 +1028,7 @@ def calibrate_cmd(
     text, data = calibrate(loaded, spec.name, model, name)
     write_atomic(output, text, (spec,))
     typer.echo(
-        f"wrote {output}: {len(data['runs'])} capture runs, {len(data['step_times'])} step times "
+        f"wrote {printable(str(output))}: {len(data['runs'])} capture runs, {len(data['step_times'])} step times "
         f"(calibration {data['name']})"
     )
 
@@ -1083,8 +1089,8 @@ def calibrate_trace_cmd(
     }
     header = (
         f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n"
-        f"# runs: from {base.name}. step_times: {len(fitted)} fitted from the trace "
-        f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {base.name}.\n"
+        f"# runs: from {printable(base.name)}. step_times: {len(fitted)} fitted from the trace "
+        f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {printable(base.name)}.\n"
     )
     write_atomic(output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), inputs)
     typer.echo(

@@ -226,18 +226,20 @@ def json_value(line: str) -> object:
 
 # A line with something on it that is not a `#` comment (the regex engine skips the rest,
 # so a file of blank or comment lines costs neither a Python loop nor a list of lines).
-_CONTENT_LINE = re.compile(r"^[ \t\r\f\v]*[^#\s][^\n]*", re.MULTILINE)
+_CONTENT_LINE = re.compile(r"^[^\S\n]*[^#\s][^\n]*", re.MULTILINE)
 
 
 def text_lines(path: Path, what: str, error: type[CapplanError], limit: int) -> Iterator[tuple[int, str]]:
     """(line number, line) of each line of a regular text file that is neither blank nor a
     `#` comment; at most `limit` bytes in all and MAX_LINE_BYTES a line."""
     text = read_text(path, what, error, limit)
+    if "\r" in text:  # CRLF and lone-CR line ends read as one line end each
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     number, counted = 1, 0
     for match in _CONTENT_LINE.finditer(text):
         number += text.count("\n", counted, match.start())
         counted = match.start()
-        line = match.group().rstrip("\r")
+        line = match.group()
         if len(line) > MAX_LINE_BYTES:
             raise error(f"{shown(path)}:{number}: line of {len(line)} characters (at most {MAX_LINE_BYTES})")
         yield number, line

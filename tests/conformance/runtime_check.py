@@ -292,9 +292,9 @@ def main(out: Path, variant: str = "") -> None:
     from capplan.runtime.mrv2 import breakable_problem
 
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
-    report["breakable_refusal"] = breakable_problem("runtime.plan.yaml")
+    report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml")
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
-    report["breakable_off_refusal"] = breakable_problem("runtime.plan.yaml")
+    report["breakable_off_refusal"] = breakable_problem(plan, "runtime.plan.yaml")
     del os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"]
 
     # A mismatched engine stops before capture.

@@ -130,16 +130,20 @@ def _dummy_changes(old: Plan, new: Plan) -> list[str]:
     """Graphs in both plans whose warm-up dummy batch differs: the same graph, captured from
     other inputs (a dummy layout or its adapter ids)."""
 
-    def shown(dummy, ids: bool) -> str:
-        return f"{[list(run) for run in dummy.tokens]}" + (f", adapters {dummy.lora_ids}" if ids else "")
+    def shown(dummy, ids: bool, grid: bool) -> str:
+        return (
+            f"{[list(run) for run in dummy.tokens]}"
+            + (f", adapters {dummy.lora_ids}" if ids else "")
+            + (f", kernel grid {dummy.kernel_grid}" if grid else "")
+        )
 
     before = {g.descriptor: g.dummy for g in old.graphs}
     lines = []
     for g in new.graphs:
         was = before.get(g.descriptor)
         if was is not None and was != g.dummy:
-            ids = was.lora_ids != g.dummy.lora_ids
-            lines.append(f"{address(g.descriptor)}: dummy {shown(was, ids)} -> {shown(g.dummy, ids)}")
+            ids, grid = was.lora_ids != g.dummy.lora_ids, was.kernel_grid != g.dummy.kernel_grid
+            lines.append(f"{address(g.descriptor)}: dummy {shown(was, ids, grid)} -> {shown(g.dummy, ids, grid)}")
     return lines
 
 
@@ -183,7 +187,7 @@ def render_text(d: PlanDiff) -> str:
             + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
         ),
         ("LoRA dispatch", d.lora_map_changes),
-        ("warm-up (graphs kept, captured from another dummy batch)", _sample(d.dummy_changes)),
+        ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("encoder", d.encoder_changes),
         ("dispatch (what a batch replays)", d.dispatch_changes),
         ("fixes and deviations", d.fix_changes),
@@ -225,7 +229,7 @@ def render_markdown(d: PlanDiff) -> str:
         lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
     for title, items in (
         ("LoRA dispatch", d.lora_map_changes),
-        ("Warm-up (graphs kept, captured from another dummy batch)", _sample(d.dummy_changes)),
+        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("Encoder", d.encoder_changes),
         ("Dispatch changes", d.dispatch_changes),
     ):

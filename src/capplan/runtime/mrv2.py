@@ -573,7 +573,7 @@ def _check_config_early(state: Installed, semantics: str) -> None:
         config = original(self, *args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(state.plan_path))
-        problem = breakable_problem(state.plan_path)
+        problem = breakable_problem(state.plan, state.plan_path)
         if problem:
             raise SystemExit(problem)
         problem = config_problem(state.plan, state.plan_path, config)
@@ -602,15 +602,18 @@ def _refuse_v1_runner(state: Installed) -> None:
     Worker.init_device = init_device
 
 
-def breakable_problem(plan_path: str) -> str | None:
+def breakable_problem(plan: Plan, plan_path: str) -> str | None:
     """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
-    MRV2 captures (capplan.releases.BREAKABLE_GRAPHS_DIFFER), or None. Read after the
-    engine config is built: vLLM turns the setting on itself for some architectures."""
+    MRV2 captures (capplan.releases.BREAKABLE_GRAPHS_DIFFER: its mixed PIECEWISE graphs),
+    or None. Read after the engine config is built: vLLM turns the setting on itself for
+    some architectures."""
     import vllm
     import vllm.envs as envs
 
     release = vllm.__version__.split("+", 1)[0]
-    if release not in BREAKABLE_GRAPHS_DIFFER or not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
+    if release not in BREAKABLE_GRAPHS_DIFFER or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
+        return None
+    if not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
         return None
     return (
         f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release} for this model), "

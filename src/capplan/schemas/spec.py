@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from capplan.releases import releases_of
+
 
 class CudagraphMode(str, enum.Enum):
     """vLLM's `CompilationConfig.cudagraph_mode` values."""
@@ -78,8 +80,9 @@ class Target(_Strict):
     vllm: Literal["0.25", "0.33"] = Field(
         "0.33",
         description=(
-            "vLLM planning semantics: '0.25' (vLLM 0.25.0, 0.25.1, 0.26.0) or '0.33' (vLLM 0.31.0, 0.32.0, 0.33.0). "
-            "They differ in default capture sizes, token ranges and dummy layouts."
+            f"vLLM planning semantics: '0.25' (vLLM {', '.join(releases_of('0.25'))}) or '0.33' "
+            f"(vLLM {', '.join(releases_of('0.33'))}). They differ in default capture sizes, token ranges and "
+            "dummy layouts."
         ),
     )
     blackwell: bool = Field(
