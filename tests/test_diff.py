@@ -152,3 +152,20 @@ def test_diff_names_a_kept_graph_whose_kernel_grid_alone_changed():
     assert grid_only, result.dummy_changes[:3]
     before, after = grid_only[0].split(": dummy ", 1)[1].split(" -> ")
     assert before.split(", kernel grid")[0] == after.split(", kernel grid")[0]  # same batch, other grid
+
+
+def test_dispatch_changes_are_listed_in_batch_order():
+    """Per batch kind, by the smallest batch each line covers ("97..100" before "201..208"
+    before "1009.."), not by the text of the graphs' names."""
+    import re
+
+    from capplan.loading import load_spec
+
+    spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
+    smaller = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 50})})
+    lines = diff_plans(compile_plan(spec), compile_plan(smaller), load_cost_model(None)).dispatch_changes
+    firsts: dict[str, list[int]] = {}
+    for line in lines:
+        kind = line.split(" batches", 1)[0]
+        firsts.setdefault(kind, []).append(int(re.search(r"\((\d+)", line).group(1)))
+    assert len(lines) > 10 and all(v == sorted(v) for v in firsts.values()), lines
