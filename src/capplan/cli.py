@@ -276,6 +276,12 @@ def _looks_like_spec(path: Path) -> bool:
     return False
 
 
+def _inputs(*paths: Path | None) -> tuple[Path, ...]:
+    """A command's input files (an optional one, such as --calibration, may be None): no
+    output of the command may overwrite them."""
+    return tuple(p for p in paths if p is not None)
+
+
 def _write_picture(path: Path, content: str | bytes, inputs: tuple[Path, ...]) -> None:
     from capplan.files import write_atomic
 
@@ -342,7 +348,7 @@ def show_cmd(
         grids, legend = plan_grids(loaded)
         totals = ", ".join(f"{mode} {n}" for mode, n in loaded.stats["total"].items() if mode != "graphs")
         caption = f"capplan show {plan.name}: {loaded.stats['total']['graphs']} graphs ({totals or 'all eager'})"
-        inputs = (plan,) if calibration is None else (plan, calibration)
+        inputs = _inputs(plan, calibration)
         _write_picture(plot, plot_plan(plot, grids, caption, legend, eager_note(loaded)), inputs)
     if as_json:
         data = plan_to_json(loaded)
@@ -568,7 +574,7 @@ def simulate_cmd(
             f"capplan simulate {plan.name} {trace.name}: "
             f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
         )
-        inputs = (plan, trace) if calibration is None else (plan, trace, calibration)
+        inputs = _inputs(plan, trace, calibration)
         _write_picture(plot, plot_bars(plot, simulation_panels(data), caption), inputs)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -646,7 +652,7 @@ def optimize_cmd(
     from capplan.traffic.optimize import optimize, render_curve
 
     out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
-    inputs = (spec, trace) if calibration is None else (spec, trace, calibration)
+    inputs = _inputs(spec, trace, calibration)
     if plot is not None and os.path.realpath(plot) == os.path.realpath(out):
         raise UsageError(f"--plot {printable(str(plot))} is also the optimized spec's path", "give the picture its own")
     for target in (out, plot):
@@ -747,7 +753,7 @@ def diff_cmd(
 
             grids, legend = diff_grids(a, b)
             caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
-            inputs = (old, new) if calibration is None else (old, new, calibration)
+            inputs = _inputs(old, new, calibration)
             _write_picture(plot, plot_plan(plot, grids, caption[:150], legend), inputs)
     except UsageError as exc:
         # Exit 2 is this command's answer "the plans differ": a refusal exits 1.
@@ -1068,7 +1074,7 @@ def calibrate_trace_cmd(
     from capplan.loading import load_calibration, load_plan
     from capplan.traffic.cost import fit_step_times, merge_step_times
 
-    inputs = (plan, trace) if calibration is None else (plan, trace, calibration)
+    inputs = _inputs(plan, trace, calibration)
     check_output(output, inputs)
     loaded = load_plan(plan)
     batch_file = read_batches(trace, loaded.spec)

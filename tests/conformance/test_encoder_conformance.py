@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from capplan.planner import compile_plan
 from capplan.planner.encoder import pack, resolve_encoder_graphs
 from capplan.releases import SUPPORTED_RELEASES
 from tests.conformance.releases import releases
+from tests.conformance.test_vllm_conformance import run_check, run_oracle
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
@@ -93,19 +93,7 @@ def oracle(tmp_path_factory) -> dict[str, dict]:
             if os.environ.get("CAPPLAN_REQUIRE_ORACLE") == "1":
                 pytest.fail(f"vLLM oracle required but {ORACLE_DIR}/src/{version} is missing")
             pytest.skip("vLLM oracle not available; run .ci/run")
-        out = tmp / f"out-{version}.json"
-        env = {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
-        proc = subprocess.run(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(ORACLE), "--input", str(src), "--output", str(out)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, f"encoder oracle {version} failed:\n{proc.stderr[-4000:]}"
-        data = json.loads(out.read_text())
-        assert data["vllm_version"] == version
-        results[version] = {r["name"]: r for r in data["results"]}
+        results[version] = run_oracle(ORACLE, version, src, tmp / f"out-{version}.json", timeout=600)
     return results
 
 
@@ -146,18 +134,7 @@ def test_encoder_hook_in_real_manager(version, variant, tmp_path):
             pytest.fail(f"vLLM oracle required but {ORACLE_DIR}/src/{version} is missing")
         pytest.skip("vLLM oracle not available; run .ci/run")
     out = tmp_path / "report.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ORACLE_DIR / "src" / version), str(ROOT / "src"), str(ROOT)]),
-    }
-    proc = subprocess.run(
-        [str(python), str(Path(__file__).parent / "encoder_runtime_check.py"), str(out), variant],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_check("encoder_runtime_check.py", version, out, variant)
     report = json.loads(out.read_text())
     assert report["vllm_budgets"] == [4096, 2048, 1024, 512, 256, 128, 64]
     if variant == "eager":

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from capplan.releases import BREAKABLE_GRAPHS_DIFFER
 from tests.conformance.releases import SEMANTICS, releases
-from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
+from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,21 +21,7 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    proc = subprocess.run(
-        [
-            str(ORACLE_DIR / "venv" / "bin" / "python"),
-            str(Path(__file__).parent / "runtime_check.py"),
-            str(out),
-            variant,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_check("runtime_check.py", version, out, variant)
     report = json.loads(out.read_text())
     assert report["vllm"] == version
     assert report["capture_list_equals_plan"] is True
@@ -109,21 +94,7 @@ def test_trace_recorder_in_real_runner(version, tmp_path):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     trace, out = tmp_path / "trace.jsonl", tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    proc = subprocess.run(
-        [
-            str(ORACLE_DIR / "venv" / "bin" / "python"),
-            str(Path(__file__).parent / "recorder_runtime_check.py"),
-            str(trace),
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_check("recorder_runtime_check.py", version, trace, out)
     report = json.loads(out.read_text())
     assert report["results"] == ["ran"] * 5
     lines = [json.loads(line) for line in trace.read_text().splitlines() if line.startswith("{")]

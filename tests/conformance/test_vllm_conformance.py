@@ -47,17 +47,36 @@ def _missing(reason: str):
 
 def _run_oracle(version: str, items: list[dict], tmp: Path) -> dict[str, dict]:
     src = tmp / f"in-{version}.json"
-    out = tmp / f"out-{version}.json"
     src.write_text(json.dumps({"specs": items}))
-    env = {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
+    return run_oracle(ORACLE, version, src, tmp / f"out-{version}.json", timeout=1200)
+
+
+def run_check(script: str, version: str, *args: object) -> None:
+    """Run a check script of tests/conformance with vLLM `version`'s sources and capplan on
+    the oracle's Python (it writes its report where its arguments say)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
     proc = subprocess.run(
-        [str(ORACLE_DIR / "venv" / "bin" / "python"), str(ORACLE), "--input", str(src), "--output", str(out)],
+        [str(ORACLE_DIR / "venv" / "bin" / "python"), str(Path(__file__).parent / script), *map(str, args)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=600,
+        cwd=ROOT,
     )
-    assert proc.returncode == 0, f"oracle {version} failed:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_oracle(script: Path, version: str, src: Path, out: Path, timeout: int) -> dict[str, dict]:
+    """Run an oracle script with vLLM `version`'s sources on the oracle's Python: its results by name."""
+    env = {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
+    proc = subprocess.run(
+        [str(ORACLE_DIR / "venv" / "bin" / "python"), str(script), "--input", str(src), "--output", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"{script.name} on vLLM {version} failed:\n{proc.stderr[-4000:]}"
     data = json.loads(out.read_text())
     assert data["vllm_version"] == version
     return {r["name"]: r for r in data["results"]}
