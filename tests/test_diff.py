@@ -81,9 +81,28 @@ def test_diff_reports_dispatch_region_changes():
 @pytest.fixture
 def spec_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ROOT / "configs" / "h200-tiny-llama-025.yaml", "old.yaml")
+    # The tiny model's spec without its model and GPU: the shipped calibration's estimates are
+    # shown, flagged as not checked (test_estimates_for_another_model_are_withheld covers the rest).
+    text = (ROOT / "configs" / "h200-tiny-llama-025.yaml").read_text().replace(", gpu: NVIDIA H200", "")
+    Path("old.yaml").write_text("".join(line for line in text.splitlines(True) if not line.startswith("model:")))
     Path("new.yaml").write_text(Path("old.yaml").read_text().replace("max_loras: 4", "max_loras: 8"))
     return tmp_path
+
+
+def test_estimates_for_another_model_are_withheld(tmp_path, monkeypatch):
+    """The tiny model's own spec names its model: the 0.9B calibration's numbers are withheld
+    in every format, and the reason names both models' differences."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "configs" / "h200-tiny-llama-025.yaml", "old.yaml")
+    Path("new.yaml").write_text(Path("old.yaml").read_text().replace("max_loras: 4", "max_loras: 8"))
+    text = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"]).stdout
+    assert "+10 graphs (capture time and graph memory not estimated)" in text
+    assert "hidden_size 2048 vs 256" in text and " s capture" not in text
+    md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
+    assert "est. capture time" not in md and "not estimated" in md
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
+    assert data["estimate"]["old"] is None and data["estimate"]["new"] is None
+    assert data["estimate"]["basis"].startswith("uncalibrated: measured on llama0.9b")
 
 
 @pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json")])

@@ -12,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _pip(venv: Path, *args: str) -> None:
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                   check=True, cwd=ROOT, timeout=600)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 def test_gpu_suite_collects_and_skips_with_the_documented_recipe(tmp_path):
@@ -28,7 +32,11 @@ def test_gpu_suite_collects_and_skips_with_the_documented_recipe(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CAPPLAN_"))}
     proc = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -15,7 +15,7 @@ from capplan.errors import InputError
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.runtime.calibrate import case_batches, decode_sizes, engines
 from capplan.runtime.recorder import Recorder, trace_path
-from capplan.traffic.cost import Calibration, StepModel, StepTime, fit_cost_model
+from capplan.traffic.cost import Calibration, Price, StepModel, StepTime, fit_cost_model
 from capplan.traffic.optimize import optimize
 from capplan.traffic.simulate import TraceBatch, simulate
 from tests.conftest import make_spec
@@ -138,7 +138,7 @@ def test_apply_trace_refuses_an_unwritable_folder(tmp_path):
 # --- step model -------------------------------------------------------------
 
 
-def test_step_model_interpolates_and_stays_monotone():
+def test_step_model_prices_only_what_was_measured_or_lies_between():
     model = StepModel(
         [
             StepTime(mode="graph", case=0, tokens=8, ms=2.0),
@@ -147,20 +147,33 @@ def test_step_model_interpolates_and_stays_monotone():
             StepTime(mode="graph", case=4, tokens=8, ms=3.0),
         ]
     )
-    assert model.ms("graph", 0, 8) == 2.0
-    assert model.ms("graph", 0, 64) == 2.0  # made non-decreasing
-    assert model.ms("graph", 0, 96) == pytest.approx(3.0)  # halfway between 2.0 and 4.0
-    assert model.ms("graph", 0, 1) == 2.0  # below the first point: the first point
-    assert model.ms("graph", 0, 192) == pytest.approx(6.0)  # extrapolated from the last two
-    assert model.ms("graph", 3, 8) == 3.0  # nearest measured case: 4
-    assert model.ms("graph", 2, 8) == 3.0  # tie between 0 and 4: the larger case
+    assert model.price("graph", 0, 8) == Price(2.0, 2.0, 2.0)
+    assert model.price("graph", 0, 64).ms == 2.0  # made non-decreasing
+    mid = model.price("graph", 0, 96)
+    assert mid.ms == pytest.approx(3.0) and (mid.lo, mid.hi) == (2.0, 4.0)  # the neighbours bound it
+    assert model.price("graph", 0, 1) is None  # below the first point: not extrapolated
+    assert model.price("graph", 0, 192) is None  # above the last point: not extrapolated
+    assert model.price("graph", 3, 8) is None  # no case stands in for another
+    assert model.price("piecewise", 0, 8) is None  # nor a mode for another
+    assert model.price("eager", 0, 8) is None
 
 
-def test_calibration_needs_graph_and_eager_step_times():
-    cal = Calibration(name="x", runs=RUNS, step_times=[StepTime(mode="graph", case=0, tokens=1, ms=1.0)])
-    with pytest.raises(InputError, match="both graph and eager"):
-        fit_cost_model(cal)
+def test_calibration_values_are_finite_non_negative_numbers():
+    from pydantic import ValidationError
+
+    for bad in (float("nan"), float("inf"), -1.0, True, "2"):
+        with pytest.raises(ValidationError):
+            StepTime(mode="graph", case=0, tokens=8, ms=bad)
+        with pytest.raises(ValidationError):
+            Calibration.model_validate({"name": "x", "runs": [{**RUNS[0], "capture_seconds": bad}, *RUNS[1:]]})
     assert fit_cost_model(Calibration(name="x", runs=RUNS)).steps is None
+
+
+def test_a_fit_with_a_negative_cost_is_refused():
+    runs = [dict(r) for r in RUNS]
+    runs[2]["capture_seconds"] = 60.0  # 20 plain graphs cost more than 80 plain + 320 LoRA graphs
+    with pytest.raises(InputError, match="negative cost"):
+        fit_cost_model(Calibration.model_validate({"name": "x", "runs": runs}))
 
 
 def test_cost_model_fits_small_and_large_plans_exactly_from_three_kinds_of_runs():
@@ -204,8 +217,9 @@ def test_simulate_predicts_step_time_from_the_dispatch():
     g = d.dispatch(trace[0].batch)
     e = d.dispatch(trace[1].batch)
     assert e.graph_id < 0 <= g.graph_id
-    expected = 10 * cost.steps.ms("graph", g.num_active_loras, g.num_tokens) + 2 * cost.steps.ms(
-        "eager", e.num_active_loras, 500
+    expected = (
+        10 * cost.steps.price("graph", g.num_active_loras, g.num_tokens).ms
+        + 2 * cost.steps.price("eager", e.num_active_loras, 500).ms
     )
     assert result.step_ms == pytest.approx(expected)
     assert result.to_json(plan)["predicted_step_seconds"] == round(expected / 1000, 6)
@@ -353,22 +367,44 @@ def _busy_seconds(times, gap=0.1):
 
 def test_step_times_fitted_on_one_served_sample_predict_the_other():
     """Traces recorded under `vllm serve` on an H200 (examples/served/): fitted on
-    sample A, the model predicts sample B's measured busy step time within 5%; the offline
-    calibration alone (decode steps timed through LLM.generate) misses it by over 25%."""
+    sample A, the model prices 98% of sample B's steps and predicts their measured
+    time within 5%; it names the rest (points A never reached) instead of guessing them.
+    The offline calibration alone (decode steps timed through LLM.generate) has no
+    PIECEWISE times at all, so it prices no prediction for B."""
     from capplan.loading import load_calibration, load_plan
     from capplan.traffic.cost import fit_step_times, merge_step_times
+    from capplan.traffic.simulate import StepClock
 
     plan = load_plan(SERVED / "llama0.9b.plan.yaml")
     a = read_batches(SERVED / "trace-a.jsonl", plan.spec)
     b = read_batches(SERVED / "trace-b.jsonl", plan.spec)
     offline = load_calibration(SERVED / "h200-vllm0.25.1-llama0.9b.yaml")
     fitted = fit_step_times(plan, a.batches, a.times)
-    served = Calibration(name="s", runs=offline.runs, step_times=merge_step_times(offline.step_times, fitted))
-    measured = _busy_seconds(b.times)
-    predicted = simulate(plan, b.batches, cost=fit_cost_model(served)).step_ms / 1000
+    served = fit_cost_model(
+        Calibration(name="s", runs=offline.runs, step_times=merge_step_times(offline.step_times, fitted))
+    )
+    d = Dispatcher(plan)
+    clock = StepClock(served.steps)
+    measured = predicted = 0.0
+    busy = priced = 0
+    for i in range(1, len(b.batches)):
+        dt = b.times[i] - b.times[i - 1]
+        if not 0 < dt <= 0.1:
+            continue
+        busy += 1
+        batch = b.batches[i].batch
+        price = served.steps.price(*clock.point(d.dispatch(batch), batch.num_tokens).__dict__.values())
+        if price is not None:
+            priced += 1
+            measured += dt
+            predicted += price.ms / 1000
+    assert priced / busy > 0.98, (priced, busy)
     assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
-    offline_predicted = simulate(plan, b.batches, cost=fit_cost_model(offline)).step_ms / 1000
-    assert (measured - offline_predicted) / measured > 0.25
+    whole = simulate(plan, b.batches, cost=served)
+    assert whole.step_seconds is None and whole.unpriced_points()  # the rest is named, not guessed
+    alone = simulate(plan, b.batches, cost=fit_cost_model(offline))
+    assert alone.step_seconds is None
+    assert any(p.mode == "piecewise" for p, _ in alone.unpriced_points())
     modes = {r.mode for r in fitted}
     assert modes == {"graph", "piecewise", "eager"}
 
@@ -416,7 +452,7 @@ def test_decode_batches_are_priced_full_up_to_the_largest_full_size_then_piecewi
     cost = fit_cost_model(Calibration(name="x", runs=RUNS, step_times=rows))
     spec = make_spec(**SPEC)
     trace = [TraceBatch(Batch(8, 8, 1, 1, False), 3), TraceBatch(Batch(2, 40, 30, 1, False, True), 2)]
-    goal = Objective(spec, trace, 128, compile_plan(spec), cost, "step-time")
+    goal = Objective(spec, [trace], 128, compile_plan(spec), cost, "step-time")
     (case,) = goal.groups
     kinds = {kind: w for (_, kind), w in goal.groups[case].items()}
     assert kinds == {"full": {8: 3}, "piecewise": {40: 2}}

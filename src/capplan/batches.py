@@ -14,7 +14,11 @@ One scheduled batch per line (blank lines and lines starting with # are skipped)
 - uniform_token_count: override the uniform-decode count vLLM would derive;
 - count: how many steps had exactly this batch (a weight); default 1;
 - t: seconds since recording started (written by capplan's trace recorder,
-  `capplan apply --trace`; read and ignored).
+  `capplan apply --trace`; a finite number >= 0; calibrate-trace reads the
+  intervals, the other readers ignore it);
+- dp_step: under data parallelism, the DP step (counted alike on every rank,
+  idle steps included) the batch ran in; the recorder writes it, and
+  `simulate` aligns rank traces by it. A line with dp_step has count 1.
 
 A vLLM log written with VLLM_LOG_BATCHSIZE_INTERVAL is read too ("Batchsize
 forward time stats" lines; the last wins, the stats are cumulative). The
@@ -50,6 +54,7 @@ FIELDS = (
     "has_prefill",
     "uniform_token_count",
     "count",
+    "dp_step",
 )
 ALIASES = {"adapters": "num_active_loras"}
 IGNORED = ("t",)  # the recorder's timestamp
@@ -93,8 +98,16 @@ def batch_problem(batch: Batch) -> str | None:
         return f"num_active_loras ({batch.num_active_loras}) exceeds num_reqs ({r})"
     if batch.base and batch.num_active_loras >= r:
         return "base needs a request without an adapter, but every request has one"
-    if batch.uniform_token_count is not None and batch.uniform_token_count < 1:
-        return f"uniform_token_count must be >= 1 (got {batch.uniform_token_count})"
+    u = batch.uniform_token_count
+    if u is not None:
+        if u < 1:
+            return f"uniform_token_count must be >= 1 (got {u})"
+        if u * r != t or q != u:
+            return (
+                f"uniform_token_count {u} means every one of the {r} requests schedules {u} tokens "
+                f"({u * r} tokens, max_query_len {u}), but the batch has {t} tokens and max_query_len {q}; "
+                "leave it out and it is derived as vLLM derives it"
+            )
     return None
 
 
@@ -171,6 +184,13 @@ def parse_batch(item: object) -> TraceBatch:
     loras = _int(item, "num_active_loras", 0, 0)
     uniform = _int(item, "uniform_token_count", 1, 1) if "uniform_token_count" in item else None
     count = _int(item, "count", 1, 1)
+    dp_step = _int(item, "dp_step", 0, 0) if "dp_step" in item else None
+    if dp_step is not None and count != 1:
+        raise ValueError("dp_step: a line with dp_step is one step (count must be 1)")
+    if "t" in item:
+        stamp = item["t"]
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp < 1e12:
+            raise ValueError(f"t: must be a finite number of seconds >= 0 (got {printable(repr(stamp))[:40]})")
     flags = {}
     for key in ("base", "has_prefill"):
         value = item.get(key, False)
@@ -181,7 +201,30 @@ def parse_batch(item: object) -> TraceBatch:
     problem = batch_problem(batch)
     if problem:
         raise ValueError(problem)
-    return TraceBatch(batch, count)
+    return TraceBatch(batch, count, dp_step)
+
+
+def read_rank_traces(paths: list[Path], spec: Spec) -> list[BatchFile]:
+    """One trace, or one per DP rank (as many as the spec's data_parallel_size)."""
+    size = spec.parallel.data_parallel_size
+    if len(paths) > 1 and len(paths) != size:
+        raise UsageError(
+            f"{len(paths)} traces for a plan of data_parallel_size {size}",
+            "give one trace, or one per DP rank" if size > 1 else "give one trace",
+        )
+    files = [read_batches(p, spec) for p in paths]
+    if len(files) > 1:
+        for p, f in zip(paths, files):
+            if f.source != "jsonl":
+                raise UsageError(f"{shown(p)}: a vLLM batch-size log has no step order; DP needs recorded traces")
+        with_steps = [f for f in files if any(b.dp_step is not None for b in f.batches)]
+        if with_steps and (len(with_steps) != len(files) or any(b.dp_step is None for f in files for b in f.batches)):
+            raise UsageError("some rank traces carry dp_step and some do not", "pass traces of one recording")
+        for p, f in zip(paths, files):
+            steps = [b.dp_step for b in f.batches if b.dp_step is not None]
+            if len(set(steps)) != len(steps):
+                raise UsageError(f"{shown(p)}: a dp_step appears twice", "pass one rank's trace per file")
+    return files
 
 
 def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:

@@ -19,6 +19,12 @@ import typer
 
 from capplan.errors import CapplanError, InputError, UsageError, printable
 
+
+def _dumps(data: object, **kwargs: object) -> str:
+    """JSON output is strict JSON: a NaN or an infinity is a bug, never printed as `NaN`."""
+    return json.dumps(data, allow_nan=False, **kwargs)  # type: ignore[arg-type]
+
+
 app = typer.Typer(
     name="capplan",
     help=(
@@ -201,7 +207,7 @@ def compile_cmd(
                 typer.echo(f"{printable(str(plan_path))}: up to date ({_summary(plan)})", err=True)
             continue
         if as_json:
-            typer.echo(json.dumps(plan_to_json(plan), indent=2))
+            typer.echo(_dumps(plan_to_json(plan), indent=2))
         if dry_run:
             if not as_json:
                 sys.stdout.write(text)
@@ -340,7 +346,8 @@ def show_cmd(
 
     loaded = load_plan(plan)
     cost = load_cost_model(calibration)
-    estimate = cost.estimate(loaded)
+    basis = cost.basis(loaded.spec)
+    estimate = cost.estimate(loaded) if basis.usable else None
     if plot is not None:
         from capplan.present.picture import eager_note, plan_grids
         from capplan.present.plot import plot_plan
@@ -353,14 +360,15 @@ def show_cmd(
     if as_json:
         data = plan_to_json(loaded)
         data["estimate"] = {
-            "graphs": estimate.graphs,
-            "capture_seconds": round(estimate.capture_seconds, 2),
-            "graph_memory_gib": round(estimate.graph_memory_gib, 3),
+            "graphs": len(loaded.graphs),
+            "capture_seconds": None if estimate is None else round(estimate.capture_seconds, 2),
+            "graph_memory_gib": None if estimate is None else round(estimate.graph_memory_gib, 3),
             "calibration": cost.name,
+            "basis": basis.note,
         }
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(_dumps(data, indent=2))
     else:
-        sys.stdout.write(render_show(loaded, str(plan), f"{estimate.text()} (calibration {cost.name})"))
+        sys.stdout.write(render_show(loaded, str(plan), cost.estimate_line(loaded)))
 
 
 @app.command("dispatch")
@@ -423,7 +431,7 @@ def dispatch_cmd(
         batches = read_batches(queries, loaded.spec).batches
         dispatcher = Dispatcher(loaded)
         for item in batches:
-            sys.stdout.write(json.dumps(dispatcher.dispatch(item.batch).descriptor()) + "\n")
+            sys.stdout.write(_dumps(dispatcher.dispatch(item.batch).descriptor()) + "\n")
         return
     if reqs is None or tokens is None:
         raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
@@ -433,7 +441,7 @@ def dispatch_cmd(
     trace: list[str] = []
     desc = dispatcher.explain(batch, trace)
     if as_json:
-        typer.echo(json.dumps(desc.descriptor()))
+        typer.echo(_dumps(desc.descriptor()))
         return
     if desc.cg_mode == "NONE":
         typer.echo(f"eager (cg_mode NONE): {batch.num_tokens} tokens, no graph replay")
@@ -474,7 +482,7 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
         for idx, b in batches
     ]
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(_dumps(rows))
         return
     for row in rows:
         if row["graph"] is None:
@@ -510,7 +518,7 @@ def verify_cmd(
     # A loaded plan is the one its spec compiles to (the loader compared them): no second compile.
     report = verify_plan(load_plan(plan), consistency=False)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
+        typer.echo(_dumps(report.to_json(), indent=2))
     else:
         for region in report.eager_regions:
             typer.echo(f"eager: {region}")
@@ -527,8 +535,13 @@ def verify_cmd(
 @_errors_to_exit
 def simulate_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
-    trace: Annotated[
-        Path, typer.Argument(help="Batch trace: JSON lines, or a vLLM batch-size log.", show_default=False)
+    traces: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Batch trace: JSON lines, or a vLLM batch-size log. Under DP, one trace per rank "
+            "(capplan apply --trace writes TRACE.rank0.jsonl, TRACE.rank1.jsonl, ...).",
+            show_default=False,
+        ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     plot: Annotated[
@@ -555,31 +568,45 @@ def simulate_cmd(
     no FULL graph replays (vLLM logs only steps through set_forward_context);
     setting the variable at launch crashed FULL graph capture on vLLM 0.25.
     Synthetic traces: examples/traces/.
+
+    With data parallelism, pass one trace per rank: the ranks' steps are
+    aligned (by the recorder's dp_step) and run through vLLM's DP sync (padding
+    to the largest token count across ranks, the lowest mode wins, idle ranks
+    run a dummy batch); counts are per rank. One trace for a DP plan is taken
+    to run on every rank, and the output says so.
+
+    Step time is predicted only from points the calibration measured, or that
+    lie between two measured points of the same mode and LoRA case (the
+    neighbours bound the error); otherwise the points to measure are listed.
     """
-    from capplan.batches import read_batches
+    from capplan.batches import read_rank_traces
     from capplan.loading import load_cost_model, load_plan
-    from capplan.traffic.simulate import render_simulation, simulate
+    from capplan.traffic.simulate import render_simulation, simulate, simulate_ranks
 
     loaded = load_plan(plan)
-    batch_file = read_batches(trace, loaded.spec)
-    if batch_file.note:
-        typer.echo(f"note: {batch_file.note}", err=True)
-    batches = batch_file.batches
-    result = simulate(loaded, batches, cost=load_cost_model(calibration))
+    files = read_rank_traces(traces, loaded.spec)
+    for note in {f.note for f in files if f.note}:
+        typer.echo(f"note: {note}", err=True)
+    cost = load_cost_model(calibration)
+    if len(files) == 1:
+        result = simulate(loaded, files[0].batches, cost=cost)
+    else:
+        result = simulate_ranks(loaded, [f.batches for f in files], cost=cost)
     data = result.to_json(loaded)
+    trace_names = " ".join(str(t) for t in traces)
     if plot is not None:
         from capplan.present.plot import plot_bars, simulation_panels
 
         caption = (
-            f"capplan simulate {plan.name} {trace.name}: "
+            f"capplan simulate {plan.name} {' '.join(t.name for t in traces)}: "
             f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
         )
-        inputs = _inputs(plan, trace, calibration)
+        inputs = _inputs(plan, *traces, calibration)
         _write_picture(plot, plot_bars(plot, simulation_panels(data), caption), inputs)
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(_dumps(data, indent=2))
     else:
-        typer.echo(render_simulation(str(plan), str(trace), loaded, result))
+        typer.echo(render_simulation(str(plan), trace_names, loaded, result))
 
 
 @app.command("optimize")
@@ -699,7 +726,7 @@ def optimize_cmd(
         _write_picture(plot, picture, inputs)
     if as_json:
         typer.echo(
-            json.dumps(
+            _dumps(
                 {
                     "output": str(out),
                     "budget": result.budget,
@@ -760,7 +787,7 @@ def diff_cmd(
         exc.exit_code = 1
         raise
     if fmt == "json":
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(_dumps(result.to_json(), indent=2))
     elif fmt == "markdown":
         sys.stdout.write(render_markdown(result))
     else:
@@ -1064,8 +1091,10 @@ def calibrate_trace_cmd(
     idle time. Steps are dispatched through PLAN: graph steps give the time of
     a FULL or PIECEWISE replay per LoRA case and padded size, eager steps the
     time per token count. Medians of at least 3 steps become the calibration's
-    step_times; the capture runs, and step times for token counts the trace
-    never reached (eager decode, say), come from --calibration.
+    step_times. Without --calibration the file holds what the trace covers and
+    nothing more (no capture runs, no other step times); with it, its capture
+    runs, its identity and its step times for token counts the trace never
+    reached (eager decode, say) are kept.
     """
     import yaml
 
@@ -1083,20 +1112,46 @@ def calibrate_trace_cmd(
             f"{printable(str(trace))}: has no step times (t) on every line",
             "record the trace with capplan apply --trace, or CAPPLAN_TRACE",
         )
-    base = load_calibration(calibration)
     fitted = fit_step_times(loaded, batch_file.batches, batch_file.times)
     if not fitted:
         raise InputError(f"{printable(str(trace))}: too few busy steps to fit (need 3 per size)")
-    rows = merge_step_times(base.step_times, fitted)
-    data = {
-        "name": name or f"{base.name}+served",
-        "runs": [r.model_dump() for r in base.runs],
-        "step_times": [r.model_dump() for r in rows],
-    }
+    data: dict = {}
+    if calibration is not None:
+        base = load_calibration(calibration)
+        rows = merge_step_times(base.step_times, fitted)
+        data = {"name": name or f"{base.name}+served"}
+        if base.identity is not None:
+            data["identity"] = base.identity.model_dump(exclude_none=True)
+        data |= {"runs": [r.model_dump() for r in base.runs], "step_times": [r.model_dump() for r in rows]}
+        source = (
+            f"# runs and identity: from {printable(base.name)}. step_times: {len(fitted)} fitted from the trace "
+            f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {printable(base.name)}.\n"
+        )
+    else:
+        rows = fitted
+        data = {"name": name or f"{printable(trace.stem)}+served"}
+        spec = loaded.spec
+        if spec.model is not None or spec.target.gpu:
+            identity: dict = {}
+            if spec.model is not None:
+                identity["model"] = spec.model.model_dump(exclude_none=True)
+            if spec.target.gpu:
+                identity["gpu"] = spec.target.gpu
+            data["identity"] = identity
+        data["step_times"] = [r.model_dump() for r in rows]
+        source = (
+            f"# step_times: {len(fitted)} fitted from the trace ({len(batch_file.batches)} steps), nothing else: "
+            "no capture runs (pass --calibration to keep a calibration's);\n"
+            "# identity: "
+            + (
+                "the model and GPU the plan's spec names."
+                if "identity" in data
+                else "not recorded (the spec names no model)."
+            )
+            + "\n"
+        )
     header = (
-        f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n"
-        f"# runs: from {printable(base.name)}. step_times: {len(fitted)} fitted from the trace "
-        f"({len(batch_file.batches)} steps), {len(rows) - len(fitted)} kept from {printable(base.name)}.\n"
+        f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n" + source
     )
     write_atomic(output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), inputs)
     typer.echo(
@@ -1111,7 +1166,7 @@ def schema_cmd() -> None:
     """Print the spec's JSON Schema (for editor completion and validation)."""
     from capplan.schemas.spec import Spec
 
-    typer.echo(json.dumps(Spec.model_json_schema(), indent=2))
+    typer.echo(_dumps(Spec.model_json_schema(), indent=2))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -30,9 +30,12 @@ class PlanDiff:
     lora_map_changes: list[str] = field(default_factory=list)
     encoder_changes: list[str] = field(default_factory=list)
     fix_changes: list[str] = field(default_factory=list)
-    old_estimate: Estimate | None = None
+    old_estimate: Estimate | None = None  # None: withheld (see basis) or no capture runs
     new_estimate: Estimate | None = None
     calibration: str = ""
+    basis: str = ""  # what the estimates rest on, or why they are withheld
+    old_graphs: int = 0
+    new_graphs: int = 0
 
     def headline(self) -> str:
         if self.equal:
@@ -41,9 +44,12 @@ class PlanDiff:
         what = "; ".join(self.spec_changes[:3]) or "plan changed"
         if len(self.spec_changes) > 3:
             what += f"; +{len(self.spec_changes) - 3} more"
+        graphs = f"{_signed(self.new_graphs - self.old_graphs)} graphs"
+        if o is None or n is None:
+            return f"{what}: {graphs} (capture time and graph memory not estimated)"
         seconds = _signed(n.capture_seconds - o.capture_seconds, ".0f")
         return (
-            f"{what}: {_signed(n.graphs - o.graphs)} graphs, {seconds} s "
+            f"{what}: {graphs}, {seconds} s "
             f"capture, {_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
         )
 
@@ -69,7 +75,12 @@ class PlanDiff:
             "lora_dispatch_changes": self.lora_map_changes,
             "encoder_changes": self.encoder_changes,
             "fix_changes": self.fix_changes,
-            "estimate": {"old": est(self.old_estimate), "new": est(self.new_estimate), "calibration": self.calibration},
+            "estimate": {
+                "old": est(self.old_estimate),
+                "new": est(self.new_estimate),
+                "calibration": self.calibration,
+                "basis": self.basis,
+            },
         }
 
 
@@ -90,7 +101,14 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new_name: str = "new") -> PlanDiff:
     result = PlanDiff(old_name, new_name, equal=old == new, calibration=cost.name)
-    result.old_estimate, result.new_estimate = cost.estimate(old), cost.estimate(new)
+    result.old_graphs, result.new_graphs = len(old.graphs), len(new.graphs)
+    bases = [cost.basis(old.spec), cost.basis(new.spec)]
+    withheld = [b for b in bases if not b.usable]
+    result.basis = (withheld or bases[1:])[0].note
+    if not withheld:
+        result.old_estimate, result.new_estimate = cost.estimate(old), cost.estimate(new)
+    if result.old_estimate is None and not withheld:
+        result.basis = f"calibration {cost.name} has no capture runs"
     if result.equal:
         return result
     a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
@@ -177,7 +195,12 @@ def render_text(d: PlanDiff) -> str:
     if d.equal:
         return lines[0] + "\n"
     o, n = d.old_estimate, d.new_estimate
-    lines.append(f"  estimate ({d.calibration}): {o.text()}  ->  {n.text()}")
+    if o is None or n is None:
+        lines.append(
+            f"  estimate: none; {d.old_graphs} -> {d.new_graphs} graphs (calibration {d.calibration}: {d.basis})"
+        )
+    else:
+        lines.append(f"  estimate ({d.calibration}: {d.basis}): {o.text()}  ->  {n.text()}")
     sections = [
         ("spec", d.spec_changes),
         (
@@ -208,15 +231,24 @@ def render_markdown(d: PlanDiff) -> str:
     lines += [
         "| | old | new | change |",
         "|---|---:|---:|---:|",
-        f"| graphs | {o.graphs} | {n.graphs} | {_signed(n.graphs - o.graphs)} |",
-        f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
-        f"{_signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
-        f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
-        f"{_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
-        "",
-        f"<sub>Estimates from calibration `{d.calibration}`.</sub>",
-        "",
+        f"| graphs | {d.old_graphs} | {d.new_graphs} | {_signed(d.new_graphs - d.old_graphs)} |",
     ]
+    if o is not None and n is not None:
+        lines += [
+            f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
+            f"{_signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
+            f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
+            f"{_signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
+            "",
+            f"<sub>Estimates from calibration `{d.calibration}`: {d.basis}.</sub>",
+            "",
+        ]
+    else:
+        lines += [
+            "",
+            f"<sub>Capture time and graph memory not estimated (calibration `{d.calibration}`: {d.basis}).</sub>",
+            "",
+        ]
     if d.spec_changes:
         lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
     if d.graph_changes:

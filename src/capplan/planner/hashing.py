@@ -22,8 +22,13 @@ def spec_data(spec: Spec) -> dict:
     data = spec.model_dump(mode="json")
     if data["cudagraph"].get("lora_case_sizes") is None:
         data["cudagraph"].pop("lora_case_sizes", None)
-    if data.get("multimodal", 0) is None:
-        data.pop("multimodal")
+    for section in ("multimodal", "model"):
+        if data.get(section, 0) is None:
+            data.pop(section)
+    if data.get("model"):
+        data["model"] = {k: v for k, v in data["model"].items() if v is not None}
+    if data["target"].get("gpu", 0) is None:
+        data["target"].pop("gpu")
     return data
 
 
@@ -34,13 +39,16 @@ def spec_hash(spec: Spec) -> str:
 # Spec fields that cannot change which graphs exist or how they are keyed.
 # Everything else is in the fingerprint, so a new field is never left out by
 # accident (vLLM's hand-kept factor list dropped specialize_active_lora).
-FINGERPRINT_IGNORE = {("scheduler", "max_model_len"), ("parallel", "data_parallel_size")}
+FINGERPRINT_IGNORE = {("scheduler", "max_model_len"), ("parallel", "data_parallel_size"), ("target", "gpu")}
+FINGERPRINT_IGNORE_SECTIONS = {"model"}  # what a calibration is checked against; no graph depends on it
 
 
 def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> str:
     data = spec_data(spec)
     for section, field in FINGERPRINT_IGNORE:
-        data[section].pop(field)
+        data[section].pop(field, None)
+    for section in FINGERPRINT_IGNORE_SECTIONS:
+        data.pop(section, None)
     data["resolved"] = {"capture_sizes": capture_sizes, "lora_capture_cases": lora_cases}
     if "prune_unreachable" in data["fixes"] and spec.parallel.data_parallel_size > 1:
         data["resolved"]["dp_dummy_case_at_every_size"] = True  # pruning keeps it only under DP

@@ -73,7 +73,7 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         "Graphs to capture (PIECEWISE first, then FULL, largest first):",
     ]
     if estimate:
-        lines.insert(-1, f"Estimated: {estimate}")
+        lines.insert(-1, f"Estimate: {estimate}")
         lines.insert(-1, "")
     cases = plan.lora_capture_cases
     rows = []

@@ -92,6 +92,15 @@ class Target(_Strict):
             "capture ceiling from 512 to 1024 tokens there; ignored for 0.25."
         ),
     )
+    gpu: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "The GPU the deployment serves on, as torch names it (e.g. 'NVIDIA H200'). Does not change the "
+            "plan; estimates from a calibration measured on another GPU are withheld."
+        ),
+    )
 
     @field_validator("vllm", mode="before")
     @classmethod
@@ -272,6 +281,23 @@ class Parallel(_Strict):
     data_parallel_size: int = Field(1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size.")
 
 
+class Model(_Strict):
+    """What model a deployment (or a calibration) serves: its identity as a calibration records it.
+
+    Does not change the plan. Estimates (capture time, graph memory, step time) rest on a
+    calibration of one model; they are withheld when the calibration is of another.
+    """
+
+    name: str | None = Field(None, min_length=1, max_length=500, description="Model name or path, as given to vLLM.")
+    architecture: str | None = Field(
+        None, min_length=1, max_length=200, description="The Hugging Face architecture, e.g. LlamaForCausalLM."
+    )
+    parameters: int | None = Field(None, ge=1, le=10**15, description="Parameter count.")
+    hidden_size: int | None = Field(None, ge=1, le=1 << 24, description="Hidden size.")
+    num_layers: int | None = Field(None, ge=1, le=1 << 16, description="Decoder layers (num_hidden_layers).")
+    dtype: str | None = Field(None, min_length=1, max_length=50, description="Weight dtype, e.g. bfloat16.")
+
+
 class Multimodal(_Strict):
     """A multimodal model's encoder on MRV2 (vision tower and connector), as far as graphs
     and LoRA are concerned. The model's own encoder CUDA-graph limits (its
@@ -340,6 +366,13 @@ class Spec(_Strict):
     parallel: Parallel = Field(default_factory=Parallel, description="Data parallelism.")
     multimodal: Multimodal | None = Field(
         None, description="The model's multimodal encoder (vision tower and connector); null: a text model."
+    )
+    model: Model | None = Field(
+        None,
+        description=(
+            "The model served (name, architecture, parameters, ...). Optional; when given, estimates from a "
+            "calibration of another model are withheld."
+        ),
     )
     fixes: list[Fix] = Field(
         default_factory=lambda: list(ALL_FIXES),

@@ -13,11 +13,20 @@ of one engine step of N tokens per LoRA case, replaying a FULL graph of N
 tokens (`graph`), a PIECEWISE graph (`piecewise`), or with no graph
 (`eager`). `capplan calibrate` measures decode steps offline (graph and
 eager); `capplan calibrate-trace` fits all three from a trace recorded under
-`vllm serve` (the step period as served, prefill included). The step model
-interpolates linearly in tokens (and extrapolates from the last two points),
-per mode and LoRA case, taking the nearest measured case for one not
-measured, and `graph` for `piecewise` when no PIECEWISE step was measured;
-times are made non-decreasing in tokens, as a larger batch never runs faster.
+`vllm serve` (the step period as served, prefill included).
+
+The step model prices only what was measured. A (mode, LoRA case, tokens)
+point is priced when it was measured, or when it lies between two measured
+points of the same mode and case: then it is interpolated linearly, and since
+a larger batch never runs faster (times are made non-decreasing in tokens),
+the true time lies between the two neighbours, which bound its error. Nothing
+is extrapolated, and no mode or case stands in for another: a point outside
+what was measured has no price, and whoever needs it says which point to
+measure.
+
+A calibration records what it was measured on (`identity`: the model, the
+GPU, vLLM and torch). Estimates for a spec that names another model or GPU
+are withheld (`Basis`).
 """
 
 from __future__ import annotations
@@ -31,13 +40,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.errors import InputError
 from capplan.schemas.plan import Plan
+from capplan.schemas.spec import Model, Spec
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
 
 
-class CalibrationRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    label: str
+class _Strict(BaseModel):
+    # Finite numbers only, no booleans or strings for numbers: a calibration is measured data.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class CalibrationRun(_Strict):
+    label: str = Field(max_length=500)
     no_lora_graphs: int = Field(ge=0)
     lora_graphs: int = Field(ge=0)
     max_tokens: int = Field(ge=1)  # the largest graph's tokens: its workspace stays in the graph pool
@@ -45,23 +59,53 @@ class CalibrationRun(BaseModel):
     graph_memory_gib: float = Field(ge=0)
 
 
-class StepTime(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StepTime(_Strict):
     mode: Literal["graph", "piecewise", "eager"]
     case: int = Field(ge=0)
     tokens: int = Field(ge=1)
     ms: float = Field(gt=0)
 
 
-class Calibration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    runs: list[CalibrationRun] = Field(min_length=3)
+class Identity(_Strict):
+    """What a calibration was measured on."""
+
+    model: Model | None = None
+    gpu: str | None = Field(None, min_length=1, max_length=200)
+    vllm: str | None = Field(None, min_length=1, max_length=50)
+    torch: str | None = Field(None, min_length=1, max_length=50)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
+
+
+class Calibration(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    identity: Identity | None = None
+    runs: list[CalibrationRun] = Field(default_factory=list, max_length=10_000)
     step_times: list[StepTime] = Field(default_factory=list, max_length=100_000)
 
 
+@dataclass(frozen=True)
+class Price:
+    """One step's predicted milliseconds; the true time lies in [lo, hi] (equal to ms when measured)."""
+
+    ms: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """A (mode, LoRA case, tokens) point of the step model."""
+
+    mode: str
+    case: int
+    tokens: int
+
+    def text(self) -> str:
+        return f"{self.mode} case {self.case} at {self.tokens} tokens"
+
+
 class StepModel:
-    """Predicted milliseconds of one step, from measured step times."""
+    """Predicted milliseconds of one step, from measured step times only."""
 
     def __init__(self, rows: list[StepTime]) -> None:
         tables: dict[tuple[str, int], dict[int, float]] = {}
@@ -77,24 +121,103 @@ class StepModel:
             self.tables[key] = (xs, ys)
         self.modes = {mode for mode, _ in self.tables}
 
-    def ms(self, mode: str, case: int, tokens: int) -> float:
-        if mode not in self.modes and mode == "piecewise":
-            mode = "graph"
-        cases = [c for m, c in self.tables if m == mode]
-        near = min(cases, key=lambda c: (abs(c - case), -c))  # ties: the larger case
-        xs, ys = self.tables[(mode, near)]
+    def price(self, mode: str, case: int, tokens: int) -> Price | None:
+        """The price of a point: measured, or between two measured neighbours; None outside."""
+        table = self.tables.get((mode, case))
+        if table is None:
+            return None
+        xs, ys = table
         i = bisect.bisect_left(xs, tokens)
         if i < len(xs) and xs[i] == tokens:
-            return ys[i]
-        if i == 0:
-            return ys[0]
-        if i == len(xs):
-            if len(xs) == 1:
-                return ys[0]
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            return ys[-1] + slope * (tokens - xs[-1])
+            return Price(ys[i], ys[i], ys[i])
+        if i == 0 or i == len(xs):
+            return None
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return Price(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), y0, y1)
+
+    def measured_tokens(self, mode: str) -> set[int]:
+        return {x for (m, _), (xs, _) in self.tables.items() if m == mode for x in xs}
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a calibration's estimates rest on for one spec. `usable` False: the calibration is
+    of another model or GPU, and its numbers are withheld."""
+
+    calibration: str
+    usable: bool
+    note: str
+
+    def label(self) -> str:
+        return f"calibration {self.calibration}: {self.note}"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e8 else f"{n / 1e6:.3g}M"
+
+
+def _identity_text(identity: Identity | None) -> str:
+    if identity is None:
+        return "model and GPU not recorded"
+    parts = []
+    m = identity.model
+    if m is not None:
+        parts.append(m.name or m.architecture or "model")
+        if m.parameters:
+            parts.append(f"{_params(m.parameters)} parameters")
+    parts.append(f"on {identity.gpu}" if identity.gpu else "GPU not recorded")
+    if identity.vllm:
+        parts.append(f"vLLM {identity.vllm}")
+    return ", ".join(parts)
+
+
+def _gpu_key(name: str) -> str:
+    return " ".join(name.lower().replace("nvidia", "").split())
+
+
+def model_differences(have: Model, want: Model) -> list[str]:
+    """Fields both give that differ (parameter counts within 5%)."""
+    out = []
+    for field in ("architecture", "hidden_size", "num_layers", "dtype"):
+        a, b = getattr(have, field), getattr(want, field)
+        if a is not None and b is not None and a != b:
+            out.append(f"{field} {a} vs {b}")
+    if have.parameters and want.parameters and abs(have.parameters - want.parameters) > 0.05 * want.parameters:
+        out.append(f"parameters {_params(have.parameters)} vs {_params(want.parameters)}")
+    if not out and have.name and want.name and have.name != want.name:
+        structural = ("architecture", "parameters", "hidden_size", "num_layers")
+        if not any(getattr(have, f) is not None and getattr(want, f) is not None for f in structural):
+            out.append(f"name {have.name} vs {want.name}")
+    return out
+
+
+def judge(cal: Calibration, spec: Spec) -> Basis:
+    """Whether a calibration's estimates apply to a spec's deployment."""
+    ident = cal.identity
+    said = _identity_text(ident)
+    problems = []
+    if spec.model is not None and ident is not None and ident.model is not None:
+        problems += model_differences(ident.model, spec.model)
+    if spec.target.gpu and ident is not None and ident.gpu and _gpu_key(spec.target.gpu) != _gpu_key(ident.gpu):
+        problems.append(f"GPU {ident.gpu} vs {spec.target.gpu}")
+    if problems:
+        return Basis(
+            cal.name, False, f"uncalibrated: measured on {said}; differs from the spec ({'; '.join(problems)})"
+        )
+    unchecked = []
+    if spec.model is None:
+        unchecked.append("the spec names no model")
+    elif ident is None or ident.model is None:
+        unchecked.append("the calibration does not record its model")
+    if not spec.target.gpu:
+        unchecked.append("the spec names no GPU")
+    elif ident is None or not ident.gpu:
+        unchecked.append("the calibration does not record its GPU")
+    if unchecked:
+        return Basis(
+            cal.name, True, f"measured on {said}; not checked against this deployment ({', '.join(unchecked)})"
+        )
+    return Basis(cal.name, True, f"measured on {said}")
 
 
 @dataclass(frozen=True)
@@ -121,11 +244,20 @@ class MemoryCoefficients:
 @dataclass(frozen=True)
 class CostModel:
     name: str
-    seconds: Coefficients
-    gib: MemoryCoefficients
+    seconds: Coefficients | None  # None: the calibration has no capture runs
+    gib: MemoryCoefficients | None
     steps: StepModel | None = None  # None: the calibration has no step times (padding is the objective)
+    calibration: Calibration | None = None
 
-    def estimate(self, plan: Plan) -> Estimate:
+    def basis(self, spec: Spec) -> Basis:
+        if self.calibration is None:
+            return Basis(self.name, True, "model and GPU not recorded")
+        return judge(self.calibration, spec)
+
+    def estimate(self, plan: Plan) -> Estimate | None:
+        """Capture seconds and graph memory, or None when the calibration has no capture runs."""
+        if self.seconds is None or self.gib is None:
+            return None
         if not plan.graphs:
             return Estimate(0, 0.0, 0.0)
         lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
@@ -135,6 +267,15 @@ class CostModel:
         top = max(g.descriptor.num_tokens for g in plan.graphs)
         gib = m.base + m.per_max_token * top + m.per_graph * len(plan.graphs)
         return Estimate(len(plan.graphs), seconds, gib)
+
+    def estimate_line(self, plan: Plan) -> str:
+        """One line for show and diff: the estimate with what it rests on, or why there is none."""
+        basis = self.basis(plan.spec)
+        est = self.estimate(plan) if basis.usable else None
+        if est is None:
+            why = basis.label() if not basis.usable else f"calibration {self.name} has no capture runs"
+            return f"{len(plan.graphs)} graphs; capture time and graph memory withheld ({why})"
+        return f"{est.text()} ({basis.label()})"
 
 
 @dataclass(frozen=True)
@@ -169,30 +310,57 @@ def _least_squares(rows: list[list[float]], values: list[float], missing: str) -
 
 def fit_cost_model(cal: Calibration) -> CostModel:
     """The cost model fitted (least squares) to a calibration's measured runs."""
-    rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
-    secs = _least_squares(
-        rows,
-        [r.capture_seconds for r in cal.runs],
-        "give runs without LoRA, with few LoRA graphs and with many",
-    )
-    # Runs that all share one largest graph cannot separate its workspace from the base:
-    # the base then holds it (a plan with another largest graph is estimated as if it had this one).
-    tops = len({r.max_tokens for r in cal.runs}) > 1
-    base, *rest = _least_squares(
-        [[1.0, r.no_lora_graphs + r.lora_graphs] + ([r.max_tokens] if tops else []) for r in cal.runs],
-        [r.graph_memory_gib for r in cal.runs],
-        "give runs with different graph counts",
-    )
-    gib = MemoryCoefficients(base, rest[1] if tops else 0.0, rest[0])
+    secs: Coefficients | None = None
+    gib: MemoryCoefficients | None = None
+    if cal.runs:
+        if len(cal.runs) < 3:
+            raise InputError(
+                f"calibration {cal.name}: {len(cal.runs)} capture run(s); the capture model needs at least 3",
+                "give runs without LoRA, with few LoRA graphs and with many (capplan calibrate writes three)",
+            )
+        rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
+        secs = Coefficients(
+            *_least_squares(
+                rows,
+                [r.capture_seconds for r in cal.runs],
+                "give runs without LoRA, with few LoRA graphs and with many",
+            )
+        )
+        # Runs that all share one largest graph cannot separate its workspace from the base:
+        # the base then holds it (a plan with another largest graph is estimated as if it had this one).
+        tops = len({r.max_tokens for r in cal.runs}) > 1
+        base, *rest = _least_squares(
+            [[1.0, r.no_lora_graphs + r.lora_graphs] + ([r.max_tokens] if tops else []) for r in cal.runs],
+            [r.graph_memory_gib for r in cal.runs],
+            "give runs with different graph counts",
+        )
+        gib = MemoryCoefficients(base, rest[1] if tops else 0.0, rest[0])
+        negative = [
+            name
+            for name, value in (
+                ("seconds per graph", secs.per_graph),
+                ("seconds per LoRA graph", secs.per_lora_graph),
+                ("seconds for the first LoRA graph", secs.lora_fixed),
+                ("GiB base", gib.base),
+                ("GiB per token of the largest graph", gib.per_max_token),
+                ("GiB per graph", gib.per_graph),
+            )
+            if value < -1e-9
+        ]
+        if negative:
+            raise InputError(
+                f"calibration {cal.name}: its capture runs fit a negative cost ({negative[0]}), so they cannot "
+                "price a plan",
+                "measure the runs again (capplan calibrate); a run's graphs and its seconds or memory disagree",
+            )
     steps = None
     if cal.step_times:
         steps = StepModel(cal.step_times)
-        if not {"graph", "eager"} <= steps.modes:
-            raise InputError("calibration step_times need both graph and eager rows (capplan calibrate writes both)")
-    return CostModel(cal.name, Coefficients(*secs), gib, steps)
+    return CostModel(cal.name, secs, gib, steps, cal)
 
 
 STEP_GAP_S = 0.1  # a longer interval between two recorded steps is idle time, not a step
+MIN_STEP_S = 1e-5  # a shorter one is no model step (no GPU forward pass takes under 10 us)
 MIN_SAMPLES = 3  # steps needed before a (mode, case, tokens) point is trusted
 
 
@@ -201,7 +369,7 @@ def fit_step_times(plan: Plan, batches: list, times: list[float]) -> list[StepTi
 
     The interval from one recorded step to the next is the next step's period
     (recording happens as each step's model run returns); intervals over
-    STEP_GAP_S are idle time and left out. Each step is dispatched through the
+    STEP_GAP_S are idle time and left out, and so are intervals under MIN_STEP_S. Each step is dispatched through the
     plan: graph steps are keyed by mode, LoRA case and padded size, eager steps
     by case and token count in half-octave bins (the bin's median count). The
     median of each key with at least MIN_SAMPLES steps becomes one row.
@@ -215,7 +383,7 @@ def fit_step_times(plan: Plan, batches: list, times: list[float]) -> list[StepTi
     samples: dict[tuple[str, int, int], list[tuple[float, int]]] = {}
     for i in range(1, len(batches)):
         dt = times[i] - times[i - 1]
-        if not 0 < dt <= STEP_GAP_S:
+        if not MIN_STEP_S <= dt <= STEP_GAP_S:
             continue
         batch = batches[i].batch
         r = d.dispatch(batch)

@@ -17,19 +17,29 @@ divide-and-conquer pass computes it in O(m log m): O(k m log m) overall.
 A graph budget is met by the largest k whose compiled plan (LoRA cases,
 FULL/PIECEWISE, pruning: the real graph count) fits; the trade-off curve
 lists every k so the choice can be reviewed.
+
+Every point of the curve is then scored by replaying the trace through its
+compiled plan (`simulate`, DP sync included when one trace per rank is
+given): the padded tokens and the predicted step time users see are the
+simulator's, not the bucketing's approximation. Under the step-time
+objective the bucketing only considers sizes every batch it would pad can be
+priced at (see capplan.traffic.cost), and a point whose replay needs a price
+the calibration does not have is never chosen: with no priced point left,
+optimize refuses and names the points to measure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
 from capplan.errors import UsageError
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.compiler import compile_plan
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Spec
-from capplan.traffic.cost import CostModel
-from capplan.traffic.simulate import TraceBatch
+from capplan.traffic.cost import CostModel, Point
+from capplan.traffic.simulate import Simulation, TraceBatch, simulate, simulate_ranks
 
 INF = float("inf")
 
@@ -62,48 +72,67 @@ def case_weights(trace: list[TraceBatch], max_size: int, plan: Plan) -> dict[int
 class Bucketing:
     """Exact k-size bucketing of weighted token counts.
 
-    `weights` maps a LoRA case to {tokens: steps}. Without `price` the cost is
-    padded tokens (a step of t tokens on size s costs s - t) and the top size
-    is always chosen. With `price(case, size)` (milliseconds of one step
-    replaying that size) the cost is step time; with `eager(case, tokens)` as
-    well, the largest chosen size may stay below `top`, and batches above it
-    are priced eager. Prices are made non-decreasing in size, which keeps the
-    bucket cost Monge (so each DP layer's argmin is monotone).
+    `weights` maps a group (a LoRA case, or a (case, kind) pair) to {tokens:
+    steps}. The candidate sizes are `sizes` (default: every token count and
+    `top`); a batch pads to the smallest chosen size >= its tokens. Without
+    `price` the cost is padded tokens (a step of t tokens on size s costs
+    s - t) and the top size is always chosen. With `price(group, size)`
+    (milliseconds of one step replaying that size, None when unknown) the cost
+    is step time; with `eager(group, tokens)` as well, the largest chosen size
+    may stay below the last candidate, and batches above it are priced eager.
+    Prices are made non-decreasing in size, which keeps the bucket cost Monge
+    (so each DP layer's argmin is monotone); an unknown price is infinite.
     """
 
-    def __init__(self, weights: dict[int, dict[int, int]], top: int, price=None, eager=None) -> None:
+    def __init__(self, weights: dict, top: int, price=None, eager=None, sizes: list[int] | None = None) -> None:
         counts = {t for w in weights.values() for t in w}
-        self.sizes = sorted(counts | {top})
-        if self.sizes[-1] != top:
+        self.sizes = sorted(set(sizes) if sizes is not None else counts | {top})
+        if counts and max(counts) > top:
             raise ValueError("weights above the top size")
         self.padding = price is None
-        groups = [{t: sum(w.get(t, 0) for w in weights.values()) for t in counts}] if self.padding else None
-        cases = [None] if self.padding else sorted(weights)
-        self.w: list[list[int]] = []  # per group: prefix sums of steps
+        m = len(self.sizes)
+        merged: dict[int, int] = {}
+        for w in weights.values():
+            for t, n in w.items():
+                merged[t] = merged.get(t, 0) + n
+        keys = [None] if self.padding else sorted(weights)
+        self.w: list[list[int]] = []  # per group: prefix sums of steps padded to sizes[:j]
         self.g: list[list[float]] = []  # per group: price of each size (1-based)
-        for case in cases:
-            w = groups[0] if groups else weights[case]
-            prefix = [0]
-            for c in self.sizes:
-                prefix.append(prefix[-1] + w.get(c, 0))
+        for key in keys:
+            w = merged if key is None else weights[key]
+            prefix = [0] * (m + 1)
+            for t, n in w.items():
+                j = bisect.bisect_left(self.sizes, t)
+                if j < m:
+                    prefix[j + 1] += n
+            for j in range(1, m + 1):
+                prefix[j] += prefix[j - 1]
             self.w.append(prefix)
             prices, top_price = [0.0], 0.0
             for c in self.sizes:
-                top_price = max(top_price, float(c) if self.padding else price(case, c))
+                value = float(c) if self.padding else price(key, c)
+                top_price = max(top_price, INF if value is None else value)
                 prices.append(top_price)
             self.g.append(prices)
-        self.t = [0]  # prefix sums of weighted tokens (padding objective)
-        merged = {t: sum(w.get(t, 0) for w in weights.values()) for t in counts}
-        for c in self.sizes:
-            self.t.append(self.t[-1] + merged.get(c, 0) * c)
-        # tail[j]: eager cost of every batch above sizes[j-1] (inf: the top size must be chosen)
-        m = len(self.sizes)
+        self.t = [0] * (m + 1)  # prefix sums of weighted tokens (padding objective)
+        for t, n in merged.items():
+            j = bisect.bisect_left(self.sizes, t)
+            if j < m:
+                self.t[j + 1] += n * t
+        for j in range(1, m + 1):
+            self.t[j] += self.t[j - 1]
+        # tail[j]: eager cost of every batch above sizes[j-1] (inf: the last size must be chosen)
         self.tail = [INF] * m + [0.0]
         if eager is not None and not self.padding:
-            acc = 0.0
-            for j in range(m - 1, -1, -1):
-                t = self.sizes[j]
-                acc += sum(weights[case].get(t, 0) * eager(case, t) for case in cases)
+            above = sorted(((t, key, n) for key in keys for t, n in weights[key].items()), reverse=True)
+            acc, k = 0.0, 0
+            for j in range(m, -1, -1):
+                bound = self.sizes[j - 1] if j > 0 else 0
+                while k < len(above) and above[k][0] > bound:
+                    t, key, n = above[k]
+                    value = eager(key, t)
+                    acc += INF if value is None else n * value
+                    k += 1
                 self.tail[j] = acc
         self.layers: list[list[float]] = []
         self.parents: list[list[int]] = []
@@ -112,7 +141,9 @@ class Bucketing:
         """Cost when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j)."""
         total = 0.0
         for w, g in zip(self.w, self.g):
-            total += g[j] * (w[j] - w[i])
+            steps = w[j] - w[i]
+            if steps:
+                total += g[j] * steps
         if self.padding:
             total -= self.t[j] - self.t[i]
         return total
@@ -169,16 +200,22 @@ class Bucketing:
 class CurvePoint:
     sizes: int
     graphs: int
-    graph_memory_gib: float
-    capture_seconds: float
+    graph_memory_gib: float | None  # None: not estimated (no capture runs, or a calibration of another model)
+    capture_seconds: float | None
     padded_tokens: int
     padding_overhead: float
     capture_sizes: list[int]
     spec: Spec
-    step_seconds: float | None = None  # predicted total step time on the trace (step-time objective)
+    step_seconds: float | None = None  # predicted total step time on the trace; None: not priced
+    step_seconds_bounds: tuple[float, float] | None = None  # where the true total lies (interpolated prices)
+    unpriced: tuple[tuple[Point, int], ...] = ()  # points its replay needs that the calibration lacks
 
     def to_json(self) -> dict:
-        data = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("spec", "unpriced", "step_seconds_bounds")}
+        data["step_seconds_bounds"] = None if self.step_seconds_bounds is None else list(self.step_seconds_bounds)
+        data["unpriced_points"] = [
+            {"mode": p.mode, "lora_case": p.case, "num_tokens": p.tokens, "steps": n} for p, n in self.unpriced
+        ]
         case_sizes = self.spec.cudagraph.lora_case_sizes
         data["lora_case_sizes"] = None if case_sizes is None else {str(e.case): e.sizes for e in case_sizes}
         return data
@@ -193,6 +230,9 @@ class Optimized:
     curve: list[CurvePoint]
     budget: str
     objective: str  # "padding" or "step-time"
+    basis: str  # what the estimates and step times rest on
+    assumption: str | None = None  # how the trace stands for DP ranks
+    fallback: str | None = None  # why the padding objective was used instead of step time
 
 
 def with_sizes(spec: Spec, sizes: list[int]) -> Spec:
@@ -203,17 +243,6 @@ def with_sizes(spec: Spec, sizes: list[int]) -> Spec:
     return Spec.model_validate(data)
 
 
-def _padding(weights: dict[int, int], sizes: list[int]) -> int:
-    import bisect
-
-    total = 0
-    for t, w in weights.items():
-        i = bisect.bisect_left(sizes, t)
-        if i < len(sizes):  # above the largest size: eager, no padding
-            total += w * (sizes[i] - t)
-    return total
-
-
 class Objective:
     """What a capture set costs on the trace: padded tokens, or predicted step time (ms).
 
@@ -221,21 +250,28 @@ class Objective:
     would serve them: a uniform decode batch replays a FULL graph when its size
     is one vLLM captures FULL (up to the largest FULL size), a PIECEWISE one
     above that; any other batch replays PIECEWISE, or runs eager when the mode
-    has no PIECEWISE graphs. Each group is priced with its own measured times.
+    has no PIECEWISE graphs. Each group is priced with its own measured times
+    only. This grouping guides the search; every point is then scored by the
+    simulator (`score`).
     """
 
-    def __init__(self, spec: Spec, trace: list[TraceBatch], top: int, plan: Plan, cost: CostModel, name: str) -> None:
+    def __init__(
+        self, spec: Spec, traces: list[list[TraceBatch]], top: int, plan: Plan, cost: CostModel, name: str
+    ) -> None:
         from capplan.planner.dispatch import Dispatcher, derive_uniform
 
+        trace = [item for t in traces for item in t]
+        self.traces = traces
+        self.cost = cost
         self.name = name
         self.steps = cost.steps if name == "step-time" else None
         self.flat = token_weights(trace, top)
-        self.real = sum(t * w for t, w in self.flat.items())
         self.per_case = case_weights(trace, top, plan)
-        self.fixed_ms = 0.0  # steps whose cost no capture set changes
         self.groups: dict[int, dict[tuple[int, str], dict[int, int]]] = {}  # case -> (case, kind) -> weights
+        self.measured: set[int] = set()
         if self.steps is None:
             return
+        self.measured = self.steps.measured_tokens("graph") | self.steps.measured_tokens("piecewise")
         union = compile_plan(with_sizes(spec, sorted(set(self.flat) | {top})), with_deviations=False)
         self.full_max = max(
             (g.descriptor.num_tokens for g in union.graphs if g.descriptor.cg_mode == "FULL"), default=0
@@ -248,25 +284,26 @@ class Objective:
             case = d.lora_case(d.lora_count(b))
             decode = not b.has_prefill and derive_uniform(b, spec.target.vllm) == dql
             if b.num_tokens > top or not (decode or has_piecewise):
-                self.fixed_ms += item.count * self.steps.ms("eager", case, b.num_tokens)
-                continue
+                continue  # eager whatever the sizes: the same in every point
             kind = "full" if decode and self.full_max else "piecewise"
             weights = self.groups.setdefault(case, {}).setdefault((case, kind), {})
             weights[b.num_tokens] = weights.get(b.num_tokens, 0) + item.count
 
-    def price(self, group: tuple[int, str], size: int) -> float:
+    def price(self, group: tuple[int, str], size: int) -> float | None:
         assert self.steps is not None
         case, kind = group
-        if kind == "full" and size <= self.full_max:
-            return self.steps.ms("graph", case, size)
-        return self.steps.ms("piecewise", case, size)
+        mode = "graph" if kind == "full" and size <= self.full_max else "piecewise"
+        found = self.steps.price(mode, case, size)
+        return None if found is None else found.ms
 
-    def eager(self, group: tuple[int, str], tokens: int) -> float:
+    def eager(self, group: tuple[int, str], tokens: int) -> float | None:
         assert self.steps is not None
-        return self.steps.ms("eager", group[0], tokens)
+        found = self.steps.price("eager", group[0], tokens)
+        return None if found is None else found.ms
 
-    def solver(self, cases: list[int], top: int, open_top: bool) -> Bucketing:
-        """The bucketing problem of these LoRA cases (all of them: one shared size list)."""
+    def solver(self, cases: list[int], top: int, open_top: bool) -> Bucketing | None:
+        """The bucketing problem of these LoRA cases (all of them: one shared size list); None
+        when no size can be priced."""
         if self.steps is None:
             merged: dict[int, int] = {}
             for c in cases:
@@ -274,77 +311,141 @@ class Objective:
                     merged[t] = merged.get(t, 0) + w
             return Bucketing({0: merged}, top)
         groups = {g: w for c in cases for g, w in self.groups.get(c, {}).items()}
-        return Bucketing(groups, top, self.price, self.eager if open_top else None)
-
-    def step_seconds(self, per_case_sizes: dict[int, list[int]]) -> float | None:
-        """Predicted total step time for these sizes per case (None under the padding objective)."""
-        if self.steps is None:
+        counts = {t for w in groups.values() for t in w}
+        sizes = []
+        for size in sorted((counts | self.measured | {top}) - {s for s in self.measured if s > top}):
+            # a size is a candidate when every group that may pad to it has a price there
+            if all(self.price(g, size) is not None for g, w in groups.items() if min(w, default=size + 1) <= size):
+                sizes.append(size)
+        if not open_top and top not in sizes:
+            sizes.append(top)  # required of every case (cudagraph.lora_case_sizes); priced infinite if unknown
+        if not sizes:
             return None
-        import bisect
+        return Bucketing(groups, top, self.price, self.eager if open_top else None, sizes)
 
-        total = self.fixed_ms
-        for case, groups in self.groups.items():
-            sizes = per_case_sizes.get(case) or per_case_sizes.get(-1) or max(per_case_sizes.values())
-            for group, weights in groups.items():
-                for t, w in weights.items():
-                    i = bisect.bisect_left(sizes, t)
-                    total += w * (self.price(group, sizes[i]) if i < len(sizes) else self.eager(group, t))
-        return round(total / 1000, 3)
+    def score(self, plan: Plan) -> Simulation:
+        """The trace replayed through a compiled plan: padded tokens and predicted step time."""
+        cost = self.cost if self.steps is not None else None
+        if len(self.traces) == 1:
+            return simulate(plan, self.traces[0], cost=cost)
+        return simulate_ranks(plan, self.traces, cost=cost)
+
+
+@dataclass
+class Budget:
+    max_graphs: int | None = None
+    max_graph_memory: float | None = None
+    max_capture_seconds: float | None = None
+    max_slowdown: float | None = None  # percent of the default plan's predicted step time
+    text: str = field(default="")
+
+    def fits(self, p: CurvePoint) -> bool:
+        if self.max_graphs is not None:
+            return p.graphs <= self.max_graphs
+        if self.max_graph_memory is not None:
+            return p.graph_memory_gib is not None and p.graph_memory_gib <= self.max_graph_memory
+        if self.max_capture_seconds is not None:
+            return p.capture_seconds is not None and p.capture_seconds <= self.max_capture_seconds
+        return True  # max_slowdown: judged against the default plan once it is scored
+
+
+MEASURE_HINT = (
+    "measure them: record this traffic under the default plan and fit it (capplan apply --runner mrv2 PLAN "
+    "--trace T.jsonl -- vllm serve ..., then capplan calibrate-trace PLAN T.jsonl -o CAL.yaml --calibration "
+    "{cal}), or for FULL decode steps capplan calibrate SPEC --model DIR -o CAL.yaml; or pass --padding-fallback "
+    "to choose by padded tokens"
+)
+
+
+def _points_text(points: list[tuple[Point, int]], shown: int = 8) -> str:
+    text = ", ".join(f"{p.text()} ({n} steps)" for p, n in points[:shown])
+    return text + (f" and {len(points) - shown} more" if len(points) > shown else "")
 
 
 def optimize(
     spec: Spec,
-    trace: list[TraceBatch],
+    trace: list[TraceBatch] | list[list[TraceBatch]],
     cost: CostModel,
     *,
     max_graphs: int | None = None,
     max_graph_memory: float | None = None,
     max_capture_seconds: float | None = None,
+    max_slowdown: float | None = None,
     shared_sizes: bool = False,
     objective: str | None = None,
+    padding_fallback: bool = False,
     max_points: int = 400,
 ) -> Optimized:
-    budgets = [b for b in (max_graphs, max_graph_memory, max_capture_seconds) if b is not None]
-    if len(budgets) != 1:
-        raise UsageError("give exactly one budget: --max-graphs N, --max-graph-memory GIB or --max-capture-seconds S")
+    """Choose capture sizes. `trace`: one trace, or one per DP rank (a list of traces)."""
+    traces: list[list[TraceBatch]] = trace if trace and isinstance(trace[0], list) else [trace]  # type: ignore[list-item]
+    budget = Budget(max_graphs, max_graph_memory, max_capture_seconds, max_slowdown)
+    given = [b for b in (max_graphs, max_graph_memory, max_capture_seconds, max_slowdown) if b is not None]
+    if len(given) != 1:
+        raise UsageError(
+            "give exactly one budget: --max-graphs N, --max-graph-memory GIB, --max-capture-seconds S "
+            "or --max-slowdown PCT"
+        )
+    basis = cost.basis(spec)
     if objective is None:
-        objective = "step-time" if cost.steps is not None else "padding"
+        objective = "step-time" if cost.steps is not None and basis.usable else "padding"
     if objective not in ("step-time", "padding"):
         raise UsageError(f"--objective must be step-time or padding (got {objective!r})")
+    if not basis.usable and (objective == "step-time" or max_graph_memory or max_capture_seconds or max_slowdown):
+        raise UsageError(
+            f"{basis.label()}: it cannot price this deployment",
+            "pass --calibration with a calibration of this model and GPU, or choose by --max-graphs with "
+            "--objective padding",
+        )
     if objective == "step-time" and cost.steps is None:
         raise UsageError(
             f"the calibration {cost.name} has no step times, so step time cannot be the objective",
             "pass --calibration with a file from capplan calibrate, or --objective padding",
         )
+    if max_slowdown is not None and objective != "step-time":
+        raise UsageError("--max-slowdown compares predicted step times: it needs the step-time objective")
+    if max_graph_memory is not None and cost.gib is None or max_capture_seconds is not None and cost.seconds is None:
+        raise UsageError(f"the calibration {cost.name} has no capture runs to estimate that budget with")
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
+    if max_graphs is not None:
+        budget.text = f"{max_graphs} graphs"
+    elif max_graph_memory is not None:
+        budget.text = f"{max_graph_memory} GiB graph memory"
+    elif max_capture_seconds is not None:
+        budget.text = f"{max_capture_seconds} s capture"
+    else:
+        budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
+    try:
+        return _optimize(spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label())
+    except Unpriced as exc:
+        if not padding_fallback or max_slowdown is not None:
+            raise UsageError(exc.message, MEASURE_HINT.format(cal=cost.name)) from None
+        result = _optimize(spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label())
+        return Optimized(**{**result.__dict__, "fallback": exc.message})
+
+
+class Unpriced(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _optimize(
+    spec: Spec,
+    traces: list[list[TraceBatch]],
+    cost: CostModel,
+    budget: Budget,
+    shared_sizes: bool,
+    objective: str,
+    max_points: int,
+    basis: str,
+) -> Optimized:
+    default_sizes, top = resolve_capture_sizes(spec)
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
-    goal = Objective(spec, trace, top, default_plan, cost, objective)
-    default = _point(
-        default_plan,
-        cost,
-        default_sizes,
-        _padding(goal.flat, default_sizes),
-        goal.real,
-        None,
-        goal.step_seconds({-1: default_sizes, **_case_sizes(spec)}),
-    )
-    if max_graphs is not None:
-        budget = f"{max_graphs} graphs"
-    elif max_graph_memory is not None:
-        budget = f"{max_graph_memory} GiB graph memory"
-    else:
-        budget = f"{max_capture_seconds} s capture"
-
-    def fits(p: CurvePoint) -> bool:
-        if max_graphs is not None:
-            return p.graphs <= max_graphs
-        if max_graph_memory is not None:
-            return p.graph_memory_gib <= max_graph_memory
-        return p.capture_seconds <= max_capture_seconds
-
+    goal = Objective(spec, traces, top, default_plan, cost, objective)
+    default = _point(default_plan, cost, default_sizes, spec, goal)
     per_case = (
         not shared_sizes
         and spec.lora.enabled
@@ -354,19 +455,47 @@ def optimize(
     if per_case:
         curve = _per_case_curve(base, goal, cost, top, default_plan, max_points)
     else:
-        curve = _shared_curve(base, goal, cost, top, fits, max_points)
-    feasible = [p for p in curve if fits(p)]
+        curve = _shared_curve(base, goal, cost, top, budget.fits, max_points)
+    feasible = [p for p in curve if budget.fits(p)]
     if not feasible:
-        raise UsageError(
-            f"no capture set fits {budget}: the smallest needs {min(p.graphs for p in curve)} graphs "
-            f"(~{min(p.graph_memory_gib for p in curve):.2f} GiB, ~{min(p.capture_seconds for p in curve):.0f} s)",
-            "raise the budget",
-        )
+        if not curve:
+            raise Unpriced(
+                f"no capture size can be priced for this trace: the default plan's replay needs "
+                f"{_points_text(list(default.unpriced)) or 'prices the calibration lacks'}"
+            )
+        graphs = min(p.graphs for p in curve)
+        raise UsageError(f"no capture set fits {budget.text}: the smallest needs {graphs} graphs", "raise the budget")
     if objective == "step-time":
-        best = min(feasible, key=lambda p: (p.step_seconds, p.graphs))
+        priced = [p for p in feasible if p.step_seconds is not None]
+        if budget.max_slowdown is not None:
+            if default.step_seconds_bounds is None:
+                raise Unpriced(
+                    "the default plan's step time cannot be predicted, so no slowdown against it can be: its replay "
+                    f"needs {_points_text(list(default.unpriced))}"
+                )
+            limit = default.step_seconds_bounds[0] * (1 + budget.max_slowdown / 100)
+            priced = [p for p in priced if p.step_seconds_bounds is not None and p.step_seconds_bounds[1] <= limit]
+            if not priced:
+                raise UsageError(
+                    f"no priced capture set stays within {budget.max_slowdown}% of the default plan's predicted "
+                    f"step time ({default.step_seconds:.3f} s, at least {default.step_seconds_bounds[0]:.3f} s)",
+                    "raise --max-slowdown, or measure more sizes so interpolated prices are tighter",
+                )
+            best = min(priced, key=lambda p: (p.graphs, p.step_seconds or 0.0))
+        elif not priced:
+            closest = min(feasible, key=lambda p: (sum(n for _, n in p.unpriced), p.graphs))
+            raise Unpriced(
+                f"every capture set within {budget.text} runs steps the calibration {cost.name} did not measure "
+                f"(nearest: {closest.graphs} graphs, needing {_points_text(list(closest.unpriced))})"
+            )
+        else:
+            best = min(priced, key=lambda p: (p.step_seconds or 0.0, p.graphs))
     else:
         best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
-    return Optimized(best.spec, compile_plan(best.spec), best, default, curve, budget, objective)
+    assumption = goal.score(default_plan).assumption
+    return Optimized(
+        best.spec, compile_plan(best.spec), best, default, curve, budget.text, objective, basis, assumption
+    )
 
 
 def _case_sizes(spec: Spec) -> dict[int, list[int]]:
@@ -379,21 +508,16 @@ def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, 
     step-time objective the largest size is chosen too: batches above it are priced eager."""
     solver = goal.solver(sorted(goal.per_case), top, open_top=True)
     curve: list[CurvePoint] = []
+    if solver is None:
+        return curve
     for k in range(1, min(len(solver.sizes), max_points) + 1):
         value, sizes = solver.best(k)
         if curve and sizes == curve[-1].capture_sizes:
             break  # no more sizes pay
+        if value == INF:
+            continue  # no set of k sizes can be priced
         chosen = with_sizes(spec, sizes)
-        padded = _padding(goal.flat, sizes)
-        point = _point(
-            compile_plan(chosen, with_deviations=False),
-            cost,
-            sizes,
-            padded,
-            goal.real,
-            chosen,
-            goal.step_seconds({-1: sizes}),
-        )
+        point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, chosen, goal)
         curve.append(point)
         if len(curve) > 1 and not fits(point) and not fits(curve[-2]):
             break  # two past the budget: graph counts only grow from here
@@ -415,7 +539,7 @@ def _per_case_curve(
     """
     cases = default_plan.lora_capture_cases
     per_case = {c: goal.per_case.get(c, {}) for c in cases}
-    candidates = sorted({t for w in per_case.values() for t in w} | {top})
+    candidates = sorted({t for w in per_case.values() for t in w} | {top} | {s for s in goal.measured if s <= top})
     union = compile_plan(with_sizes(spec, candidates), with_deviations=False)
     dql = spec.decode_query_len
     per_size: dict[tuple[int, int], int] = {}
@@ -433,6 +557,8 @@ def _per_case_curve(
     for c in cases:
         solver = goal.solver([c], top, open_top=False)
         opts: list[tuple[int, float, list[int]]] = []
+        if solver is None:
+            return []
         for k in range(1, min(len(solver.sizes), max_points) + 1):
             value, sizes = solver.best(k)
             if opts and value >= opts[-1][1]:
@@ -478,33 +604,31 @@ def _per_case_curve(
         if not data["cudagraph"]["lora_case_sizes"]:
             data["cudagraph"]["lora_case_sizes"] = None
         cand = Spec.model_validate(data)
-        plan = compile_plan(cand, with_deviations=False)
-        padded = sum(_padding(per_case[c], chosen[c]) for c in cases)
-        curve.append(_point(plan, cost, union_sizes, padded, goal.real, cand, goal.step_seconds(chosen)))
+        curve.append(_point(compile_plan(cand, with_deviations=False), cost, union_sizes, cand, goal))
     curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
     return curve
 
 
-def _point(
-    plan: Plan,
-    cost: CostModel,
-    sizes: list[int],
-    padded: int,
-    real: int,
-    spec: Spec | None = None,
-    step_seconds: float | None = None,
-) -> CurvePoint:
-    est = cost.estimate(plan)
+def _point(plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Objective) -> CurvePoint:
+    """A curve point, scored by replaying the trace through its compiled plan."""
+    basis = cost.basis(spec)
+    est = cost.estimate(plan) if basis.usable else None
+    sim = goal.score(plan)
+    total = sim.total
+    clock = sim.clock
+    seconds = sim.step_seconds
     return CurvePoint(
         len(sizes),
         len(plan.graphs),
-        round(est.graph_memory_gib, 4),
-        round(est.capture_seconds, 2),
-        padded,
-        padded / real if real else 0.0,
+        None if est is None else round(est.graph_memory_gib, 4),
+        None if est is None else round(est.capture_seconds, 2),
+        total.padded_tokens,
+        total.padding_overhead,
         list(sizes),
-        spec or plan.spec,
-        step_seconds,
+        spec,
+        None if seconds is None else round(seconds, 3),
+        None if seconds is None or clock is None else (round(clock.lo / 1000, 3), round(clock.hi / 1000, 3)),
+        tuple(sim.unpriced_points()),
     )
 
 
@@ -514,13 +638,21 @@ def render_curve(result: Optimized, full: bool = False) -> str:
     d = result.default
     timed = result.objective == "step-time"
     if timed:
-        goal = "predicted step time on the trace (graph replay vs eager, from the calibration's step times)"
+        goal = "predicted step time on the trace (the simulator's replay priced by measured step times)"
     else:
         goal = f"padded tokens on the trace (largest graph kept at {d.capture_sizes[-1]} tokens)"
+
+    def num(value: float | None, fmt: str, width: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
+
+    default_steps = ""
+    if timed:
+        default_steps = f", ~{d.step_seconds:.2f} s of steps" if d.step_seconds is not None else ", steps not priced"
     lines = [
         f"capplan optimize: budget {result.budget}; objective: {goal}",
-        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{d.graph_memory_gib:.2f} GiB, "
-        f"padding {d.padding_overhead:.2%}" + (f", ~{d.step_seconds:.2f} s of steps" if timed else ""),
+        f"  estimates and step times: {result.basis}",
+        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{num(d.graph_memory_gib, '.2f', 0)} GiB, "
+        f"padding {d.padding_overhead:.2%}" + default_steps,
         "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
     ]
     shown = result.curve if full else [p for p in result.curve if p.graphs <= 2 * result.point.graphs]
@@ -529,13 +661,19 @@ def render_curve(result: Optimized, full: bool = False) -> str:
         if p is result.point or i % every == 0 or i == len(shown) - 1:
             mark = "  <- chosen" if p is result.point else ""
             lines.append(
-                f"  {p.sizes:>5}  {p.graphs:>6}  {p.graph_memory_gib:>6.3f}  {p.capture_seconds:>10.1f}  "
-                f"{p.padded_tokens:>13}  {p.padding_overhead:>7.2%}"
-                + (f"  {p.step_seconds:>8.2f}" if timed else "")
+                f"  {p.sizes:>5}  {p.graphs:>6}  {num(p.graph_memory_gib, '.3f', 6)}  "
+                f"{num(p.capture_seconds, '.1f', 10)}  {p.padded_tokens:>13}  {p.padding_overhead:>7.2%}"
+                + (f"  {num(p.step_seconds, '.2f', 8)}" if timed else "")
                 + mark
             )
     rest = len(result.curve) - len(shown)
     if rest:
         top = max(p.graphs for p in result.curve)
         lines.append(f"  ... {rest} more point(s), up to {top} graphs (--full-curve prints them)")
+    if timed:
+        unpriced = sum(1 for p in result.curve if p.step_seconds is None)
+        if unpriced:
+            lines.append(f"  ({unpriced} point(s) marked - need step times the calibration lacks; never chosen)")
+    if result.assumption:
+        lines.append(f"  note: {result.assumption}")
     return "\n".join(lines)

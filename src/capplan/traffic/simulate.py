@@ -1,26 +1,53 @@
-"""The simulator: replay a batch trace through a plan's dispatcher (reading traces: capplan.batches)."""
+"""The simulator: replay batch traces through a plan's dispatcher (reading traces: capplan.batches).
+
+One trace is one engine's steps. With data parallelism (the plan's
+dp.data_parallel_size > 1) each rank records its own trace, and the ranks
+run in lockstep: at every step each rank dispatches its own batch, the ranks
+all-reduce token counts and modes, and
+
+- if any rank would run eager, every rank runs eager with its own tokens;
+- otherwise every rank pads to the largest token count across ranks, the
+  uniform-decode count survives only when all ranks share it, and each rank
+  dispatches that padded count again with its own LoRA count;
+- a rank with nothing scheduled runs vLLM's idle dummy batch (one uniform
+  decode request, counted as max_loras + 1 adapters).
+
+Rank traces are aligned by the `dp_step` the recorder writes under DP; traces
+without it are aligned line by line, and the output says so. A step under DP
+takes as long as the slowest rank's.
+
+Step times are predicted only from what the calibration measured (see
+capplan.traffic.cost): a step whose point was not measured (nor lies between
+two measured points) leaves the prediction out and names the point.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from capplan.planner.dispatch import Batch, Dispatcher
+from capplan.planner.dispatch import Batch, Dispatch, Dispatcher, derive_uniform
 from capplan.schemas.plan import Plan
-from capplan.traffic.cost import CostModel
+from capplan.traffic.cost import CostModel, Point, StepModel
+
+MODE_ORDER = {"NONE": 0, "PIECEWISE": 1, "FULL": 2}  # vLLM's CUDAGraphMode values: the lowest wins under DP
 
 
 @dataclass(frozen=True)
 class TraceBatch:
     batch: Batch
     count: int
+    dp_step: int | None = None  # the DP step this batch ran in (the recorder writes it under DP)
 
 
 @dataclass
 class SimResult:
+    """One engine's (one DP rank's) counts."""
+
     steps: int = 0
     graph_steps: int = 0
     eager_steps: int = 0
+    idle_steps: int = 0  # DP: steps this rank ran vLLM's idle dummy batch (counted in graph/eager steps too)
     real_tokens: int = 0  # tokens of batches that replayed a graph
     padded_tokens: int = 0  # tokens added by padding on those batches
     eager_tokens: int = 0
@@ -28,8 +55,6 @@ class SimResult:
     hits: Counter = field(default_factory=Counter)  # graph id -> steps
     by_size: dict = field(default_factory=dict)  # num_tokens -> [steps, padded tokens]
     unused: list = field(default_factory=list)  # graph ids never replayed
-    step_ms: float | None = None  # predicted total step time (a calibration with step times)
-    step_model: str | None = None  # the calibration that predicted it
 
     @property
     def hit_rate(self) -> float:
@@ -39,6 +64,28 @@ class SimResult:
     def padding_overhead(self) -> float:
         """Padded tokens per real token, over batches that replayed a graph."""
         return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
+
+    def add(self, d: Dispatch, batch: Batch | None, n: int, largest: int) -> None:
+        """Count n steps of `batch` (None: the DP idle dummy) that ran `d`."""
+        self.steps += n
+        if d.graph_id >= 0:
+            self.graph_steps += n
+            self.hits[d.graph_id] += n
+        else:
+            self.eager_steps += n
+        if batch is None:
+            self.idle_steps += n
+            return
+        if d.graph_id < 0:
+            self.eager_tokens += n * batch.num_tokens
+            self.eager_above_largest += n * (batch.num_tokens > largest)
+            return
+        pad = d.num_tokens - batch.num_tokens
+        self.real_tokens += n * batch.num_tokens
+        self.padded_tokens += n * pad
+        row = self.by_size.setdefault(d.num_tokens, [0, 0])
+        row[0] += n
+        row[1] += n * pad
 
     def to_json(self, plan: Plan) -> dict:
         unused = Counter(
@@ -54,8 +101,6 @@ class SimResult:
             "padded_tokens": self.padded_tokens,
             "padding_overhead": round(self.padding_overhead, 6),
             "eager_tokens": self.eager_tokens,
-            "predicted_step_seconds": None if self.step_ms is None else round(self.step_ms / 1000, 6),
-            "step_model": self.step_model,
             "graphs": len(plan.graphs),
             "graphs_used": len(plan.graphs) - len(self.unused),
             "graphs_never_used": len(self.unused),
@@ -68,47 +113,232 @@ class SimResult:
         }
 
 
+@dataclass
+class StepClock:
+    """Predicted step time, summed from measured prices; points without one are collected."""
+
+    steps: StepModel
+    ms: float = 0.0
+    lo: float = 0.0
+    hi: float = 0.0
+    unpriced: Counter = field(default_factory=Counter)  # Point -> steps
+
+    def point(self, d: Dispatch, batch_tokens: int) -> Point:
+        if d.graph_id < 0:
+            return Point("eager", d.num_active_loras, batch_tokens)
+        return Point("graph" if d.cg_mode == "FULL" else "piecewise", d.num_active_loras, d.num_tokens)
+
+    def add(self, points: list[Point], n: int) -> None:
+        """n steps in which these points ran side by side (DP ranks): the slowest sets the time."""
+        prices = []
+        for p in points:
+            price = self.steps.price(p.mode, p.case, p.tokens)
+            if price is None:
+                self.unpriced[p] += n
+            else:
+                prices.append(price)
+        if len(prices) == len(points):
+            self.ms += n * max(p.ms for p in prices)
+            self.lo += n * max(p.lo for p in prices)
+            self.hi += n * max(p.hi for p in prices)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.unpriced else self.ms / 1000
+
+
+@dataclass
+class Simulation:
+    ranks: list[SimResult]
+    clock: StepClock | None = None
+    step_model: str | None = None  # what the prediction rests on, or why there is none
+    assumption: str | None = None  # how rank traces were aligned, or what one trace stands for
+    dp_steps: int = 0
+
+    @property
+    def total(self) -> SimResult:
+        if len(self.ranks) == 1:
+            return self.ranks[0]
+        out = SimResult()
+        for r in self.ranks:
+            for name in (
+                "steps",
+                "graph_steps",
+                "eager_steps",
+                "idle_steps",
+                "real_tokens",
+                "padded_tokens",
+                "eager_tokens",
+                "eager_above_largest",
+            ):
+                setattr(out, name, getattr(out, name) + getattr(r, name))
+            out.hits.update(r.hits)
+            for size, (steps, pad) in r.by_size.items():
+                row = out.by_size.setdefault(size, [0, 0])
+                row[0] += steps
+                row[1] += pad
+        out.unused = sorted(set.intersection(*(set(r.unused) for r in self.ranks)))
+        return out
+
+    @property
+    def step_seconds(self) -> float | None:
+        return None if self.clock is None else self.clock.seconds
+
+    @property
+    def step_ms(self) -> float | None:
+        seconds = self.step_seconds
+        return None if seconds is None else seconds * 1000
+
+    def __getattr__(self, name: str):
+        # The counts of the whole run (one engine, or every rank summed): sim.steps, sim.hits, ...
+        if name.startswith("_") or name not in SimResult.__dataclass_fields__ and not hasattr(SimResult, name):
+            raise AttributeError(name)
+        return getattr(self.total, name)
+
+    def unpriced_points(self) -> list[tuple[Point, int]]:
+        if self.clock is None:
+            return []
+        return sorted(self.clock.unpriced.items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def to_json(self, plan: Plan) -> dict:
+        data = self.total.to_json(plan)
+        seconds = self.step_seconds
+        data["predicted_step_seconds"] = None if seconds is None else round(seconds, 6)
+        data["predicted_step_seconds_bounds"] = (
+            None
+            if seconds is None or self.clock is None
+            else [round(self.clock.lo / 1000, 6), round(self.clock.hi / 1000, 6)]
+        )
+        data["step_model"] = self.step_model
+        data["unpriced_points"] = [
+            {"mode": p.mode, "lora_case": p.case, "num_tokens": p.tokens, "steps": n} for p, n in self.unpriced_points()
+        ]
+        data["assumption"] = self.assumption
+        if len(self.ranks) > 1:
+            data["dp_steps"] = self.dp_steps
+            data["idle_steps"] = self.total.idle_steps
+            data["ranks"] = [
+                {
+                    "rank": i,
+                    "steps": r.steps,
+                    "graph_steps": r.graph_steps,
+                    "eager_steps": r.eager_steps,
+                    "idle_steps": r.idle_steps,
+                    "padded_tokens": r.padded_tokens,
+                    "padding_overhead": round(r.padding_overhead, 6),
+                }
+                for i, r in enumerate(self.ranks)
+            ]
+        return data
+
+
+def _clock(plan: Plan, cost: CostModel | None) -> tuple[StepClock | None, str | None]:
+    if cost is None:
+        return None, None
+    basis = cost.basis(plan.spec)
+    if not basis.usable:
+        return None, f"step time not predicted ({basis.label()})"
+    if cost.steps is None:
+        return None, None
+    return StepClock(cost.steps), basis.label()
+
+
 def simulate(
     plan: Plan, trace: list[TraceBatch], dispatcher: Dispatcher | None = None, cost: CostModel | None = None
-) -> SimResult:
-    """Replay the trace; with a cost model that has step times, also predict the total step time."""
+) -> Simulation:
+    """Replay one engine's trace; with a cost model that has step times, also predict the total
+    step time. A DP plan given one trace: every rank is taken to run this trace, step for step."""
     dispatcher = dispatcher or Dispatcher(plan)
     result = SimResult()
-    steps = cost.steps if cost is not None else None
-    if steps is not None:
-        result.step_ms, result.step_model = 0.0, cost.name
+    clock, model = _clock(plan, cost)
     largest = plan.max_capture_size
-    for item in trace:
-        batch, n = item.batch, item.count
+    weights: Counter[Batch] = Counter()
+    for item in trace:  # a trace repeats its batches: each distinct one is dispatched once
+        weights[item.batch] += item.count
+    for batch, n in weights.items():
         d = dispatcher.dispatch(batch)
-        result.steps += n
-        if steps is not None:
-            if d.graph_id < 0:
-                result.step_ms += n * steps.ms("eager", d.num_active_loras, batch.num_tokens)
-            else:
-                mode = "graph" if d.cg_mode == "FULL" else "piecewise"
-                result.step_ms += n * steps.ms(mode, d.num_active_loras, d.num_tokens)
-        if d.graph_id < 0:
-            result.eager_steps += n
-            result.eager_tokens += n * batch.num_tokens
-            result.eager_above_largest += n * (batch.num_tokens > largest)
-            continue
-        pad = d.num_tokens - batch.num_tokens
-        result.graph_steps += n
-        result.real_tokens += n * batch.num_tokens
-        result.padded_tokens += n * pad
-        result.hits[d.graph_id] += n
-        row = result.by_size.setdefault(d.num_tokens, [0, 0])
-        row[0] += n
-        row[1] += n * pad
+        result.add(d, batch, n, largest)
+        if clock is not None:
+            clock.add([clock.point(d, batch.num_tokens)], n)
     result.unused = [i for i in range(len(plan.graphs)) if i not in result.hits]
-    return result
+    size = plan.dp.data_parallel_size
+    assumption = None
+    if size > 1:
+        assumption = (
+            f"one trace for {size} DP ranks: every rank is taken to run these batches step for step, so DP "
+            "padding never changes what a rank replays; pass one trace per rank (capplan apply --trace writes "
+            "them) to model DP sync"
+        )
+    return Simulation([result], clock, model, assumption, result.steps)
 
 
-def render_simulation(plan_name: str, trace_name: str, plan: Plan, result: SimResult) -> str:
-    data = result.to_json(plan)
+def _aligned(traces: list[list[TraceBatch]]) -> tuple[list[list[TraceBatch | None]], str]:
+    """Steps side by side: per DP step, each rank's batch or None (idle)."""
+    if all(item.dp_step is not None for t in traces for item in t):
+        steps = sorted({item.dp_step for t in traces for item in t if item.dp_step is not None})
+        index = {s: i for i, s in enumerate(steps)}
+        rows: list[list[TraceBatch | None]] = [[None] * len(traces) for _ in steps]
+        for rank, t in enumerate(traces):
+            for item in t:
+                assert item.dp_step is not None
+                rows[index[item.dp_step]][rank] = item
+        return rows, "rank traces aligned by their dp_step; a rank without a batch at a step ran the idle dummy"
+    expanded = [[TraceBatch(item.batch, 1) for item in t for _ in range(item.count)] for t in traces]
+    longest = max(len(e) for e in expanded)
+    rows = [[e[i] if i < len(e) else None for e in expanded] for i in range(longest)]
+    return rows, (
+        "rank traces aligned line by line (they carry no dp_step): the k-th step of every rank is taken to run "
+        "together, and a rank whose trace ended runs the idle dummy"
+    )
+
+
+def simulate_ranks(plan: Plan, traces: list[list[TraceBatch]], cost: CostModel | None = None) -> Simulation:
+    """Replay one trace per DP rank through vLLM's DP sync (see the module docstring)."""
+    d = Dispatcher(plan)
+    spec = plan.spec
+    dql = spec.decode_query_len
+    idle_count = spec.lora.max_loras + 1 if spec.lora.enabled else 0
+    idle = Batch(1, dql, dql)
+    aligned, assumption = _aligned(traces)
+    rows: Counter[tuple[Batch | None, ...]] = Counter(
+        tuple(None if item is None else item.batch for item in row) for row in aligned
+    )
+    ranks = [SimResult() for _ in traces]
+    clock, model = _clock(plan, cost)
+    largest = plan.max_capture_size
+    for row, n in rows.items():
+        local = []
+        for item in row:
+            if item is None:
+                local.append((idle, dql, idle_count, d.lookup(1, dql, dql, idle_count)))
+            else:
+                b = item
+                local.append((b, derive_uniform(b, d.vllm), d.lora_count(b), d.dispatch(b)))
+        lowest = min(MODE_ORDER[desired.cg_mode] for _, _, _, desired in local)
+        uniforms = {u for _, u, _, _ in local}
+        synced_uniform = uniforms.pop() if len(uniforms) == 1 else None
+        synced_tokens = max(b.num_tokens for b, _, _, _ in local)
+        points = []
+        for rank, (item, (b, _, count, _)) in enumerate(zip(row, local)):
+            if lowest == 0:
+                final = Dispatch("NONE", b.num_tokens, b.num_reqs, None, None, d.lora_case(count), -1)
+            else:
+                final = d.lookup(b.num_reqs, synced_tokens, synced_uniform, count)
+            ranks[rank].add(final, None if item is None else b, n, largest)
+            if clock is not None:
+                points.append(clock.point(final, b.num_tokens))
+        if clock is not None:
+            clock.add(points, n)
+    for r in ranks:
+        r.unused = [i for i in range(len(plan.graphs)) if i not in r.hits]
+    return Simulation(ranks, clock, model, assumption, len(aligned))
+
+
+def render_simulation(plan_name: str, trace_name: str, plan: Plan, sim: Simulation) -> str:
+    data = sim.to_json(plan)
     lines = [
-        f"capplan simulate {plan_name} {trace_name}: {data['steps']} steps",
+        f"capplan simulate {plan_name} {trace_name}: {data['steps']} steps"
+        + (f" over {len(sim.ranks)} DP ranks ({sim.dp_steps} DP steps)" if len(sim.ranks) > 1 else ""),
         f"  graph hit rate {data['graph_hit_rate']:.1%} ({data['graph_steps']} steps replayed a graph, "
         f"{data['eager_steps']} eager, {data['eager_above_largest_graph']} of them above the largest graph "
         f"of {plan.max_capture_size} tokens)",
@@ -125,11 +355,28 @@ def render_simulation(plan_name: str, trace_name: str, plan: Plan, result: SimRe
             + ")"
         ),
     ]
-    if data["predicted_step_seconds"] is not None:
+    for r in data.get("ranks", []):
         lines.append(
-            f"  predicted step time {data['predicted_step_seconds']:.2f} s over the trace "
-            f"(step model {data['step_model']})"
+            f"  rank {r['rank']}: {r['steps']} steps, {r['graph_steps']} graph, {r['eager_steps']} eager, "
+            f"{r['idle_steps']} idle (dummy batch), padding {r['padding_overhead']:.2%}"
         )
+    if data["predicted_step_seconds"] is not None:
+        lo, hi = data["predicted_step_seconds_bounds"]
+        lines.append(
+            f"  predicted step time {data['predicted_step_seconds']:.2f} s over the trace (between {lo:.2f} and "
+            f"{hi:.2f} s; {sim.step_model})"
+        )
+    elif sim.unpriced_points():
+        missing = sim.unpriced_points()
+        shown = ", ".join(f"{p.text()} ({n} steps)" for p, n in missing[:6])
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        lines.append(
+            f"  step time not predicted: {len(missing)} point(s) the calibration did not measure: {shown}{more}"
+        )
+    elif sim.step_model:
+        lines.append(f"  {sim.step_model}")
+    if sim.assumption:
+        lines.append(f"  note: {sim.assumption}")
     lines.append("  size  steps  padded tokens")
     for row in data["by_size"]:
         lines.append(f"  {row['num_tokens']:>4}  {row['steps']:>5}  {row['padded_tokens']:>13}")
