@@ -613,7 +613,10 @@ def simulate_cmd(
 @_errors_to_exit
 def optimize_cmd(
     spec: Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)],
-    trace: Annotated[Path, typer.Argument(help="Batch trace (see capplan simulate --help).", show_default=False)],
+    traces: Annotated[
+        list[Path],
+        typer.Argument(help="Batch trace (see capplan simulate --help); under DP, one per rank.", show_default=False),
+    ],
     max_graphs: Annotated[
         int | None, typer.Option("--max-graphs", min=1, help="Budget: graphs captured (after pruning).")
     ] = None,
@@ -625,6 +628,16 @@ def optimize_cmd(
         float | None,
         typer.Option("--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds."),
     ] = None,
+    max_slowdown: Annotated[
+        float | None,
+        typer.Option(
+            "--max-slowdown",
+            min=0.0,
+            max=1000.0,
+            help="Budget: the fewest graphs whose predicted step time on the trace stays within PCT percent of "
+            "the default plan's, bounds included (the candidate's upper bound against the default's lower).",
+        ),
+    ] = None,
     objective: Annotated[
         str | None,
         typer.Option(
@@ -633,6 +646,14 @@ def optimize_cmd(
             "or padding (padded tokens; the default otherwise).",
         ),
     ] = None,
+    padding_fallback: Annotated[
+        bool,
+        typer.Option(
+            "--padding-fallback",
+            help="When step time cannot choose (the calibration lacks prices the trace needs), choose by "
+            "padded tokens instead and say so, rather than refusing.",
+        ),
+    ] = False,
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="Where to write the optimized spec (default: SPEC.optimized.yaml)."),
@@ -650,55 +671,63 @@ def optimize_cmd(
         bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
     ] = False,
 ) -> None:
-    """Choose capture sizes for a trace under a graph, memory or capture-time budget.
+    """Choose capture sizes for a trace under a graph, memory, capture-time or slowdown budget.
 
     The objective is the trace's predicted total step time when the
-    calibration has step times (capplan calibrate): a step replaying a graph
-    costs the measured replay time of its padded size, a step above the
-    largest graph (or in shared-sizes mode, above the largest size chosen)
-    costs the measured eager time, so the largest size is kept only when it
-    pays. Without step times the objective is padded tokens, and the largest
+    calibration has step times (capplan calibrate, calibrate-trace): every
+    candidate plan is compiled and the trace replayed through it; a step costs
+    the measured time of what it runs (a FULL or PIECEWISE graph of its padded
+    size, or eager), interpolated only between measured sizes of the same mode
+    and LoRA case. A candidate whose replay needs an unmeasured price is never
+    chosen; when none is left, optimize refuses and names the points to
+    measure (or, with --padding-fallback, chooses by padded tokens and says
+    so). Without step times the objective is padded tokens, and the largest
     size stays the spec's max capture size.
+
+    Estimates rest on the calibration's model and GPU: a spec that names
+    another model (spec `model`, `target.gpu`) gets no estimate-based budget
+    or step-time objective from it.
 
     With LoRA and one DP rank, sizes are chosen per LoRA case
     (cudagraph.lora_case_sizes, run by capplan's runtime): a case the trace
     rarely uses keeps few sizes, always including the largest. The budget is
     split across cases exactly (knapsack over each case's optimal curve).
+    Under DP, pass one trace per rank: candidates are scored through DP sync.
 
     Exact: dynamic programming over the sorted token counts of the trace
-    (optimal 1-D bucketing) for every number of sizes; each candidate set is
-    compiled (LoRA cases, modes, pruning) to count its real graphs. Prints the trade-off curve,
-    writes a spec with explicit cudagraph.capture_sizes whose compiled plan
-    verifies, and leaves everything else in the spec as it was.
+    (optimal 1-D bucketing) for every number of sizes. Prints the trade-off
+    curve, writes a spec with explicit cudagraph.capture_sizes whose compiled
+    plan verifies, and leaves everything else in the spec as it was.
     """
     from capplan.analysis.verify import verify_plan
-    from capplan.batches import read_batches
+    from capplan.batches import read_rank_traces
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_cost_model, load_spec
     from capplan.planfile import render_spec
     from capplan.traffic.optimize import optimize, render_curve
 
     out = output or spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
-    inputs = _inputs(spec, trace, calibration)
+    inputs = _inputs(spec, *traces, calibration)
     if plot is not None and os.path.realpath(plot) == os.path.realpath(out):
         raise UsageError(f"--plot {printable(str(plot))} is also the optimized spec's path", "give the picture its own")
     for target in (out, plot):
         if target is not None:
             check_output(target, inputs)
     loaded = load_spec(spec)
-    batch_file = read_batches(trace, loaded)
-    if batch_file.note:
-        typer.echo(f"note: {batch_file.note}", err=True)
-    batches = batch_file.batches
+    files = read_rank_traces(traces, loaded)
+    for note in {f.note for f in files if f.note}:
+        typer.echo(f"note: {note}", err=True)
     result = optimize(
         loaded,
-        batches,
+        [f.batches for f in files],
         load_cost_model(calibration),
         max_graphs=max_graphs,
         max_graph_memory=max_graph_memory,
         max_capture_seconds=max_capture_seconds,
+        max_slowdown=max_slowdown,
         shared_sizes=shared_sizes,
         objective=objective,
+        padding_fallback=padding_fallback,
     )
     report = verify_plan(result.plan)
     if not report.ok:
@@ -707,18 +736,26 @@ def optimize_cmd(
             "please report this; nothing was written",
         )
     p, d = result.point, result.default
+    trace_names = " ".join(printable(t.name) for t in traces)
     header = (
-        f"# capplan optimize {printable(spec.name)} {printable(trace.name)} (budget {result.budget}, "
+        f"# capplan optimize {printable(spec.name)} {trace_names} (budget {result.budget}, "
         f"objective {result.objective})\n"
         f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
         f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
     )
+    if result.objective == "step-time" and p.step_seconds is not None and d.step_seconds is not None:
+        header += (
+            f"# predicted steps {p.step_seconds:.3f} s (default {d.step_seconds:.3f} s); {printable(result.basis)}\n"
+        )
+    if result.fallback:
+        header += f"# chosen by padded tokens: {printable(result.fallback)}\n"
     picture = None
     if plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
         from capplan.present.plot import plot_curve
 
         caption = (
-            f"capplan optimize {spec.name} {trace.name}: default {d.graphs} graphs, padding {d.padding_overhead:.2%}"
+            f"capplan optimize {spec.name} {' '.join(t.name for t in traces)}: default {d.graphs} graphs, "
+            f"padding {d.padding_overhead:.2%}"
         )
         picture = plot_curve(plot, result.curve, p, max_graphs, caption)
     write_atomic(out, header + render_spec(result.spec), inputs)
@@ -731,6 +768,9 @@ def optimize_cmd(
                     "output": str(out),
                     "budget": result.budget,
                     "objective": result.objective,
+                    "basis": result.basis,
+                    "assumption": result.assumption,
+                    "padding_fallback": result.fallback,
                     "chosen": p.to_json(),
                     "default": d.to_json(),
                     "curve": [c.to_json() for c in result.curve],
@@ -738,12 +778,19 @@ def optimize_cmd(
                 indent=2,
             )
         )
-    else:
-        typer.echo(render_curve(result, full=full_curve))
-        typer.echo(
-            f"wrote {printable(str(out))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
-            f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}; its plan verifies"
+        return
+    typer.echo(render_curve(result, full=full_curve))
+    steps = ""
+    if result.objective == "step-time" and p.step_seconds is not None:
+        steps = f", predicted steps {p.step_seconds:.2f} s" + (
+            f" vs {d.step_seconds:.2f} s" if d.step_seconds is not None else " (the default plan is not priced)"
         )
+    typer.echo(
+        f"wrote {printable(str(out))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+        f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}{steps}; its plan verifies"
+    )
+    if result.fallback:
+        typer.echo(f"chosen by padded tokens, not step time (--padding-fallback): {printable(result.fallback)}")
 
 
 @app.command("diff")

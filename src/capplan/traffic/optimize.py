@@ -109,9 +109,11 @@ class Bucketing:
                 prefix[j] += prefix[j - 1]
             self.w.append(prefix)
             prices, top_price = [0.0], 0.0
-            for c in self.sizes:
+            for j, c in enumerate(self.sizes, 1):
                 value = float(c) if self.padding else price(key, c)
-                top_price = max(top_price, INF if value is None else value)
+                if value is None:  # unknown: infinite, unless no step of this group pads to c or below
+                    value = INF if prefix[j] else 0.0
+                top_price = max(top_price, value)
                 prices.append(top_price)
             self.g.append(prices)
         self.t = [0] * (m + 1)  # prefix sums of weighted tokens (padding objective)
@@ -209,9 +211,12 @@ class CurvePoint:
     step_seconds: float | None = None  # predicted total step time on the trace; None: not priced
     step_seconds_bounds: tuple[float, float] | None = None  # where the true total lies (interpolated prices)
     unpriced: tuple[tuple[Point, int], ...] = ()  # points its replay needs that the calibration lacks
+    slowdown_bound: float | None = None  # at most this fraction slower than the default plan (step time)
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("spec", "unpriced", "step_seconds_bounds")}
+        if self.slowdown_bound is not None:
+            data["slowdown_bound"] = round(self.slowdown_bound, 6)
         data["step_seconds_bounds"] = None if self.step_seconds_bounds is None else list(self.step_seconds_bounds)
         data["unpriced_points"] = [
             {"mode": p.mode, "lora_case": p.case, "num_tokens": p.tokens, "steps": n} for p, n in self.unpriced
@@ -262,6 +267,7 @@ class Objective:
 
         trace = [item for t in traces for item in t]
         self.traces = traces
+        self.top = top
         self.cost = cost
         self.name = name
         self.steps = cost.steps if name == "step-time" else None
@@ -269,6 +275,7 @@ class Objective:
         self.per_case = case_weights(trace, top, plan)
         self.groups: dict[int, dict[tuple[int, str], dict[int, int]]] = {}  # case -> (case, kind) -> weights
         self.measured: set[int] = set()
+        self.default_sim: Simulation | None = None  # the default plan's replay, once scored
         if self.steps is None:
             return
         self.measured = self.steps.measured_tokens("graph") | self.steps.measured_tokens("piecewise")
@@ -327,8 +334,18 @@ class Objective:
         """The trace replayed through a compiled plan: padded tokens and predicted step time."""
         cost = self.cost if self.steps is not None else None
         if len(self.traces) == 1:
-            return simulate(plan, self.traces[0], cost=cost)
-        return simulate_ranks(plan, self.traces, cost=cost)
+            return simulate(plan, self.traces[0], cost=cost, leave_out_above=self.top)
+        return simulate_ranks(plan, self.traces, cost=cost, leave_out_above=self.top)
+
+    def left_out(self) -> str | None:
+        """What the step times leave out: steps above the largest graph, eager in every candidate."""
+        sim = self.default_sim
+        if sim is None or sim.clock is None or not sim.clock.left_out:
+            return None
+        return (
+            f"{sim.clock.left_out} step(s) above the largest graph ({self.top} tokens) run eager in every "
+            "candidate and are left out of the predicted step times"
+        )
 
 
 @dataclass
@@ -446,6 +463,9 @@ def _optimize(
     default_plan = compile_plan(spec)
     goal = Objective(spec, traces, top, default_plan, cost, objective)
     default = _point(default_plan, cost, default_sizes, spec, goal)
+    goal.default_sim = goal.score(default_plan)
+    if default.step_seconds is not None:
+        default = CurvePoint(**{**default.__dict__, "slowdown_bound": 0.0})
     per_case = (
         not shared_sizes
         and spec.lora.enabled
@@ -473,12 +493,13 @@ def _optimize(
                     "the default plan's step time cannot be predicted, so no slowdown against it can be: its replay "
                     f"needs {_points_text(list(default.unpriced))}"
                 )
-            limit = default.step_seconds_bounds[0] * (1 + budget.max_slowdown / 100)
-            priced = [p for p in priced if p.step_seconds_bounds is not None and p.step_seconds_bounds[1] <= limit]
+            limit = budget.max_slowdown / 100
+            priced = [p for p in priced if p.slowdown_bound is not None and p.slowdown_bound <= limit + 1e-12]
+            priced.append(default)  # the reference itself: 0% slower by definition
             if not priced:
                 raise UsageError(
-                    f"no priced capture set stays within {budget.max_slowdown}% of the default plan's predicted "
-                    f"step time ({default.step_seconds:.3f} s, at least {default.step_seconds_bounds[0]:.3f} s)",
+                    f"no priced capture set is proven within {budget.max_slowdown}% of the default plan's predicted "
+                    f"step time ({default.step_seconds:.3f} s)",
                     "raise --max-slowdown, or measure more sizes so interpolated prices are tighter",
                 )
             best = min(priced, key=lambda p: (p.graphs, p.step_seconds or 0.0))
@@ -492,9 +513,17 @@ def _optimize(
             best = min(priced, key=lambda p: (p.step_seconds or 0.0, p.graphs))
     else:
         best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
-    assumption = goal.score(default_plan).assumption
+    notes = [n for n in (goal.default_sim.assumption, goal.left_out()) if n]
     return Optimized(
-        best.spec, compile_plan(best.spec), best, default, curve, budget.text, objective, basis, assumption
+        best.spec,
+        compile_plan(best.spec),
+        best,
+        default,
+        curve,
+        budget.text,
+        objective,
+        basis,
+        "; ".join(notes) or None,
     )
 
 
@@ -617,6 +646,11 @@ def _point(plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Obje
     total = sim.total
     clock = sim.clock
     seconds = sim.step_seconds
+    slowdown = None
+    base = goal.default_sim
+    if base is not None and clock is not None and base.clock is not None and base.clock.lo > 0:
+        extra = clock.extra_ms_bound(base.clock)
+        slowdown = None if extra is None else max(0.0, extra) / base.clock.lo
     return CurvePoint(
         len(sizes),
         len(plan.graphs),
@@ -629,6 +663,7 @@ def _point(plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Obje
         None if seconds is None else round(seconds, 3),
         None if seconds is None or clock is None else (round(clock.lo / 1000, 3), round(clock.hi / 1000, 3)),
         tuple(sim.unpriced_points()),
+        slowdown,
     )
 
 

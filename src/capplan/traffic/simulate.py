@@ -122,14 +122,19 @@ class StepClock:
     lo: float = 0.0
     hi: float = 0.0
     unpriced: Counter = field(default_factory=Counter)  # Point -> steps
+    rows: dict = field(default_factory=dict)  # a step's batch (or batches, under DP) -> (its points, steps)
+    left_out: int = 0  # steps not priced on purpose (see simulate's leave_out_above)
 
     def point(self, d: Dispatch, batch_tokens: int) -> Point:
         if d.graph_id < 0:
             return Point("eager", d.num_active_loras, batch_tokens)
         return Point("graph" if d.cg_mode == "FULL" else "piecewise", d.num_active_loras, d.num_tokens)
 
-    def add(self, points: list[Point], n: int) -> None:
-        """n steps in which these points ran side by side (DP ranks): the slowest sets the time."""
+    def add(self, points: list[Point], n: int, key: object = None) -> None:
+        """n steps in which these points ran side by side (DP ranks): the slowest sets the time.
+        `key` names the batch (or the ranks' batches) so two plans' replays can be compared."""
+        if key is not None:
+            self.rows[key] = (tuple(points), n)
         prices = []
         for p in points:
             price = self.steps.price(p.mode, p.case, p.tokens)
@@ -145,6 +150,24 @@ class StepClock:
     @property
     def seconds(self) -> float | None:
         return None if self.unpriced else self.ms / 1000
+
+    def extra_ms_bound(self, other: StepClock) -> float | None:
+        """An upper bound on how many more milliseconds this replay takes than `other`'s of the
+        same trace: steps that run the same points in both cost the same (their error cancels);
+        the others differ by at most this one's upper bound less the other's lower bound."""
+        if self.unpriced or other.unpriced:
+            return None
+        extra = 0.0
+        for key, (points, n) in self.rows.items():
+            theirs = other.rows.get(key)
+            if theirs is None:
+                return None
+            if theirs[0] == points:
+                continue
+            mine = [self.steps.price(p.mode, p.case, p.tokens) for p in points]
+            base = [other.steps.price(p.mode, p.case, p.tokens) for p in theirs[0]]
+            extra += n * (max(p.hi for p in mine if p) - max(p.lo for p in base if p))
+        return extra
 
 
 @dataclass
@@ -244,10 +267,16 @@ def _clock(plan: Plan, cost: CostModel | None) -> tuple[StepClock | None, str | 
 
 
 def simulate(
-    plan: Plan, trace: list[TraceBatch], dispatcher: Dispatcher | None = None, cost: CostModel | None = None
+    plan: Plan,
+    trace: list[TraceBatch],
+    dispatcher: Dispatcher | None = None,
+    cost: CostModel | None = None,
+    leave_out_above: int | None = None,
 ) -> Simulation:
     """Replay one engine's trace; with a cost model that has step times, also predict the total
-    step time. A DP plan given one trace: every rank is taken to run this trace, step for step."""
+    step time. A DP plan given one trace: every rank is taken to run this trace, step for step.
+    `leave_out_above`: steps of more tokens are counted but not priced (optimize compares plans
+    on what they change; such a step runs eager in every candidate)."""
     dispatcher = dispatcher or Dispatcher(plan)
     result = SimResult()
     clock, model = _clock(plan, cost)
@@ -259,7 +288,10 @@ def simulate(
         d = dispatcher.dispatch(batch)
         result.add(d, batch, n, largest)
         if clock is not None:
-            clock.add([clock.point(d, batch.num_tokens)], n)
+            if leave_out_above is not None and batch.num_tokens > leave_out_above:
+                clock.left_out += n
+            else:
+                clock.add([clock.point(d, batch.num_tokens)], n, batch)
     result.unused = [i for i in range(len(plan.graphs)) if i not in result.hits]
     size = plan.dp.data_parallel_size
     assumption = None
@@ -292,8 +324,11 @@ def _aligned(traces: list[list[TraceBatch]]) -> tuple[list[list[TraceBatch | Non
     )
 
 
-def simulate_ranks(plan: Plan, traces: list[list[TraceBatch]], cost: CostModel | None = None) -> Simulation:
-    """Replay one trace per DP rank through vLLM's DP sync (see the module docstring)."""
+def simulate_ranks(
+    plan: Plan, traces: list[list[TraceBatch]], cost: CostModel | None = None, leave_out_above: int | None = None
+) -> Simulation:
+    """Replay one trace per DP rank through vLLM's DP sync (see the module docstring). A step in
+    which any rank has more than `leave_out_above` tokens is counted but not priced."""
     d = Dispatcher(plan)
     spec = plan.spec
     dql = spec.decode_query_len
@@ -328,7 +363,10 @@ def simulate_ranks(plan: Plan, traces: list[list[TraceBatch]], cost: CostModel |
             if clock is not None:
                 points.append(clock.point(final, b.num_tokens))
         if clock is not None:
-            clock.add(points, n)
+            if leave_out_above is not None and any(b is not None and b.num_tokens > leave_out_above for b in row):
+                clock.left_out += n
+            else:
+                clock.add(points, n, row)
     for r in ranks:
         r.unused = [i for i in range(len(plan.graphs)) if i not in r.hits]
     return Simulation(ranks, clock, model, assumption, len(aligned))
