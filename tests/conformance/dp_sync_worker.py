@@ -7,7 +7,9 @@ MODE:
             ModelCudaGraphManager, then run 3000 steps of vLLM's own
             `dispatch_cg_and_sync_dp` (the model runner's call) with different
             batches and LoRA mixes per rank, CAPPLAN_DP_AUDIT on. Writes every
-            step's agreed descriptor and the rank's report.
+            step's agreed descriptor, the rank's report, and the rank's trace as
+            the recorder writes it (real steps only, each with the runtime's
+            dp_step).
 - mismatch: rank 1's engine has max_loras 8, so rank 1 refuses its plan;
             rank 0 must stop too instead of waiting.
 - noplan:   rank 1 runs without a plan (the plugin's guard only).
@@ -73,19 +75,24 @@ def lora_count(adapters: int, base: bool, dummy: bool) -> int:
     return runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=MAX_LORAS), state, names, dummy)
 
 
-def batch(rng: random.Random) -> tuple[int, int, int | None, int, int]:
-    """(num_reqs, num_tokens, uniform, max_query_len, lora count) for one step of this rank."""
+def batch(rng: random.Random, busy: bool = False) -> tuple[int, int, int | None, int, int, dict | None]:
+    """(num_reqs, num_tokens, uniform, max_query_len, lora count, trace line or None when idle)
+    for one step of this rank (`busy`: never idle)."""
     kind = rng.random()
+    if busy:
+        kind = 0.15 + 0.85 * kind
     if kind < 0.15:  # idle rank: vLLM runs a one-token dummy batch
-        return 1, 1, 1, 1, lora_count(0, False, True)
+        return 1, 1, 1, 1, lora_count(0, False, True), None
     reqs = rng.randint(1, 16)
     adapters = rng.randint(0, min(reqs, MAX_LORAS))
     base = adapters < reqs and rng.random() < 0.6
+    line: dict = {"num_reqs": reqs, "num_active_loras": adapters, "base": base and adapters > 0}
     if kind < 0.75:  # uniform decode
-        return reqs, reqs, 1, 1, lora_count(adapters, base, False)
-    tokens = rng.randint(reqs, 300 if kind > 0.95 else 48)  # sometimes past the largest graph
+        return reqs, reqs, 1, 1, lora_count(adapters, base, False), {**line, "num_tokens": reqs, "max_query_len": 1}
+    tokens = rng.randint(reqs, 256 if kind > 0.95 else 48)  # sometimes past the largest graph, within the budget
     q = -(-tokens // reqs)
-    return reqs, tokens, (q if q * reqs == tokens else None), q, lora_count(adapters, base, False)
+    line |= {"num_tokens": tokens, "max_query_len": q}
+    return reqs, tokens, (q if q * reqs == tokens else None), q, lora_count(adapters, base, False), line
 
 
 def main() -> None:
@@ -107,16 +114,18 @@ def main() -> None:
         out.write_text(json.dumps(result))
         return
     rng = random.Random(1000 + rank)
-    steps = []
-    for _ in range(3000):
-        reqs, tokens, uniform, max_q, loras = batch(rng)
+    steps, trace = [], []
+    for i in range(3000):
+        reqs, tokens, uniform, max_q, loras, line = batch(rng, busy=i in (0, 2999))  # traces span every step
         kwargs = {"num_active_loras": loras}
         if NEW_033:
             kwargs["max_query_len"] = max_q
         desc, _ = runner_mod.dispatch_cg_and_sync_dp(manager, reqs, tokens, uniform, 2, rank, **kwargs)
         steps.append([desc.cg_mode.name, desc.num_tokens, loras])
+        if line is not None:  # what the recorder writes after a real step
+            trace.append({**line, "dp_step": mrv2.installed().dp_step})
     report = mrv2.installed().report.to_json()
-    result.update(steps=steps, report=report)
+    result.update(steps=steps, report=report, trace=trace, spec=SPEC)
     out.write_text(json.dumps(result))
 
 

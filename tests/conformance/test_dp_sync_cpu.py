@@ -91,3 +91,33 @@ def test_rank_without_plan_stops_both(version, tmp_path):
     for rank, r in enumerate((r0, r1)):
         assert r["refused"].startswith(f"capplan (DP rank {rank}): data-parallel ranks loaded different plans")
         assert "rank 1: no plan" in r["refused"]
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", releases())
+def test_simulate_of_the_rank_traces_reproduces_each_rank_s_report(version, tmp_path):
+    """The ranks' traces (real steps only, as the recorder writes them, with the runtime's
+    dp_step), replayed by `capplan simulate` through its model of DP sync, give every rank's
+    graph and eager counts, graph by graph, as the runtime counted them inside vLLM's real
+    DP sync: idle ranks' dummy steps and padding to the other rank's size included."""
+    from capplan.batches import read_rank_traces
+    from capplan.loading import spec_from_data
+    from capplan.planner import compile_plan
+    from capplan.traffic.simulate import simulate_ranks
+
+    ranks = _pair(version, "sync", tmp_path)
+    paths = []
+    for r in ranks:
+        path = tmp_path / f"trace.rank{r['rank']}.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in r["trace"]))
+        paths.append(path)
+    spec = spec_from_data(ranks[0]["spec"], "dp")
+    plan = compile_plan(spec)
+    sim = simulate_ranks(plan, [f.batches for f in read_rank_traces(paths, spec)])
+    assert sim.dp_steps == 3000  # steps no trace has (both ranks idle) are filled in from dp_step
+    for rank, got in zip(ranks, sim.ranks):
+        dispatch = rank["report"]["dispatch"]
+        assert dispatch["graph_hits"] > 1000 and dispatch["eager"] > 100  # both kinds really happen
+        assert got.idle_steps > 300  # and so do idle ranks, padded to the other rank's batch
+        assert {str(k): v for k, v in sorted(got.hits.items())} == dispatch["hits_by_graph"]
+        assert (got.graph_steps, got.eager_steps) == (dispatch["graph_hits"], dispatch["eager"])

@@ -63,6 +63,7 @@ class Installed:
         self.in_step = False
         self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.31+), per step
         self.step_lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted, per step
+        self.dp_step = -1  # model-runner steps through DP sync so far, idle and warm-up steps too (alike on every rank)
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
         self.recorder: recorder.Recorder | None = None
@@ -311,6 +312,7 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
     audit = os.environ.get("CAPPLAN_DP_AUDIT") == "1"
 
     def dispatch_cg_and_sync_dp(cudagraph_manager, *args, **kwargs):
+        state.dp_step += 1  # every rank makes this call (an all-reduce under DP) at every step
         if not isinstance(cudagraph_manager, manager_cls):
             return original_step(cudagraph_manager, *args, **kwargs)
         state.in_step = True
@@ -385,7 +387,7 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
         if prefill is None:
             prefill = max_q > self.decode_query_len
         rec.step(len(counts), scheduler_output.total_num_scheduled_tokens, max_q, adapters, base and adapters > 0,
-                 prefill, started)  # fmt: skip
+                 prefill, started, state.dp_step if self.dp_size > 1 else None)  # fmt: skip
         return result
 
     runner_cls.execute_model = execute_model

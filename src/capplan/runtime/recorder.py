@@ -5,6 +5,10 @@ One JSON line per model-runner step, in the batch format `simulate`,
 
     {"num_reqs": 64, "num_tokens": 64, "max_query_len": 1, "num_active_loras": 3, "base": true, "t": 12.5031}
 
+Under data parallelism each line also carries `dp_step`: how many model-runner
+steps passed through vLLM's DP sync before this one, counted alike on every
+rank (idle dummy steps included), so `simulate` lines the ranks' traces up.
+
 `t` is seconds since the recorder started (the readers ignore it; it dates a
 step and gives the interval between busy steps). Lines are buffered and
 written at most once a second by a background thread, so the step path only
@@ -71,18 +75,21 @@ class Recorder:
         base: bool,
         has_prefill: bool,
         started: float | None = None,
+        dp_step: int | None = None,
     ) -> None:
         """Queue one step (formatted by the writer thread, not here). `started`: when the
         caller began its own recording work, so the overhead counted includes it."""
         now = time.perf_counter()
         with self._lock:
-            self._pending.append((num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, now - self.t0))
+            self._pending.append(
+                (num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, now - self.t0, dp_step)
+            )
         self.steps += 1
         self.seconds += time.perf_counter() - (now if started is None else started)
 
     @staticmethod
     def _line(step: tuple) -> str:
-        num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, t = step
+        num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, t, dp_step = step
         line: dict = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
         if adapters:
             line["num_active_loras"] = adapters
@@ -91,6 +98,8 @@ class Recorder:
         if has_prefill:
             line["has_prefill"] = True
         line["t"] = round(t, 4)
+        if dp_step is not None:
+            line["dp_step"] = dp_step
         return json.dumps(line, separators=(", ", ": "))
 
     def _loop(self) -> None:
@@ -143,15 +152,30 @@ class Recorder:
         }
 
 
+def max_trace_mb(value: str | None) -> float:
+    """CAPPLAN_TRACE_MAX_MB as a size: a finite positive number of MiB (up to 1 TiB); anything
+    else is the default, said on stderr (a trace setting must never stop the engine)."""
+    if value is None or value == "":
+        return DEFAULT_MAX_MB
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 < number <= 2**20:  # NaN fails every comparison
+        print(
+            f"capplan: {ENV_MAX_MB}={value[:40]!r} is not a size in MiB (0 < MB <= 1048576); using {DEFAULT_MAX_MB}",
+            file=sys.stderr,
+        )
+        return DEFAULT_MAX_MB
+    return number
+
+
 def open_recorder(rank: int, dp_size: int, header: str) -> Recorder | None:
     """The recorder CAPPLAN_TRACE asks for, or None."""
     template = os.environ.get(ENV)
     if not template:
         return None
-    try:
-        max_mb = float(os.environ.get(ENV_MAX_MB, DEFAULT_MAX_MB))
-    except ValueError:
-        max_mb = DEFAULT_MAX_MB
+    max_mb = max_trace_mb(os.environ.get(ENV_MAX_MB))
     path = trace_path(template, rank, dp_size)
     try:
         return Recorder(path, int(max_mb * 2**20), header)

@@ -307,14 +307,17 @@ def simulate(
 def _aligned(traces: list[list[TraceBatch]]) -> tuple[list[list[TraceBatch | None]], str]:
     """Steps side by side: per DP step, each rank's batch or None (idle)."""
     if all(item.dp_step is not None for t in traces for item in t):
-        steps = sorted({item.dp_step for t in traces for item in t if item.dp_step is not None})
-        index = {s: i for i, s in enumerate(steps)}
-        rows: list[list[TraceBatch | None]] = [[None] * len(traces) for _ in steps]
+        numbers = [item.dp_step for t in traces for item in t if item.dp_step is not None]
+        first = min(numbers)
+        rows: list[list[TraceBatch | None]] = [[None] * len(traces) for _ in range(max(numbers) - first + 1)]
         for rank, t in enumerate(traces):
             for item in t:
                 assert item.dp_step is not None
-                rows[index[item.dp_step]][rank] = item
-        return rows, "rank traces aligned by their dp_step; a rank without a batch at a step ran the idle dummy"
+                rows[item.dp_step - first][rank] = item
+        return rows, (
+            "rank traces aligned by their dp_step, from the first recorded step to the last; a rank without a "
+            "batch at a step ran the idle dummy (every rank did, at a step no trace has)"
+        )
     expanded = [[TraceBatch(item.batch, 1) for item in t for _ in range(item.count)] for t in traces]
     longest = max(len(e) for e in expanded)
     rows = [[e[i] if i < len(e) else None for e in expanded] for i in range(longest)]
