@@ -473,3 +473,43 @@ def test_a_calibration_without_max_tokens_says_what_to_add(tmp_path):
     result = runner.invoke(app, ["show", str(EXAMPLES / "served" / "llama0.9b.plan.yaml"), "--calibration", str(cal)])
     assert result.exit_code == 1
     assert "runs.0.max_tokens: is required" in result.output and "tokens of its largest graph" in result.output
+
+
+def test_calibrate_records_the_model_it_measured(tmp_path):
+    """The identity a calibration records comes from the model's own files (config.json and
+    the safetensors headers), read without torch; it validates as a calibration identity."""
+    import struct
+
+    from capplan.runtime.calibrate import model_identity
+    from capplan.traffic.cost import Identity
+
+    base = tmp_path / "llama-tiny" / "base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 256,
+                "num_hidden_layers": 2,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            "a": {"dtype": "BF16", "shape": [2048, 256], "data_offsets": [0, 0]},
+            "b": {"dtype": "BF16", "shape": [256], "data_offsets": [0, 0]},
+        }
+    ).encode()
+    (base / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    got = model_identity(base)
+    assert got == {
+        "name": "llama-tiny",
+        "architecture": "LlamaForCausalLM",
+        "hidden_size": 256,
+        "num_layers": 2,
+        "dtype": "bfloat16",
+        "parameters": 2048 * 256 + 256,
+    }
+    assert Identity.model_validate({"model": got, "gpu": "NVIDIA H200"}).model.parameters == 2048 * 256 + 256

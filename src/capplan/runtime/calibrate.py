@@ -103,8 +103,15 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
     kwargs = engine_kwargs(plan)
     kwargs.update(json.loads(os.environ.get("CAPPLAN_SMOKE_LLM_ARGS", "{}")))
     llm = LLM(model=str(model_dir / "base"), skip_tokenizer_init=True, seed=0, **kwargs)
+    # With vLLM's default multiprocessing the engine core (which captures) is another
+    # process: its report reaches this one through CAPPLAN_REPORT, written after capture.
+    report = None
+    report_path = Path(os.environ["CAPPLAN_REPORT"])
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
     state = installed()
-    report = state.report.to_json() if state is not None else None
+    if (report is None or report.get("graph_memory_gib") is None) and state is not None:
+        report = state.report.to_json()
     rows = []
     if measure:
         adapters = [LoRARequest(p.name, i, str(p)) for i, p in enumerate(adapters_in(model_dir), 1)]
@@ -161,7 +168,12 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
             plan_path = Path(tmp) / f"engine{i}.plan.yaml"
             plan_path.write_text(render_plan(plan, plan_path.name, "capplan calibrate", plan_file_data(plan)))
             out = Path(tmp) / f"engine{i}.json"
-            env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "1", "CAPPLAN_PLAN": str(plan_path)}
+            env = {
+                **os.environ,
+                "VLLM_USE_V2_MODEL_RUNNER": "1",
+                "CAPPLAN_PLAN": str(plan_path),
+                "CAPPLAN_REPORT": str(Path(tmp) / f"engine{i}.report.json"),
+            }
             env.pop("CAPPLAN_TRACE", None)
             print(
                 f"capplan calibrate: engine {i + 1}/3 ({label}: {len(plan.graphs)} graphs"
@@ -184,7 +196,10 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
                 env,
             )
             if code != 0 or not out.exists():
-                raise CapplanError(f"calibrate: the engine for '{label}' failed:\n" + "\n".join(tail))
+                raise CapplanError(
+                    f"calibrate: the engine for '{label}' failed (exit {code}); its last lines: "
+                    + " | ".join(line.strip() for line in tail if line.strip())
+                )
             result = json.loads(out.read_text())
             report = result["report"]
             if not report or report["graph_memory_gib"] is None:
@@ -204,6 +219,10 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     versions = _versions()
     gpu = versions.get("gpu", "GPU").replace("NVIDIA ", "").replace(" ", "-").lower()
     name = name or f"{gpu}-vllm{versions.get('vllm', '')}-{model_dir.name}"
+    llm_args = json.loads(os.environ.get("CAPPLAN_SMOKE_LLM_ARGS", "{}"))
+    identity: dict = {"model": model_identity(model_dir / "base")}
+    identity.update({k: versions[k] for k in ("gpu", "vllm", "torch") if versions.get(k)})
+    identity["tensor_parallel_size"] = int(llm_args.get("tensor_parallel_size", 1))
     header = (
         f"# Calibration written by capplan calibrate {spec_name} --model {model_dir.name}\n"
         f"# vLLM {versions.get('vllm')} Model Runner V2, torch {versions.get('torch')}, {versions.get('gpu')}.\n"
@@ -212,9 +231,51 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
         f"{DECODE_STEPS} steps per point;\n"
         "#   graph = replaying the N-token graph of that LoRA case, eager = no graph.\n"
     )
-    data = {"name": name, "runs": runs, "step_times": steps}
+    data = {"name": name, "identity": identity, "runs": runs, "step_times": steps}
     text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
     return text, data
+
+
+def model_identity(base: Path) -> dict:
+    """What a calibration records of its model: from the Hugging Face config.json and the
+    safetensors headers (the parameter count), read without torch."""
+    out: dict = {"name": base.parent.name if base.name == "base" else base.name}
+    try:
+        config = json.loads((base / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        out["architecture"] = archs[0]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key, field in (("hidden_size", "hidden_size"), ("num_hidden_layers", "num_layers")):
+        value = text.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[field] = value
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    if isinstance(dtype, str) and dtype:
+        out["dtype"] = dtype
+    total = 0
+    for path in sorted(base.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size <= 100 * 2**20:
+                    continue
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            continue
+        for key, entry in header.items():
+            if key != "__metadata__" and isinstance(entry, dict) and isinstance(entry.get("shape"), list):
+                count = 1
+                for dim in entry["shape"]:
+                    count *= int(dim)
+                total += count
+    if total:
+        out["parameters"] = total
+    return out
 
 
 def _run_engine(command: list[str], env: dict) -> tuple[int, list[str]]:
