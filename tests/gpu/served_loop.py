@@ -350,7 +350,7 @@ def main() -> None:
         elif stage == "record":
             done(stage, serve("record", work, sample(1), work / "default.plan.yaml", work / "traceA.jsonl"))
         elif stage == "calibrate":
-            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+            env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # vLLM's default
             t = time.perf_counter()
             capplan("calibrate", str(spec), "--model", str(work / "model"), "-o", str(work / "h200.yaml"), env=env)
             (out / "h200-calibration.yaml").write_text((work / "h200.yaml").read_text())
