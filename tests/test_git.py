@@ -53,7 +53,8 @@ def test_git_diff_shows_graphs_added_and_removed_per_mode_and_case(repo):
     setup = repo("capplan", "git-setup")
     assert "diff.capplan.command" in setup.stderr
     assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
-    assert repo("git", "config", "diff.capplan.command").stdout.strip() == "capplan git-diff"
+    # this capplan by its Python's absolute path: git finds it whatever PATH it runs with
+    assert repo("git", "config", "diff.capplan.command").stdout.strip() == f"{sys.executable} -m capplan git-diff --"
     repo("capplan", "git-setup")  # idempotent: the attribute line is not added twice
     assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
     spec = repo.path / "configs" / "deploy.yaml"
@@ -148,3 +149,99 @@ def test_pull_request_script_with_a_plan_folder(repo):
     assert ok.returncode == 0, ok.stderr
     assert "`main:plans/deploy.plan.yaml`" not in ok.stdout  # not on main: a new plan, not a diff
     assert "plans/deploy.plan.yaml" in ok.stdout and "All 1 plan(s) are what their specs compile to." in ok.stdout
+
+
+def test_git_diff_works_where_capplan_is_not_on_path(repo):
+    repo("capplan", "git-setup")
+    spec = repo.path / "configs" / "deploy.yaml"
+    spec.write_text(SPEC.replace("max_loras: 4", "max_loras: 2"))
+    repo("capplan", "compile", "configs/deploy.yaml")
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    out = subprocess.run(["git", "diff"], cwd=repo.path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "lora.max_loras: 4 -> 2" in out.stdout
+
+
+def test_plans_named_like_options_and_with_odd_names_are_diffed(repo):
+    repo("capplan", "git-setup")
+    for name in ("-h.plan.yaml", "--x.plan.yaml", "a\x1b[31mred.plan.yaml"):
+        shutil.copy(repo.path / "configs" / "deploy.plan.yaml", repo.path / "configs" / name)
+    repo("git", "add", "-A")
+    repo("git", "commit", "-qm", "odd names")
+    spec = repo.path / "configs" / "deploy.yaml"
+    spec.write_text(SPEC.replace("max_loras: 4", "max_loras: 2"))
+    repo("capplan", "compile", "configs/deploy.yaml")
+    for name in ("-h.plan.yaml", "--x.plan.yaml", "a\x1b[31mred.plan.yaml"):
+        shutil.copy(repo.path / "configs" / "deploy.plan.yaml", repo.path / "configs" / name)
+    out = repo("git", "diff")
+    heads = [line for line in out.stdout.splitlines() if line.startswith("capplan diff a/")]
+    assert len(heads) == 4 and all("lora.max_loras: 4 -> 2" in line for line in heads)
+    assert "\x1b" not in out.stdout  # the escape sequence is printed escaped, not sent to the terminal
+
+
+def test_diff_driver_with_a_missing_directory_or_fifo_side_says_so(tmp_path):
+    from typer.testing import CliRunner
+
+    from capplan.cli import app
+
+    plan = tmp_path / "p.plan.yaml"
+    plan.write_text("format_version: 1\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for other in (tmp_path / "missing", tmp_path, fifo):
+        result = CliRunner().invoke(
+            app, ["git-diff", "--", "p.plan.yaml", str(plan), "0", "100644", str(other), "0", "100644"]
+        )
+        assert result.exit_code == 0, result.output
+        assert "not compared (" in result.stdout and result.exception is None
+
+
+def _setup_env(tmp_path):
+    return {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
+
+
+@pytest.mark.parametrize("kind", ["not-utf8", "fifo", "symlink"])
+def test_git_setup_refuses_an_odd_gitattributes_in_one_line_and_changes_nothing(tmp_path, kind):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    attributes = tmp_path / ".gitattributes"
+    if kind == "not-utf8":
+        attributes.write_bytes(b"*.bin binary \xff\xfe\n")
+    elif kind == "fifo":
+        os.mkfifo(attributes)
+    else:
+        (tmp_path / "elsewhere").write_text("")
+        attributes.symlink_to(tmp_path / "elsewhere")
+    proc = subprocess.run(
+        ["capplan", "git-setup"], cwd=tmp_path, env=_setup_env(tmp_path), capture_output=True, text=True, timeout=20
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and ".gitattributes" in proc.stderr
+    config = subprocess.run(
+        ["git", "config", "--local", "--get", "diff.capplan.command"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert config.returncode == 1  # not set: all or nothing
+
+
+def test_git_setup_with_a_held_config_lock_changes_nothing_and_names_the_lock(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".git" / "config.lock").write_text("")
+    proc = subprocess.run(
+        ["capplan", "git-setup"], cwd=tmp_path, env=_setup_env(tmp_path), capture_output=True, text=True, timeout=20
+    )
+    assert proc.returncode == 1 and "config lock" in proc.stderr
+    assert not (tmp_path / ".gitattributes").exists()
+
+
+def test_git_setup_in_a_repository_whose_path_ends_in_a_space(tmp_path):
+    root = tmp_path / "repo "
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    proc = subprocess.run(["capplan", "git-setup"], cwd=root, env=_setup_env(tmp_path), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / ".gitattributes").exists()
+    assert not (tmp_path / "repo" / ".gitattributes").exists() and not (tmp_path / "repo").exists()

@@ -891,12 +891,24 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
 GIT_ATTRIBUTE = "*.plan.yaml diff=capplan"
 
 
+def _this_capplan() -> str:
+    """A command that runs this capplan wherever git runs it (another PATH, a GUI, CI)."""
+    import shlex
+
+    return f"{shlex.quote(sys.executable)} -m capplan"
+
+
 @app.command("git-setup")
 @_errors_to_exit
 def git_setup_cmd(
     command: Annotated[
-        str, typer.Option("--command", help="How git runs capplan (default: capplan on PATH).")
-    ] = "capplan",
+        str | None,
+        typer.Option(
+            "--command",
+            help="How git runs capplan (default: this capplan, by its Python's absolute path, so git finds it "
+            "whatever PATH it runs with).",
+        ),
+    ] = None,
 ) -> None:
     """Make `git diff` show plans as `capplan diff` does, in the repository you are in.
 
@@ -905,38 +917,60 @@ def git_setup_cmd(
     `diff.capplan.command` in this clone's git config (each clone runs this
     once). Then `git diff`, and `git log -p --ext-diff` / `git show --ext-diff`,
     print graphs added and removed per mode and LoRA case, dispatch and spec
-    changes for every plan; `git diff --no-ext-diff` shows the raw lines.
+    changes for every plan; `git diff --no-ext-diff` shows the raw lines. All
+    or nothing: when either step fails, neither is left changed.
     """
     import subprocess
 
-    def git(*args: str) -> str:
+    from capplan.files import read_text, write_atomic
+
+    def git(*args: str) -> subprocess.CompletedProcess:
         try:
-            proc = subprocess.run(["git", *args], capture_output=True, text=True)
+            return subprocess.run(["git", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise CapplanError("git: command not found", "install git") from None
-        if proc.returncode != 0:
-            raise CapplanError(
-                f"git {' '.join(args)}: {proc.stderr.strip() or 'failed'}",
-                "run capplan git-setup inside a git repository",
-            )
-        return proc.stdout.strip()
 
-    root = Path(git("rev-parse", "--show-toplevel"))
-    attributes = root / ".gitattributes"
-    try:
-        current = attributes.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        current = ""
-    if GIT_ATTRIBUTE not in current.splitlines():
-        from capplan.files import write_atomic
-
-        write_atomic(
-            attributes, current + ("" if not current or current.endswith("\n") else "\n") + GIT_ATTRIBUTE + "\n"
+    top = git("rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise CapplanError(
+            f"git rev-parse --show-toplevel: {top.stderr.strip() or 'failed'}",
+            "run capplan git-setup inside a git repository",
         )
+    root = Path(top.stdout.removesuffix("\n"))  # the path as git has it: a name may end in a space
+    attributes = root / ".gitattributes"
+    current = ""
+    if os.path.lexists(attributes):
+        if os.path.islink(attributes):
+            raise CapplanError(f"{printable(str(attributes))}: is a symbolic link", "make it a regular file")
+        current = read_text(attributes, ".gitattributes file", CapplanError, 1 << 20)
+    runs = command if command is not None else _this_capplan()
+    if "\n" in runs or not runs.strip():
+        raise UsageError("--command must be one line naming how to run capplan")
+    value = f"{runs} git-diff --"  # `--`: a plan named -h.plan.yaml is a path, not an option
+    before = git("config", "--local", "--get", "diff.capplan.command")
+    had = before.stdout.removesuffix("\n") if before.returncode == 0 else None
+    setting = git("config", "--local", "diff.capplan.command", value)
+    if setting.returncode != 0:
+        reason = setting.stderr.strip().splitlines()[0] if setting.stderr.strip() else "failed"
+        hint = "nothing was changed"
+        if "lock" in reason:
+            hint += "; another git process holds the config lock (remove .git/config.lock if none runs)"
+        raise CapplanError(f"git config diff.capplan.command: {reason}", hint)
+    added = GIT_ATTRIBUTE not in current.splitlines()
+    if added:
+        try:
+            write_atomic(
+                attributes, current + ("" if not current or current.endswith("\n") else "\n") + GIT_ATTRIBUTE + "\n"
+            )
+        except CapplanError:
+            if had is None:
+                git("config", "--local", "--unset", "diff.capplan.command")
+            else:
+                git("config", "--local", "diff.capplan.command", had)
+            raise
         typer.echo(f"added `{GIT_ATTRIBUTE}` to {_relative(attributes, Path.cwd())} (commit it)", err=True)
-    git("config", "diff.capplan.command", f"{command} git-diff")
     typer.echo(
-        f"git config diff.capplan.command '{command} git-diff': git diff now shows plans semantically "
+        f"git config diff.capplan.command {printable(value)!r}: git diff now shows plans semantically "
         "(git log -p --ext-diff for history)",
         err=True,
     )
@@ -948,11 +982,14 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
 
     Prints the semantic diff of the two plans; when either side cannot be
     loaded (a plan of another format, say), says why and prints the raw
-    unified diff. Always exits 0, as git requires of a diff driver.
+    unified diff, or says why not when a side cannot be read either. Exits 0,
+    as git requires of a diff driver, unless git called it wrongly.
     """
     import difflib
 
     from capplan.analysis.diff import diff_plans, render_text
+    from capplan.errors import InputError
+    from capplan.files import read_text
     from capplan.loading import load_cost_model, load_plan
 
     if len(args) < 7:
@@ -962,8 +999,8 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
             err=True,
         )
         raise typer.Exit(code=2)
-    path, old_file, new_file = args[0], Path(args[1]), Path(args[4])
-    new_path = args[7] if len(args) > 7 else path  # a rename: git appends the new name
+    path, old_file, new_file = printable(args[0]), Path(args[1]), Path(args[4])
+    new_path = printable(args[7]) if len(args) > 7 else path  # a rename: git appends the new name
     if str(old_file) == os.devnull or str(new_file) == os.devnull:
         which = "new" if str(old_file) == os.devnull else "deleted"
         side = new_file if which == "new" else old_file
@@ -975,11 +1012,16 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     try:
         old, new = load_plan(old_file), load_plan(new_file)
     except CapplanError as exc:
+        try:
+            old_text = read_text(old_file, "plan file", InputError)
+            new_text = read_text(new_file, "plan file", InputError)
+        except CapplanError as unreadable:
+            sys.stdout.write(f"capplan diff a/{path} b/{new_path}: not compared ({unreadable.one_line()})\n")
+            return
         sys.stdout.write(
             f"capplan diff a/{path} b/{new_path}: not compared semantically ({exc.one_line()}); raw diff:\n"
         )
-        old_lines = old_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-        new_lines = new_file.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
         sys.stdout.writelines(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}"))
         return
     result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}")

@@ -157,8 +157,33 @@ _Loader.add_constructor(_SUSPECT_TAG, _construct_suspect)
 _Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 
 
+def _node_bound(text: str) -> int:
+    """An upper bound on the YAML nodes in `text`, counted without parsing: every node but
+    the first follows a line break, a comma, a bracket, a colon or a dash."""
+    return sum(text.count(c) for c in "\n,[{:-") + 1
+
+
+def _too_many_nodes(text: str) -> bool:
+    """Whether the document holds more entries than any capplan file may, decided while
+    parsing (the parser's events, no document built), so a small file of very many nodes is
+    refused in a fraction of the time building it would take. A document of more than
+    2 * MAX_ITEMS + 1 nodes has more than MAX_ITEMS entries (a mapping entry is two nodes)."""
+    limit = 2 * MAX_ITEMS + 1
+    if _node_bound(text) <= limit:
+        return False
+    nodes = 0
+    for event in yaml.parse(text, Loader=_SafeLoader):
+        if isinstance(event, (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent, yaml.AliasEvent)):
+            nodes += 1
+            if nodes > limit:
+                return True
+    return False
+
+
 def safe_load(text: str) -> object:
-    """One YAML document (raises yaml.YAMLError)."""
+    """One YAML document (raises yaml.YAMLError; CapplanError past MAX_ITEMS entries)."""
+    if _too_many_nodes(text):
+        raise CapplanError(f"more than {MAX_ITEMS} entries", "this is not a capplan file")
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
@@ -193,6 +218,8 @@ def read_yaml(path: Path, what: str, error: type[CapplanError]) -> object:
         raise error(f"{name}: invalid YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise error(f"{name}: nested too deeply") from None
+    except CapplanError as exc:
+        raise error(f"{name}: {exc.message}", exc.hint) from None
     try:
         check_shape(data, name)
     except CapplanError as exc:
@@ -220,8 +247,36 @@ def _unique(pairs: list[tuple[str, object]]) -> dict:
 
 
 def json_value(line: str) -> object:
-    """One JSON value: duplicate keys, NaN/Infinity and huge integers refused (ValueError)."""
-    return json.loads(line, object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
+    """One JSON value: duplicate keys, NaN/Infinity, huge integers and nesting past MAX_DEPTH
+    refused (ValueError)."""
+    if line.count("[") + line.count("{") > MAX_DEPTH and _json_depth(line) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(line, object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _json_depth(line: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings not counted)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 # A line with something on it that is not a `#` comment (the regex engine skips the rest,
