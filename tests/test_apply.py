@@ -81,3 +81,73 @@ def test_a_promised_report_that_never_appears_fails_the_run(fake_vllm, tmp_path)
 def test_python_m_capplan_is_the_cli():
     proc = subprocess.run([sys.executable, "-m", "capplan", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "compile" in proc.stdout
+
+
+def test_a_report_that_existed_before_the_run_is_not_this_run_s(fake_vllm, tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text("{}")  # from an earlier run
+    proc = apply(sys.executable, "-c", "print('no engine here')", env=fake_vllm, report=report)
+    assert proc.returncode == 1 and "was never written" in last_line(proc)
+    rewrite = (
+        f"import os; open({str(report) + '.tmp'!r}, 'w').write('{{}}'); os.replace({str(report) + '.tmp'!r}, "
+        f"{str(report)!r})"
+    )
+    assert apply(sys.executable, "-c", rewrite, env=fake_vllm, report=report).returncode == 0
+
+
+@pytest.mark.parametrize("option", ["--trace", "--report"])
+def test_outputs_never_name_an_input_or_a_symlink(fake_vllm, tmp_path, option):
+    plan = tmp_path / "p.plan.yaml"
+    plan.write_text(PLAN.read_text())
+    script = tmp_path / "run.py"
+    script.write_text("print('ran')\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(tmp_path / "elsewhere.jsonl")
+    for target in (plan, script, link):
+        before = plan.read_bytes()
+        proc = subprocess.run(
+            [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), option, str(target), "--",
+             sys.executable, str(script)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **fake_vllm},
+        )  # fmt: skip
+        assert proc.returncode == 2 and "ran" not in proc.stdout, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert plan.read_bytes() == before and not (tmp_path / "elsewhere.jsonl").exists()
+
+
+def test_report_and_trace_cannot_share_a_file(fake_vllm, tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(PLAN), "--report", str(out), "--trace",
+         str(out), "--", sys.executable, "-c", "print('ran')"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **fake_vllm},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "name one file" in proc.stderr and "ran" not in proc.stdout
+
+
+def test_a_script_with_an_env_dash_s_shebang_is_understood(tmp_path):
+    from capplan.runtime.launch import target_python
+
+    script = tmp_path / "serve"
+    script.write_text("#!/usr/bin/env -S python3 -u\nprint('hi')\n")
+    script.chmod(0o755)
+    found = target_python([str(script)])
+    assert found is not None and Path(found).name.startswith("python3")
+    script.write_text("#!/usr/bin/env -S PYTHONUNBUFFERED=1 python3 -u\n")
+    assert Path(target_python([str(script)])).name.startswith("python3")
+
+
+def test_the_recorder_never_writes_through_a_symlink_or_into_a_pipe(tmp_path):
+    from capplan.runtime.recorder import Recorder, max_trace_mb
+
+    (tmp_path / "real.jsonl").write_text("keep\n")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "real.jsonl")
+    with pytest.raises(OSError):
+        Recorder(str(tmp_path / "link.jsonl"), 1 << 20, "h")
+    assert (tmp_path / "real.jsonl").read_text() == "keep\n"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError):
+        Recorder(str(tmp_path / "fifo"), 1 << 20, "h")  # returns at once: no reader is waited for
+    for bad in ("nan", "inf", "-1", "0", "lots", "1e400"):
+        assert max_trace_mb(bad) == 256
+    assert max_trace_mb("0.5") == 0.5

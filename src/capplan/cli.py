@@ -1089,10 +1089,7 @@ def apply_cmd(
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything
-    if trace is not None:
-        folder = trace.resolve().parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise UsageError(f"--trace {printable(str(trace))}: {printable(str(folder))} is not a writable folder")
+    _check_run_outputs(plan, command, report, trace)
     from capplan.runtime.launch import check_environment, run_child
 
     env = check_environment(command, dict(os.environ))
@@ -1102,8 +1099,9 @@ def apply_cmd(
     if trace is not None:
         env["CAPPLAN_TRACE"] = str(trace.resolve())
     typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}", err=True)
+    before = _reports(report) if report is not None else {}
     code = run_child(command, env)
-    if report is not None and code == 0 and not _report_written(report):
+    if report is not None and code == 0 and not set(_reports(report).items()) - set(before.items()):
         raise CapplanError(
             f"{printable(str(report))} was never written: the plan was not put in force by any engine of this command",
             "check that the command starts vLLM with Model Runner V2",
@@ -1111,12 +1109,39 @@ def apply_cmd(
     raise typer.Exit(code=code)
 
 
-def _report_written(report: Path) -> bool:
-    if "{" not in report.name:
-        return report.exists()
+def _reports(report: Path) -> dict[str, tuple[int, int]]:
+    """The report files the template names now, each with (inode, mtime): a report this run
+    wrote is a new file (the runtime replaces the file, so its inode changes)."""
     import glob
 
-    return bool(glob.glob(str(report).replace("{rank}", "*").replace("{pid}", "*")))
+    found = {}
+    for name in glob.glob(glob.escape(str(report)).replace("{rank}", "*").replace("{pid}", "*")):
+        try:
+            info = os.stat(name)
+        except OSError:
+            continue
+        found[name] = (info.st_ino, info.st_mtime_ns)
+    return found
+
+
+def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trace: Path | None) -> None:
+    """--report and --trace are outputs: never the plan, a file of the command, each other, a
+    symlink, or a file in a folder that cannot be written."""
+    from capplan.files import check_output
+
+    inputs = [plan, *(Path(a) for a in command if os.path.isfile(a))]
+    named: list[tuple[str, Path]] = [(o, p) for o, p in (("--report", report), ("--trace", trace)) if p is not None]
+    if report is not None and trace is not None and os.path.abspath(report) == os.path.abspath(trace):
+        raise UsageError(f"--report and --trace name one file ({printable(str(report))})", "give each its own")
+    for option, path in named:
+        folder = path.resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise UsageError(f"{option} {printable(str(path))}: {printable(str(folder))} is not a writable folder")
+        for concrete in {path, Path(str(path).replace("{rank}", "0").replace("{pid}", "0"))}:
+            try:
+                check_output(concrete, inputs)
+            except CapplanError as exc:
+                raise UsageError(f"{option}: {exc.message}", exc.hint) from None
 
 
 @app.command("calibrate")

@@ -36,7 +36,12 @@ def target_python(command: list[str]) -> str | None:
         return None
     if first.startswith("#!") and "python" in first:
         parts = first[2:].split()
-        return parts[-1] if Path(parts[0]).name == "env" else parts[0]
+        if parts and Path(parts[0]).name == "env":
+            # `#!/usr/bin/env [-S] [-i] [VAR=value ...] python3 [-u]`: the first word that is
+            # neither an option of env nor an assignment names the interpreter
+            words = [w for w in parts[1:] if not w.startswith("-") and "=" not in w]
+            return (shutil.which(words[0]) or words[0]) if words else None
+        return parts[0] if parts else None
     return None
 
 

@@ -25,8 +25,10 @@ The time spent recording is measured per step and written to the run's report.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -59,7 +61,14 @@ class Recorder:
         self.stopped: str | None = None
         self._pending: list[tuple] = []
         self._lock = threading.Lock()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # never through a symlink, never into a device or pipe: a trace replaces only a regular file
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
         self._file = os.fdopen(fd, "w", encoding="utf-8")
         self._write(f"# {header}\n")
         self._closed = False
