@@ -53,6 +53,7 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
         import matplotlib
 
         matplotlib.use("Agg")
+        matplotlib.rcParams["text.parse_math"] = False  # a file name with `$` is text, not TeX math
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
@@ -95,6 +96,7 @@ def _pyplot():
         import matplotlib
 
         matplotlib.use("Agg")
+        matplotlib.rcParams["text.parse_math"] = False  # a file name with `$` is text, not TeX math
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
@@ -289,6 +291,10 @@ def _grid_png(grids, caption: str, legend: dict, eager: str) -> bytes:
     plt = _pyplot()
     from matplotlib.colors import to_rgb
 
+    if not grids:  # a plan with no graphs: the caption and what runs eager
+        fig = plt.figure(figsize=(12, 1.6))
+        fig.text(0.01, 0.5, caption + (f"\n{eager}" if eager else "") + "\nno graphs", fontsize=9, va="center")
+        return _png_bytes(fig)
     fig, axes = plt.subplots(len(grids), 1, figsize=(12, 1.2 + 0.5 * sum(len(g[2]) for g in grids)), squeeze=False)
     for ax, (mode, sizes, cases, cells) in zip(axes[:, 0], grids):
         image = [[to_rgb(cells.get((case, size), "#ffffff")) for size in sizes] for case in cases]
