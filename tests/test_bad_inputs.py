@@ -2,8 +2,9 @@
 
 Each file starts with `# expect: <fragment>`. Specs (`spec-*.yaml`) run
 through `capplan compile`, plans (`plan-*.plan.yaml`) through `capplan show`,
-traces (`trace-*.jsonl`) through `capplan simulate` and query files
-(`queries-*.jsonl`) through `capplan dispatch --queries`, the last two
+traces (`trace-*.jsonl`) through `capplan simulate`, query files
+(`queries-*.jsonl`) through `capplan dispatch --queries` and calibrations
+(`calibration-*.yaml`) through `capplan show --calibration`, the last three
 against the plan of `base.yaml`. Each must exit 1 with one line starting with
 `error: <the file>` and holding the fragment, no traceback, and leave the
 folder exactly as it was. The commands run in-process; a few run as real
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 from capplan.cli import app
 
 BAD = Path(__file__).parent / "data" / "bad"
-KINDS = ("spec-", "plan-", "trace-", "queries-")
+KINDS = ("spec-", "plan-", "trace-", "queries-", "calibration-")
 FILES = sorted(p for p in BAD.iterdir() if p.name.startswith(KINDS))
 runner = CliRunner()
 
@@ -65,6 +66,8 @@ def _case(path: Path, work: Path) -> tuple[list[str], str]:
     assert made.exit_code == 0, made.output
     if path.name.startswith("trace-"):
         return ["simulate", "base.plan.yaml", target.name], expect
+    if path.name.startswith("calibration-"):
+        return ["show", "base.plan.yaml", "--calibration", target.name], expect
     return ["dispatch", "base.plan.yaml", "--queries", target.name], expect
 
 

@@ -148,6 +148,7 @@ def batch_from_args(
             ("num_tokens", "--tokens"),
             ("max_query_len", "--max-query-len"),
             ("num_active_loras", "--loras"),
+            ("uniform_token_count", "--uniform"),
         ):
             problem = problem.replace(field, option)
         raise UsageError(problem)
@@ -271,7 +272,10 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
                 else:
                     times = None
             except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                raise BatchFileError(f"{name}:{number}: {printable(str(exc))[:200]}") from None
+                hint = None
+                if number == json_lines[-1][0] and type(exc).__name__ == "JSONDecodeError":
+                    hint = "the last line is cut short, as a recorder stopped mid-write leaves it: delete that line"
+                raise BatchFileError(f"{name}:{number}: {printable(str(exc))[:200]}", hint) from None
         source = "jsonl"
     if not batches:
         raise BatchFileError(f"{name}: holds no batches", "one JSON object per line; see capplan simulate --help")

@@ -42,6 +42,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     else:
         messages = {
             "greater_than_equal": f"must be >= {ctx.get('ge')}",
+            "greater_than": f"must be > {ctx.get('gt')}",
             "less_than_equal": f"must be <= {ctx.get('le')}",
             "missing": "is required",
             "int_type": "must be an integer",
@@ -58,6 +59,14 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
         what = messages.get(kind) or err["msg"].removeprefix("Value error, ")
         if kind == "literal_error":
             what = "must be " + str(ctx.get("expected", "")).replace("'", '"')
+        if kind == "is_instance_of" and ctx.get("class") == "Fix":
+            from capplan.schemas.spec import Fix
+
+            what = "must be one of " + ", ".join(f.value for f in Fix)
+        elif kind == "enum":
+            what = "must be one of " + str(ctx.get("expected", "")).replace("'", "")
+        if kind in ("finite_number", "float_type", "float_parsing"):
+            what = "must be a finite number"
         got = f" (got {value!r})" if _scalar(value) and kind != "missing" else ""
     more = f" [+{len(errors) - 1} more]" if len(errors) > 1 else ""
     head = f"{path}: " if path else ""
@@ -255,6 +264,10 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
             return f"{label}: must be a list"
         for i, (a, e) in enumerate(zip(actual, expected)):
             name = f" ({e['graph']})" if isinstance(e, dict) and "graph" in e else ""
+            if name and isinstance(a, dict) and a.get("graph") != e["graph"]:
+                # another graph at this place: that is the news, not the keys the two differ in
+                said = printable(repr(a.get("graph")))[:60]
+                return f"{label}[{i}]: the file has graph {said} where its spec compiles to {e['graph']!r}"
             found = first_difference(a, e, f"{label}[{i}]{name}.")
             if found is not None:
                 return found
@@ -288,9 +301,14 @@ def load_calibration(path: Path | None = None):
 
 def load_cost_model(path: Path | None = None):
     """The cost model of a calibration file (default: the shipped H200 one)."""
-    from capplan.traffic.cost import fit_cost_model
+    from capplan.traffic.cost import DEFAULT_CALIBRATION, fit_cost_model
 
-    return fit_cost_model(load_calibration(path))
+    try:
+        return fit_cost_model(load_calibration(path))
+    except InputError as exc:
+        if exc.message.startswith(printable(str(path or DEFAULT_CALIBRATION))):
+            raise
+        raise InputError(f"{printable(str(path or DEFAULT_CALIBRATION))}: {exc.message}", exc.hint) from None
 
 
 def size_problem(text: str, data: dict) -> str | None:

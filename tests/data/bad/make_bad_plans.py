@@ -66,14 +66,26 @@ CASES = {
     ),
     "graph-dropped": (
         drop_line("  - {graph: PIECEWISE:4@1,"),
-        "graphs[5] (PIECEWISE:4@1).graph: the file says 'PIECEWISE:4@2'",
+        "graphs[5]: the file has graph 'PIECEWISE:4@2' where its spec compiles to 'PIECEWISE:4@1'",
     ),
     "graphs-swapped": (
         sub(
             "  - {graph: PIECEWISE:8@0, dummy: [[4, 2]], grid: 0}\n  - {graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: 1}",
             "  - {graph: PIECEWISE:8@1, dummy: [[4, 2]], grid: 1}\n  - {graph: PIECEWISE:8@0, dummy: [[4, 2]], grid: 0}",
         ),
-        "graphs[0] (PIECEWISE:8@0).graph: the file says 'PIECEWISE:8@1'",
+        "graphs[0]: the file has graph 'PIECEWISE:8@1' where its spec compiles to 'PIECEWISE:8@0'",
+    ),
+    "graphs-reversed": (
+        "\n".join(
+            [line for line in GOOD.split("\n") if not line.startswith("  - {graph: ")][
+                : GOOD.split("\n").index("graphs:") + 1
+            ]
+            + [line for line in GOOD.split("\n") if line.startswith("  - {graph: ")][::-1]
+            + GOOD.split("\n")[
+                max(i for i, line in enumerate(GOOD.split("\n")) if line.startswith("  - {graph: ")) + 1 :
+            ]
+        ),
+        "graphs[0]: the file has graph 'FULL:",
     ),
     "kernel-grid": (
         sub("{graph: PIECEWISE:8@3, dummy: [[4, 2]], grid: 3}", "{graph: PIECEWISE:8@3, dummy: [[4, 2]], grid: 2}"),
