@@ -236,3 +236,33 @@ def test_two_names_of_one_folder_cannot_write_one_plan(work):
     Path("alias").symlink_to("a")
     line = one_error(run("compile", "a/s.yaml", "alias/s.yaml"), 2)
     assert "would both be written to" in line
+
+
+def test_the_runtime_report_writer_never_follows_a_symlink_and_never_half_writes(tmp_path):
+    import json
+    import signal
+
+    from capplan.files import write_for_runtime
+
+    target = tmp_path / "report.json"
+    (tmp_path / "elsewhere.json").write_text("keep")
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    assert "symbolic link" in write_for_runtime(link, "{}")
+    assert (tmp_path / "elsewhere.json").read_text() == "keep"
+    # a symlink planted at the temporary name is replaced, not followed
+    planted = tmp_path / f".report.json.capplan-{os.getpid()}.tmp"
+    planted.symlink_to(tmp_path / "elsewhere.json")
+    handler = signal.getsignal(signal.SIGTERM)
+    assert write_for_runtime(target, json.dumps({"ok": 1})) is None
+    assert signal.getsignal(signal.SIGTERM) is handler  # the engine's handlers are left alone
+    assert json.loads(target.read_text()) == {"ok": 1}
+    assert (tmp_path / "elsewhere.json").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.json", "link.json", "report.json"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask_now())
+
+
+def _umask_now() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

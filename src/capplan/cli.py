@@ -977,7 +977,7 @@ def git_setup_cmd(
 
 
 @app.command("git-diff", hidden=True)
-def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
+def git_diff_cmd(args: Annotated[list[str] | None, typer.Argument()] = None) -> None:
     """git's external diff driver: PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [...].
 
     Prints the semantic diff of the two plans; when either side cannot be
@@ -992,9 +992,10 @@ def git_diff_cmd(args: Annotated[list[str], typer.Argument()]) -> None:
     from capplan.files import read_text
     from capplan.loading import load_cost_model, load_plan
 
+    args = args or []
     if len(args) < 7:
         typer.echo(
-            "usage: capplan git-diff PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE "
+            "error: usage: capplan git-diff PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE "
             "(git runs this; see capplan git-setup)",
             err=True,
         )

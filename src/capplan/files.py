@@ -375,8 +375,9 @@ class _Terminated(BaseException):
     """SIGTERM during a write: unwinds like Ctrl-C, so the temp file is removed."""
 
 
-def write_atomic(path: Path, content: str | bytes, inputs: Iterable[Path] = ()) -> None:
-    """Write `content` (text as UTF-8) to `path`: readers see the old file or the new one, never half."""
+def write_atomic(path: Path, content: str | bytes, inputs: Iterable[Path] = (), handle_signals: bool = True) -> None:
+    """Write `content` (text as UTF-8) to `path`: readers see the old file or the new one, never half.
+    `handle_signals`: a SIGTERM while writing removes the temporary file and exits (the CLI)."""
     path = Path(path)
     check_output(path, inputs)
     name = shown(path)
@@ -395,9 +396,10 @@ def write_atomic(path: Path, content: str | bytes, inputs: Iterable[Path] = ()) 
     def terminated(signum, frame):  # noqa: ARG001 - signal handler signature
         raise _Terminated()
 
-    previous = signal.signal(signal.SIGTERM, terminated) if _main_thread() else None
+    previous = signal.signal(signal.SIGTERM, terminated) if handle_signals and _main_thread() else None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        _remove(tmp)  # never through a file planted at the temporary name: a new file, no symlink
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(content.encode("utf-8") if isinstance(content, str) else content)
             handle.flush()
@@ -416,6 +418,17 @@ def write_atomic(path: Path, content: str | bytes, inputs: Iterable[Path] = ()) 
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def write_for_runtime(path: Path, content: str) -> str | None:
+    """What the runtime writes while vLLM runs (the report): the same atomic replace as
+    write_atomic, refusing the same outputs, from any thread and without touching signal
+    handlers; returns the problem instead of raising (a report must never stop an engine)."""
+    try:
+        write_atomic(path, content, handle_signals=False)
+    except CapplanError as exc:
+        return exc.one_line()
+    return None
 
 
 def _main_thread() -> bool:

@@ -155,13 +155,13 @@ class Report:
         path = self.path()
         if path is None or self.vllm_planned is None:
             return
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(self.to_json(), handle, indent=2)
-            os.replace(tmp, path)
-        except OSError as exc:  # a report must never break the engine
-            print(f"capplan: could not write the report to {path}: {exc}", file=sys.stderr)
+        from pathlib import Path
+
+        from capplan.files import write_for_runtime
+
+        problem = write_for_runtime(Path(path), json.dumps(self.to_json(), indent=2))
+        if problem is not None:  # a report must never break the engine
+            print(f"capplan: could not write the report: {problem}", file=sys.stderr)
 
     def finish(self) -> None:
         if self._finished or self.vllm_planned is None:
