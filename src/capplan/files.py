@@ -252,9 +252,16 @@ def json_value(line: str) -> object:
     if line.count("[") + line.count("{") > MAX_DEPTH and _json_depth(line) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(line, object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
+        # the digit check runs in C; only a line with a long run of digits pays for the checking decoder
+        decoder = _JSON_CHECKED if _LONG_DIGITS.search(line) else _JSON
+        return decoder.decode(line)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+_LONG_DIGITS = re.compile(r"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_JSON = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constants)
+_JSON_CHECKED = json.JSONDecoder(object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
 
 
 def _json_depth(line: str) -> int:
