@@ -188,3 +188,13 @@ def test_dispatch_changes_are_listed_in_batch_order():
         kind = line.split(" batches", 1)[0]
         firsts.setdefault(kind, []).append(int(re.search(r"\((\d+)", line).group(1)))
     assert len(lines) > 10 and all(v == sorted(v) for v in firsts.values()), lines
+
+
+def test_diff_names_with_line_breaks_and_backticks_stay_on_their_line(tmp_path):
+    odd = tmp_path / "a\nb`x.plan.yaml"
+    shutil.copy(ROOT / "examples" / "h200-tiny-llama-025.plan.yaml", odd)
+    other = ROOT / "examples" / "mixtral-dp2-lora.plan.yaml"
+    text = runner.invoke(app, ["diff", str(odd), str(other)]).stdout
+    assert text.splitlines()[0].startswith(f"capplan diff {tmp_path}/a\\nb`x.plan.yaml -> ")
+    md = runner.invoke(app, ["diff", str(odd), str(other), "--format", "markdown"]).stdout
+    assert md.splitlines()[0] == f"### capplan plan diff: ``{tmp_path}/a\\nb`x.plan.yaml`` → `{other}`"

@@ -885,7 +885,7 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
                 f"compile the spec first (capplan compile {spec_side}) and compare the two plans",
             )
         raise a if isinstance(a, CapplanError) else b
-    return diff_plans(a, b, cost, str(old), str(new)), a, b
+    return diff_plans(a, b, cost, printable(str(old)), printable(str(new))), a, b
 
 
 GIT_ATTRIBUTE = "*.plan.yaml diff=capplan"

@@ -259,7 +259,7 @@ def json_value(line: str) -> object:
         raise ValueError("nested too deeply") from None
 
 
-_LONG_DIGITS = re.compile(r"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_LONG_DIGITS = re.compile(f"[0-9]{{{MAX_INT_DIGITS + 1}}}")
 _JSON = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constants)
 _JSON_CHECKED = json.JSONDecoder(object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
 

@@ -223,8 +223,17 @@ def render_text(d: PlanDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _code(name: str) -> str:
+    """A file name as a markdown code span, whatever backticks it holds."""
+    import re
+
+    fence = "`" * (max((len(run) for run in re.findall("`+", name)), default=0) + 1)
+    pad = " " if name.startswith("`") or name.endswith("`") else ""
+    return f"{fence}{pad}{name}{pad}{fence}"
+
+
 def render_markdown(d: PlanDiff) -> str:
-    lines = [f"### capplan plan diff: `{d.old_name}` → `{d.new_name}`", "", f"**{d.headline()}**", ""]
+    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{d.headline()}**", ""]
     if d.equal:
         return "\n".join(lines)
     o, n = d.old_estimate, d.new_estimate
