@@ -282,7 +282,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
                         parsed = parse_batch(item)
                         if key is not None and len(seen) < 100_000:
                             seen[key] = parsed
-                    elif "t" in item:
+                    elif isinstance(item, dict) and "t" in item:
                         check_stamp(item["t"])  # the timestamp differs line by line
                     batches.append(parsed)
                     stamp = item.get("t") if isinstance(item, dict) else None

@@ -249,7 +249,8 @@ def model_identity(base: Path) -> dict:
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         out["architecture"] = archs[0]
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict = nested if isinstance(nested, dict) else config
     for key, field in (("hidden_size", "hidden_size"), ("num_hidden_layers", "num_layers")):
         value = text.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

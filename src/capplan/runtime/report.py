@@ -7,6 +7,7 @@ import json
 import multiprocessing.util
 import os
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -27,7 +28,7 @@ class Report:
         self._free0: int | None = None
         self._finished = False
         self._dirty = False
-        self._flusher = None
+        self._flusher: threading.Thread | None = None
         self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
         self.dp_rank = 0
@@ -64,8 +65,6 @@ class Report:
         if self.path() and self._flusher is None:
             # vLLM may kill a worker blocked in a collective at shutdown, before
             # any exit hook runs: keep the file at most a second behind.
-            import threading
-
             self._flusher = threading.Thread(target=self._flush_loop, name="capplan-report", daemon=True)
             self._flusher.start()
 

@@ -380,13 +380,14 @@ def fit_step_times(plan: Plan, batches: list, times: list[float]) -> list[StepTi
     from capplan.planner.dispatch import Dispatcher
 
     d = Dispatcher(plan)
-    samples: dict[tuple[str, int, int], list[tuple[float, int]]] = {}
+    samples: dict[tuple[Literal["graph", "piecewise", "eager"], int, int], list[tuple[float, int]]] = {}
     for i in range(1, len(batches)):
         dt = times[i] - times[i - 1]
         if not MIN_STEP_S <= dt <= STEP_GAP_S:
             continue
         batch = batches[i].batch
         r = d.dispatch(batch)
+        key: tuple[Literal["graph", "piecewise", "eager"], int, int]
         if r.graph_id >= 0:
             key = ("graph" if r.cg_mode == "FULL" else "piecewise", r.num_active_loras, r.num_tokens)
         else:

@@ -605,9 +605,9 @@ def _per_case_curve(
         new = [INF] * (total + 1)
         pick = [-1] * (total + 1)
         for b in range(total + 1):
-            for i, (g, value, _) in enumerate(options[c]):
-                if g <= b and best[b - g] + value < new[b]:
-                    new[b], pick[b] = best[b - g] + value, i
+            for i, (count, value, _) in enumerate(options[c]):
+                if count <= b and best[b - count] + value < new[b]:
+                    new[b], pick[b] = best[b - count] + value, i
         best = new
         picks.append(pick)
     curve: list[CurvePoint] = []
@@ -618,9 +618,9 @@ def _per_case_curve(
             continue
         chosen, rest = {}, b
         for c, pick in zip(reversed(cases), reversed(picks)):
-            g, _, sizes = options[c][pick[rest]]
+            count, _, sizes = options[c][pick[rest]]
             chosen[c] = sizes
-            rest -= g
+            rest -= count
         key = tuple(tuple(chosen[c]) for c in cases)
         if key in seen:
             continue

@@ -345,7 +345,7 @@ def simulate_ranks(
     clock, model = _clock(plan, cost)
     largest = plan.max_capture_size
     for row, n in rows.items():
-        local = []
+        local: list[tuple[Batch, int | None, int, Dispatch]] = []
         for item in row:
             if item is None:
                 local.append((idle, dql, idle_count, d.lookup(1, dql, dql, idle_count)))
