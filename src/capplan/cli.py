@@ -470,6 +470,7 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
         ) from None
     if not items or len(items) > 10_000 or min(items) < 1 or max(items) > 1 << 24:
         raise UsageError("--encoder-items: 1 to 10000 items, each 1 to 16777216 tokens")
+    batches: list[tuple[list[int], int | None]]
     if not enc.budgets:
         batches = [(list(range(len(items))), None)]
         why = "the plan captures no encoder graphs" + (" (encoder_lora_eager)" if enc.vllm_budgets else "")
@@ -484,12 +485,12 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
     if as_json:
         typer.echo(_dumps(rows))
         return
-    for row in rows:
-        if row["graph"] is None:
-            typer.echo(f"eager: items {row['items']} ({row['tokens']} tokens; {why})")
+    for idx, b in batches:
+        tokens = sum(items[i] for i in idx)
+        if b is None:
+            typer.echo(f"eager: items {idx} ({tokens} tokens; {why})")
         else:
-            budget = int(row["graph"].split(":")[1])
-            typer.echo(f"{row['graph']}: items {row['items']} ({row['tokens']} tokens, pads {budget - row['tokens']})")
+            typer.echo(f"ENCODER:{b}: items {idx} ({tokens} tokens, pads {b - tokens})")
     if enc.budgets:
         typer.echo("  - packing as vLLM 0.32+ does (vLLM 0.31 never starts a new batch for a large item early)")
 

@@ -184,7 +184,8 @@ def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
         groups: dict[tuple, list[int]] = {}
         for case, spans in by_case.items():
             groups.setdefault(tuple(map(tuple, spans)), []).append(case)
-        for spans, cases in groups.items():
+        for shared, cases in groups.items():
+            spans = [list(span) for span in shared]
             count = sum(hi - lo + 1 for lo, hi in spans)
             listed = ", ".join(_span(lo, hi) for lo, hi in spans[:8]) + (", ..." if len(spans) > 8 else "")
             who = f"{kind} batches" + (f" of more than {served} requests" if served else "")

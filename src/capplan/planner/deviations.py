@@ -84,7 +84,7 @@ def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:
         before, after = _case(exact, k), _case(plan, k + 1)
         if before != after:
             changes.append(f"dispatch: {k} adapter(s) + base requests -> LoRA case {after} (vLLM: {before})")
-    grids: dict[tuple[int, int, int], int] = {}
+    grids: dict[tuple[int, int | None, int | None], int] = {}
     id_changes = 0
     # Only the max_loras + 1 case gets a different dummy (its -1 row).
     for new in plan.graphs:
@@ -95,8 +95,12 @@ def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:
         if new.dummy.kernel_grid != old.kernel_grid:
             key = (new.descriptor.num_active_loras, old.kernel_grid, new.dummy.kernel_grid)
             grids[key] = grids.get(key, 0) + 1
-    for (case, old, new), n in sorted(grids.items()):
-        changes.append(f"capture: {n} graph(s) of LoRA case {case} get a -1 dummy row: kernel grid {old} -> {new}")
+    for (case, grid_before, grid_after), n in sorted(
+        grids.items(), key=lambda kv: tuple(-1 if v is None else v for v in kv[0])
+    ):
+        changes.append(
+            f"capture: {n} graph(s) of LoRA case {case} get a -1 dummy row: kernel grid {grid_before} -> {grid_after}"
+        )
     if id_changes and not grids:
         changes.append(
             f"capture: {id_changes} dummy layout(s) of case {plan.spec.lora.max_loras + 1} "

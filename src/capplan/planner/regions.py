@@ -7,12 +7,30 @@ replay in each LoRA case, merged into token runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from capplan.schemas.plan import Plan
+from capplan.schemas.plan import DispatchRange, PlannedGraph
 
 
-def _targets(plan: Plan, ids: list[int]) -> tuple[str, str]:
+class Tables(Protocol):
+    """What dispatch comparisons read of a plan: a Plan, or vLLM's own twin of one
+    (deviations.ExactTwin, which recomputes only the dispatch ranges)."""
+
+    @property
+    def graphs(self) -> Sequence[PlannedGraph]: ...
+
+    @property
+    def dispatch(self) -> Sequence[DispatchRange]: ...
+
+    @property
+    def lora_capture_cases(self) -> Sequence[int]: ...
+
+    @property
+    def decode_query_len(self) -> int: ...
+
+
+def _targets(plan: Tables, ids: list[int]) -> tuple[str, str]:
     """(graph a mixed batch replays, graph a uniform-decode batch replays) from a candidate list."""
     descs = [plan.graphs[i].descriptor for i in ids]
     mixed = next((d for d in descs if d.uniform_token_count is None), None)
@@ -21,7 +39,7 @@ def _targets(plan: Plan, ids: list[int]) -> tuple[str, str]:
     return label(mixed), label(decode)
 
 
-def _expand(plan: Plan) -> dict[tuple[int, int], list[int]]:
+def _expand(plan: Tables) -> dict[tuple[int, int], list[int]]:
     return {(row.lora_case, n): row.candidates for row in plan.dispatch for n in range(row.lo, row.hi + 1)}
 
 
@@ -31,7 +49,7 @@ def _shape(label: str) -> str:
 
 
 def target_changes(
-    old: Plan, new: Plan, *, exact_sizes: bool = False, reachable: Callable[[int], set[int]] | None = None
+    old: Tables, new: Tables, *, exact_sizes: bool = False, reachable: Callable[[int], set[int]] | None = None
 ) -> list[str]:
     """One line per (batch kind, old target, new target): token runs and LoRA cases.
 

@@ -31,7 +31,8 @@ def _ranges(plan: Plan) -> list[str]:
     for case, rows in by_case.items():
         groups.setdefault(tuple(rows), []).append(case)
     lines: list[str] = []
-    for rows, cases in groups.items():
+    for shared, cases in groups.items():
+        rows = list(shared)
         lines.append(
             f"Token ranges, LoRA case{'s' if len(cases) > 1 else ''} {', '.join(map(str, cases))} "
             "(candidates in priority order; r = request slots, u = uniform tokens/request):"

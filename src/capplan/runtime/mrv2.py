@@ -447,7 +447,7 @@ def install_dp_guard() -> None:
         if self.vllm_config.parallel_config.data_parallel_size > 1:
             _agree_across_dp(NO_PLAN, None)
 
-    _init_candidates._capplan_guard = True
+    _init_candidates._capplan_guard = True  # type: ignore[attr-defined]  # marks the wrapper as installed
     manager_cls._init_candidates = _init_candidates
 
 

@@ -12,6 +12,7 @@ captured.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 ENV = "CAPPLAN_PLAN"
 
@@ -30,7 +31,7 @@ def register() -> None:
             "V1 model runner, where the plan cannot be in force (unset one of the two)"
         )
     try:
-        plan = load_plan(path)
+        plan = load_plan(Path(path))
     except CapplanError as exc:
         raise SystemExit(f"capplan: {ENV}={path}: {exc.one_line()}") from None
     from capplan.runtime.mrv2 import install

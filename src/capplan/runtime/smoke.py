@@ -65,7 +65,8 @@ def assign_adapters(adapters: list, k: int, base: bool, num_reqs: int) -> list:
     """Per request: one of the first k adapters in turn, or None (base model) for
     every other request when `base`; so the batch holds exactly k distinct adapters
     (num_reqs >= 2k) plus the no-adapter slot when `base` is on."""
-    loras, used = [], 0
+    loras: list = []
+    used = 0
     for j in range(num_reqs):
         if k == 0 or (base and j % 2 == 1):
             loras.append(None)
