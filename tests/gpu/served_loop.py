@@ -211,6 +211,25 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def stream_stats(results: list[dict], seconds: float) -> dict:
+    """Output tokens per second, TTFT and TPOT percentiles of streamed requests."""
+    ok = [r for r in results if "error" not in r and r.get("first") is not None]
+    ttft = [1000 * (r["first"] - r["sent"]) for r in ok]
+    tpot = [1000 * (r["last"] - r["first"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    out_tokens = sum(r["tokens"] for r in ok)
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "output_tokens": out_tokens,
+        "duration_s": round(seconds, 2),
+        "output_tok_per_s": round(out_tokens / seconds, 1),
+        "ttft_ms_p50": round(pct(ttft, 0.5), 2),
+        "ttft_ms_p99": round(pct(ttft, 0.99), 2),
+        "tpot_ms_p50": round(pct(tpot, 0.5), 3),
+        "tpot_ms_p99": round(pct(tpot, 0.99), 3),
+    }
+
+
 def load(port: int, requests: list[dict]) -> dict:
     results = [{} for _ in requests]
     start = time.perf_counter() + 0.5
@@ -219,22 +238,8 @@ def load(port: int, requests: list[dict]) -> dict:
         t.start()
     for t in threads:
         t.join()
-    ok = [r for r in results if "error" not in r and r["first"] is not None]
-    end = max(r["last"] for r in ok)
-    ttft = [1000 * (r["first"] - r["sent"]) for r in ok]
-    tpot = [1000 * (r["last"] - r["first"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
-    out_tokens = sum(r["tokens"] for r in ok)
-    return {
-        "requests": len(requests),
-        "failed": len(requests) - len(ok),
-        "output_tokens": out_tokens,
-        "duration_s": round(end - start, 2),
-        "output_tok_per_s": round(out_tokens / (end - start), 1),
-        "ttft_ms_p50": round(pct(ttft, 0.5), 1),
-        "ttft_ms_p99": round(pct(ttft, 0.99), 1),
-        "tpot_ms_p50": round(pct(tpot, 0.5), 2),
-        "tpot_ms_p99": round(pct(tpot, 0.99), 2),
-    }
+    end = max(r["last"] for r in results if "error" not in r and r.get("first") is not None)
+    return stream_stats(results, end - start)
 
 
 def wait_ready(port: int, proc: subprocess.Popen, limit: float = 420) -> float:
