@@ -117,6 +117,12 @@ def test_outputs_never_name_an_input_or_a_symlink(fake_vllm, tmp_path, option):
 
 def test_report_and_trace_cannot_share_a_file(fake_vllm, tmp_path):
     out = tmp_path / "out.json"
+    report = subprocess.run(
+        [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(PLAN), "--report", str(tmp_path / "r{rank}.json"),
+         "--trace", str(tmp_path / "r0.json"), "--", sys.executable, "-c", "print('ran')"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **fake_vllm},
+    )  # fmt: skip
+    assert report.returncode == 2 and "name one file" in report.stderr  # rank 0's report is the trace
     proc = subprocess.run(
         [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(PLAN), "--report", str(out), "--trace",
          str(out), "--", sys.executable, "-c", "print('ran')"],
@@ -148,6 +154,57 @@ def test_the_recorder_never_writes_through_a_symlink_or_into_a_pipe(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(OSError):
         Recorder(str(tmp_path / "fifo"), 1 << 20, "h")  # returns at once: no reader is waited for
-    for bad in ("nan", "inf", "-1", "0", "lots", "1e400"):
+    for bad in ("nan", "inf", "-1", "0", "lots", "1e400", "1e-9", "0.5"):
         assert max_trace_mb(bad) == 256
-    assert max_trace_mb("0.5") == 0.5
+    assert max_trace_mb("2.5") == 2.5
+    # an existing file that is not a trace (a plan, say) is never replaced
+    plan = tmp_path / "p1.plan.yaml"
+    plan.write_text("format_version: 2\n")
+    with pytest.raises(OSError):
+        Recorder(str(plan), 1 << 20, "capplan trace: h")
+    assert plan.read_text() == "format_version: 2\n"
+    old = tmp_path / "old.jsonl"
+    old.write_text("# capplan trace: earlier run\n{}\n")
+    Recorder(str(old), 1 << 20, "capplan trace: h").close()  # an earlier trace is replaced
+    assert old.read_text().startswith("# capplan trace: h")
+
+
+def test_every_rank_s_output_is_checked(fake_vllm, tmp_path):
+    import yaml
+
+    spec = tmp_path / "dp.yaml"
+    spec.write_text(yaml.safe_dump({"parallel": {"data_parallel_size": 2}}))
+    plan = tmp_path / "p1.plan.yaml"
+    assert subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)]).returncode == 0
+    before = plan.read_bytes()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("x: 1\n")
+    (tmp_path / "in.rank1.yaml").write_text("an input of the command\n")
+    cases = [
+        ["--trace", str(tmp_path / "p{rank}.plan.yaml")],  # rank 1 would be the plan
+        ["--trace", str(tmp_path / "cfg.yaml").replace("cfg.yaml", "in.yaml")],  # rank 1 writes in.rank1.yaml
+        [
+            "--report",
+            str(tmp_path / "r{rank}.json"),
+            "--trace",
+            str(tmp_path / "r.json").replace("r.json", "r{rank}.json"),
+        ],
+        ["--report", str(cfg)],
+    ]
+    for options in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), *options, "--",
+             sys.executable, "-c", "print('ran')", f"--config={cfg}", str(tmp_path / "in.rank1.yaml")],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **fake_vllm},
+        )  # fmt: skip
+        assert proc.returncode == 2 and "ran" not in proc.stdout, (options, proc.stderr)
+        assert plan.read_bytes() == before
+
+
+def test_a_fifo_or_missing_command_is_refused_at_once(fake_vllm, tmp_path):
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    for command in (str(fifo), str(tmp_path / "missing" / "vllm")):
+        proc = apply(command, "serve", "m", env=fake_vllm)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert "command not found" in last_line(proc) or "not a regular file" in last_line(proc)

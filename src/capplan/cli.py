@@ -1091,7 +1091,7 @@ def apply_cmd(
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything
-    _check_run_outputs(plan, command, report, trace)
+    _check_run_outputs(plan, command, report, trace, loaded.dp.data_parallel_size)
     from capplan.runtime.launch import check_environment, run_child
 
     env = check_environment(command, dict(os.environ))
@@ -1126,24 +1126,39 @@ def _reports(report: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trace: Path | None) -> None:
-    """--report and --trace are outputs: never the plan, a file of the command, each other, a
-    symlink, or a file in a folder that cannot be written."""
-    from capplan.files import check_output
+def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trace: Path | None, ranks: int) -> None:
+    """--report and --trace are outputs: for every DP rank, never the plan, a file of the
+    command (`FILE` or `--opt=FILE`), each other, a symlink, or a file in a folder that
+    cannot be written."""
+    import glob
 
-    inputs = [plan, *(Path(a) for a in command if os.path.isfile(a))]
-    named: list[tuple[str, Path]] = [(o, p) for o, p in (("--report", report), ("--trace", trace)) if p is not None]
-    if report is not None and trace is not None and os.path.abspath(report) == os.path.abspath(trace):
-        raise UsageError(f"--report and --trace name one file ({printable(str(report))})", "give each its own")
-    for option, path in named:
+    from capplan.files import check_output
+    from capplan.runtime.recorder import trace_path
+
+    words = [part for a in command for part in (a, a.split("=", 1)[-1])]
+    inputs = [plan, *(Path(w) for w in words if os.path.isfile(w))]
+    files: dict[str, set[str]] = {}
+    for option, path in (("--report", report), ("--trace", trace)):
+        if path is None:
+            continue
         folder = path.resolve().parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise UsageError(f"{option} {printable(str(path))}: {printable(str(folder))} is not a writable folder")
-        for concrete in {path, Path(str(path).replace("{rank}", "0").replace("{pid}", "0"))}:
+        if option == "--trace":
+            names = {trace_path(str(path), r, ranks) for r in range(ranks)}
+        else:
+            names = {str(path).replace("{rank}", str(r)) for r in range(ranks)}
+        if "{pid}" in str(path):  # any existing file the pattern can name
+            names |= set(glob.glob(glob.escape(str(path)).replace(glob.escape("{pid}"), "*")))
+        files[option] = {os.path.abspath(n) for n in names}
+        for name in sorted(names):
             try:
-                check_output(concrete, inputs)
+                check_output(Path(name), inputs)
             except CapplanError as exc:
                 raise UsageError(f"{option}: {exc.message}", exc.hint) from None
+    if len(files) == 2 and files["--report"] & files["--trace"]:
+        shared = sorted(files["--report"] & files["--trace"])[0]
+        raise UsageError(f"--report and --trace name one file ({printable(shared)})", "give each its own")
 
 
 @app.command("calibrate")

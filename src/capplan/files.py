@@ -310,6 +310,19 @@ def text_lines(path: Path, what: str, error: type[CapplanError], limit: int) -> 
 # --- writing ------------------------------------------------------------------
 
 _TEMP = ".{name}.capplan-{pid}.tmp"
+_NAME_MAX = 255  # bytes in one file name on the usual file systems
+
+
+def _temp_name(name: str) -> str:
+    """The hidden temporary name beside `name`; a long name is shortened (a hash keeps it
+    unique) so that any name the file system takes can be written."""
+    full = _TEMP.format(name=name, pid=os.getpid())
+    if len(full.encode()) <= _NAME_MAX:
+        return full
+    import hashlib
+
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return _TEMP.format(name=digest, pid=os.getpid())
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -328,6 +341,11 @@ def check_output(path: Path, inputs: Iterable[Path] = ()) -> None:
             raise CapplanError(
                 f"{name}: is also an input of this command; refusing to overwrite it", "write the output somewhere else"
             )
+    folder = Path(path).parent if str(Path(path).parent) else Path(".")
+    if not folder.is_dir():
+        raise CapplanError(f"{name}: cannot write: folder {shown(folder)} does not exist", "create it first")
+    if len(Path(path).name.encode("utf-8", "surrogateescape")) > _NAME_MAX:
+        raise CapplanError(f"{name}: cannot write: the file name is over {_NAME_MAX} bytes")
     if os.path.islink(path):
         raise CapplanError(
             f"{name}: is a symbolic link; refusing to write through it",
@@ -357,7 +375,8 @@ def _alive(pid: int) -> bool:
 
 def _sweep(folder: Path, target: str) -> None:
     """Remove temp files a killed capplan left for `target` (their pid is gone)."""
-    prefix, suffix = f".{target}.capplan-", ".tmp"
+    stem = _temp_name(target).rsplit(".capplan-", 1)[0].removeprefix(".")
+    prefix, suffix = f".{stem}.capplan-", ".tmp"
     try:
         names = os.listdir(folder)
     except OSError:
@@ -398,7 +417,7 @@ def write_atomic(path: Path, content: str | bytes, inputs: Iterable[Path] = (), 
     except OSError as exc:
         raise CapplanError(f"{name}: cannot write ({exc.strerror})") from None
     _sweep(folder, path.name)
-    tmp = folder / _TEMP.format(name=path.name, pid=os.getpid())
+    tmp = folder / _temp_name(path.name)
 
     def terminated(signum, frame):  # noqa: ARG001 - signal handler signature
         raise _Terminated()

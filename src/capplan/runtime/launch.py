@@ -29,7 +29,12 @@ def target_python(command: list[str]) -> str | None:
     exe = shutil.which(command[0]) or command[0]
     if Path(exe).name.startswith("python"):
         return exe
+    import os
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(exe).st_mode):  # a pipe or device: never opened (it could block)
+            return None
         with open(exe, "rb") as handle:
             first = handle.readline(512).decode("utf-8", "replace").strip()
     except OSError:
@@ -59,6 +64,14 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
             f"VLLM_PLUGINS={printable(plugins)} leaves out capplan's plugin, so vLLM would not load the plan",
             "add capplan to VLLM_PLUGINS or unset it",
         )
+    import os
+    import stat
+
+    exe = shutil.which(command[0])
+    if exe is None:
+        raise CapplanError(f"{printable(command[0])}: command not found", "give the command that starts vLLM")
+    if not stat.S_ISREG(os.stat(exe).st_mode):
+        raise CapplanError(f"{printable(command[0])}: not a regular file (a pipe or device); cannot run it")
     python = target_python(command)
     if python is None:
         python = sys.executable  # a wrapper script: the best guess is the Python running capplan

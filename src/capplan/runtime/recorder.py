@@ -40,6 +40,14 @@ DEFAULT_MAX_MB = 256
 WARMUP_PREFIXES = ("_warmup_", "_v2_mixed_warmup")  # request ids of vLLM's start-up warm-up steps
 
 
+def _is_trace(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(16) == b"# capplan trace:"
+    except OSError:
+        return False
+
+
 def trace_path(template: str, rank: int, dp_size: int) -> str:
     """The file one rank writes."""
     if "{rank}" in template:
@@ -67,6 +75,9 @@ class Recorder:
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size and not _is_trace(path):  # replaces only an earlier trace, never another file
+            os.close(fd)
+            raise OSError(errno.EEXIST, "exists and is not a capplan trace; refusing to replace it")
         os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         self._file = os.fdopen(fd, "w", encoding="utf-8")
@@ -170,9 +181,9 @@ def max_trace_mb(value: str | None) -> float:
         number = float(value)
     except ValueError:
         number = float("nan")
-    if not 0 < number <= 2**20:  # NaN fails every comparison
+    if not 1 <= number <= 2**20:  # NaN fails every comparison
         print(
-            f"capplan: {ENV_MAX_MB}={value[:40]!r} is not a size in MiB (0 < MB <= 1048576); using {DEFAULT_MAX_MB}",
+            f"capplan: {ENV_MAX_MB}={value[:40]!r} is not a size in MiB (1 <= MB <= 1048576); using {DEFAULT_MAX_MB}",
             file=sys.stderr,
         )
         return DEFAULT_MAX_MB
