@@ -264,3 +264,31 @@ def test_a_crlf_checkout_is_unchanged_and_up_to_date(workdir):
     assert again.exit_code == 0 and "unchanged" in again.stderr
     assert plan.read_bytes() == before
     assert run("compile", "deploy.yaml", "--check").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args, code, fragment",
+    [
+        (
+            ["diff", "examples/qwen3-8b-multilora.plan.yaml"],
+            1,
+            "error: Missing argument 'new'. (see capplan diff --help)",
+        ),
+        (["diff", "a", "b", "--bogus"], 1, "No such option: --bogus"),
+        (["show", "--bogus", "x"], 2, "error: No such option: --bogus (see capplan show --help)"),
+        (["dispatch", "examples/qwen3-8b-multilora.plan.yaml", "--reqs", "x", "--tokens", "3"], 2, "'--reqs'"),
+        (["nosuch"], 2, "error: No such command 'nosuch'."),
+    ],
+)
+def test_usage_errors_are_one_line_and_diff_keeps_2_for_differ(args, code, fragment):
+    """What the shell sees: click's usage errors as one `error:` line; under diff they exit 1,
+    since diff's 2 means the plans differ."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "capplan", *args], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr

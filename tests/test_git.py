@@ -245,3 +245,16 @@ def test_git_setup_in_a_repository_whose_path_ends_in_a_space(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (root / ".gitattributes").exists()
     assert not (tmp_path / "repo" / ".gitattributes").exists() and not (tmp_path / "repo").exists()
+
+
+def test_git_setup_refuses_when_a_later_attributes_line_overrides_it(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    content = "*.plan.yaml diff=capplan\n*.plan.yaml binary\n"
+    (tmp_path / ".gitattributes").write_text(content)
+    proc = subprocess.run(["capplan", "git-setup"], cwd=tmp_path, env=_setup_env(tmp_path), capture_output=True,
+                          text=True, timeout=20)  # fmt: skip
+    assert proc.returncode == 1 and "overrides" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (tmp_path / ".gitattributes").read_text() == content
+    config = subprocess.run(["git", "config", "--local", "--get", "diff.capplan.command"], cwd=tmp_path,
+                            capture_output=True, text=True)  # fmt: skip
+    assert config.returncode == 1

@@ -118,6 +118,11 @@ def beyond_spec(batch: Batch, spec: Spec) -> str | None:
         return f"{batch.num_reqs} requests, more than max_num_seqs {seqs}"
     if batch.num_tokens > budget:
         return f"{batch.num_tokens} tokens, more than max_num_batched_tokens {budget}"
+    if batch.uniform_token_count is not None and batch.has_prefill and spec.target.vllm != "0.25":
+        return (
+            "uniform_token_count with has_prefill: vLLM 0.31+ gives a batch holding a prefill no uniform count "
+            "(leave uniform_token_count out)"
+        )
     if not spec.lora.enabled and batch.num_active_loras:
         return f"{batch.num_active_loras} adapter(s), but LoRA is off in this deployment"
     if spec.lora.enabled and batch.num_active_loras > spec.lora.max_loras:
@@ -149,6 +154,7 @@ def batch_from_args(
             ("max_query_len", "--max-query-len"),
             ("num_active_loras", "--loras"),
             ("uniform_token_count", "--uniform"),
+            ("has_prefill", "--has-prefill"),
         ):
             problem = problem.replace(field, option)
         raise UsageError(problem)
@@ -192,6 +198,8 @@ def parse_batch(item: object) -> TraceBatch:
     uniform = _int(item, "uniform_token_count", 1, 1) if "uniform_token_count" in item else None
     count = _int(item, "count", 1, 1)
     dp_step = _int(item, "dp_step", 0, 0) if "dp_step" in item else None
+    if dp_step is not None and dp_step > 2**53:
+        raise ValueError(f"dp_step: must be at most {2**53} (got {dp_step})")
     if dp_step is not None and count != 1:
         raise ValueError("dp_step: a line with dp_step is one step (count must be 1)")
     if "t" in item:

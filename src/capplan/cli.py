@@ -957,6 +957,13 @@ def git_setup_cmd(
         if "lock" in reason:
             hint += "; another git process holds the config lock (remove .git/config.lock if none runs)"
         raise CapplanError(f"git config diff.capplan.command: {reason}", hint)
+
+    def undo_config() -> None:
+        if had is None:
+            git("config", "--local", "--unset", "diff.capplan.command")
+        else:
+            git("config", "--local", "diff.capplan.command", had)
+
     added = GIT_ATTRIBUTE not in current.splitlines()
     if added:
         try:
@@ -964,11 +971,27 @@ def git_setup_cmd(
                 attributes, current + ("" if not current or current.endswith("\n") else "\n") + GIT_ATTRIBUTE + "\n"
             )
         except CapplanError:
-            if had is None:
-                git("config", "--local", "--unset", "diff.capplan.command")
-            else:
-                git("config", "--local", "diff.capplan.command", had)
+            undo_config()
             raise
+    # A later line (or .git/info/attributes) can set another diff for plans: ask git what it uses.
+    probe = subprocess.run(
+        ["git", "-C", str(root), "check-attr", "diff", "--", "capplan-probe.plan.yaml"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    says = probe.stdout.rstrip("\n").rsplit(": ", 1)[-1] if probe.returncode == 0 else "unknown"
+    if says != "capplan":
+        if added:
+            if current:
+                write_atomic(attributes, current)
+            else:
+                attributes.unlink()
+        undo_config()
+        raise CapplanError(
+            f"git would diff plans with `diff: {printable(says)}`: another attributes line overrides "
+            f"`{GIT_ATTRIBUTE}`; nothing was changed",
+            "remove or move that line (git check-attr diff -- x.plan.yaml shows what git uses)",
+        )
+    if added:
         typer.echo(f"added `{GIT_ATTRIBUTE}` to {_relative(attributes, Path.cwd())} (commit it)", err=True)
     typer.echo(
         f"git config diff.capplan.command {printable(value)!r}: git diff now shows plans semantically "
@@ -1243,14 +1266,37 @@ def calibrate_trace_cmd(
             f"{printable(str(trace))}: has no step times (t) on every line",
             "record the trace with capplan apply --trace, or CAPPLAN_TRACE",
         )
-    fitted = fit_step_times(loaded, batch_file.batches, batch_file.times)
+    times = batch_file.times
+    for i, (item, stamp) in enumerate(zip(batch_file.batches, times)):
+        if item.count != 1:
+            raise InputError(
+                f"{printable(str(trace))}: a line with t has count {item.count}; a recorded step is one line"
+            )
+        if i and stamp < times[i - 1]:
+            raise InputError(
+                f"{printable(str(trace))}: t goes back from {times[i - 1]} to {stamp} at batch {i + 1}",
+                "a trace is one recording: fit each recording's file on its own",
+            )
+    if name is not None and (len(name) > 200 or not name.isprintable()):
+        raise UsageError("--name: at most 200 printable characters")
+    base = load_calibration(calibration) if calibration is not None else None
+    if base is not None:
+        from capplan.traffic.cost import fit_cost_model, judge
+
+        fit_cost_model(base)  # a base no other command can use is refused here, not in the file written
+        basis = judge(base, loaded.spec)
+        if not basis.usable:
+            raise InputError(
+                f"{printable(str(calibration))}: {basis.note}; the trace was recorded under {printable(plan.name)}",
+                "pass a calibration of the model and GPU the trace was recorded on, or none",
+            )
+    fitted = fit_step_times(loaded, batch_file.batches, times)
     if not fitted:
         raise InputError(f"{printable(str(trace))}: too few busy steps to fit (need 3 per size)")
     data: dict = {}
-    if calibration is not None:
-        base = load_calibration(calibration)
+    if base is not None:
         rows = merge_step_times(base.step_times, fitted)
-        data = {"name": name or f"{base.name}+served"}
+        data = {"name": name or f"{base.name[:190]}+served"}
         if base.identity is not None:
             data["identity"] = base.identity.model_dump(exclude_none=True)
         data |= {"runs": [r.model_dump() for r in base.runs], "step_times": [r.model_dump() for r in rows]}
@@ -1260,7 +1306,7 @@ def calibrate_trace_cmd(
         )
     else:
         rows = fitted
-        data = {"name": name or f"{printable(trace.stem)}+served"}
+        data = {"name": name or f"{printable(trace.stem)[:150]}+served"}
         spec = loaded.spec
         if spec.model is not None or spec.target.gpu:
             identity: dict = {}
@@ -1284,6 +1330,9 @@ def calibrate_trace_cmd(
     header = (
         f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n" + source
     )
+    from capplan.traffic.cost import Calibration
+
+    Calibration.model_validate(data)  # what is written loads: a failure here is capplan's bug, said as one
     write_atomic(output, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), inputs)
     typer.echo(
         f"wrote {printable(str(output))}: {len(fitted)} step times fitted from {printable(str(trace))}, "
@@ -1301,6 +1350,8 @@ def schema_cmd() -> None:
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    from typer._click import exceptions as click_exceptions  # the click typer runs on
+
     global _DEBUG
     argv = sys.argv[1:]
     # --debug is global: accepted before or after the subcommand (not after `--`,
@@ -1310,12 +1361,25 @@ def main() -> None:  # pragma: no cover - console entry point
         _DEBUG = True
         argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < end)]
     try:
-        app(args=argv, prog_name="capplan")
+        code = app(args=argv, prog_name="capplan", standalone_mode=False)
+    except click_exceptions.UsageError as exc:
+        # One line, as every other error: which command, what is wrong, where the help is.
+        # Exit 2 (bad usage), but 1 for diff, whose 2 means "the plans differ".
+        where = exc.ctx.command_path if exc.ctx is not None else "capplan"
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `capplan` alone: the help, as it always was
+            typer.echo(exc.format_message(), err=True)
+        else:
+            typer.echo(f"error: {printable(exc.format_message())} (see {where} --help)", err=True)
+        raise SystemExit(1 if exc.ctx is not None and exc.ctx.info_name == "diff" else 2) from None
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        raise SystemExit(130) from None
     except BrokenPipeError:
         # The reader went away (`capplan dispatch ... | head -1`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(128 + 13) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

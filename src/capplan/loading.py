@@ -43,6 +43,8 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
         messages = {
             "greater_than_equal": f"must be >= {ctx.get('ge')}",
             "greater_than": f"must be > {ctx.get('gt')}",
+            "less_than": f"must be < {ctx.get('lt')}",
+            "string_pattern_mismatch": "must hold no control characters (line breaks, escapes)",
             "less_than_equal": f"must be <= {ctx.get('le')}",
             "missing": "is required",
             "int_type": "must be an integer",

@@ -69,6 +69,9 @@ MAX_DP_SIZE = 1024
 MAX_CAPTURE_SIZES = 2048
 
 
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"  # names printed to a terminal: no control characters
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
@@ -96,6 +99,7 @@ class Target(_Strict):
         None,
         min_length=1,
         max_length=200,
+        pattern=PRINTABLE,
         description=(
             "The GPU the deployment serves on, as torch names it (e.g. 'NVIDIA H200'). Does not change the "
             "plan; estimates from a calibration measured on another GPU are withheld."
@@ -288,14 +292,22 @@ class Model(_Strict):
     calibration of one model; they are withheld when the calibration is of another.
     """
 
-    name: str | None = Field(None, min_length=1, max_length=500, description="Model name or path, as given to vLLM.")
+    name: str | None = Field(
+        None, min_length=1, max_length=500, pattern=PRINTABLE, description="Model name or path, as given to vLLM."
+    )
     architecture: str | None = Field(
-        None, min_length=1, max_length=200, description="The Hugging Face architecture, e.g. LlamaForCausalLM."
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=PRINTABLE,
+        description="The Hugging Face architecture, e.g. LlamaForCausalLM.",
     )
     parameters: int | None = Field(None, ge=1, le=10**15, description="Parameter count.")
     hidden_size: int | None = Field(None, ge=1, le=1 << 24, description="Hidden size.")
     num_layers: int | None = Field(None, ge=1, le=1 << 16, description="Decoder layers (num_hidden_layers).")
-    dtype: str | None = Field(None, min_length=1, max_length=50, description="Weight dtype, e.g. bfloat16.")
+    dtype: str | None = Field(
+        None, min_length=1, max_length=50, pattern=PRINTABLE, description="Weight dtype, e.g. bfloat16."
+    )
 
 
 class Multimodal(_Strict):
@@ -348,6 +360,8 @@ class Multimodal(_Strict):
             )
         if self.budget_range is not None and self.budget_range[0] > self.budget_range[1]:
             raise ValueError(f"budget_range {list(self.budget_range)}: min above max; swap them")
+        if self.token_budgets is not None and not self.token_budgets:
+            raise ValueError("token_budgets: [] lists no budget; leave it out for the model's own, or list them")
         if self.token_budgets is not None and len(set(self.token_budgets)) != len(self.token_budgets):
             raise ValueError("token_budgets lists a budget twice; list each once")
         if self.video and self.max_frames_per_batch is None and self.max_frames_per_video == 0:

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.errors import InputError
 from capplan.schemas.plan import Plan
-from capplan.schemas.spec import Model, Spec
+from capplan.schemas.spec import PRINTABLE, Model, Spec
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
 
@@ -51,33 +51,33 @@ class _Strict(BaseModel):
 
 
 class CalibrationRun(_Strict):
-    label: str = Field(max_length=500)
-    no_lora_graphs: int = Field(ge=0)
-    lora_graphs: int = Field(ge=0)
-    max_tokens: int = Field(ge=1)  # the largest graph's tokens: its workspace stays in the graph pool
-    capture_seconds: float = Field(ge=0)
-    graph_memory_gib: float = Field(ge=0)
+    label: str = Field(max_length=500, pattern=PRINTABLE)
+    no_lora_graphs: int = Field(ge=0, le=10_000_000)
+    lora_graphs: int = Field(ge=0, le=10_000_000)
+    max_tokens: int = Field(ge=1, le=1 << 24)  # the largest graph's tokens: its workspace stays in the graph pool
+    capture_seconds: float = Field(ge=0, le=1e6)
+    graph_memory_gib: float = Field(ge=0, le=1e5)
 
 
 class StepTime(_Strict):
     mode: Literal["graph", "piecewise", "eager"]
-    case: int = Field(ge=0)
-    tokens: int = Field(ge=1)
-    ms: float = Field(gt=0)
+    case: int = Field(ge=0, le=1 << 16)
+    tokens: int = Field(ge=1, le=1 << 24)
+    ms: float = Field(gt=0, le=1e6)  # a step of over 1000 s is no measurement
 
 
 class Identity(_Strict):
     """What a calibration was measured on."""
 
     model: Model | None = None
-    gpu: str | None = Field(None, min_length=1, max_length=200)
-    vllm: str | None = Field(None, min_length=1, max_length=50)
-    torch: str | None = Field(None, min_length=1, max_length=50)
+    gpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
+    vllm: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
+    torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
     tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
 
 
 class Calibration(_Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     identity: Identity | None = None
     runs: list[CalibrationRun] = Field(default_factory=list, max_length=10_000)
     step_times: list[StepTime] = Field(default_factory=list, max_length=100_000)
@@ -182,12 +182,14 @@ def model_differences(have: Model, want: Model) -> list[str]:
         a, b = getattr(have, field), getattr(want, field)
         if a is not None and b is not None and a != b:
             out.append(f"{field} {a} vs {b}")
-    if have.parameters and want.parameters and abs(have.parameters - want.parameters) > 0.05 * want.parameters:
+    same_size = bool(have.parameters and want.parameters)
+    if same_size and abs(have.parameters - want.parameters) > 0.05 * want.parameters:  # type: ignore[operator]
         out.append(f"parameters {_params(have.parameters)} vs {_params(want.parameters)}")
-    if not out and have.name and want.name and have.name != want.name:
-        structural = ("architecture", "parameters", "hidden_size", "num_layers")
-        if not any(getattr(have, f) is not None and getattr(want, f) is not None for f in structural):
-            out.append(f"name {have.name} vs {want.name}")
+        same_size = False
+    # Two names of one model (a path and a hub id) agree when both give a parameter count that
+    # matches; otherwise different names are different models.
+    if have.name and want.name and have.name != want.name and not same_size:
+        out.append(f"name {have.name} vs {want.name}")
     return out
 
 
@@ -335,6 +337,13 @@ def fit_cost_model(cal: Calibration) -> CostModel:
             "give runs with different graph counts",
         )
         gib = MemoryCoefficients(base, rest[1] if tops else 0.0, rest[0])
+        import math
+
+        if not all(math.isfinite(v) for v in (*secs.__dict__.values(), *gib.__dict__.values())):
+            raise InputError(
+                f"calibration {cal.name}: its capture runs do not fit a finite cost",
+                "measure the runs again (capplan calibrate)",
+            )
         negative = [
             name
             for name, value in (

@@ -304,26 +304,43 @@ def simulate(
     return Simulation([result], clock, model, assumption, result.steps)
 
 
-def _aligned(traces: list[list[TraceBatch]]) -> tuple[list[list[TraceBatch | None]], str]:
-    """Steps side by side: per DP step, each rank's batch or None (idle)."""
+def _aligned(traces: list[list[TraceBatch]]) -> tuple[Counter, int, str]:
+    """The DP steps side by side, as (one batch or None (idle) per rank) -> how many steps ran
+    so; the number of DP steps; how the traces were aligned. Work grows with the lines, not
+    with the step numbers (a gap of a million idle steps is one entry)."""
+    rows: Counter = Counter()
+    idle_row = (None,) * len(traces)
     if all(item.dp_step is not None for t in traces for item in t):
-        numbers = [item.dp_step for t in traces for item in t if item.dp_step is not None]
-        first = min(numbers)
-        rows: list[list[TraceBatch | None]] = [[None] * len(traces) for _ in range(max(numbers) - first + 1)]
+        by_step: dict[int, list[Batch | None]] = {}
         for rank, t in enumerate(traces):
             for item in t:
                 assert item.dp_step is not None
-                rows[item.dp_step - first][rank] = item
-        return rows, (
-            "rank traces aligned by their dp_step, from the first recorded step to the last; a rank without a "
-            "batch at a step ran the idle dummy (every rank did, at a step no trace has)"
+                by_step.setdefault(item.dp_step, [None] * len(traces))[rank] = item.batch
+        steps = sorted(by_step)
+        for step in steps:
+            rows[tuple(by_step[step])] += 1
+        gaps = steps[-1] - steps[0] + 1 - len(steps)
+        if gaps:
+            rows[idle_row] += gaps
+        return (
+            rows,
+            steps[-1] - steps[0] + 1,
+            (
+                "rank traces aligned by their dp_step, from the first recorded step to the last; a rank without a "
+                "batch at a step ran the idle dummy (every rank did, at a step no trace has)"
+            ),
         )
-    expanded = [[TraceBatch(item.batch, 1) for item in t for _ in range(item.count)] for t in traces]
+    expanded = [[item.batch for item in t for _ in range(item.count)] for t in traces]
     longest = max(len(e) for e in expanded)
-    rows = [[e[i] if i < len(e) else None for e in expanded] for i in range(longest)]
-    return rows, (
-        "rank traces aligned line by line (they carry no dp_step): the k-th step of every rank is taken to run "
-        "together, and a rank whose trace ended runs the idle dummy"
+    for i in range(longest):
+        rows[tuple(e[i] if i < len(e) else None for e in expanded)] += 1
+    return (
+        rows,
+        longest,
+        (
+            "rank traces aligned line by line (they carry no dp_step): the k-th step of every rank is taken to run "
+            "together, and a rank whose trace ended runs the idle dummy"
+        ),
     )
 
 
@@ -337,10 +354,7 @@ def simulate_ranks(
     dql = spec.decode_query_len
     idle_count = spec.lora.max_loras + 1 if spec.lora.enabled else 0
     idle = Batch(1, dql, dql)
-    aligned, assumption = _aligned(traces)
-    rows: Counter[tuple[Batch | None, ...]] = Counter(
-        tuple(None if item is None else item.batch for item in row) for row in aligned
-    )
+    rows, dp_steps, assumption = _aligned(traces)
     ranks = [SimResult() for _ in traces]
     clock, model = _clock(plan, cost)
     largest = plan.max_capture_size
@@ -372,7 +386,7 @@ def simulate_ranks(
                 clock.add(points, n, row)
     for r in ranks:
         r.unused = [i for i in range(len(plan.graphs)) if i not in r.hits]
-    return Simulation(ranks, clock, model, assumption, len(aligned))
+    return Simulation(ranks, clock, model, assumption, dp_steps)
 
 
 def render_simulation(plan_name: str, trace_name: str, plan: Plan, sim: Simulation) -> str:
