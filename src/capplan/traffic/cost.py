@@ -182,10 +182,11 @@ def model_differences(have: Model, want: Model) -> list[str]:
         a, b = getattr(have, field), getattr(want, field)
         if a is not None and b is not None and a != b:
             out.append(f"{field} {a} vs {b}")
-    same_size = bool(have.parameters and want.parameters)
-    if same_size and abs(have.parameters - want.parameters) > 0.05 * want.parameters:  # type: ignore[operator]
-        out.append(f"parameters {_params(have.parameters)} vs {_params(want.parameters)}")
-        same_size = False
+    same_size = False
+    if have.parameters and want.parameters:
+        same_size = abs(have.parameters - want.parameters) <= 0.05 * want.parameters
+        if not same_size:
+            out.append(f"parameters {_params(have.parameters)} vs {_params(want.parameters)}")
     # Two names of one model (a path and a hub id) agree when both give a parameter count that
     # matches; otherwise different names are different models.
     if have.name and want.name and have.name != want.name and not same_size:
