@@ -34,6 +34,7 @@ a trace from another deployment is refused, not silently answered.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,10 +77,14 @@ class BatchFile:
     batches: list[TraceBatch]
     source: str  # "jsonl" or "vllm-log"
     times: list[float] | None = None  # `t` of every line (a trace capplan recorded), else None
+    stopped: bool = False  # the recorder stopped at its size limit: the trace is the run's beginning
+    cut: str | None = None  # what read_rank_traces cut, and why
 
     @property
     def note(self) -> str | None:
-        return LOG_NOTE if self.source == "vllm-log" else None
+        if self.source == "vllm-log":
+            return LOG_NOTE
+        return self.cut
 
 
 def batch_problem(batch: Batch) -> str | None:
@@ -225,23 +230,68 @@ def read_rank_traces(paths: list[Path], spec: Spec) -> list[BatchFile]:
             f"{len(paths)} traces for a plan of data_parallel_size {size}",
             "give one trace, or one per DP rank" if size > 1 else "give one trace",
         )
-    files = [read_batches(p, spec) for p in paths]
+    files = [read_batches(p, spec, allow_empty=len(paths) > 1) for p in paths]
+    if len(files) > 1 and not any(f.batches for f in files):
+        raise UsageError("every rank trace is empty", "pass the traces of a run that served requests")
     if len(files) > 1:
         for p, f in zip(paths, files):
             if f.source != "jsonl":
                 raise UsageError(f"{shown(p)}: a vLLM batch-size log has no step order; DP needs recorded traces")
         with_steps = [f for f in files if any(b.dp_step is not None for b in f.batches)]
-        if with_steps and (len(with_steps) != len(files) or any(b.dp_step is None for f in files for b in f.batches)):
+        busy = [f for f in files if f.batches]  # an empty rank trace goes with either kind
+        if with_steps and (len(with_steps) != len(busy) or any(b.dp_step is None for f in files for b in f.batches)):
             raise UsageError("some rank traces carry dp_step and some do not", "pass traces of one recording")
         for p, f in zip(paths, files):
             steps = [b.dp_step for b in f.batches if b.dp_step is not None]
             if len(set(steps)) != len(steps):
                 raise UsageError(f"{shown(p)}: a dp_step appears twice", "pass one rank's trace per file")
+        stopped = [f for f in files if f.stopped]
+        if stopped:
+            _cut_to_shortest(paths, files, stopped)
     return files
 
 
-def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
-    """Every batch of a JSON-lines file or vLLM log, all checked before any is used."""
+def _cut_to_shortest(paths: list[Path], files: list[BatchFile], stopped: list[BatchFile]) -> None:
+    """A rank whose recorder stopped at its size limit recorded only the run's beginning: the
+    other ranks are cut where it stopped, so no rank is replayed as idle where it was not."""
+    with_steps = all(b.dp_step is not None for f in files for b in f.batches)
+    if with_steps:
+        limit = min(max((b.dp_step or 0) for b in f.batches) if f.batches else -1 for f in stopped)
+        for f in files:
+            f.batches = [b for b in f.batches if (b.dp_step or 0) <= limit]
+        what = f"dp_step {limit}"
+    else:
+        limit = min(sum(b.count for b in f.batches) for f in stopped)
+        for f in files:
+            kept, seen = [], 0
+            for b in f.batches:
+                if seen >= limit:
+                    break
+                take = min(b.count, limit - seen)
+                kept.append(b if take == b.count else TraceBatch(b.batch, take, b.dp_step))
+                seen += take
+            f.batches = kept
+        what = f"step {limit}"
+    names = ", ".join(shown(p) for p, f in zip(paths, files) if f.stopped)
+    for f in files:
+        f.cut = f"{names} stopped at the recorder's size limit: every rank is replayed up to {what} only"
+
+
+STOP_MARK = b"# capplan: trace stopped"  # what the recorder writes when it stops at its limit
+
+
+def _stopped(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - 4096))
+            return STOP_MARK in handle.read()
+    except OSError:
+        return False
+
+
+def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False) -> BatchFile:
+    """Every batch of a JSON-lines file or vLLM log, all checked before any is used
+    (`allow_empty`: a DP rank's trace may hold none: the rank served nothing)."""
     name = shown(path)
     json_lines: list[tuple[int, str]] = []
     stats: list[tuple[int, str]] = []
@@ -306,7 +356,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
         finally:
             progress.close()
         source = "jsonl"
-    if not batches:
+    if not batches and not allow_empty:
         raise BatchFileError(f"{name}: holds no batches", "one JSON object per line; see capplan simulate --help")
     if spec is not None:
         checked: set[int] = set()
@@ -320,7 +370,7 @@ def read_batches(path: Path, spec: Spec | None = None) -> BatchFile:
                     f"{name}:{number}: {problem}: this deployment never schedules it",
                     "record the trace on the deployment the plan is for",
                 )
-    return BatchFile(batches, source, times if source == "jsonl" and times else None)
+    return BatchFile(batches, source, times if source == "jsonl" and times else None, _stopped(path))
 
 
 class _Progress:

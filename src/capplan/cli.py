@@ -1046,7 +1046,8 @@ def git_diff_cmd(args: Annotated[list[str] | None, typer.Argument()] = None) -> 
         sys.stdout.write(
             f"capplan diff a/{path} b/{new_path}: not compared semantically ({exc.one_line()}); raw diff:\n"
         )
-        old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
+        old_lines = [printable(line) + "\n" for line in old_text.splitlines()]
+        new_lines = [printable(line) + "\n" for line in new_text.splitlines()]
         sys.stdout.writelines(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}"))
         return
     result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}")
@@ -1161,18 +1162,23 @@ def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trac
     words = [part for a in command for part in (a, a.split("=", 1)[-1])]
     inputs = [plan, *(Path(w) for w in words if os.path.isfile(w))]
     files: dict[str, set[str]] = {}
+    import re
+
     for option, path in (("--report", report), ("--trace", trace)):
         if path is None:
             continue
-        folder = path.resolve().parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise UsageError(f"{option} {printable(str(path))}: {printable(str(folder))} is not a writable folder")
         if option == "--trace":
             names = {trace_path(str(path), r, ranks) for r in range(ranks)}
         else:
             names = {str(path).replace("{rank}", str(r)) for r in range(ranks)}
-        if "{pid}" in str(path):  # any existing file the pattern can name
-            names |= set(glob.glob(glob.escape(str(path)).replace(glob.escape("{pid}"), "*")))
+        if "{pid}" in str(path):  # any existing file the pattern can name (a pid is digits)
+            pattern = re.compile(re.escape(os.path.abspath(path)).replace(re.escape("{pid}"), "[0-9]+") + "$")
+            found = glob.glob(glob.escape(str(path)).replace(glob.escape("{pid}"), "*"))
+            names |= {n for n in found if pattern.match(os.path.abspath(n))}
+        for name in names:
+            folder = Path(name.replace("{pid}", "0")).resolve().parent
+            if not folder.is_dir() or not os.access(folder, os.W_OK):
+                raise UsageError(f"{option} {printable(str(path))}: {printable(str(folder))} is not a writable folder")
         files[option] = {os.path.abspath(n) for n in names}
         for name in sorted(names):
             try:
@@ -1267,6 +1273,12 @@ def calibrate_trace_cmd(
             "record the trace with capplan apply --trace, or CAPPLAN_TRACE",
         )
     times = batch_file.times
+    if any(item.dp_step is not None for item in batch_file.batches):
+        raise InputError(
+            f"{printable(str(trace))}: a DP rank's trace (dp_step): its step times depend on the other ranks' "
+            "batches, which one rank's trace does not hold",
+            "fit step times from a recording with data_parallel_size 1",
+        )
     for i, (item, stamp) in enumerate(zip(batch_file.batches, times)):
         if item.count != 1:
             raise InputError(

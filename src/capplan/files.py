@@ -54,6 +54,8 @@ def read_text(path: Path, what: str, error: type[CapplanError], limit: int = MAX
         raise error(f"{name}: no such file") from None
     except OSError as exc:
         raise error(f"{name}: cannot read ({exc.strerror})") from None
+    except ValueError:  # a NUL byte in the name: no file system has such a file
+        raise error(f"{name}: no such file (the name holds a NUL byte)") from None
     if stat.S_ISDIR(info.st_mode):
         raise error(f"{name}: is a directory, expected a {what.removesuffix(' file')} file")
     if not stat.S_ISREG(info.st_mode):
@@ -336,6 +338,8 @@ def check_output(path: Path, inputs: Iterable[Path] = ()) -> None:
     """Refuse, before any work is written, an output that is an input, a symbolic
     link, or an existing non-regular file."""
     name = shown(path)
+    if "\x00" in str(path):
+        raise CapplanError(f"{name}: cannot write: the name holds a NUL byte")
     for source in inputs:
         if _same_file(path, source):
             raise CapplanError(

@@ -104,7 +104,12 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     result.old_graphs, result.new_graphs = len(old.graphs), len(new.graphs)
     bases = [cost.basis(old.spec), cost.basis(new.spec)]
     withheld = [b for b in bases if not b.usable]
-    result.basis = (withheld or bases[1:])[0].note
+    if withheld:
+        result.basis = withheld[0].note
+    elif bases[0].note != bases[1].note:
+        result.basis = f"old plan: {bases[0].note}; new plan: {bases[1].note}"
+    else:
+        result.basis = bases[1].note
     if not withheld:
         result.old_estimate, result.new_estimate = cost.estimate(old), cost.estimate(new)
     if result.old_estimate is None and not withheld:

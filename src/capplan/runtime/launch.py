@@ -69,7 +69,14 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
 
     exe = shutil.which(command[0])
     if exe is None:
-        raise CapplanError(f"{printable(command[0])}: command not found", "give the command that starts vLLM")
+        where = command[0]
+        if "/" in where and os.path.isdir(where):
+            raise CapplanError(f"{printable(where)}: is a directory, not a command")
+        if "/" in where and os.path.exists(where):
+            raise CapplanError(
+                f"{printable(where)}: is not executable", f"chmod +x {printable(where)}, or run it with its interpreter"
+            )
+        raise CapplanError(f"{printable(where)}: command not found", "give the command that starts vLLM")
     if not stat.S_ISREG(os.stat(exe).st_mode):
         raise CapplanError(f"{printable(command[0])}: not a regular file (a pipe or device); cannot run it")
     python = target_python(command)

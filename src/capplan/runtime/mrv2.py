@@ -64,6 +64,7 @@ class Installed:
         self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.31+), per step
         self.step_lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted, per step
         self.dp_step = -1  # model-runner steps through DP sync so far, idle and warm-up steps too (alike on every rank)
+        self.recording_off = False  # a tensor-parallel worker other than rank 0: it records nothing
         self.in_force = False  # set once the plan's capture list is installed
         self.lora_state_checked = False
         self.recorder: recorder.Recorder | None = None
@@ -350,6 +351,16 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
     dp_utils.sync_cudagraph_and_dp_padding = sync_cudagraph_and_dp_padding
 
 
+def _tensor_parallel_rank() -> int:
+    """This worker's tensor-parallel rank (0 when vLLM has no TP group here)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - no group (one GPU, a CPU check): the only rank
+        return 0
+
+
 def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
     """Append each real step's batch to the trace (CAPPLAN_TRACE), read after vLLM ran it."""
     entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", semantics)
@@ -369,6 +380,11 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
             return result  # dummy runs and vLLM's start-up warm-up requests are no traffic
         rec = state.recorder
         if rec is None:
+            if state.recording_off:
+                return result
+            if _tensor_parallel_rank() != 0:  # every TP worker runs the same steps: rank 0 records them
+                state.recording_off = True
+                return result
             contract.check_attributes(entry, self)
             rec = state.recorder = recorder.open_recorder(self.dp_rank, self.dp_size, header)
             state.report.recorder = rec

@@ -49,7 +49,8 @@ def _is_trace(path: str) -> bool:
 
 
 def trace_path(template: str, rank: int, dp_size: int) -> str:
-    """The file one rank writes."""
+    """The file one rank writes ({pid} is the writing process's id)."""
+    template = template.replace("{pid}", str(os.getpid()))
     if "{rank}" in template:
         return template.replace("{rank}", str(rank))
     if dp_size <= 1:

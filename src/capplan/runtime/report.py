@@ -158,9 +158,25 @@ class Report:
 
         from capplan.files import write_for_runtime
 
-        problem = write_for_runtime(Path(path), json.dumps(self.to_json(), indent=2))
+        problem = None
+        if not self._owns(path):
+            problem = f"{path}: exists and is not a capplan report; refusing to replace it"
+        else:
+            problem = write_for_runtime(Path(path), json.dumps(self.to_json(), indent=2))
         if problem is not None:  # a report must never break the engine
             print(f"capplan: could not write the report: {problem}", file=sys.stderr)
+
+    def _owns(self, path: str) -> bool:
+        """Whether the report may replace `path`: a new file, an empty one, or an earlier report
+        (never a file the command reads, such as a model's config.json)."""
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(32)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return not head or head.startswith(b'{\n  "plan": ')
 
     def finish(self) -> None:
         if self._finished or self.vllm_planned is None:

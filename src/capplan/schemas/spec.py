@@ -69,7 +69,9 @@ MAX_DP_SIZE = 1024
 MAX_CAPTURE_SIZES = 2048
 
 
-PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"  # names printed to a terminal: no control characters
+# Names printed to a terminal: no control characters, line or paragraph separators, or
+# bidirectional overrides (which reorder what a reader sees).
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]*$"
 
 
 class _Strict(BaseModel):

@@ -161,7 +161,7 @@ def _identity_text(identity: Identity | None) -> str:
         return "model and GPU not recorded"
     parts = []
     m = identity.model
-    if m is not None:
+    if m is not None and _names_a_model(m):
         parts.append(m.name or m.architecture or "model")
         if m.parameters:
             parts.append(f"{_params(m.parameters)} parameters")
@@ -187,11 +187,16 @@ def model_differences(have: Model, want: Model) -> list[str]:
         same_size = abs(have.parameters - want.parameters) <= 0.05 * want.parameters
         if not same_size:
             out.append(f"parameters {_params(have.parameters)} vs {_params(want.parameters)}")
-    # Two names of one model (a path and a hub id) agree when both give a parameter count that
-    # matches; otherwise different names are different models.
-    if have.name and want.name and have.name != want.name and not same_size:
+    # Two names of one model (a path and a hub id) agree only when both also give the same
+    # architecture and parameter count; otherwise different names are different models.
+    same_shape = same_size and have.architecture is not None and have.architecture == want.architecture
+    if have.name and want.name and have.name != want.name and not same_shape:
         out.append(f"name {have.name} vs {want.name}")
     return out
+
+
+def _names_a_model(model: Model | None) -> bool:
+    return model is not None and any(v is not None for v in model.__dict__.values())
 
 
 def judge(cal: Calibration, spec: Spec) -> Basis:
@@ -199,8 +204,10 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
     ident = cal.identity
     said = _identity_text(ident)
     problems = []
-    if spec.model is not None and ident is not None and ident.model is not None:
-        problems += model_differences(ident.model, spec.model)
+    spec_model = spec.model if _names_a_model(spec.model) else None
+    cal_model = ident.model if ident is not None and _names_a_model(ident.model) else None
+    if spec_model is not None and cal_model is not None:
+        problems += model_differences(cal_model, spec_model)
     if spec.target.gpu and ident is not None and ident.gpu and _gpu_key(spec.target.gpu) != _gpu_key(ident.gpu):
         problems.append(f"GPU {ident.gpu} vs {spec.target.gpu}")
     if problems:
@@ -208,9 +215,9 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
             cal.name, False, f"uncalibrated: measured on {said}; differs from the spec ({'; '.join(problems)})"
         )
     unchecked = []
-    if spec.model is None:
+    if spec_model is None:
         unchecked.append("the spec names no model")
-    elif ident is None or ident.model is None:
+    elif cal_model is None:
         unchecked.append("the calibration does not record its model")
     if not spec.target.gpu:
         unchecked.append("the spec names no GPU")

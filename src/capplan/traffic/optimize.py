@@ -369,9 +369,9 @@ class Budget:
 MEASURE_HINT = (
     "measure them: record this traffic under the default plan and fit it (capplan apply --runner mrv2 PLAN "
     "--trace T.jsonl -- vllm serve ..., then capplan calibrate-trace PLAN T.jsonl -o CAL.yaml --calibration "
-    "{cal}), or for FULL decode steps capplan calibrate SPEC --model DIR -o CAL.yaml; or pass --padding-fallback "
-    "to choose by padded tokens"
+    "YOUR-CALIBRATION.yaml), or for FULL decode steps capplan calibrate SPEC --model DIR -o CAL.yaml"
 )
+FALLBACK_HINT = "; or pass --padding-fallback to choose by padded tokens"
 
 
 def _points_text(points: list[tuple[Point, int]], shown: int = 8) -> str:
@@ -437,7 +437,8 @@ def optimize(
         return _optimize(spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label())
     except Unpriced as exc:
         if not padding_fallback or max_slowdown is not None:
-            raise UsageError(exc.message, MEASURE_HINT.format(cal=cost.name)) from None
+            offer = "" if padding_fallback or max_slowdown is not None else FALLBACK_HINT
+            raise UsageError(exc.message, MEASURE_HINT + offer) from None
         result = _optimize(spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label())
         return Optimized(**{**result.__dict__, "fallback": exc.message})
 

@@ -330,13 +330,27 @@ def _aligned(traces: list[list[TraceBatch]]) -> tuple[Counter, int, str]:
                 "batch at a step ran the idle dummy (every rank did, at a step no trace has)"
             ),
         )
-    expanded = [[item.batch for item in t for _ in range(item.count)] for t in traces]
-    longest = max(len(e) for e in expanded)
-    for i in range(longest):
-        rows[tuple(e[i] if i < len(e) else None for e in expanded)] += 1
+    # Run-length: each rank's trace is runs of (batch, count), walked side by side, so the work
+    # grows with the lines, not with the counts.
+    runs = [[(item.batch, item.count) for item in t] for t in traces]
+    at = [0] * len(runs)  # each rank's current run
+    left = [r[0][1] if r else 0 for r in runs]  # steps left in it
+    total = 0
+    while True:
+        live = [k for k in range(len(runs)) if at[k] < len(runs[k])]
+        if not live:
+            break
+        n = min(left[k] for k in live)
+        rows[tuple(runs[k][at[k]][0] if at[k] < len(runs[k]) else None for k in range(len(runs)))] += n
+        total += n
+        for k in live:
+            left[k] -= n
+            if left[k] == 0:
+                at[k] += 1
+                left[k] = runs[k][at[k]][1] if at[k] < len(runs[k]) else 0
     return (
         rows,
-        longest,
+        total,
         (
             "rank traces aligned line by line (they carry no dp_step): the k-th step of every rank is taken to run "
             "together, and a rank whose trace ended runs the idle dummy"
