@@ -258,3 +258,15 @@ def test_git_setup_refuses_when_a_later_attributes_line_overrides_it(tmp_path):
     config = subprocess.run(["git", "config", "--local", "--get", "diff.capplan.command"], cwd=tmp_path,
                             capture_output=True, text=True)  # fmt: skip
     assert config.returncode == 1
+
+
+def test_git_setup_refuses_when_a_folder_s_attributes_override_it_for_a_tracked_plan(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".gitattributes").write_text("*.plan.yaml -diff\n")
+    shutil.copy(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml", tmp_path / "sub" / "a.plan.yaml")
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+    proc = subprocess.run(["capplan", "git-setup"], cwd=tmp_path, env=_setup_env(tmp_path), capture_output=True,
+                          text=True, timeout=20)  # fmt: skip
+    assert proc.returncode == 1 and "overrides" in proc.stderr
+    assert not (tmp_path / ".gitattributes").exists()

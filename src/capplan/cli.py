@@ -973,12 +973,21 @@ def git_setup_cmd(
         except CapplanError:
             undo_config()
             raise
-    # A later line (or .git/info/attributes) can set another diff for plans: ask git what it uses.
+    # A later line, a folder's own .gitattributes or .git/info/attributes can set another diff
+    # for plans, and a worktree's config another command: ask git what it will use, for a new
+    # plan at the top and for every plan it tracks.
+    tracked = git("-C", str(root), "ls-files", "-z", "--", "*.plan.yaml").stdout.split("\0")
+    paths = ["capplan-probe.plan.yaml", *[p for p in tracked if p][:5000]]
     probe = subprocess.run(
-        ["git", "-C", str(root), "check-attr", "diff", "--", "capplan-probe.plan.yaml"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        ["git", "-C", str(root), "check-attr", "-z", "diff", "--stdin"],
+        input="\0".join(paths) + "\0", capture_output=True, text=True,
     )  # fmt: skip
-    says = probe.stdout.rstrip("\n").rsplit(": ", 1)[-1] if probe.returncode == 0 else "unknown"
+    fields = probe.stdout.split("\0") if probe.returncode == 0 else []
+    values = fields[2::3] if len(fields) >= 3 else ["unknown"]
+    says = next((v for v in values if v != "capplan"), "capplan")
+    effective = git("-C", str(root), "config", "--get", "diff.capplan.command").stdout.removesuffix("\n")
+    if says == "capplan" and effective != value:
+        says = f"capplan, but git runs {effective or 'nothing'} for it"
     if says != "capplan":
         if added:
             if current:
