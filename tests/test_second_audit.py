@@ -183,3 +183,37 @@ def test_the_driver_s_raw_fallback_escapes_control_characters(tmp_path):
     plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"
     result = runner.invoke(app, ["git-diff", "--", "p.plan.yaml", str(bad), "0", "100644", str(plan), "1", "100644"])
     assert result.exit_code == 0 and "\x1b" not in result.stdout and "\\x1b[2J" in result.stdout
+
+
+def test_a_stop_only_rank_trace_and_the_same_file_twice_are_one_line(tmp_path):
+    plan = _dp_plan(tmp_path)
+    (tmp_path / "stop.jsonl").write_text(
+        "# capplan trace: h\n# capplan: trace stopped at the 1 MiB limit after 0 steps\n"
+    )
+    (tmp_path / "r1.jsonl").write_text(json.dumps({"num_reqs": 2, "num_tokens": 2, "dp_step": 3}) + "\n")
+    for pair in (("stop.jsonl", "r1.jsonl"), ("r1.jsonl", "stop.jsonl"), ("r1.jsonl", "r1.jsonl")):
+        result = runner.invoke(app, ["simulate", str(plan), *(str(tmp_path / p) for p in pair)])
+        assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit)
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
+
+
+def test_report_and_trace_sharing_a_pid_template_or_a_linked_trace_are_refused(tmp_path, fake_vllm):
+    plan = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"  # one rank: both would be x<pid>.json
+    same = _apply(plan, ["--report", str(tmp_path / "x{pid}.json"), "--trace", str(tmp_path / "x{pid}.json")],
+                  fake_vllm, sys.executable, "-c", "print('ran')")  # fmt: skip
+    assert same.returncode == 2 and "name one file" in same.stderr and "ran" not in same.stdout
+    (tmp_path / "lt.jsonl").symlink_to("/nonexistent/dir/x.jsonl")
+    linked = _apply(_dp_plan(tmp_path), ["--trace", str(tmp_path / "lt.jsonl")], fake_vllm, sys.executable, "-c", "print('ran')")
+    assert linked.returncode == 2 and "symbolic link" in linked.stderr and "ran" not in linked.stdout
+
+
+def test_git_setup_names_a_config_override_and_the_plan_path(tmp_path):
+    root = tmp_path / "r"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "1",
+           "GIT_CONFIG_KEY_0": "diff.capplan.command", "GIT_CONFIG_VALUE_0": "echo OTHER"}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "capplan", "git-setup"], cwd=root, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == 1 and "git would run `echo OTHER` for plans" in proc.stderr
+    assert not (root / ".gitattributes").exists()

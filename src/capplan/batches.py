@@ -248,6 +248,15 @@ def read_rank_traces(paths: list[Path], spec: Spec) -> list[BatchFile]:
         stopped = [f for f in files if f.stopped]
         if stopped:
             _cut_to_shortest(paths, files, stopped)
+            if not any(f.batches for f in files):
+                raise UsageError(
+                    "no rank has a step before the first trace stopped at the recorder's size limit",
+                    "raise CAPPLAN_TRACE_MAX_MB and record again",
+                )
+        for i, p in enumerate(paths):
+            for q in paths[:i]:
+                if os.path.samefile(p, q):
+                    raise UsageError(f"{shown(p)} is given for two ranks", "pass each rank's own trace")
     return files
 
 

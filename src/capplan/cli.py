@@ -983,11 +983,22 @@ def git_setup_cmd(
         input="\0".join(paths) + "\0", capture_output=True, text=True,
     )  # fmt: skip
     fields = probe.stdout.split("\0") if probe.returncode == 0 else []
-    values = fields[2::3] if len(fields) >= 3 else ["unknown"]
-    says = next((v for v in values if v != "capplan"), "capplan")
+    found = list(zip(fields[0::3], fields[2::3])) or [("capplan-probe.plan.yaml", "unknown")]
+    where, says = next(((p, v) for p, v in found if v != "capplan"), ("", "capplan"))
     effective = git("-C", str(root), "config", "--get", "diff.capplan.command").stdout.removesuffix("\n")
     if says == "capplan" and effective != value:
-        says = f"capplan, but git runs {effective or 'nothing'} for it"
+        undo_config()
+        if added:
+            if current:
+                write_atomic(attributes, current)
+            else:
+                attributes.unlink()
+        raise CapplanError(
+            f"git would run `{printable(effective or 'nothing')}` for plans: diff.capplan.command is set where this "
+            "clone's config does not reach it (a worktree's config, GIT_CONFIG_* in the environment); nothing was "
+            "changed",
+            "git config --show-origin --get diff.capplan.command shows where; unset it there",
+        )
     if says != "capplan":
         if added:
             if current:
@@ -996,9 +1007,9 @@ def git_setup_cmd(
                 attributes.unlink()
         undo_config()
         raise CapplanError(
-            f"git would diff plans with `diff: {printable(says)}`: another attributes line overrides "
+            f"git would diff {printable(where)} with `diff: {printable(says)}`: another attributes line overrides "
             f"`{GIT_ATTRIBUTE}`; nothing was changed",
-            "remove or move that line (git check-attr diff -- x.plan.yaml shows what git uses)",
+            f"remove or move that line (git check-attr diff -- {printable(where)} shows what git uses)",
         )
     if added:
         typer.echo(f"added `{GIT_ATTRIBUTE}` to {_relative(attributes, Path.cwd())} (commit it)", err=True)
@@ -1176,6 +1187,8 @@ def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trac
     for option, path in (("--report", report), ("--trace", trace)):
         if path is None:
             continue
+        if os.path.islink(path):  # the engine gets the resolved path: refuse the link itself
+            raise UsageError(f"{option} {printable(str(path))}: is a symbolic link; give the real path")
         if option == "--trace":
             names = {trace_path(str(path), r, ranks) for r in range(ranks)}
         else:
@@ -1194,6 +1207,14 @@ def _check_run_outputs(plan: Path, command: list[str], report: Path | None, trac
                 check_output(Path(name), inputs)
             except CapplanError as exc:
                 raise UsageError(f"{option}: {exc.message}", exc.hint) from None
+    if report is not None and trace is not None:  # the same file for one rank and one process?
+        marker = "@capplan-pid@"
+        by_trace = {os.path.abspath(trace_path(str(trace).replace("{pid}", marker), r, ranks)) for r in range(ranks)}
+        by_report = {
+            os.path.abspath(str(report).replace("{rank}", str(r)).replace("{pid}", marker)) for r in range(ranks)
+        }
+        files["--trace"] |= by_trace
+        files["--report"] |= by_report
     if len(files) == 2 and files["--report"] & files["--trace"]:
         shared = sorted(files["--report"] & files["--trace"])[0]
         raise UsageError(f"--report and --trace name one file ({printable(shared)})", "give each its own")

@@ -165,6 +165,8 @@ def _identity_text(identity: Identity | None) -> str:
         parts.append(m.name or m.architecture or "model")
         if m.parameters:
             parts.append(f"{_params(m.parameters)} parameters")
+    if not parts:
+        parts.append("an unrecorded model")
     parts.append(f"on {identity.gpu}" if identity.gpu else "GPU not recorded")
     if identity.vllm:
         parts.append(f"vLLM {identity.vllm}")
