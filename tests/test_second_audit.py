@@ -203,7 +203,9 @@ def test_report_and_trace_sharing_a_pid_template_or_a_linked_trace_are_refused(t
                   fake_vllm, sys.executable, "-c", "print('ran')")  # fmt: skip
     assert same.returncode == 2 and "name one file" in same.stderr and "ran" not in same.stdout
     (tmp_path / "lt.jsonl").symlink_to("/nonexistent/dir/x.jsonl")
-    linked = _apply(_dp_plan(tmp_path), ["--trace", str(tmp_path / "lt.jsonl")], fake_vllm, sys.executable, "-c", "print('ran')")
+    linked = _apply(
+        _dp_plan(tmp_path), ["--trace", str(tmp_path / "lt.jsonl")], fake_vllm, sys.executable, "-c", "print('ran')"
+    )
     assert linked.returncode == 2 and "symbolic link" in linked.stderr and "ran" not in linked.stdout
 
 
