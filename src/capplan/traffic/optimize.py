@@ -463,10 +463,8 @@ def _optimize(
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
     goal = Objective(spec, traces, top, default_plan, cost, objective)
-    default = _point(default_plan, cost, default_sizes, spec, goal)
     goal.default_sim = goal.score(default_plan)
-    if default.step_seconds is not None:
-        default = CurvePoint(**{**default.__dict__, "slowdown_bound": 0.0})
+    default = _point(default_plan, cost, default_sizes, spec, goal, goal.default_sim)  # its slowdown bound: 0
     per_case = (
         not shared_sizes
         and spec.lora.enabled
@@ -526,11 +524,6 @@ def _optimize(
         basis,
         "; ".join(notes) or None,
     )
-
-
-def _case_sizes(spec: Spec) -> dict[int, list[int]]:
-    entries = spec.cudagraph.lora_case_sizes or []
-    return {e.case: e.sizes for e in entries}
 
 
 def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, max_points: int) -> list[CurvePoint]:
@@ -639,11 +632,14 @@ def _per_case_curve(
     return curve
 
 
-def _point(plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Objective) -> CurvePoint:
-    """A curve point, scored by replaying the trace through its compiled plan."""
+def _point(
+    plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Objective, sim: Simulation | None = None
+) -> CurvePoint:
+    """A curve point, scored by replaying the trace through its compiled plan (`sim`: that
+    replay, when the caller has it)."""
     basis = cost.basis(spec)
     est = cost.estimate(plan) if basis.usable else None
-    sim = goal.score(plan)
+    sim = sim or goal.score(plan)
     total = sim.total
     clock = sim.clock
     seconds = sim.step_seconds
