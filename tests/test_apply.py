@@ -209,3 +209,38 @@ def test_a_fifo_or_missing_command_is_refused_at_once(fake_vllm, tmp_path):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         line = last_line(proc)
         assert "command not found" in line or "not a regular file" in line or "is not executable" in line
+
+
+def _installed_as(site: Path, version: str) -> None:
+    info = site / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [("0.25.1", False), ("0.26.0+cu130", False), ("0.27.0", True), ("0.33.0", True), ("0.34.0", True)],
+)
+def test_a_vllm_release_the_plan_was_not_compiled_for_is_refused_before_anything_starts(
+    fake_vllm, tmp_path, version, refused
+):
+    """The example plan targets "0.25" (vLLM 0.25.0, 0.25.1, 0.26.0): another release's
+    vLLM plans other graphs, so the launch stops in one line naming the release to compile for."""
+    _installed_as(tmp_path / "site", version)
+    proc = apply(sys.executable, "-c", "print('ran')", env=fake_vllm)
+    if not refused:
+        assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+        return
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    line = last_line(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1
+    if version == "0.34.0":
+        assert line == (
+            f"error: {sys.executable}: vLLM 0.34.0 is not supported by capplan (install one of vLLM 0.25.0, "
+            "0.25.1, 0.26.0, 0.27.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0)"
+        )
+    else:
+        assert line == (
+            f"error: {sys.executable}: the plan was compiled for vLLM 0.25 (runs on 0.25.0, 0.25.1, 0.26.0), "
+            f'not for vLLM {version}, which plans differently (recompile it with target.vllm: "{version}")'
+        )

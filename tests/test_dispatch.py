@@ -3,6 +3,7 @@ import pytest
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.dispatch import derive_uniform
 from capplan.planner.lora_cases import kernel_slots
+from capplan.releases import rules_of
 from tests.conftest import make_spec
 
 SMALL = dict(
@@ -37,10 +38,13 @@ def test_033_keeps_prefill_out_of_decode_graphs():
 
 
 def test_uniform_derivation_rules():
-    assert derive_uniform(Batch(4, 8, 2), "0.25") == 2
-    assert derive_uniform(Batch(4, 8, 3), "0.25") is None
-    assert derive_uniform(Batch(4, 8, 2, has_prefill=True), "0.33") is None
-    assert derive_uniform(Batch(4, 8, 3, uniform_token_count=7), "0.33") == 7
+    old, new = rules_of("0.27.1"), rules_of("0.28.0")  # from 0.28 a prefill breaks uniformity
+    assert derive_uniform(Batch(4, 8, 2), old) == 2
+    assert derive_uniform(Batch(4, 8, 3), old) is None
+    assert derive_uniform(Batch(4, 8, 2, has_prefill=True), old) == 2
+    assert derive_uniform(Batch(4, 8, 2, has_prefill=True), new) is None
+    assert derive_uniform(Batch(4, 8, 2), new) == 2
+    assert derive_uniform(Batch(4, 8, 3, uniform_token_count=7), new) == 7
 
 
 def test_above_largest_graph_is_eager():

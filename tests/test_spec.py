@@ -48,7 +48,7 @@ def test_fixes_are_canonicalised():
             {"cudagraph": {"capture_sizes": [1, 8], "max_capture_size": 16}},
             "max_capture_size (16) must equal the largest capture size (8)",
         ),
-        ({"target": {"vllm": "0.30"}}, 'target.vllm: must be "0.25" or "0.33"'),
+        ({"target": {"vllm": "0.30"}}, 'target.vllm: name the release: "0.30.0"'),
         (
             {"scheduler": {"max_num_seqs": 512, "max_num_batched_tokens": 256}},
             "max_num_batched_tokens (256) must be >= max_num_seqs (512)",

@@ -9,8 +9,8 @@ One scheduled batch per line (blank lines and lines starting with # are skipped)
 - num_active_loras: distinct LoRA adapters in the batch; default 0. `adapters`
   is accepted as the older name (not both on one line);
 - base: some requests use no adapter while others do; default false;
-- has_prefill: a real prefill chunk is in the batch (0.31+ keeps it out of
-  decode graphs); default false;
+- has_prefill: a real prefill chunk is in the batch (vLLM 0.28+ keeps it out
+  of decode graphs); default false;
 - uniform_token_count: override the uniform-decode count vLLM would derive;
 - count: how many steps had exactly this batch (a weight); default 1;
 - t: seconds since recording started (written by capplan's trace recorder,
@@ -43,6 +43,7 @@ from capplan.errors import InputError, UsageError, printable
 from capplan.files import json_value, shown, text_lines
 from capplan.limits import MAX_TRACE_BYTES
 from capplan.planner.dispatch import Batch
+from capplan.releases import label
 from capplan.schemas.spec import Spec
 from capplan.traffic.simulate import TraceBatch
 
@@ -123,9 +124,10 @@ def beyond_spec(batch: Batch, spec: Spec) -> str | None:
         return f"{batch.num_reqs} requests, more than max_num_seqs {seqs}"
     if batch.num_tokens > budget:
         return f"{batch.num_tokens} tokens, more than max_num_batched_tokens {budget}"
-    if batch.uniform_token_count is not None and batch.has_prefill and spec.target.vllm != "0.25":
+    if batch.uniform_token_count is not None and batch.has_prefill and spec.rules.prefill_breaks_uniform:
         return (
-            "uniform_token_count with has_prefill: vLLM 0.31+ gives a batch holding a prefill no uniform count "
+            f"uniform_token_count with has_prefill: vLLM {label(spec.target.vllm)} gives a batch holding a prefill no "
+            "uniform count "
             "(leave uniform_token_count out)"
         )
     if not spec.lora.enabled and batch.num_active_loras:

@@ -392,7 +392,7 @@ def dispatch_cmd(
     ] = None,
     has_prefill: Annotated[
         bool,
-        typer.Option("--has-prefill", help="The batch holds a real prefill chunk (0.31+ rule)."),
+        typer.Option("--has-prefill", help="The batch holds a real prefill chunk (from vLLM 0.28: no decode graph)."),
     ] = False,
     queries: Annotated[
         Path | None,
@@ -456,8 +456,21 @@ def dispatch_cmd(
         typer.echo(f"  - {line}")
 
 
+def _packing_caveat(plan) -> str:
+    """The releases this plan runs on that pack encoder batches otherwise (an alias's older ones)."""
+    from capplan.releases import RELEASES, runs_on
+
+    defers = plan.spec.rules.encoder_packing_defers
+    other = [v for v in runs_on(plan.spec.target.vllm) if RELEASES[v].rules.encoder_packing_defers != defers]
+    if not other:
+        return ""
+    how = "never starts a new batch for a large item early" if defers else "starts a new batch for a large item early"
+    return f" (vLLM {', '.join(other)} {how})"
+
+
 def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
     from capplan.planner.encoder import EncoderGraphs, pack
+    from capplan.releases import release_of
 
     enc = plan.encoder
     if enc is None:
@@ -476,7 +489,7 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
         why = "the plan captures no encoder graphs" + (" (encoder_lora_eager)" if enc.vllm_budgets else "")
     else:
         graphs = EncoderGraphs(sorted(enc.budgets), enc.max_items, enc.max_frames)
-        batches = pack(graphs, items)
+        batches = pack(graphs, items, defer=plan.spec.rules.encoder_packing_defers)
         why = "above the largest budget"
     rows = [
         {"items": idx, "tokens": sum(items[i] for i in idx), "graph": None if b is None else f"ENCODER:{b}"}
@@ -492,7 +505,7 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
         else:
             typer.echo(f"ENCODER:{b}: items {idx} ({tokens} tokens, pads {b - tokens})")
     if enc.budgets:
-        typer.echo("  - packing as vLLM 0.32+ does (vLLM 0.31 never starts a new batch for a large item early)")
+        typer.echo(f"  - packing as vLLM {release_of(plan.spec.target.vllm).version} does{_packing_caveat(plan)}")
 
 
 @app.command("verify")
@@ -1138,7 +1151,7 @@ def apply_cmd(
     _check_run_outputs(plan, command, report, trace, loaded.dp.data_parallel_size)
     from capplan.runtime.launch import check_environment, run_child
 
-    env = check_environment(command, dict(os.environ))
+    env = check_environment(command, dict(os.environ), loaded.spec.target.vllm)
     env["CAPPLAN_PLAN"] = str(plan.resolve())
     if report is not None:
         env["CAPPLAN_REPORT"] = str(report.resolve())

@@ -1,33 +1,157 @@
-"""The vLLM releases capplan supports, each with the planning semantics it plans with
-(`target.vllm` in a spec).
+"""The vLLM releases capplan supports, from one table of rules (`target.vllm` in a spec).
 
-Exactly the releases proven by the conformance matrix (`python -m
-tests.conformance.matrix`): planning on CPU against each release's own code
-with `fixes: []`, and the runtime's contract against its classes. vLLM 0.26.0
-plans like 0.25 unless VLLM_USE_BREAKABLE_CUDAGRAPH is on (see below). Releases
-0.27 to 0.30 plan differently from both semantics capplan models
-(docs/vllm-releases.md), so they are not here.
+Model Runner V2's CUDA-graph planning changed five times between vLLM 0.25.0
+and 0.33.0. Each change is one flag of `Rules`, read from each release's own
+code (docs/vllm-releases.md) and proven by the conformance matrix (`python -m
+tests.conformance.matrix`: planning on CPU against each release's code with
+`fixes: []`, the runtime's contract and hooks against its classes, DP sync).
+A group is the set of releases that share every rule. Each release is one row
+of `RELEASES`: its group, the torch it pins, and the signatures of the vLLM
+functions capplan hooks that changed between releases.
+
+Everything in capplan that differs between releases reads a flag of the
+release's rules or a field of its row; nothing compares release strings.
+Adding a release is one row here plus a matrix run (docs/design.md).
+
+A spec names an exact release (`target.vllm: "0.28.0"`), or one of two
+aliases kept for the specs and plans written before exact releases were
+accepted: "0.25" and "0.33". An alias plans with the rules of its newest
+release and runs on every release it covers.
 """
 
 from __future__ import annotations
 
-SUPPORTED_RELEASES = {
-    "0.25.0": "0.25",
-    "0.25.1": "0.25",
-    "0.26.0": "0.25",
-    "0.31.0": "0.33",
-    "0.32.0": "0.33",
-    "0.33.0": "0.33",
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one group of releases plans. Each flag is one change in MRV2's planning code."""
+
+    group: str
+    spreads_dummy_remainder: bool = False
+    """Dummy batches spread the token remainder one token each over the last requests
+    (`make_dummy`, `_dummy_run`, the LoRA capture hook); before, the last request took it all."""
+    prefill_breaks_uniform: bool = False
+    """A batch with a prefilling request gets no uniform-decode token count (so no decode graph);
+    before, any batch whose requests all had the same query length did."""
+    max_query_len_in_descriptor: bool = False
+    """BatchExecutionDescriptor has `max_query_len`, and dispatch takes it (None with a prefill)."""
+    blackwell_ceiling_1024: bool = False
+    """The default capture ceiling is 1024 tokens on data-center Blackwell (SM10x), not 512."""
+    encoder_graphs: bool = False
+    """MRV2 captures multimodal encoder graphs (`cudagraph_mm_encoder`)."""
+    per_mode_ranges: bool = False
+    """Token ranges are built per mode (FULL candidates, then PIECEWISE); before, over the union
+    of every mode's sizes, each range offering only the graphs of its upper size."""
+    speculative_decode_sizes: bool = False
+    """With speculative decoding, decode sizes n * (1 + num_speculative_tokens) join the default sizes."""
+    dp_sync_state: bool = False
+    """DP sync returns a state object (DPSyncState) with the agreed descriptor, not a tensor."""
+    max_num_seqs_size: bool = False
+    """Without speculative decoding, max_num_seqs joins the default sizes (when within the ceiling)."""
+    encoder_packing_defers: bool = False
+    """Encoder packing starts a new batch for an item that alone needs at least the current
+    batch's budget, when their budgets apart are below the budget they would need together."""
+
+
+A = Rules("A")
+B = replace(A, group="B", spreads_dummy_remainder=True)
+C = replace(
+    B,
+    group="C",
+    prefill_breaks_uniform=True,
+    max_query_len_in_descriptor=True,
+    blackwell_ceiling_1024=True,
+    encoder_graphs=True,
+)
+D = replace(C, group="D", per_mode_ranges=True, speculative_decode_sizes=True, dp_sync_state=True)
+E = replace(D, group="E", max_num_seqs_size=True)
+F = replace(E, group="F", encoder_packing_defers=True)
+GROUPS = (A, B, C, D, E, F)
+
+# `ModelCudaGraphManager.dispatch` and `VllmConfig.compute_hash`: the hooked functions whose
+# parameters changed between supported releases (the others are fixed in runtime/contract.py).
+DISPATCH = ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras")
+DISPATCH_MQL = (*DISPATCH, "max_query_len")
+DISPATCH_UBATCH = (*DISPATCH_MQL, "num_ubatches")
+HASH = ("self",)
+HASH_VERSIONED = ("self", "include_version")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One supported vLLM release: its group's rules, its torch pin and its hooked signatures."""
+
+    version: str
+    rules: Rules
+    torch: str
+    dispatch: tuple[str, ...]
+    compute_hash: tuple[str, ...]
+    breakable_pads_requests: bool = False
+    """Under VLLM_USE_BREAKABLE_CUDAGRAPH=1 (set by the user, or by vLLM itself for a few
+    architectures) mixed PIECEWISE graphs pad requests too: graphs no rule here plans, so
+    the runtime refuses the setting on this release."""
+
+    @property
+    def group(self) -> str:
+        return self.rules.group
+
+
+RELEASES: dict[str, Release] = {
+    r.version: r
+    for r in (
+        Release("0.25.0", A, "2.11.0", DISPATCH, HASH),
+        Release("0.25.1", A, "2.11.0", DISPATCH, HASH),
+        Release("0.26.0", A, "2.11.0", DISPATCH, HASH, breakable_pads_requests=True),
+        Release("0.27.0", B, "2.13.0", DISPATCH, HASH),
+        Release("0.27.1", B, "2.13.0", DISPATCH, HASH),
+        Release("0.28.0", C, "2.13.0", DISPATCH_MQL, HASH),
+        Release("0.29.0", D, "2.13.0", DISPATCH_MQL, HASH),
+        Release("0.30.0", D, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
+        Release("0.31.0", E, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
+        Release("0.32.0", F, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
+        Release("0.33.0", F, "2.14.0", DISPATCH_UBATCH, HASH_VERSIONED),
+    )
 }
 
+# Aliases for specs and plans written before exact releases: the releases each covers. An
+# alias plans with its newest release's rules; its releases differ in no rule the plan
+# depends on (0.31.0 packs encoder batches without deferring, which the plan does not fix).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "0.25": ("0.25.0", "0.25.1", "0.26.0"),
+    "0.33": ("0.31.0", "0.32.0", "0.33.0"),
+}
+TARGETS = (*RELEASES, *ALIASES)
+"""Every value `target.vllm` accepts."""
+# How a plan's text names an alias target, as plans compiled from an alias always have.
+_ALIAS_LABELS = {"0.25": "0.25", "0.33": "0.31+"}
 
-def releases_of(semantics: str) -> list[str]:
-    """The supported releases that plan with these semantics."""
-    return [release for release, planned in SUPPORTED_RELEASES.items() if planned == semantics]
+
+def label(target: str) -> str:
+    """A `target.vllm` value as a plan's text names it: the release, or an alias's label."""
+    return _ALIAS_LABELS.get(target, target)
 
 
-# Releases on which VLLM_USE_BREAKABLE_CUDAGRAPH=1 (set by the user, or by vLLM itself for a
-# few architectures) changes the graphs MRV2 captures: its mixed PIECEWISE graphs pad
-# requests too, which neither of capplan's semantics plans. The runtime refuses the
-# setting there, at start.
-BREAKABLE_GRAPHS_DIFFER = ("0.26.0",)
+def release_of(target: str) -> Release:
+    """The release whose rules a `target.vllm` value plans with (an alias: its newest)."""
+    return RELEASES[ALIASES[target][-1]] if target in ALIASES else RELEASES[target]
+
+
+def rules_of(target: str) -> Rules:
+    return release_of(target).rules
+
+
+def runs_on(target: str) -> tuple[str, ...]:
+    """The releases a plan for this `target.vllm` runs on: an alias's releases, or every
+    release of the named release's group."""
+    if target in ALIASES:
+        return ALIASES[target]
+    group = RELEASES[target].rules
+    return tuple(v for v, r in RELEASES.items() if r.rules == group)
+
+
+def installed_release(version: str) -> Release | None:
+    """The supported release a `vllm.__version__` string names (a local build suffix such as
+    +cu130 ignored), or None."""
+    return RELEASES.get(version.split("+", 1)[0])

@@ -55,14 +55,15 @@ if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
     dp_utils.should_skip_dp_coordination = lambda: False
 
 SPEC = {
-    "target": {"vllm": runtime_check.SEMANTICS},
+    "target": {"vllm": runtime_check.RELEASE.version},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256, "max_model_len": 512},
     "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
     "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
     "parallel": {"data_parallel_size": 2},
 }
 MAX_LORAS = 4
-NEW_033 = runtime_check.SEMANTICS == "0.33"
+# The runner passes max_query_len to DP sync from 0.28 (None with a prefill in the batch).
+PASSES_MAX_QUERY_LEN = runtime_check.RELEASE.rules.max_query_len_in_descriptor
 
 
 def lora_count(adapters: int, base: bool, dummy: bool) -> int:
@@ -118,7 +119,7 @@ def main() -> None:
     for i in range(3000):
         reqs, tokens, uniform, max_q, loras, line = batch(rng, busy=i in (0, 2999))  # traces span every step
         kwargs = {"num_active_loras": loras}
-        if NEW_033:
+        if PASSES_MAX_QUERY_LEN:
             kwargs["max_query_len"] = max_q
         desc, _ = runner_mod.dispatch_cg_and_sync_dp(manager, reqs, tokens, uniform, 2, rank, **kwargs)
         steps.append([desc.cg_mode.name, desc.num_tokens, loras])

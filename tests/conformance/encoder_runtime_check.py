@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "conformance" / "oracle"))
 
 import torch  # noqa: E402
+import vllm  # noqa: E402
 from encoder_oracle import FakeModel  # noqa: E402
 from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager  # noqa: E402
 
@@ -23,6 +24,7 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
+from capplan.runtime.versions import detect_release  # noqa: E402
 
 
 def manager(budget_range: list[int]) -> tuple[EncoderCudaGraphManager, list[int]]:
@@ -49,7 +51,7 @@ def manager(budget_range: list[int]) -> tuple[EncoderCudaGraphManager, list[int]
 def main(out: Path, variant: str) -> None:
     spec = spec_from_data(
         {
-            "target": {"vllm": "0.33"},
+            "target": {"vllm": detect_release(vllm.__version__).version},
             "lora": {"enabled": True, "max_loras": 2, "specialize_active": variant == "eager"},
             "multimodal": {"tower_connector_lora": True, "encoder_cudagraphs": True, "budget_range": [64, 4096]},
         },

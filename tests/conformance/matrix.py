@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from capplan.releases import SUPPORTED_RELEASES
+from capplan.releases import RELEASES
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
@@ -31,10 +31,10 @@ RESULTS = Path(__file__).with_name("matrix-last-run.txt")
 
 
 def main(argv: list[str]) -> int:
-    chosen = argv or list(SUPPORTED_RELEASES)
-    unknown = [r for r in chosen if r not in SUPPORTED_RELEASES]
+    chosen = argv or list(RELEASES)
+    unknown = [r for r in chosen if r not in RELEASES]
     if unknown:
-        print(f"error: not supported releases: {unknown}; supported: {list(SUPPORTED_RELEASES)}", file=sys.stderr)
+        print(f"error: not supported releases: {unknown}; supported: {list(RELEASES)}", file=sys.stderr)
         return 2
     env = {**os.environ, "CAPPLAN_ORACLE_RELEASES": " ".join(chosen), "CAPPLAN_ORACLE_DIR": str(ORACLE_DIR)}
     print(f"[matrix] preparing the oracle for {', '.join(chosen)}", file=sys.stderr, flush=True)
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         passed = proc.returncode == 0
         ok &= passed
         rows.append(
-            f"| {release} | {SUPPORTED_RELEASES[release]} | {'yes' if passed else 'NO'} | {summary} | {seconds:.0f} s |"
+            f"| {release} | {RELEASES[release].group} | {'yes' if passed else 'NO'} | {summary} | {seconds:.0f} s |"
         )
         if not passed:
             print(proc.stdout[-3000:], file=sys.stderr)
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
             f"capplan conformance matrix, {datetime.date.today().isoformat()}, Python {platform.python_version()}, "
             f"{platform.machine()} CPU (python -m tests.conformance.matrix)",
             "",
-            "| vLLM release | target.vllm | passes | conformance tier (planning, runtime contract and hooks, DP sync) | time |",
+            "| vLLM release | group | passes | conformance tier (planning, runtime contract and hooks, DP sync) | time |",
             "|---|---|---|---|---|",
             *rows,
             "",

@@ -22,7 +22,7 @@ import vllm.v1.worker.gpu.model_runner as runner_mod
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
 from capplan.runtime import mrv2
-from capplan.runtime.versions import detect_semantics
+from capplan.runtime.versions import detect_release
 
 
 def stand_in(real):
@@ -47,11 +47,11 @@ class LoraState:
 
 
 def main(trace: Path, out: Path) -> None:
-    semantics = detect_semantics(vllm.__version__)
+    release = detect_release(vllm.__version__).version
     os.environ["CAPPLAN_TRACE"] = str(trace)
     runner_cls = runner_mod.GPUModelRunner
     runner_cls.execute_model = stand_in(runner_cls.execute_model)
-    spec = spec_from_data({"target": {"vllm": semantics}, "lora": {"enabled": True, "max_loras": 4}}, "recorder")
+    spec = spec_from_data({"target": {"vllm": release}, "lora": {"enabled": True, "max_loras": 4}}, "recorder")
     state = mrv2.install(compile_plan(spec), "recorder.plan.yaml")
     runner = SimpleNamespace(
         lora_config=SimpleNamespace(max_loras=4),

@@ -24,11 +24,11 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import Batch, Dispatcher, compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
-from capplan.runtime.versions import detect_semantics  # noqa: E402
+from capplan.runtime.versions import detect_release  # noqa: E402
 
-SEMANTICS = detect_semantics(vllm.__version__)
+RELEASE = detect_release(vllm.__version__)
 SPEC = {
-    "target": {"vllm": SEMANTICS},
+    "target": {"vllm": RELEASE.version},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 512},
     "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
     "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
@@ -71,9 +71,10 @@ CASE_SIZES = {
 }
 
 
-# The dummy-run example: 8192 tokens over 100 requests, max_model_len 128 (vLLM 0.25: one request of 173).
+# The dummy-run example: 8192 tokens over 100 requests, max_model_len 128 (before vLLM 0.27: one
+# request of 173).
 DUMMY_SPEC = {
-    "target": {"vllm": SEMANTICS},
+    "target": {"vllm": RELEASE.version},
     "scheduler": {"max_num_seqs": 100, "max_num_batched_tokens": 8192, "max_model_len": 128},
     "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
 }
@@ -104,6 +105,7 @@ def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
         kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),
         is_first_pp_rank=True,
         is_last_pp_rank=False,
+        is_encoder_only=False,  # read by 0.28 to 0.30
         lora_config=SimpleNamespace(max_loras=4),
         maybe_dummy_run_with_lora=maybe_dummy_run_with_lora,
         execute_model=execute_model,
@@ -194,11 +196,11 @@ def main(out: Path, variant: str = "") -> None:
     from capplan.runtime import contract
 
     # The contract, against vLLM's own functions (before capplan replaces them).
-    report["contract_problems"] = contract.check_all(SEMANTICS)
-    report["contract_entries"] = len([h for h in contract.CONTRACT if SEMANTICS in h.semantics])
+    report["contract_problems"] = contract.check_all(RELEASE)
+    report["contract_entries"] = len(contract.entries(RELEASE))
     mrv2.install(plan, "runtime.plan.yaml")
     # The same dummy run with the plan in force (the hook is per process: any plan with
-    # dummy_remainder installs it; on 0.31+ vLLM already spreads and nothing is hooked).
+    # dummy_remainder installs it; from 0.27 vLLM already spreads and nothing is hooked).
     hooked = dummy_run_layout(profile.tokens, 100)
     report["dummy_hooked_scheduler"] = runs(hooked["scheduler"])
     report["dummy_hooked_lora"] = runs(hooked["lora"])
@@ -292,9 +294,9 @@ def main(out: Path, variant: str = "") -> None:
     from capplan.runtime.mrv2 import breakable_problem
 
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
-    report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml")
+    report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
-    report["breakable_off_refusal"] = breakable_problem(plan, "runtime.plan.yaml")
+    report["breakable_off_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)
     del os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"]
 
     # A mismatched engine stops before capture.

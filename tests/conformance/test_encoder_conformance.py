@@ -1,7 +1,7 @@
 """Encoder CUDA graphs against vLLM's own EncoderCudaGraphManager (oracle/encoder_oracle.py).
 
-For every release of the run with encoder graphs on MRV2 (0.31+, capplan's
-"0.33" semantics): for each multimodal spec, the budgets, item and frame
+For every release of the run with encoder graphs on MRV2 (the release rule
+`encoder_graphs`, 0.28+): for each multimodal spec, the budgets, item and frame
 limits and the capture order equal the plan's (with `fixes: []`), a spec vLLM
 refuses is refused by capplan, and the packing of random encoder batches (item
 counts and token sizes drawn around the budgets) equals capplan's, batch by
@@ -21,14 +21,14 @@ from capplan.errors import CapplanError
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
 from capplan.planner.encoder import pack, resolve_encoder_graphs
-from capplan.releases import SUPPORTED_RELEASES
+from capplan.releases import RELEASES
 from tests.conformance.releases import releases
 from tests.conformance.test_vllm_conformance import run_check, run_oracle
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
 ORACLE = Path(__file__).parent / "oracle" / "encoder_oracle.py"
-VERSIONS = [v for v in releases() if SUPPORTED_RELEASES[v] == "0.33"]
+VERSIONS = [v for v in releases() if RELEASES[v].rules.encoder_graphs]
 BATCHES_PER_SPEC = 40
 
 pytestmark = pytest.mark.conformance
@@ -48,9 +48,9 @@ MULTIMODAL = {
 }
 
 
-def _spec(mm: dict) -> dict:
+def _spec(mm: dict, release: str) -> dict:
     return {
-        "target": {"vllm": "0.33"},
+        "target": {"vllm": release},
         "lora": {"enabled": True, "max_loras": 2},
         "multimodal": {"encoder_cudagraphs": True, "tower_connector_lora": True, **mm},
         "fixes": [],
@@ -102,7 +102,7 @@ def oracle(tmp_path_factory) -> dict[str, dict]:
 def test_encoder_graphs_and_packing_match_vllm(oracle, version, name):
     want = oracle[version][name]
     try:
-        spec = spec_from_data(_spec(MULTIMODAL[name]), name)
+        spec = spec_from_data(_spec(MULTIMODAL[name], version), name)
         graphs = resolve_encoder_graphs(spec)
     except CapplanError as exc:
         assert "error" in want, f"capplan refused what vLLM {version} accepts: {exc.one_line()}"
@@ -113,7 +113,7 @@ def test_encoder_graphs_and_packing_match_vllm(oracle, version, name):
     assert (graphs.max_items, graphs.max_frames) == (want["max_items"], want["max_frames"])
     plan = compile_plan(spec)
     assert plan.encoder is not None and plan.encoder.budgets == want["capture_order"]  # fixes: [] is vLLM
-    defer = version != "0.31.0"  # vLLM 0.31 packs without deferring an item that would double the budget
+    defer = spec.rules.encoder_packing_defers  # from 0.32: an item that would double the budget waits
     case = _case(name, MULTIMODAL[name])
     for items, packed in zip(case["batches"], want["packing"]):
         ours = [[sorted(idx), budget] for idx, budget in pack(graphs, items, defer=defer)]

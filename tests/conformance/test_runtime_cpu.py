@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from capplan.releases import BREAKABLE_GRAPHS_DIFFER
-from tests.conformance.releases import SEMANTICS, releases
+from capplan.releases import RELEASES
+from tests.conformance.releases import releases
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,14 +45,14 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert "Refused before the engine started" in report["early_check_other_engine"]
     # VLLM_USE_BREAKABLE_CUDAGRAPH=1 changes the captured graphs only on 0.26.0: refused there.
     assert report["breakable_off_refusal"] is None
-    if version in BREAKABLE_GRAPHS_DIFFER:
+    if RELEASES[version].breakable_pads_requests:
         assert "VLLM_USE_BREAKABLE_CUDAGRAPH is on" in report["breakable_refusal"]
     else:
         assert report["breakable_refusal"] is None
     # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
     # and with the plan in force what the plan says capplan makes it do.
     assert report["dummy_vllm_layout_as_planned"] is True
-    piled = SEMANTICS[version] == "0.25"
+    piled = not RELEASES[version].rules.spreads_dummy_remainder
     assert report["dummy_vllm_layout"] == ([[99, 81], [1, 173]] if piled else [[8, 81], [92, 82]])
     assert report["dummy_hooked_as_planned"] is True and report["dummy_attributes_restored"] is True
     assert report["dummy_hooked_scheduler"] == [[8, 81], [92, 82]]

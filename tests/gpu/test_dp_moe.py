@@ -133,9 +133,9 @@ def setup(tmp_path_factory):
     work = tmp_path_factory.mktemp("gpu-dp")
     model = work / "moe"
     build_moe(model)
-    from capplan.runtime.versions import detect_semantics
+    from capplan.runtime.versions import detect_release
 
-    version = detect_semantics(vllm.__version__)
+    version = detect_release(vllm.__version__).version
     return work, model, version
 
 

@@ -94,9 +94,9 @@ def setup(tmp_path_factory):
     work = tmp_path_factory.mktemp("gpu")
     model = work / "model"
     build(model)
-    from capplan.runtime.versions import detect_semantics
+    from capplan.runtime.versions import detect_release
 
-    version = detect_semantics(vllm.__version__)
+    version = detect_release(vllm.__version__).version
     return work, model, _compile(work, "tiny", SPEC.format(version=version)), version
 
 

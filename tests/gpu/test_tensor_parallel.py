@@ -56,9 +56,9 @@ def runs(tmp_path_factory):
     import torch
     import vllm
 
-    from capplan.runtime.versions import detect_semantics
+    from capplan.releases import runs_on
 
-    if torch.cuda.device_count() < 2 or detect_semantics(vllm.__version__) != "0.25":
+    if torch.cuda.device_count() < 2 or vllm.__version__.split("+")[0] not in runs_on("0.25"):
         pytest.skip("needs two GPUs and vLLM 0.25")
     sys.path.insert(0, str(HERE))
     from make_model import build

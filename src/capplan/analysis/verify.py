@@ -292,7 +292,7 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
                 f"(cudagraph.max_capture_size) at most {model_len}"
                 if run.run == "dp_idle"
                 else "turn on the dummy_remainder fix"
-                if run.vllm_longest == run.longest and plan.spec.target.vllm == "0.25"
+                if run.vllm_longest == run.longest and not plan.spec.rules.spreads_dummy_remainder
                 else "raise max_num_seqs or max_model_len"
             )
             report.add(

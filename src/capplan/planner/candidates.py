@@ -1,11 +1,11 @@
 """Candidate tables: which graphs a batch of N tokens and LoRA case c may replay.
 
 vLLM's `_init_candidates`, second half. Two semantics:
-- 0.25 (`union`): token ranges run over the union of every mode's sizes, and
+- before vLLM 0.29 (`union`): token ranges run over the union of every mode's sizes, and
   a range only offers the graphs of exactly its upper size. A mixed batch
   just below a FULL-only size finds only that FULL uniform-decode graph and
   runs eager.
-- 0.31+ (`per_mode`): ranges per mode, FULL candidates first, then
+- 0.29+ (`per_mode`, the release rule `per_mode_ranges`): ranges per mode, FULL candidates first, then
   PIECEWISE; each mode offers its smallest graph >= N.
 Stored as ranges: one row per (case, lo..hi) with the same candidates.
 """
@@ -35,7 +35,7 @@ def build_ranges(
     if per_mode:
         tables = [_by_case_and_tokens(by_mode.get(mode, []), ids) for mode in ("FULL", "PIECEWISE")]
     else:
-        # 0.25 keys one list per (tokens, case): decode graph before mixed graph.
+        # Union ranges key one list per (tokens, case): decode graph before mixed graph.
         merged = by_mode.get("FULL", []) + by_mode.get("PIECEWISE", [])
         decode_first = sorted(merged, key=lambda d: d.uniform_token_count is None)
         tables = [_by_case_and_tokens(decode_first, ids)]

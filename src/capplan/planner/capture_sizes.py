@@ -1,4 +1,4 @@
-"""Capture sizes: vLLM's `VllmConfig._set_cudagraph_sizes`, per target version."""
+"""Capture sizes: vLLM's `VllmConfig._set_cudagraph_sizes`, per target release (its rules)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _stride_grid(limit: int, interactivity: bool) -> list[int]:
 
 
 def _request_counts(max_reqs: int, ceiling: int) -> list[int]:
-    """0.33: request counts whose uniform-decode batches get their own sizes."""
+    """Request counts whose uniform-decode batches get their own sizes (speculative_decode_sizes)."""
     max_reqs = min(max_reqs, ceiling)
     counts = [n for n in (1, 2, 4) if n <= max_reqs]
     counts += range(8, min(max_reqs + 1, 256), 8)
@@ -35,18 +35,17 @@ def resolve_capture_sizes(spec: Spec) -> tuple[list[int], int]:
     max_num_seqs = spec.scheduler.max_num_seqs
     max_num_tokens = spec.scheduler.max_num_batched_tokens
     dql = spec.decode_query_len
-    is_033 = spec.target.vllm == "0.33"
+    rules = spec.rules
 
     decode_sizes: list[int] = []
     limit = cg.max_capture_size
     if limit is None:
-        ceiling = 1024 if (is_033 and spec.target.blackwell) else 512
+        ceiling = 1024 if (rules.blackwell_ceiling_1024 and spec.target.blackwell) else 512
         limit = min(max_num_seqs * dql * 2, ceiling)
-        if is_033:
-            if dql > 1:
-                decode_sizes = sorted({n * dql for n in _request_counts(max_num_seqs, ceiling) if n * dql <= limit})
-            elif max_num_seqs <= limit:
-                decode_sizes = [max_num_seqs]
+        if dql > 1 and rules.speculative_decode_sizes:
+            decode_sizes = sorted({n * dql for n in _request_counts(max_num_seqs, ceiling) if n * dql <= limit})
+        elif dql == 1 and rules.max_num_seqs_size and max_num_seqs <= limit:
+            decode_sizes = [max_num_seqs]
     limit = min(max_num_tokens, limit)
 
     if cg.capture_sizes is not None:

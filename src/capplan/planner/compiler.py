@@ -12,12 +12,9 @@ from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
-from capplan.releases import releases_of
+from capplan.releases import runs_on
 from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
-
-# The plan's `target.vllm`: the supported releases that plan with the spec's semantics.
-VLLM_RELEASES = {semantics: ", ".join(releases_of(semantics)) for semantics in ("0.25", "0.33")}
 
 DP_SYNC = (
     "ranks all-reduce num_tokens and cg_mode; all pad to the max num_tokens, the "
@@ -47,7 +44,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         by_mode = _prune(full, reachable, dropped) if reachable is not None else full
     ordered = capture_order(by_mode)
     ids = {id(d): i for i, d in enumerate(ordered)}
-    per_mode = spec.target.vllm != "0.25" or spec.has(Fix.mixed_ranges)
+    per_mode = spec.rules.per_mode_ranges or spec.has(Fix.mixed_ranges)
     layout = DummyLayouts(spec)
     graphs = [PlannedGraph.trusted(id=i, descriptor=d, dummy=layout(d)) for i, d in enumerate(ordered)]
     # Inputs are validated; the plan is assembled without re-validation, and
@@ -55,7 +52,8 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     plan = Plan.trusted(
         format_version=FORMAT_VERSION,
         spec_hash=spec_hash(spec),
-        target={"runner": spec.target.runner, "vllm": VLLM_RELEASES[spec.target.vllm]},
+        # The plan's `target.vllm`: the releases it runs on (those planning alike with the spec's).
+        target={"runner": spec.target.runner, "vllm": ", ".join(runs_on(spec.target.vllm))},
         fingerprint=fingerprint(spec, sizes, cases),
         spec=spec,
         fixes=[f.value for f in spec.fixes],

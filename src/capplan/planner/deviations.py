@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from capplan.planner.lora_cases import case_for
 from capplan.planner.regions import target_changes
+from capplan.releases import label
 from capplan.schemas.plan import Deviation, Plan
 from capplan.schemas.spec import Fix
 
@@ -44,7 +45,7 @@ class ExactTwin:
     @property
     def dispatch(self):
         if self._dispatch is None:
-            self._dispatch = self._ranges(per_mode=self.spec.target.vllm != "0.25")
+            self._dispatch = self._ranges(per_mode=self.spec.rules.per_mode_ranges)
         return self._dispatch
 
 
@@ -111,7 +112,7 @@ def _lora_slot(plan: Plan, exact: ExactTwin) -> list[str]:
 
 def _dummy_remainder(plan: Plan, exact: ExactTwin) -> list[str]:
     changed = []
-    if plan.spec.target.vllm == "0.25":  # 0.31+ already spreads: nothing to compare
+    if not plan.spec.rules.spreads_dummy_remainder:  # a release that spreads: nothing to compare
         for graph in plan.graphs:
             if len(graph.dummy.tokens) > 1:  # a remainder exists
                 old = exact.dummy(graph)
@@ -137,16 +138,16 @@ def _dummy_remainder(plan: Plan, exact: ExactTwin) -> list[str]:
             )
     if lines:
         return lines
-    if plan.spec.target.vllm != "0.25":
-        return ["no change: vLLM 0.31+ already spreads the remainder"]
+    if plan.spec.rules.spreads_dummy_remainder:
+        return [f"no change: vLLM {label(plan.spec.target.vllm)} already spreads the remainder"]
     return ["no change: no dummy batch of this spec has a token remainder"]
 
 
 def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:
-    if plan.spec.target.vllm != "0.25":
-        return ["no change: vLLM 0.31+ already builds ranges per mode"]
+    if plan.spec.rules.per_mode_ranges:
+        return [f"no change: vLLM {label(plan.spec.target.vllm)} already builds ranges per mode"]
     if plan.dispatch == exact.dispatch:
-        return ["no change: for this spec 0.25's union ranges offer the same candidates"]
+        return [f"no change: for this spec {label(plan.spec.target.vllm)}'s union ranges offer the same candidates"]
     lines = ["dispatch: " + line for line in target_changes(exact, plan, reachable=_reachable_by_requests(plan))]
     return lines or ["no change in what any batch replays (fallback candidates added behind the first)"]
 

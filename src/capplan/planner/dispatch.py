@@ -15,6 +15,7 @@ from capplan.planner.lora_cases import case_for, kernel_slots
 from capplan.schemas.plan import Descriptor
 
 if TYPE_CHECKING:
+    from capplan.releases import Rules
     from capplan.schemas.plan import Plan
 
 # vLLM's BatchExecutionDescriptor field names, in order: the Descriptor model's fields.
@@ -66,19 +67,20 @@ class Batch:
     base: bool = False
     """Some requests use no adapter."""
     has_prefill: bool = False
-    """The batch holds a real prefill chunk (0.31+ keeps it out of decode graphs)."""
+    """The batch holds a real prefill chunk (from 0.28 it keeps the batch out of decode graphs)."""
     uniform_token_count: int | None = None
     """Override; None derives it as the target vLLM's runner does."""
 
 
-def derive_uniform(batch: Batch, vllm: str) -> int | None:
-    """vLLM 0.25 `get_uniform_token_count`; 0.31+ `get_uniform_decode_token_count`."""
+def derive_uniform(batch: Batch, rules: Rules) -> int | None:
+    """vLLM's `get_uniform_token_count` (before 0.28), `get_uniform_decode_token_count` (0.28+,
+    which gives a batch with a prefill none: `rules.prefill_breaks_uniform`)."""
     if batch.uniform_token_count is not None:
         return batch.uniform_token_count
     r, t, q = batch.num_reqs, batch.num_tokens, batch.max_query_len
     if r <= 0:
         return None
-    if vllm == "0.25":
+    if not rules.prefill_breaks_uniform:
         return q if q == t // r and t == q * r else None
     return q if not batch.has_prefill and t == q * r else None
 
@@ -104,6 +106,7 @@ class Dispatcher:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.vllm = plan.spec.target.vllm
+        self.rules = plan.spec.rules
         self.by_slots = plan.lora_dispatch_key == "kernel_slots"
         self.lora_map = dict(plan.lora_dispatch_map)
         self.max_case = max(self.lora_map.values(), default=0)
@@ -139,7 +142,7 @@ class Dispatcher:
     def dispatch(self, batch: Batch) -> Dispatch:
         if not self.fast:
             return self.explain(batch)
-        uniform = derive_uniform(batch, self.vllm)
+        uniform = derive_uniform(batch, self.rules)
         return self.lookup(batch.num_reqs, batch.num_tokens, uniform, self.lora_count(batch))
 
     def lookup(self, num_reqs: int, num_tokens: int, uniform: int | None, count: int) -> Dispatch:
@@ -156,8 +159,8 @@ class Dispatcher:
 
     def explain(self, batch: Batch, trace: list[str] | None = None) -> Dispatch:
         """Dispatch, appending one human-readable reason per step to `trace`."""
-        uniform = derive_uniform(batch, self.vllm)
-        max_q = None if (batch.has_prefill and self.vllm != "0.25") else batch.max_query_len
+        uniform = derive_uniform(batch, self.rules)
+        max_q = None if (batch.has_prefill and self.rules.max_query_len_in_descriptor) else batch.max_query_len
         count = self.lora_count(batch)
         case = self.lora_case(count)
         if trace is not None:

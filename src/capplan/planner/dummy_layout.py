@@ -16,8 +16,8 @@ from capplan.schemas.spec import Fix, Spec
 def token_runs(num_tokens: int, num_reqs: int, spread: bool) -> list[tuple[int, int]]:
     """[requests, tokens each] runs summing to num_tokens.
 
-    vLLM 0.25 piles the remainder on the last request, which can make it
-    longer than max_model_len (docs/design.md failure class 5); 0.31+
+    vLLM before 0.27 piles the remainder on the last request, which can make
+    it longer than max_model_len (docs/design.md failure class 5); 0.27+
     and the `dummy_remainder` fix give one extra token to each of the last
     `remainder` requests instead.
     """
@@ -61,7 +61,7 @@ class DummyLayouts:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.max_num_seqs = spec.scheduler.max_num_seqs
-        self.spread = spec.target.vllm != "0.25" or spec.has(Fix.dummy_remainder)
+        self.spread = spec.rules.spreads_dummy_remainder or spec.has(Fix.dummy_remainder)
         self._ids: dict[int, list[int] | None] = {}
         self._grids: dict[tuple[int, int], int | None] = {}
         self._runs: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -13,8 +13,8 @@ then `InputBatch.make_dummy` for the inputs). It runs:
   ranks agreed on. On a PIECEWISE graph (no request padding) that is one
   request of up to the largest mixed graph's size.
 
-vLLM 0.25 puts the whole remainder of num_tokens / requests on the last
-request; 0.31+ and capplan's `dummy_remainder` fix spread it one token each
+vLLM before 0.27 puts the whole remainder of num_tokens / requests on the last
+request; 0.27+ and capplan's `dummy_remainder` fix spread it one token each
 over the last requests. The DP idle batch has one request, so no fix of the
 remainder shortens it: verify reports it when it exceeds max_model_len.
 """
@@ -33,7 +33,7 @@ def dummy_runs(spec: Spec, mixed_graph_tokens: list[int]) -> list[DummyRun]:
     requests (PIECEWISE), which a DP idle rank can be padded to."""
     tokens = spec.scheduler.max_num_batched_tokens
     reqs = min(tokens, spec.scheduler.max_num_seqs)
-    vllm_spreads = spec.target.vllm != "0.25"
+    vllm_spreads = spec.rules.spreads_dummy_remainder
     runs = [
         DummyRun.trusted(
             run="profile",

@@ -47,7 +47,7 @@ def plan_settings(plan: Plan) -> dict[str, object]:
 def _multimodal_plan(plan: Plan) -> dict[str, object]:
     mm = plan.spec.multimodal
     out: dict[str, object] = {"multimodal.tower_connector_lora": bool(mm and mm.tower_connector_lora)}
-    if plan.spec.target.vllm != "0.25":  # 0.25's MRV2 captures no encoder graphs, whatever the flag says
+    if plan.spec.rules.encoder_graphs:  # before 0.28 MRV2 captures no encoder graphs, whatever the flag says
         out["multimodal.encoder_cudagraphs"] = bool(mm and mm.encoder_cudagraphs)
         if mm and mm.encoder_cudagraphs:
             out["multimodal.token_budgets"] = sorted(mm.token_budgets or [])

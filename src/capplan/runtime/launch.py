@@ -18,8 +18,10 @@ from capplan.errors import CapplanError, printable
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u\n"
-    "print(u.find_spec('vllm') is not None, "
-    "any(e.name == 'capplan' for e in m.entry_points(group='vllm.general_plugins')))"
+    "has = u.find_spec('vllm') is not None\n"
+    "try: version = m.version('vllm') if has else '-'\n"
+    "except m.PackageNotFoundError: version = '-'\n"
+    "print(has, any(e.name == 'capplan' for e in m.entry_points(group='vllm.general_plugins')), version)"
 )
 
 
@@ -50,9 +52,10 @@ def target_python(command: list[str]) -> str | None:
     return None
 
 
-def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]:
+def check_environment(command: list[str], env: dict[str, str], target: str | None = None) -> dict[str, str]:
     """The environment to run `command` in, after refusing every setup where the plan
-    would not be in force."""
+    would not be in force (with `target`, the plan's `target.vllm`: a vLLM release the
+    plan was not compiled for too, before anything starts)."""
     if env.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
         raise CapplanError(
             "VLLM_USE_V2_MODEL_RUNNER=0 puts the engine on vLLM's V1 model runner, where the plan cannot be in force",
@@ -84,7 +87,8 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
         python = sys.executable  # a wrapper script: the best guess is the Python running capplan
     try:
         probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=60)
-        has_vllm, has_plugin = (word == "True" for word in probe.stdout.split())
+        found, plugin, version = probe.stdout.split()
+        has_vllm, has_plugin = found == "True", plugin == "True"
     except (OSError, ValueError, subprocess.TimeoutExpired):
         raise CapplanError(
             f"cannot run {printable(python)} to check that it sees vLLM and capplan's plugin",
@@ -100,7 +104,13 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
             f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
             f"{where} -m pip install capplan",
         )
-    # MoE models on vLLM 0.25 default to the V1 runner; the plan needs MRV2.
+    if target is not None and version != "-":
+        from capplan.runtime.versions import release_problem
+
+        problem = release_problem(target, version)
+        if problem:
+            raise CapplanError(f"{where}: {problem[0]}", problem[1])
+    # MoE models before vLLM 0.29 default to the V1 runner; the plan needs MRV2.
     return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 

@@ -33,22 +33,22 @@ import time
 from dataclasses import fields
 
 from capplan.planner.dispatch import Dispatcher
-from capplan.releases import BREAKABLE_GRAPHS_DIFFER
+from capplan.releases import Release
 from capplan.runtime import contract, recorder
 from capplan.runtime.contract import IncompatibleVllm
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, config_problem, engine_problem
 from capplan.runtime.report import Report
-from capplan.runtime.versions import detect_semantics
+from capplan.runtime.versions import detect_release, release_problem
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Fix
 
 
-def _require(target: str, semantics: str, fn=None):
-    """Check the contract entry for `target` (and `fn`, the function actually patched,
-    when it differs from the one the entry names); return the entry."""
-    hook = contract.entry(target, semantics)
-    contract.check_signature(hook, fn)
+def _require(target: str, release: Release, fn=None):
+    """Check the contract entry for `target` on this release (and `fn`, the function actually
+    patched, when it differs from the one the entry names); return the entry."""
+    hook = contract.entry(target, release)
+    contract.check_signature(hook, release, fn)
     return hook
 
 
@@ -61,7 +61,7 @@ class Installed:
         self.dispatcher = Dispatcher(plan)
         self.report = Report(plan, plan_path)
         self.in_step = False
-        self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.31+), per step
+        self.step_has_prefill: bool | None = None  # what vLLM told its dispatcher (0.28+), per step
         self.step_lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted, per step
         self.dp_step = -1  # model-runner steps through DP sync so far, idle and warm-up steps too (alike on every rank)
         self.recording_off = False  # a tensor-parallel worker other than rank 0: it records nothing
@@ -91,20 +91,18 @@ def install(plan: Plan, plan_path: str) -> Installed:
     import vllm.v1.worker.gpu.model_runner as runner_mod
     from vllm.config import VllmConfig
 
-    semantics = detect_semantics(vllm.__version__)
-    if semantics != plan.spec.target.vllm:
-        raise IncompatibleVllm(
-            f"capplan: plan targets vLLM {plan.spec.target.vllm} semantics but this is vLLM "
-            f'{vllm.__version__} ({semantics}); regenerate the plan with target.vllm: "{semantics}"'
-        )
+    release = detect_release(vllm.__version__)
+    problem = release_problem(plan.spec.target.vllm, vllm.__version__)
+    if problem:
+        raise IncompatibleVllm(f"capplan: {problem[0]}; {problem[1]}")
     manager_cls = cg.ModelCudaGraphManager
     m = contract.MANAGER
-    init_entry = _require(f"{m}._init_candidates", semantics)
-    _require(f"{m}.dispatch", semantics)
-    _require(f"{m}.capture", semantics)
-    count_entry = _require(f"{contract.RUNNER}:get_num_active_loras_for_dispatch", semantics)
-    capture_entry = _require(f"{contract.RUNNER}:create_lora_capture_hook", semantics)
-    _require("vllm.config:VllmConfig.compute_hash", semantics)
+    init_entry = _require(f"{m}._init_candidates", release)
+    _require(f"{m}.dispatch", release)
+    _require(f"{m}.capture", release)
+    count_entry = _require(f"{contract.RUNNER}:get_num_active_loras_for_dispatch", release)
+    capture_entry = _require(f"{contract.RUNNER}:create_lora_capture_hook", release)
+    _require("vllm.config:VllmConfig.compute_hash", release)
     state = Installed(plan, plan_path)
     state.desc_cls = cg.BatchExecutionDescriptor
     state.vllm_descs = [_to_vllm(state.desc_cls, g.descriptor) for g in plan.graphs]
@@ -117,17 +115,17 @@ def install(plan: Plan, plan_path: str) -> Installed:
         _hook_lora_count(state, runner_mod, count_entry)
     if plan.spec.lora.enabled:
         runner_mod.create_lora_capture_hook = _capture_hook_factory(state, capture_entry)
-    if semantics == "0.25" and plan.spec.has(Fix.dummy_remainder):
-        _spread_make_dummy()
-        _spread_dummy_run(runner_mod.GPUModelRunner)
-    _refuse_v1_runner(state)
-    _check_config_early(state, semantics)
+    if not release.rules.spreads_dummy_remainder and plan.spec.has(Fix.dummy_remainder):
+        _spread_make_dummy(release)
+        _spread_dummy_run(runner_mod.GPUModelRunner, release)
+    _refuse_v1_runner(state, release)
+    _check_config_early(state, release)
     _hook_compute_hash(state, VllmConfig)
-    _hook_dp_sync(state, manager_cls, runner_mod, semantics)
+    _hook_dp_sync(state, manager_cls, runner_mod, release)
     if os.environ.get(recorder.ENV):
-        _hook_record(state, runner_mod.GPUModelRunner, semantics)
+        _hook_record(state, runner_mod.GPUModelRunner, release)
     if plan.encoder is not None and plan.encoder.vllm_budgets:
-        _hook_encoder_capture(state, semantics)
+        _hook_encoder_capture(state, release)
     _STATE = state
     return state
 
@@ -289,7 +287,7 @@ def _agree_across_dp(identity: str, problem: str | None) -> None:
     check_same_plan(identity, problem, dp.cpu_group, f" (DP rank {dp.rank_in_group})")
 
 
-def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> None:
+def _hook_dp_sync(state: Installed, manager_cls, runner_mod, release: Release) -> None:
     """Count what each model-runner step really runs, and what DP sync did to it.
 
     vLLM's model runner calls `dispatch_cg_and_sync_dp`: a local dispatch,
@@ -305,8 +303,8 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
 
     import vllm.v1.worker.gpu.dp_utils as dp_utils
 
-    _require("vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp", semantics)
-    _require("vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding", semantics)
+    _require("vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp", release)
+    _require("vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding", release)
     original_step = runner_mod.dispatch_cg_and_sync_dp
     original_sync = dp_utils.sync_cudagraph_and_dp_padding
     report = state.report
@@ -317,7 +315,7 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, semantics: str) -> 
         if not isinstance(cudagraph_manager, manager_cls):
             return original_step(cudagraph_manager, *args, **kwargs)
         state.in_step = True
-        if "max_query_len" in kwargs:  # 0.31+: None when a prefill is in the batch
+        if "max_query_len" in kwargs:  # 0.28+: None when a prefill is in the batch
             state.step_has_prefill = kwargs["max_query_len"] is None
         try:
             result = original_step(cudagraph_manager, *args, **kwargs)
@@ -361,9 +359,9 @@ def _tensor_parallel_rank() -> int:
         return 0
 
 
-def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
+def _hook_record(state: Installed, runner_cls, release: Release) -> None:
     """Append each real step's batch to the trace (CAPPLAN_TRACE), read after vLLM ran it."""
-    entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", semantics)
+    entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", release)
     original = runner_cls.execute_model
     header = (
         f"capplan trace: one line per model-runner step of an engine running plan {state.plan_path} "
@@ -409,14 +407,14 @@ def _hook_record(state: Installed, runner_cls, semantics: str) -> None:
     runner_cls.execute_model = execute_model
 
 
-def _hook_encoder_capture(state: Installed, semantics: str) -> None:
+def _hook_encoder_capture(state: Installed, release: Release) -> None:
     """Check vLLM's encoder budgets against the plan before any encoder graph is captured;
     under encoder_lora_eager capture none, so the encoder runs eager (vLLM replays encoder
     graphs only once captured) and tower/connector LoRA applies (failure class 11)."""
     from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
 
     target = "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.capture"
-    entry = _require(target, semantics)
+    entry = _require(target, release)
     original = EncoderCudaGraphManager.capture
     enc = state.plan.encoder
     assert enc is not None
@@ -450,12 +448,13 @@ def install_dp_guard() -> None:
     all-gather and the ranks that have a plan would wait forever. Does
     nothing for DP size 1; never changes what vLLM captures or dispatches.
     """
+    import vllm
     import vllm.v1.worker.gpu.cudagraph_utils as cg
 
     manager_cls = cg.ModelCudaGraphManager
     if getattr(manager_cls._init_candidates, "_capplan_guard", False):
         return
-    contract.check_signature(contract.CONTRACT[0])
+    contract.check_signature(contract.CONTRACT[0], detect_release(vllm.__version__))
     original = manager_cls._init_candidates
 
     def _init_candidates(self) -> None:
@@ -498,14 +497,14 @@ def _capture_hook_factory(state: Installed, hook_entry):
     return create_lora_capture_hook
 
 
-def _spread_make_dummy() -> None:
-    """vLLM 0.25 piles the token remainder on the last dummy request; respread it."""
+def _spread_make_dummy(release: Release) -> None:
+    """Before 0.27 vLLM piles the token remainder on the last dummy request; respread it."""
     import numpy as np
     import torch
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
     original = InputBatch.make_dummy.__func__
-    hook = _require("vllm.v1.worker.gpu.input_batch:InputBatch.make_dummy", "0.25")
+    hook = _require("vllm.v1.worker.gpu.input_batch:InputBatch.make_dummy", release)
 
     def make_dummy(cls, num_reqs, num_tokens, input_buffers):
         batch = original(cls, num_reqs, num_tokens, input_buffers)
@@ -541,14 +540,14 @@ def spread(counts):
     return np.array(even, dtype=counts.dtype)
 
 
-def _spread_dummy_run(runner_cls) -> None:
-    """vLLM 0.25's `_dummy_run` (memory profiling, compile warm-up, a DP rank's idle step)
+def _spread_dummy_run(runner_cls, release: Release) -> None:
+    """Before 0.27, vLLM's `_dummy_run` (memory profiling, compile warm-up, a DP rank's idle step)
     lists its per-request token counts with the remainder on the last request, for the
     dummy scheduler output and the dummy LoRA mapping, while `make_dummy` (hooked above)
     builds the inputs. During a dummy run, both lists are respread, so the three agree."""
     original = runner_cls._dummy_run
     for name in ("_dummy_run", "maybe_dummy_run_with_lora", "execute_model"):
-        _require(f"{contract.RUNNER}:GPUModelRunner.{name}", "0.25", getattr(runner_cls, name))
+        _require(f"{contract.RUNNER}:GPUModelRunner.{name}", release, getattr(runner_cls, name))
 
     def _dummy_run(self, num_tokens, *args, **kwargs):
         lora_context, execute = self.maybe_dummy_run_with_lora, self.execute_model
@@ -577,21 +576,21 @@ def _spread_dummy_run(runner_cls) -> None:
     runner_cls._dummy_run = _dummy_run
 
 
-def _check_config_early(state: Installed, semantics: str) -> None:
+def _check_config_early(state: Installed, release: Release) -> None:
     """Compare plan and engine where vLLM's config becomes final, in the process that starts
     the engine (the API server, or the script that builds LLM): a mismatched plan, or an
     engine vLLM puts on its V1 runner, stops the launch there, before any process is
     spawned or any weight loaded, with one line."""
     from vllm.engine.arg_utils import EngineArgs
 
-    _require("vllm.engine.arg_utils:EngineArgs.create_engine_config", semantics)
+    _require("vllm.engine.arg_utils:EngineArgs.create_engine_config", release)
     original = EngineArgs.create_engine_config
 
     def create_engine_config(self, *args, **kwargs):
         config = original(self, *args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(state.plan_path))
-        problem = breakable_problem(state.plan, state.plan_path)
+        problem = breakable_problem(state.plan, state.plan_path, release)
         if problem:
             raise SystemExit(problem)
         problem = config_problem(state.plan, state.plan_path, config)
@@ -602,12 +601,12 @@ def _check_config_early(state: Installed, semantics: str) -> None:
     EngineArgs.create_engine_config = create_engine_config
 
 
-def _refuse_v1_runner(state: Installed) -> None:
+def _refuse_v1_runner(state: Installed, release: Release) -> None:
     """Fail closed when vLLM puts the engine on its V1 model runner: none of the hooks
     above apply there, and the engine would serve without the plan."""
     from vllm.v1.worker.gpu_worker import Worker
 
-    hook = _require("vllm.v1.worker.gpu_worker:Worker.init_device", state.plan.spec.target.vllm)
+    hook = _require("vllm.v1.worker.gpu_worker:Worker.init_device", release)
     original = Worker.init_device
 
     def init_device(self, *args, **kwargs):
@@ -620,23 +619,21 @@ def _refuse_v1_runner(state: Installed) -> None:
     Worker.init_device = init_device
 
 
-def breakable_problem(plan: Plan, plan_path: str) -> str | None:
+def breakable_problem(plan: Plan, plan_path: str, release: Release) -> str | None:
     """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
-    MRV2 captures (capplan.releases.BREAKABLE_GRAPHS_DIFFER: its mixed PIECEWISE graphs),
+    MRV2 captures (a release row's `breakable_pads_requests`: its mixed PIECEWISE graphs),
     or None. Read after the engine config is built: vLLM turns the setting on itself for
     some architectures."""
-    import vllm
     import vllm.envs as envs
 
-    release = vllm.__version__.split("+", 1)[0]
-    if release not in BREAKABLE_GRAPHS_DIFFER or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
+    if not release.breakable_pads_requests or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
         return None
     if not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
         return None
     return (
-        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release} for this model), "
-        f"so vLLM {release} pads requests in its mixed PIECEWISE graphs, which the plan {plan_path} does not "
-        "plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
+        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release.version} for this "
+        f"model), so vLLM {release.version} pads requests in its mixed PIECEWISE graphs, which the plan "
+        f"{plan_path} does not plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
     )
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from capplan.releases import releases_of
+from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of
 
 
 class CudagraphMode(str, enum.Enum):
@@ -82,19 +82,20 @@ class Target(_Strict):
     """Which runner and which vLLM planning semantics the plan reproduces."""
 
     runner: Literal["mrv2"] = Field("mrv2", description="Model runner. Only vLLM's Model Runner V2 is supported.")
-    vllm: Literal["0.25", "0.33"] = Field(
+    vllm: str = Field(
         "0.33",
         description=(
-            f"vLLM planning semantics: '0.25' (vLLM {', '.join(releases_of('0.25'))}) or '0.33' "
-            f"(vLLM {', '.join(releases_of('0.33'))}). They differ in default capture sizes, token ranges and "
-            "dummy layouts."
+            f"The vLLM release the plan reproduces: {', '.join(RELEASES)}; or an alias kept for older specs, "
+            + "; ".join(f"'{a}' (vLLM {', '.join(r)})" for a, r in ALIASES.items())
+            + ". Releases differ in default capture sizes, token ranges, uniform-decode and dummy layouts "
+            "(docs/vllm-releases.md)."
         ),
     )
     blackwell: bool = Field(
         False,
         description=(
-            "Data-center Blackwell GPU (SM10x). vLLM 0.33 raises the default "
-            "capture ceiling from 512 to 1024 tokens there; ignored for 0.25."
+            "Data-center Blackwell GPU (SM10x). From vLLM 0.28 the default capture ceiling "
+            "is 1024 tokens there instead of 512; ignored by earlier releases."
         ),
     )
     gpu: str | None = Field(
@@ -116,6 +117,18 @@ class Target(_Strict):
         if isinstance(value, float):
             return repr(value)
         return value
+
+    @field_validator("vllm")
+    @classmethod
+    def _supported(cls, value: str) -> str:
+        if value in TARGETS:
+            return value
+        if f"{value}.0" in RELEASES:
+            raise ValueError(f'name the release: "{value}.0"')
+        raise ValueError(
+            f"not a supported vLLM release: use one of {', '.join(RELEASES)} (or the older aliases "
+            f"{' and '.join(ALIASES)})"
+        )
 
 
 class Scheduler(_Strict):
@@ -463,10 +476,11 @@ class Spec(_Strict):
             return self
         if mm.tower_connector_lora and not self.lora.enabled:
             raise ValueError("multimodal.tower_connector_lora needs lora.enabled; enable LoRA or remove it")
-        if mm.encoder_cudagraphs and self.target.vllm == "0.25":
+        if mm.encoder_cudagraphs and not self.rules.encoder_graphs:
+            first = next(v for v, r in RELEASES.items() if r.rules.encoder_graphs)
             raise ValueError(
-                "multimodal.encoder_cudagraphs: vLLM 0.25's Model Runner V2 captures no encoder graphs "
-                '(only its V1 runner does); set it to false, or target.vllm: "0.33"'
+                f"multimodal.encoder_cudagraphs: vLLM {self.target.vllm}'s Model Runner V2 captures no encoder "
+                f'graphs (only its V1 runner does); set it to false, or target.vllm: "{first}" or later'
             )
         if (
             "fixes" not in self.model_fields_set
@@ -478,6 +492,11 @@ class Spec(_Strict):
 
     def has(self, fix: Fix) -> bool:
         return fix in self.fixes
+
+    @property
+    def rules(self) -> Rules:
+        """How the target release plans (capplan.releases)."""
+        return rules_of(self.target.vllm)
 
     @property
     def decode_query_len(self) -> int:

@@ -289,7 +289,7 @@ class Objective:
         for item in trace:
             b = item.batch
             case = d.lora_case(d.lora_count(b))
-            decode = not b.has_prefill and derive_uniform(b, spec.target.vllm) == dql
+            decode = not b.has_prefill and derive_uniform(b, spec.rules) == dql
             if b.num_tokens > top or not (decode or has_piecewise):
                 continue  # eager whatever the sizes: the same in every point
             kind = "full" if decode and self.full_max else "piecewise"

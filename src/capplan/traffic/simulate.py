@@ -379,7 +379,7 @@ def simulate_ranks(
                 local.append((idle, dql, idle_count, d.lookup(1, dql, dql, idle_count)))
             else:
                 b = item
-                local.append((b, derive_uniform(b, d.vllm), d.lora_count(b), d.dispatch(b)))
+                local.append((b, derive_uniform(b, d.rules), d.lora_count(b), d.dispatch(b)))
         lowest = min(MODE_ORDER[desired.cg_mode] for _, _, _, desired in local)
         uniforms = {u for _, u, _, _ in local}
         synced_uniform = uniforms.pop() if len(uniforms) == 1 else None

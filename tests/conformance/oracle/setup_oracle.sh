@@ -6,7 +6,8 @@
 # Creates, each step skipped when its marker file says it is already done:
 #   CACHE_DIR/venv            python3.11 venv with requirements-vllm.txt (--no-deps)
 #   CACHE_DIR/src/<release>   vllm/*.py unzipped from the vllm==<release> wheel, for each
-#                             release in CAPPLAN_ORACLE_RELEASES (default: 0.25.0 0.32.0 0.33.0)
+#                             release in CAPPLAN_ORACLE_RELEASES (default: 0.25.0 0.33.0;
+#                             .ci/run names one release of each group)
 # Wheels are downloaded into CACHE_DIR/wheels and deleted once unzipped.
 #
 # Then run the oracle with one version's sources on PYTHONPATH:
@@ -18,8 +19,8 @@
 # editing requirements-vllm.txt rebuilds the venv on the next run.
 set -euo pipefail
 
-# Releases to prepare: CAPPLAN_ORACLE_RELEASES (comma or space separated) or the CI set.
-read -r -a VERSIONS <<< "$(echo "${CAPPLAN_ORACLE_RELEASES:-0.25.0 0.32.0 0.33.0}" | tr ',' ' ')"
+# Releases to prepare: CAPPLAN_ORACLE_RELEASES (comma or space separated), else the oldest and newest.
+read -r -a VERSIONS <<< "$(echo "${CAPPLAN_ORACLE_RELEASES:-0.25.0 0.33.0}" | tr ',' ' ')"
 PYTHON=${PYTHON:-python3.11}
 
 if [[ $# -ne 1 || -z "${1:-}" ]]; then

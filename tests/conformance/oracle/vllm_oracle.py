@@ -104,6 +104,16 @@ else:
     get_uniform_token_count = cg_utils.get_uniform_token_count
     get_uniform_decode_token_count = None
 
+
+def _uniform_decode(num_reqs: int, num_tokens: int, max_query_len: int, has_prefill: bool):
+    """get_uniform_decode_token_count: its last parameter is `has_prefill` (0.28 to 0.30) or
+    `decode_graph_eligible` (0.31+), the same fact stated the other way round."""
+    if "has_prefill" in _UNIFORM_PARAMS:
+        return get_uniform_decode_token_count(num_reqs, num_tokens, max_query_len, has_prefill)
+    return get_uniform_decode_token_count(num_reqs, num_tokens, max_query_len, not has_prefill)
+
+
+_UNIFORM_PARAMS = set(inspect.signature(get_uniform_decode_token_count).parameters) if IS_V033 else set()
 _MANAGER_PARAMS = set(inspect.signature(CudaGraphManager.__init__).parameters)
 _DISPATCH_PARAMS = set(inspect.signature(CudaGraphManager.dispatch).parameters)
 _RESOLVE_PARAMS = set(inspect.signature(CompilationConfig.resolve_cudagraph_mode_and_sizes).parameters)
@@ -344,7 +354,7 @@ def build_manager(spec: dict, notes: list[str] | None = None) -> SimpleNamespace
 def uniform_rule():
     """The runner's uniform-decode rule for this version, as f(reqs, tokens, max_query_len, has_prefill)."""
     if IS_V033:
-        return lambda r, t, q, prefill: get_uniform_decode_token_count(r, t, q, decode_graph_eligible=not prefill)
+        return lambda r, t, q, prefill: _uniform_decode(r, t, q, prefill)
     return lambda r, t, q, prefill: get_uniform_token_count(r, t, q)
 
 
@@ -393,12 +403,7 @@ def _run_spec(entry: dict) -> dict:
             num_adapters = int(num_adapters)
             has_prefill = bool(has_prefill)
             if IS_V033:
-                u = get_uniform_decode_token_count(
-                    num_reqs,
-                    num_tokens,
-                    max_query_len,
-                    decode_graph_eligible=not has_prefill,
-                )
+                u = _uniform_decode(num_reqs, num_tokens, max_query_len, has_prefill)
             else:
                 u = get_uniform_token_count(num_reqs, num_tokens, max_query_len)
             if has_mql:
