@@ -65,7 +65,9 @@ def test_the_command_runs_with_the_plan_and_its_exit_code_and_quoting_are_kept(f
     assert proc.stdout.split() == [str(PLAN), "1"]
     import shlex
 
-    echoed = proc.stderr.splitlines()[0].split("graphs): ", 1)[1]
+    note, running = proc.stderr.splitlines()[:2]
+    assert note.startswith("capplan: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` command")
+    echoed = running.split("graphs): ", 1)[1]
     assert shlex.split(echoed) == [sys.executable, "-c", code]  # quoting kept: pastes back into a shell
 
 

@@ -508,6 +508,35 @@ def _encoder_dispatch(plan, items_text: str, as_json: bool) -> None:
         typer.echo(f"  - packing as vLLM {release_of(plan.spec.target.vllm).version} does{_packing_caveat(plan)}")
 
 
+@app.command("flags")
+@_errors_to_exit
+def flags_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
+    form: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="serve: a `vllm serve` line; python: a `python -m vllm.entrypoints.openai.api_server` line; "
+            "json: the arguments as a JSON list (for Kubernetes manifests, Ray, your own scripts).",
+        ),
+    ] = "serve",
+) -> None:
+    """Print the vLLM arguments that match PLAN, for launching vLLM without `capplan apply`.
+
+    Scheduler limits, max_loras and the specialize switches, DP (and TP/PP when
+    the spec names them), and a --compilation-config with the cudagraph mode and
+    the plan's capture sizes. MODEL stands for your model. Speculative decoding
+    needs your draft method: the line before says what to add. Then set
+    CAPPLAN_PLAN=PLAN in the engine's environment to put the plan in force.
+    """
+    from capplan.loading import load_plan
+    from capplan.runtime.engine_args import render
+
+    if form not in ("serve", "python", "json"):
+        raise UsageError(f"--format must be serve, python or json (got {form!r})")
+    typer.echo(render(load_plan(plan), form))
+
+
 @app.command("verify")
 @_errors_to_exit
 def verify_cmd(
@@ -1096,6 +1125,14 @@ def apply_cmd(
     ctx: typer.Context,
     plan: Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)],
     runner: Annotated[str, typer.Option("--runner", help="Model runner: mrv2.")] = "mrv2",
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check the command's flags against the plan and print the command that would run, with the "
+            "flags the plan adds; start nothing.",
+        ),
+    ] = False,
     report: Annotated[
         Path | None,
         typer.Option(
@@ -1125,7 +1162,13 @@ def apply_cmd(
 ) -> None:
     """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
 
-    Any command that starts vLLM works (vllm serve, python my_script.py): vLLM
+    For `vllm serve` and `python -m vllm.entrypoints.openai.api_server`, the
+    flags are read first: one that contradicts the plan (max_loras, max_num_seqs,
+    capture sizes, cudagraph mode, ...) is refused before anything starts, and
+    what the plan determines and the command leaves out is added (printed on one
+    line), so `capplan apply --runner mrv2 PLAN -- vllm serve MODEL` is a
+    complete launch. Any other command that starts vLLM works too (python
+    my_script.py), checked by each engine instead. vLLM
     loads capplan's plugin (entry point vllm.general_plugins) in every engine
     and worker process, and CAPPLAN_PLAN names the plan. Setting
     CAPPLAN_PLAN=PATH yourself does the same without this wrapper.
@@ -1148,8 +1191,16 @@ def apply_cmd(
     if not command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(plan)  # refuse a bad plan before starting anything
-    _check_run_outputs(plan, command, report, trace, loaded.dp.data_parallel_size)
+    from capplan.runtime.engine_args import prepare
     from capplan.runtime.launch import check_environment, run_child
+
+    command, notes = prepare(loaded, str(plan), command)  # a flag against the plan: refused here, in well under 1 s
+    if dry_run:
+        for line in notes:
+            typer.echo(line, err=True)
+        typer.echo(shlex.join(command))
+        return
+    _check_run_outputs(plan, command, report, trace, loaded.dp.data_parallel_size)
 
     env = check_environment(command, dict(os.environ), loaded.spec.target.vllm)
     env["CAPPLAN_PLAN"] = str(plan.resolve())
@@ -1157,6 +1208,8 @@ def apply_cmd(
         env["CAPPLAN_REPORT"] = str(report.resolve())
     if trace is not None:
         env["CAPPLAN_TRACE"] = str(trace.resolve())
+    for line in notes:
+        typer.echo(line, err=True)
     typer.echo(f"capplan: running with {plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}", err=True)
     before = _reports(report) if report is not None else {}
     code = run_child(command, env)

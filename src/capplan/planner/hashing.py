@@ -29,6 +29,9 @@ def spec_data(spec: Spec) -> dict:
         data["model"] = {k: v for k, v in data["model"].items() if v is not None}
     if data["target"].get("gpu", 0) is None:
         data["target"].pop("gpu")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if data["parallel"].get(name, 0) is None:
+            data["parallel"].pop(name)
     return data
 
 
@@ -39,7 +42,13 @@ def spec_hash(spec: Spec) -> str:
 # Spec fields that cannot change which graphs exist or how they are keyed.
 # Everything else is in the fingerprint, so a new field is never left out by
 # accident (vLLM's hand-kept factor list dropped specialize_active_lora).
-FINGERPRINT_IGNORE = {("scheduler", "max_model_len"), ("parallel", "data_parallel_size"), ("target", "gpu")}
+FINGERPRINT_IGNORE = {
+    ("scheduler", "max_model_len"),
+    ("parallel", "data_parallel_size"),
+    ("parallel", "tensor_parallel_size"),
+    ("parallel", "pipeline_parallel_size"),
+    ("target", "gpu"),
+}
 FINGERPRINT_IGNORE_SECTIONS = {"model"}  # what a calibration is checked against; no graph depends on it
 
 

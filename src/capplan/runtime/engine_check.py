@@ -40,6 +40,11 @@ def plan_settings(plan: Plan) -> dict[str, object]:
         "lora_capture_cases (resolved)": plan.lora_capture_cases,
         "speculative.num_speculative_tokens": spec.speculative.num_speculative_tokens,
         "parallel.data_parallel_size": spec.parallel.data_parallel_size,
+        **{
+            f"parallel.{name}": getattr(spec.parallel, name)
+            for name in ("tensor_parallel_size", "pipeline_parallel_size")
+            if getattr(spec.parallel, name) is not None  # unset in the spec: not checked
+        },
         **_multimodal_plan(plan),
     }
 
@@ -108,6 +113,8 @@ def config_settings(cfg) -> dict[str, object]:
         "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
         "speculative.num_speculative_tokens": getattr(spec, "num_speculative_tokens", None) or 0,
         "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
+        "parallel.tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+        "parallel.pipeline_parallel_size": cfg.parallel_config.pipeline_parallel_size,
         "multimodal.tower_connector_lora": bool(getattr(lora, "enable_tower_connector_lora", False)),
         "multimodal.encoder_cudagraphs": bool(getattr(comp, "cudagraph_mm_encoder", False)),
         "multimodal.token_budgets": sorted(getattr(comp, "encoder_cudagraph_token_budgets", None) or []),

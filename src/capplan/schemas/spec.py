@@ -298,6 +298,25 @@ class Parallel(_Strict):
     """vLLM's ParallelConfig, as far as it shapes graphs and dispatch."""
 
     data_parallel_size: int = Field(1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size.")
+    tensor_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DP_SIZE,
+        description=(
+            "vLLM tensor_parallel_size. Changes no graph (every TP rank captures the plan's graphs; vLLM's "
+            "sequence-parallel size filter needs enable_sp, which capplan does not plan); when given, the "
+            "engine must match it. Unset: not checked."
+        ),
+    )
+    pipeline_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DP_SIZE,
+        description=(
+            "vLLM pipeline_parallel_size. Changes no graph (every stage captures the plan's graphs); when "
+            "given, the engine must match it. Unset: not checked."
+        ),
+    )
 
 
 class Model(_Strict):

@@ -1,0 +1,346 @@
+"""The vLLM command line a plan was compiled for: read it, refuse what contradicts the plan,
+add what the plan determines and the command leaves out, and print it for other launchers.
+
+Reads the flags of `vllm serve MODEL ...` and `python -m vllm.entrypoints.openai.api_server
+...` the way vLLM's argument parser does (`--flag value`, `--flag=value`, `--no-flag`,
+JSON for `--compilation-config`/`-cc` and `--speculative-config`/`-sc`, dotted keys such
+as `-cc.cudagraph_mode=FULL`, the human-readable integers 1k/1K of the token limits).
+Nothing here imports vLLM: `capplan apply` checks a launch in well under a second, before
+anything starts. What only vLLM resolves (a model's own defaults, a `--config` file) is
+left to the in-engine check, which still refuses a mismatch before capture.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capplan.errors import CapplanError, printable
+from capplan.schemas.plan import Plan
+
+SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+
+# vLLM flag (and its short alias) -> (the plan setting it sets, the kind of value it takes).
+SCALARS: dict[str, tuple[str, str]] = {
+    "--max-num-seqs": ("scheduler.max_num_seqs", "int"),
+    "--max-num-batched-tokens": ("scheduler.max_num_batched_tokens", "human_int"),
+    "--max-model-len": ("scheduler.max_model_len", "human_int"),
+    "--max-loras": ("lora.max_loras", "int"),
+    "--data-parallel-size": ("parallel.data_parallel_size", "int"),
+    "--tensor-parallel-size": ("parallel.tensor_parallel_size", "int"),
+    "--pipeline-parallel-size": ("parallel.pipeline_parallel_size", "int"),
+    "--max-cudagraph-capture-size": ("cudagraph.max_capture_size", "int"),
+}
+SHORT = {"-dp": "--data-parallel-size", "-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}
+SWITCHES: dict[str, str] = {
+    "--enable-lora": "lora.enabled",
+    "--specialize-active-lora": "lora.specialize_active",
+    "--enable-tower-connector-lora": "multimodal.tower_connector_lora",
+    "--enforce-eager": "enforce_eager",
+}
+JSON_ARGS = {"--compilation-config": "compilation", "-cc": "compilation", "--speculative-config": "speculative"}
+JSON_ARGS["-sc"] = "speculative"
+# compilation-config key -> plan setting
+COMPILATION: dict[str, str] = {
+    "cudagraph_mode": "cudagraph.mode",
+    "cudagraph_capture_sizes": "cudagraph.capture_sizes",
+    "max_cudagraph_capture_size": "cudagraph.max_capture_size",
+    "cudagraph_specialize_lora": "lora.specialize",
+    "cudagraph_mm_encoder": "multimodal.encoder_cudagraphs",
+    "encoder_cudagraph_token_budgets": "multimodal.token_budgets",
+    "encoder_cudagraph_max_vision_items_per_batch": "multimodal.max_vision_items_per_batch",
+    "encoder_cudagraph_max_frames_per_batch": "multimodal.max_frames_per_batch",
+}
+SIZES_FLAG = "--cudagraph-capture-sizes"
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: 4096, 1k (1000), 1K (1024), 25.6k."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip())
+    if not match:
+        raise ValueError(text)
+    number, suffix = match.groups()
+    if not suffix:
+        return int(number)
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix) or 2 ** (10 * "KMGT".index(suffix) + 10)
+    return int(float(number) * scale)
+
+
+@dataclass
+class Command:
+    """A vLLM server command line as capplan reads it."""
+
+    argv: list[str]
+    start: int  # index of the first engine argument (after `serve MODEL` or `-m MODULE`)
+    values: dict[str, object] = field(default_factory=dict)  # plan setting -> the command's value
+    flags: dict[str, str] = field(default_factory=dict)  # plan setting -> how the command set it
+    json_at: dict[str, int] = field(default_factory=dict)  # "compilation"/"speculative" -> index of its JSON
+    dotted: set[str] = field(default_factory=set)  # JSON args given as dotted keys
+    unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
+
+
+def server_start(argv: list[str]) -> int | None:
+    """Where the engine arguments begin in a vLLM server command, or None when `argv` is not one."""
+    if not argv:
+        return None
+    name = Path(argv[0]).name
+    if name == "vllm" and len(argv) > 1 and argv[1] == "serve":
+        return 3 if len(argv) > 2 and not argv[2].startswith("-") else 2
+    if name.startswith("python") and "-m" in argv:
+        at = argv.index("-m")
+        if at + 1 < len(argv) and argv[at + 1] in SERVER_MODULES:
+            rest = at + 2
+            if argv[at + 1] == "vllm.entrypoints.cli.main":
+                if rest >= len(argv) or argv[rest] != "serve":
+                    return None
+                rest += 1
+                return rest + 1 if rest < len(argv) and not argv[rest].startswith("-") else rest
+            return rest
+    return None
+
+
+def read_command(argv: list[str]) -> Command | None:
+    """The plan settings a vLLM server command sets, or None when `argv` is not a vLLM server command.
+    CapplanError names a flag whose value vLLM itself would refuse."""
+    start = server_start(argv)
+    if start is None:
+        return None
+    cmd = Command(list(argv), start)
+    i = start
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        name = SHORT.get(name, name)
+
+        def value(name: str = name, eq: str = eq, inline: str = inline, i: int = i) -> str:
+            if eq:
+                return inline
+            if i + 1 >= len(argv):
+                raise CapplanError(f"{printable(name)} needs a value")
+            return argv[i + 1]
+
+        step = 1 if eq else 2
+        if name in SCALARS:
+            key, kind = SCALARS[name]
+            raw = value()
+            if key == "scheduler.max_model_len" and raw in ("auto", "-1"):
+                cmd.unread.append(f"{name} {raw}")
+            else:
+                cmd.values[key] = _integer(name, raw, kind)
+                cmd.flags[key] = f"{name} {raw}"
+            i += step
+        elif name in SWITCHES or (name.startswith("--no-") and "--" + name[5:] in SWITCHES):
+            on = not name.startswith("--no-")
+            key = SWITCHES[name if on else "--" + name[5:]]
+            cmd.values[key] = on
+            cmd.flags[key] = name
+            i += 1
+        elif name == SIZES_FLAG:
+            j = i + 1
+            sizes = [inline] if eq else []
+            while not eq and j < len(argv) and re.fullmatch(r"\d+", argv[j]):
+                sizes.append(argv[j])
+                j += 1
+            if not sizes:
+                raise CapplanError(f"{SIZES_FLAG} needs one or more token counts")
+            cmd.values["cudagraph.capture_sizes"] = sorted({_integer(name, s, "int") for s in sizes})
+            cmd.flags["cudagraph.capture_sizes"] = f"{SIZES_FLAG} {' '.join(sizes)}"
+            i = j if not eq else i + 1
+        elif name in JSON_ARGS:
+            which = JSON_ARGS[name]
+            raw = value()
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                raise CapplanError(f"{name}: not JSON ({printable(raw[:60])})", "give a JSON object") from None
+            if not isinstance(data, dict):
+                raise CapplanError(f"{name}: not a JSON object", "give a JSON object")
+            cmd.json_at[which] = i + (0 if eq else 1)
+            _read_json(cmd, which, data, name)
+            i += step
+        elif "." in name and name.split(".", 1)[0] in JSON_ARGS:
+            head, _, key = name.partition(".")
+            which = JSON_ARGS[head]
+            raw = value()
+            try:
+                parsed: object = json.loads(raw)
+            except ValueError:
+                parsed = raw
+            cmd.dotted.add(which)
+            _read_json(cmd, which, {key: parsed}, head, dotted=True)
+            i += step
+        elif name == "--config":
+            cmd.unread.append(f"--config {value()}")
+            i += step
+        elif token.startswith("-") and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            i += 2  # another flag with its value (--port 8000)
+        else:
+            i += 1
+    return cmd
+
+
+def _integer(flag: str, raw: str, kind: str) -> int:
+    try:
+        return human_int(raw) if kind == "human_int" else int(raw)
+    except ValueError:
+        raise CapplanError(f"{flag} {printable(raw)}: not an integer") from None
+
+
+def _read_json(cmd: Command, which: str, data: dict, flag: str, dotted: bool = False) -> None:
+    def shown(key: str) -> str:
+        return f"{flag}.{key}" if dotted else f"{flag} {key}"
+
+    if which == "speculative":
+        if "num_speculative_tokens" in data:
+            cmd.values["speculative.num_speculative_tokens"] = data["num_speculative_tokens"]
+            cmd.flags["speculative.num_speculative_tokens"] = shown("num_speculative_tokens")
+        cmd.values.setdefault("speculative.present", True)
+        return
+    for key, setting in COMPILATION.items():
+        if key in data:
+            got = data[key]
+            if key == "cudagraph_capture_sizes" and isinstance(got, list):
+                got = sorted(set(got))
+            if key == "encoder_cudagraph_token_budgets" and isinstance(got, list):
+                got = sorted(got)
+            cmd.values[setting] = got
+            cmd.flags[setting] = f"{shown(key)} {_short(got)}"
+
+
+def plan_values(plan: Plan) -> dict[str, object]:
+    """The settings of vLLM's command line a plan determines."""
+    spec = plan.spec
+    out: dict[str, object] = {
+        "scheduler.max_num_seqs": spec.scheduler.max_num_seqs,
+        "scheduler.max_num_batched_tokens": spec.scheduler.max_num_batched_tokens,
+        "scheduler.max_model_len": spec.scheduler.max_model_len,
+        "parallel.data_parallel_size": spec.parallel.data_parallel_size,
+        "cudagraph.mode": spec.cudagraph.mode.value,
+        "cudagraph.capture_sizes": plan.capture_sizes,
+        "lora.enabled": spec.lora.enabled,
+        "lora.specialize": spec.lora.specialize,
+        "speculative.num_speculative_tokens": spec.speculative.num_speculative_tokens,
+    }
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        size = getattr(spec.parallel, name)
+        if size is not None:
+            out[f"parallel.{name}"] = size
+    if spec.lora.enabled:
+        out["lora.max_loras"] = spec.lora.max_loras
+        out["lora.specialize_active"] = spec.lora.specialize_active
+    mm = spec.multimodal
+    if mm is not None:
+        out["multimodal.tower_connector_lora"] = mm.tower_connector_lora
+        if spec.rules.encoder_graphs:
+            out["multimodal.encoder_cudagraphs"] = mm.encoder_cudagraphs
+            if mm.encoder_cudagraphs and mm.token_budgets:
+                out["multimodal.token_budgets"] = sorted(mm.token_budgets)
+            if mm.encoder_cudagraphs and mm.max_vision_items_per_batch:
+                out["multimodal.max_vision_items_per_batch"] = mm.max_vision_items_per_batch
+    return out
+
+
+def contradictions(plan: Plan, cmd: Command) -> list[str]:
+    """Each flag of the command that contradicts the plan, as 'FLAG sets X, the plan Y'."""
+    want = plan_values(plan)
+    out = []
+    for key, have in cmd.values.items():
+        if key == "enforce_eager":
+            if have and want["cudagraph.mode"] != "NONE":
+                out.append(f"--enforce-eager runs no CUDA graph, the plan cudagraph.mode {want['cudagraph.mode']}")
+            continue
+        if key == "speculative.present" or key not in want:
+            continue
+        if key == "cudagraph.max_capture_size":
+            if have != plan.max_capture_size:
+                out.append(f"{cmd.flags[key]}: the plan's largest graph is {plan.max_capture_size} tokens")
+            continue
+        if have != want[key]:
+            out.append(f"{cmd.flags[key]}: the plan has {key} {_short(want[key])}")
+    k = plan.spec.speculative.num_speculative_tokens
+    if k and "speculative.num_speculative_tokens" not in cmd.values:
+        out.append(
+            f"the plan needs {k} speculative token(s): add --speculative-config with your draft method and "
+            f'"num_speculative_tokens": {k}'
+        )
+    return out
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, list | bool) else str(value)
+    return text if len(text) <= 50 else text[:47] + "..."
+
+
+def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
+    """(the command with what the plan determines and it leaves out, what was added)."""
+    want = plan_values(plan)
+    argv = list(cmd.argv)
+    added: list[str] = []
+    for flag, (key, _) in SCALARS.items():
+        if key in want and key not in cmd.values:
+            added += [flag, str(want[key])]
+    for flag, key in SWITCHES.items():
+        if key in want and key not in cmd.values and (want[key] or key == "lora.specialize_active"):
+            added.append(flag if want[key] else "--no-" + flag[2:])
+    missing = {name: want[s] for name, s in COMPILATION.items() if s in want and s not in cmd.values}
+    if "cudagraph.max_capture_size" in cmd.values:
+        missing.pop("cudagraph_capture_sizes", None)  # vLLM derives the sizes from the ceiling given
+    if missing and "compilation" in cmd.json_at:
+        at = cmd.json_at["compilation"]
+        head, eq, text = argv[at].partition("=") if argv[at].startswith("-") else ("", "", argv[at])
+        merged = json.dumps({**json.loads(text), **missing}, separators=(",", ":"))
+        argv[at] = f"{head}={merged}" if eq else merged
+        added += [f"{k} (in {head or argv[at - 1]})" for k in missing]
+        missing = {}
+    tail = list(added)
+    if missing and "compilation" in cmd.dotted:
+        tail += [f"-cc.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in missing.items()]
+    elif missing:
+        tail += ["--compilation-config", json.dumps(missing, separators=(",", ":"))]
+    argv += [a for a in tail if " (in " not in a]
+    return argv, [a for a in tail]
+
+
+def flags_for(plan: Plan) -> list[str]:
+    """The vLLM engine arguments that match a plan, in `vllm serve` form."""
+    return complete(plan, Command(["vllm", "serve", "MODEL"], 3))[0][3:]
+
+
+def render(plan: Plan, form: str) -> str:
+    """`capplan flags`: the arguments as `vllm serve`, `python -m ...api_server` or JSON (one
+    entry per argument, for manifests)."""
+    args = flags_for(plan)
+    note = ""
+    k = plan.spec.speculative.num_speculative_tokens
+    if k:
+        note = f'# and --speculative-config with your draft method and "num_speculative_tokens": {k}\n'
+    if form == "json":
+        return json.dumps(args, indent=2)
+    if form == "python":
+        return note + shlex.join(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "MODEL", *args])
+    return note + shlex.join(["vllm", "serve", "MODEL", *args])
+
+
+def prepare(plan: Plan, plan_path: str, argv: list[str]) -> tuple[list[str], list[str]]:
+    """`capplan apply`'s launch: (the command to run, the lines to tell the user). CapplanError,
+    before anything starts, when a flag contradicts the plan."""
+    cmd = read_command(argv)
+    if cmd is None:
+        return argv, [
+            "capplan: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` command: its flags "
+            "are not read here (each engine still checks the plan before it captures)"
+        ]
+    problems = contradictions(plan, cmd)
+    if problems:
+        raise CapplanError(
+            f"the command contradicts {printable(plan_path)}: {'; '.join(problems)}",
+            "change the flag, or the spec and recompile; `capplan flags PLAN` prints the matching arguments",
+        )
+    full, added = complete(plan, cmd)
+    lines = [f"capplan: added from the plan: {shlex.join(added)}"] if added else []
+    if cmd.unread:
+        lines.append(f"capplan: not read here, checked by the engine: {shlex.join(cmd.unread)}")
+    return full, lines
