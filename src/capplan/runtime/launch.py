@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from capplan.errors import CapplanError, printable
+from capplan.install_hints import pip_install
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u\n"
@@ -93,12 +94,12 @@ def check_environment(command: list[str], env: dict[str, str]) -> dict[str, str]
     where = printable(python)
     if not has_vllm:
         raise CapplanError(
-            f"vLLM is not installed for {where}, which runs the command", f"{where} -m pip install 'capplan[vllm]'"
+            f"vLLM is not installed for {where}, which runs the command", pip_install("vllm", python=where)
         )
     if not has_plugin:
         raise CapplanError(
             f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
-            f"{where} -m pip install capplan",
+            pip_install(python=where),
         )
     # MoE models on vLLM 0.25 default to the V1 runner; the plan needs MRV2.
     return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
