@@ -112,7 +112,7 @@ def test_capplan_version():
 
 
 def test_the_examples_pin_this_version():
-    for path in (".pre-commit-hooks.yaml", "examples/ci/capture-plans.yml", "docs/releasing.md"):
+    for path in (".pre-commit-hooks.yaml", "examples/ci/capture-plans.yml", "README.md", "docs/releasing.md"):
         text = (ROOT / path).read_text()
         pins = set(re.findall(r"(?:@|rev: )(v\d+\.\d+\.\d+)", text))
         assert pins == {TAG}, f"{path} pins {pins}, this is capplan {__version__}"
