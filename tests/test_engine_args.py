@@ -206,3 +206,33 @@ def test_hostile_command_lines_get_an_answer_or_one_error(head, rest):
         assert "\n" not in exc.one_line()
         return
     assert argv[: len(head)] == head and all(isinstance(a, str) for a in argv)
+
+
+def test_the_engine_check_compares_parallel_sizes_only_when_the_spec_names_them():
+    from types import SimpleNamespace
+
+    from capplan.runtime.engine_check import config_problem
+
+    def config(plan, tp):
+        spec = plan.spec
+        return SimpleNamespace(
+            compilation_config=SimpleNamespace(
+                cudagraph_mode=SimpleNamespace(name=spec.cudagraph.mode.value),
+                cudagraph_capture_sizes=plan.capture_sizes,
+                max_cudagraph_capture_size=plan.max_capture_size,
+                cudagraph_specialize_lora=True,
+            ),
+            scheduler_config=SimpleNamespace(
+                max_num_seqs=spec.scheduler.max_num_seqs, max_num_batched_tokens=spec.scheduler.max_num_batched_tokens
+            ),
+            model_config=SimpleNamespace(max_model_len=spec.scheduler.max_model_len),
+            lora_config=None,
+            speculative_config=None,
+            parallel_config=SimpleNamespace(data_parallel_size=1, tensor_parallel_size=tp, pipeline_parallel_size=1),
+        )
+
+    named = compile_plan(spec_from_data({"parallel": {"tensor_parallel_size": 2}}, "p"))
+    unnamed = compile_plan(spec_from_data({}, "p"))
+    assert config_problem(named, "p", config(named, 2)) is None
+    assert "parallel.tensor_parallel_size: plan 2, engine 4" in config_problem(named, "p", config(named, 4))
+    assert config_problem(unnamed, "p", config(unnamed, 4)) is None  # not named: TP changes no graph

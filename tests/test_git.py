@@ -1,5 +1,5 @@
-"""Plans in git: `capplan git-setup` makes `git diff` semantic, and the pull-request
-script in examples/ci/ checks and summarizes plans. Real git, temporary repositories."""
+"""Plans in git: `capplan git-setup` makes `git diff` semantic. Real git, temporary
+repositories. (The pull-request workflow in examples/ci/: tests/test_install_from_git.py.)"""
 
 import os
 import shutil
@@ -79,76 +79,6 @@ def test_git_diff_of_an_unloadable_side_falls_back_to_the_raw_diff(repo):
     assert out.returncode == 0
     assert "not compared semantically" in out.stdout and "a format 1 plan" in out.stdout
     assert "-format_version: 2\n+format_version: 1" in out.stdout
-
-
-def _review(repo, *args):
-    return repo(
-        sys.executable,
-        str(ROOT / "examples" / "ci" / "plan_review.py"),
-        "--base",
-        "main",
-        "--specs",
-        "configs/*.yaml",
-        *args,
-        check=False,
-    )
-
-
-def test_pull_request_script_summarizes_changed_plans_and_fails_on_stale_ones(repo):
-    repo("git", "checkout", "-qb", "feature")
-    spec = repo.path / "configs" / "deploy.yaml"
-    spec.write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 8"))
-    repo("capplan", "compile", "configs/deploy.yaml")
-    repo("git", "commit", "-qam", "smaller batches")
-    ok = _review(repo)
-    assert ok.returncode == 0, ok.stderr
-    assert "All 1 plan(s) are what their specs compile to." in ok.stdout
-    assert "### capplan plan diff: `main:configs/deploy.plan.yaml` → `configs/deploy.plan.yaml`" in ok.stdout
-    assert "| graphs |" in ok.stdout and "scheduler.max_num_seqs: 16 -> 8" in ok.stdout
-    # The spec changes again but the plan is not recompiled: the job fails and says what to run.
-    spec.write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 4"))
-    summary = repo.path / "summary.md"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "ci" / "plan_review.py"),
-            "--base",
-            "main",
-            "--specs",
-            "configs/*.yaml",
-        ],
-        cwd=repo.path,
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "GITHUB_STEP_SUMMARY": str(summary),
-        },
-    )
-    assert proc.returncode == 1
-    assert "run capplan compile configs/deploy.yaml" in proc.stderr
-    text = summary.read_text()
-    assert "**Stale plans**" in text and "spec.scheduler.max_num_seqs: the file says 8, its spec compiles to 4" in text
-
-
-def test_pull_request_script_with_a_plan_folder(repo):
-    """The example workflow's mode: specs in configs/, plans in their own folder."""
-    repo("git", "checkout", "-qb", "feature")
-    repo("mkdir", "plans")
-    repo("capplan", "compile", "configs/deploy.yaml", "--plan-dir", "plans")
-    repo("git", "add", "plans")
-    repo("git", "commit", "-qm", "plans in their own folder")
-    (repo.path / "configs" / "deploy.yaml").write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 8"))
-    stale = _review(repo, "--plan-dir", "plans")
-    assert stale.returncode == 1
-    assert "run capplan compile configs/deploy.yaml -o plans/deploy.plan.yaml" in stale.stderr
-    repo("capplan", "compile", "configs/deploy.yaml", "--plan-dir", "plans")
-    repo("git", "commit", "-qam", "smaller batches")
-    ok = _review(repo, "--plan-dir", "plans")
-    assert ok.returncode == 0, ok.stderr
-    assert "`main:plans/deploy.plan.yaml`" not in ok.stdout  # not on main: a new plan, not a diff
-    assert "plans/deploy.plan.yaml" in ok.stdout and "All 1 plan(s) are what their specs compile to." in ok.stdout
 
 
 def test_git_diff_works_where_capplan_is_not_on_path(repo):

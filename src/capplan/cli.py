@@ -46,9 +46,21 @@ CalibrationOption = Annotated[
 ]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from capplan import __version__
+
+        typer.echo(f"capplan {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks instead of one-line errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print capplan's version and exit."),
+    ] = False,
 ) -> None:
     global _DEBUG
     _DEBUG = _DEBUG or debug

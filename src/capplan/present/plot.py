@@ -1,6 +1,6 @@
 """Pictures: simulate's bars, optimize's trade-off curve, and the plan itself (graphs per
 capture size and LoRA case, per mode; a diff of two plans). SVG is written directly (no
-dependency); PNG goes through matplotlib (`pip install 'capplan[plot]'`)."""
+dependency); PNG goes through matplotlib (the `plot` extra)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from capplan.errors import UsageError
+from capplan.install_hints import pip_install
 
 W, H, PAD = 760, 300, 56
 
@@ -56,7 +57,7 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
         matplotlib.rcParams["text.parse_math"] = False  # a file name with `$` is text, not TeX math
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
+        raise UsageError("PNG plots need matplotlib", f"{pip_install('plot')}, or give a .svg path") from None
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
     for ax, (title, xs, ys, color, ylabel) in zip(axes[:, 0], panels):
         ax.bar(range(len(xs)), ys, color=color)
@@ -99,7 +100,7 @@ def _pyplot():
         matplotlib.rcParams["text.parse_math"] = False  # a file name with `$` is text, not TeX math
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("PNG plots need matplotlib", "pip install 'capplan[plot]', or give a .svg path") from None
+        raise UsageError("PNG plots need matplotlib", f"{pip_install('plot')}, or give a .svg path") from None
     return plt
 
 

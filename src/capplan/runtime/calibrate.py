@@ -147,6 +147,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
 
     import yaml
 
+    from capplan.install_hints import pip_install
     from capplan.planfile import plan_file_data, render_plan
     from capplan.planner.compiler import compile_plan
     from capplan.runtime.smoke import adapters_in, engine_kwargs
@@ -154,7 +155,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     if importlib.util.find_spec("vllm") is None:
         raise CapplanError(
             "calibrate measures through vLLM, which is not installed here",
-            "pip install 'capplan[vllm]' on a GPU machine",
+            f"{pip_install('vllm')} on a GPU machine",
         )
     engine_kwargs(compile_plan(spec))  # refuse what the engines cannot drive, before starting any
     if not (model_dir / "base").is_dir():

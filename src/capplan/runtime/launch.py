@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from capplan.errors import CapplanError, printable
+from capplan.install_hints import pip_install
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u\n"
@@ -97,12 +98,12 @@ def check_environment(command: list[str], env: dict[str, str], target: str | Non
     where = printable(python)
     if not has_vllm:
         raise CapplanError(
-            f"vLLM is not installed for {where}, which runs the command", f"{where} -m pip install 'capplan[vllm]'"
+            f"vLLM is not installed for {where}, which runs the command", pip_install("vllm", python=where)
         )
     if not has_plugin:
         raise CapplanError(
             f"capplan's vLLM plugin is not installed for {where}, so vLLM would run without the plan",
-            f"{where} -m pip install capplan",
+            pip_install(python=where),
         )
     if target is not None and version != "-":
         from capplan.runtime.versions import release_problem
