@@ -169,12 +169,14 @@ def _differing(a: dict, b: dict) -> list[tuple]:
 
 
 def test_upstream_bug_is_reproduced(runs):
-    """vLLM's own behaviour (expected to be wrong): k adapters + base lose one."""
+    """vLLM's own behaviour (expected to be wrong): k adapters + base lose one. Only batches
+    with base requests break; which k do depends on how the engine splits a batch into
+    steps (with the engine core in its own process, a step may hold part of a batch)."""
     diff = _differing(runs["reference"], runs["vanilla"])
     ref = _by_key(runs["reference"])
     broken = {(ref[k]["adapters"], ref[k]["base"]) for k in diff}
     assert diff, "expected the upstream no-LoRA-slot bug to change some outputs"
-    assert broken <= {(1, True), (2, True), (4, True)}, broken
+    assert all(base and adapters >= 1 for adapters, base in broken), broken
 
 
 def test_plan_matches_reference_on_every_request(runs):
