@@ -38,7 +38,8 @@ base = model / "base"
 plan = Path("/tmp/p.plan.yaml")
 comp = subprocess.run(
     [sys.executable, "-m", "capplan", "compile", "configs/h200-tiny-llama-025.yaml", "-o", str(plan)],
-    capture_output=True, text=True,
+    capture_output=True,
+    text=True,
 )
 res["compile"] = {"returncode": comp.returncode, "stdout": comp.stdout[-1500:], "stderr": comp.stderr[-1500:]}
 (out / "p.plan.yaml").write_text(plan.read_text() if plan.exists() else "")
@@ -47,11 +48,19 @@ port = serve_run.free_port()
 report = Path("/tmp/r.json")
 report.unlink(missing_ok=True)
 server = [
-    "python3", "-m", "vllm.entrypoints.openai.api_server", "--model", str(base),
-    "--port", str(port),
-    "--lora-modules", *[f"a{i}={model / f'lora{i}'}" for i in (1, 2, 3, 4)],
-    "--gpu-memory-utilization", "0.3",
-    "--attention-backend", "TRITON_ATTN",
+    "python3",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    str(base),
+    "--port",
+    str(port),
+    "--lora-modules",
+    *[f"a{i}={model / f'lora{i}'}" for i in (1, 2, 3, 4)],
+    "--gpu-memory-utilization",
+    "0.3",
+    "--attention-backend",
+    "TRITON_ATTN",
 ]
 cmd = ["python3", "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report), "--", *server]
 res["command"] = shlex.join(cmd)
@@ -67,10 +76,12 @@ try:
     res["time_to_healthy_s"] = round(serve_run.wait_ready(port, proc, limit=330), 1)
 
     def complete(model_name: str, prompt: list[int]) -> dict:
-        body = json.dumps({"model": model_name, "prompt": prompt, "max_tokens": 16, "temperature": 0,
-                           "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": model_name, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=120) as resp:
             data = json.loads(resp.read())
         return {"text": data["choices"][0]["text"], "usage": data.get("usage")}
@@ -84,7 +95,10 @@ try:
 
     def one(i: int, a: str | None) -> None:
         try:
-            got[i] = {"model": a or "base", **complete(a or str(base), [(13 * i + t) % 2000 + 10 for t in range(5 + i)])}
+            got[i] = {
+                "model": a or "base",
+                **complete(a or str(base), [(13 * i + t) % 2000 + 10 for t in range(5 + i)]),
+            }
         except Exception as exc:  # noqa: BLE001
             got[i] = {"model": a or "base", "error": repr(exc)}
 
@@ -111,11 +125,11 @@ finally:
     log.close()
 text = logp.read_text(errors="replace")
 lines = text.splitlines()
-res["added_line"] = [l for l in lines if "capplan: added from the plan" in l]
-res["capplan_lines"] = [l for l in lines if "capplan" in l][-10:]
-res["vllm_args_lines"] = [l for l in lines if "non-default args" in l or "vLLM API server version" in l][:4]
-res["capture_lines"] = [l for l in lines if "Graph capturing finished" in l]
-res["error_lines"] = [l for l in lines if "Error" in l or "Traceback" in l][:15]
+res["added_line"] = [line for line in lines if "capplan: added from the plan" in line]
+res["capplan_lines"] = [line for line in lines if "capplan" in line][-10:]
+res["vllm_args_lines"] = [line for line in lines if "non-default args" in line or "vLLM API server version" in line][:4]
+res["capture_lines"] = [line for line in lines if "Graph capturing finished" in line]
+res["error_lines"] = [line for line in lines if "Error" in line or "Traceback" in line][:15]
 if "error" in res:
     res["log_tail"] = lines[-40:]
 if report.exists():
@@ -123,8 +137,23 @@ if report.exists():
     (out / "r.json").write_text(report.read_text())
 
 # refusal: --max-loras 16 against a max_loras 4 plan
-ref_cmd = ["python3", "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--", "python3", "-m",
-           "vllm.entrypoints.openai.api_server", "--model", str(base), "--max-loras", "16"]
+ref_cmd = [
+    "python3",
+    "-m",
+    "capplan",
+    "apply",
+    "--runner",
+    "mrv2",
+    str(plan),
+    "--",
+    "python3",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    str(base),
+    "--max-loras",
+    "16",
+]
 t = time.perf_counter()
 p = subprocess.run(ref_cmd, env=env, capture_output=True, text=True, timeout=120)
 res["refusal"] = {
@@ -137,7 +166,15 @@ res["refusal"] = {
 (out / "apply_serve.json").write_text(json.dumps(res, indent=2))
 summary = {k: v for k, v in res.items() if k not in ("report",)}
 if "report" in res:
-    summary["report"] = {k: res["report"].get(k) for k in
-                         ("graphs_planned", "graphs_captured", "vllm_would_capture", "capture_seconds",
-                          "graph_memory_gib", "dispatch")}
+    summary["report"] = {
+        k: res["report"].get(k)
+        for k in (
+            "graphs_planned",
+            "graphs_captured",
+            "vllm_would_capture",
+            "capture_seconds",
+            "graph_memory_gib",
+            "dispatch",
+        )
+    }
 print(json.dumps(summary, indent=1)[-9000:])
