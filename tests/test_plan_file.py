@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from capplan.errors import PlanError
-from capplan.loading import first_difference, load_plan
-from capplan.planfile import MAX_LINE, int_runs, plan_file_data, render_plan
+from capplan.planfile import MAX_LINE, first_difference, int_runs, load_plan, plan_file_data, render_plan
 from capplan.planner import compile_plan
 from capplan.schemas.plan import address
 from tests.conftest import make_spec

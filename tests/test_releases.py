@@ -45,7 +45,7 @@ def test_a_plan_written_before_a_release_was_added_still_loads(tmp_path):
     from typer.testing import CliRunner
 
     from capplan.cli import app
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     text = (ROOT / "examples" / "h200-tiny-llama-025.plan.yaml").read_text()
     current = 'target: {runner: mrv2, vllm: "0.25.0, 0.25.1, 0.26.0"}'

@@ -7,6 +7,7 @@ class CapplanError(Exception):
     """A user-facing failure: one line naming what is wrong, plus how to fix it."""
 
     exit_code = 1
+    earlier: list[str] = []  # lines said before this one (each as `error: LINE`)
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -40,3 +41,12 @@ class UsageError(CapplanError):
     """The command line asks for something impossible."""
 
     exit_code = 2
+
+
+class StalePlansError(CapplanError):
+    """`compile --check` found plans that do not hold what their specs compile to: one
+    line per plan, each naming the command that regenerates it (the last is the message)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(lines[-1])
+        self.earlier = lines[:-1]

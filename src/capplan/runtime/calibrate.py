@@ -95,7 +95,7 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
     from capplan.runtime.mrv2 import installed
     from capplan.runtime.smoke import adapters_in, engine_kwargs
 

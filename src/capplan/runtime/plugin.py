@@ -23,7 +23,7 @@ def register() -> None:
         _guard_only()
         return
     from capplan.errors import CapplanError
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
         raise SystemExit(
