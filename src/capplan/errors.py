@@ -1,4 +1,17 @@
-"""Error types the library raises; the CLI maps each to one line and an exit code."""
+"""Every kind of error capplan raises, and its exit code, in one place.
+
+The command line (`capplan.cli`) prints a CapplanError as one line, `error: ...`,
+and exits with its `exit_code`:
+
+- 1, bad input: SpecError (a spec), PlanError (a plan file), InputError (a batch or
+  calibration file), StalePlansError (`compile --check`), and CapplanError itself;
+- 2, bad usage: UsageError (except in `diff`, whose 2 means "the plans differ": a
+  refusal there exits 1).
+
+The runtime (the vLLM plugin) raises an EngineRefusal: the engine process stops with
+its line (exit status 1) before any graph is captured. The contract check's
+`runtime.contract.IncompatibleVllm` is the one refusal defined beside its table.
+"""
 
 from __future__ import annotations
 
@@ -50,3 +63,14 @@ class StalePlansError(CapplanError):
     def __init__(self, lines: list[str]) -> None:
         super().__init__(lines[-1])
         self.earlier = lines[:-1]
+
+
+class EngineRefusal(RuntimeError):
+    """The runtime refuses an engine the plan cannot be in force in; the message is one
+    line that starts with `capplan`, and the plugin stops the process with it."""
+
+    exit_code = 1
+
+
+class UnsupportedVllm(EngineRefusal):
+    """The running vLLM is not a release capplan supports."""

@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import fields
 
+from capplan.errors import EngineRefusal
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import BREAKABLE_GRAPHS_DIFFER
 from capplan.runtime import contract, recorder
@@ -640,7 +641,7 @@ def breakable_problem(plan: Plan, plan_path: str) -> str | None:
     )
 
 
-class PlanNotInForce(RuntimeError):
+class PlanNotInForce(EngineRefusal):
     """The engine would run without the plan (another model runner): refused."""
 
 

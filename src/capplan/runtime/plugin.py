@@ -34,12 +34,16 @@ def register() -> None:
         plan = load_plan(Path(path))
     except CapplanError as exc:
         raise SystemExit(f"capplan: {ENV}={path}: {exc.one_line()}") from None
+    from capplan.errors import EngineRefusal
+    from capplan.runtime.contract import IncompatibleVllm
     from capplan.runtime.mrv2 import install
 
     try:
         install(plan, path)
-    except RuntimeError as exc:  # an unsupported vLLM, or one shaped other than the contract says
-        raise SystemExit(str(exc) if str(exc).startswith("capplan:") else f"capplan: {exc}") from None
+    except (EngineRefusal, IncompatibleVllm) as exc:  # capplan's own refusal: its line names capplan
+        raise SystemExit(str(exc)) from None
+    except RuntimeError as exc:  # anything else vLLM raised while capplan hooked it
+        raise SystemExit(f"capplan: {exc}") from None
 
 
 def _guard_only() -> None:

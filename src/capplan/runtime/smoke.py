@@ -112,7 +112,9 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
                     "logprobs": [max(lp.values(), key=lambda x: x.logprob).logprob for lp in (c.logprobs or [])],
                 }
             )
-    out.write_text(json.dumps(results))
+    from capplan.files import write_atomic
+
+    write_atomic(out, json.dumps(results), handle_signals=False)
 
 
 def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple[bool, str]:
