@@ -10,7 +10,7 @@ from capplan.errors import CapplanError, PlanError, printable
 from capplan.limits import MAX_FILE_BYTES, MAX_ITEMS
 
 
-def plan_difference(actual: dict, expected: dict) -> str | None:
+def plan_difference(actual: dict[str, Any], expected: dict[str, Any]) -> str | None:
     """first_difference of a plan file's content and what its spec compiles to, leaving out
     the one informational field: the releases `target.vllm` lists for the plan's semantics.
     That list grows as capplan proves more releases, and the plan means the same."""
@@ -63,7 +63,7 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
     return None
 
 
-def size_problem(text: str, data: dict) -> str | None:
+def size_problem(text: str, data: dict[str, Any]) -> str | None:
     """Why the loader would refuse `text` (a rendered plan, `data` its content) for its
     size alone; None when it loads. Compile checks this first, so it never writes
     a plan no other command can load."""

@@ -8,6 +8,7 @@ value the compiler did not produce.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -88,7 +89,7 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
     return plan, plan_difference(data, plan_file_data(plan))
 
 
-def _check_size(spec: Spec, data: dict, source: str) -> None:
+def _check_size(spec: Spec, data: dict[str, Any], source: str) -> None:
     """Refuse, before compiling, a spec that compiles to far more graphs than the file lists:
     such a file cannot match, and a short file must not buy minutes of compile work."""
     listed = data.get("graphs")
