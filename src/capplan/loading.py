@@ -1,6 +1,11 @@
-"""Spec and calibration files -> validated models, with one-line errors naming the field path;
-the spec rules that need the planner (LoRA case sizes, the graph bound) live here, since
-the schemas import no planner code."""
+"""Spec and calibration files -> validated models, with one-line errors naming the field path.
+
+The schema validates the model. What a spec file is refused for beyond that is decided
+here, in order, each with its own hint: a plan given where a spec is expected, LoRA
+options written without `lora.enabled` (a rule about the keys the file wrote, not about
+the values the model holds), and the planner's checks (`planner.spec_checks`: a LoRA
+case the spec does not capture, more graphs than a plan file can hold), which the
+schemas cannot make since they import no planner code."""
 
 from __future__ import annotations
 
@@ -77,6 +82,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
 
 
 def spec_from_data(data: object, source: str) -> Spec:
+    """The spec a file's YAML data holds, or SpecError naming `source` and what is wrong."""
     if data is None:
         raise SpecError(f"{source}: the spec is empty", "write its sections (or {} for every default)")
     if not isinstance(data, dict):
@@ -98,6 +104,8 @@ def spec_from_data(data: object, source: str) -> Spec:
                 "would capture no LoRA graph)",
                 "add enabled: true to the lora section, or enabled: false to plan without LoRA",
             )
+    from capplan.planner.spec_checks import case_sizes_problem, graphs_bound
+
     problem = case_sizes_problem(spec)
     if problem:
         raise SpecError(f"{source}: {problem}")
@@ -111,36 +119,9 @@ def spec_from_data(data: object, source: str) -> Spec:
     return spec
 
 
-def case_sizes_problem(spec: Spec) -> str | None:
-    """Why the spec's cudagraph.lora_case_sizes names a case it does not capture, or None."""
-    from capplan.planner.lora_cases import lora_capture_cases
-
-    if spec.cudagraph.lora_case_sizes is None:
-        return None
-    cases = lora_capture_cases(spec)
-    for entry in spec.cudagraph.lora_case_sizes:
-        if entry.case not in cases:
-            return (
-                f"cudagraph.lora_case_sizes: case {entry.case} is not a LoRA capture case of this spec "
-                f"(cases: {', '.join(map(str, cases))}); use one of those"
-            )
-    return None
-
-
 # A graph's line in the plan file holds at least this many entries (its address,
 # its dummy list, one run and the run's two numbers).
 MIN_ENTRIES_PER_GRAPH = 5
-
-
-def graphs_bound(spec: Spec) -> int:
-    """An upper bound on the graphs the spec compiles to, computed without compiling."""
-    from capplan.planner.capture_sizes import resolve_capture_sizes
-    from capplan.planner.lora_cases import lora_capture_cases
-
-    sizes = len(resolve_capture_sizes(spec)[0])
-    cases = lora_capture_cases(spec) or [0]
-    listed = {e.case: len(e.sizes) for e in spec.cudagraph.lora_case_sizes or []}
-    return 2 * sum(listed.get(case, sizes) for case in cases)
 
 
 def load_spec(path: Path) -> Spec:

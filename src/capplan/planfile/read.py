@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from capplan.errors import PlanError
-from capplan.loading import case_sizes_problem, describe_validation_error, graphs_bound
+from capplan.loading import describe_validation_error
 from capplan.planfile.compare import plan_difference
+from capplan.planner.spec_checks import case_sizes_problem, graphs_bound
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
 
