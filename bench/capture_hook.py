@@ -22,7 +22,7 @@ from vllm.config import LoRAConfig
 from vllm.v1.worker.gpu.lora_utils import create_lora_capture_hook
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
-from capplan.loading import load_plan
+from capplan.planfile import load_plan
 from capplan.runtime import mrv2
 
 ROUNDS = 5

@@ -212,8 +212,8 @@ def bench_dispatch(spec_data: dict, count: int, repeats: int, vllm_side) -> dict
 
 def bench_load_verify(spec_data: dict, repeats: int) -> dict:
     from capplan.analysis.verify import verify_plan
-    from capplan.loading import load_plan, spec_from_data
-    from capplan.planfile import render_plan
+    from capplan.loading import spec_from_data
+    from capplan.planfile import load_plan, render_plan
     from capplan.planner import compile_plan
 
     plan = compile_plan(spec_from_data(spec_data, "bench"))

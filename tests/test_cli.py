@@ -224,8 +224,8 @@ BIG_SPEC = (  # 18,432 graphs: a plan over the loader's 200,000 entry limit
 
 def test_compile_refuses_a_plan_no_command_could_load_back(workdir):
     from capplan.files import check_shape
-    from capplan.loading import load_spec, size_problem
-    from capplan.planfile import plan_file_data, render_plan
+    from capplan.loading import load_spec
+    from capplan.planfile import plan_file_data, render_plan, size_problem
     from capplan.planner import compile_plan
 
     Path("big.yaml").write_text(BIG_SPEC)

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from capplan.analysis.diff import diff_plans, render_text
+from capplan.analysis.diff import diff_plans
 from capplan.cli import app
 from capplan.loading import load_cost_model
 from capplan.planner import compile_plan
+from capplan.present.diff import render_text
 from tests.conftest import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capplan.errors import CapplanError
-from capplan.loading import load_plan, spec_from_data
+from capplan.loading import spec_from_data
+from capplan.planfile.read import load_plan
 from capplan.planner import compile_plan
 from capplan.runtime.engine_args import complete, contradictions, human_int, prepare, read_command, render
 

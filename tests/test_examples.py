@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from capplan.analysis.verify import verify_plan
 from capplan.cli import app
-from capplan.loading import load_plan
+from capplan.planfile import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

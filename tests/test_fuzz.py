@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from capplan.analysis.verify import verify_plan
 from capplan.errors import CapplanError, PlanError
 from capplan.files import read_yaml
-from capplan.loading import load_plan, load_spec, spec_from_data
-from capplan.planfile import plan_file_data, render_plan
+from capplan.loading import load_spec, spec_from_data
+from capplan.planfile import load_plan, plan_file_data, render_plan
 from capplan.planner import compile_plan
 
 VALID = {

@@ -10,7 +10,8 @@ from capplan.analysis.diff import diff_plans
 from capplan.analysis.verify import verify_plan
 from capplan.cli import app
 from capplan.errors import CapplanError
-from capplan.loading import load_cost_model, load_plan, spec_from_data
+from capplan.loading import load_cost_model, spec_from_data
+from capplan.planfile import load_plan
 from capplan.planner import compile_plan
 from capplan.planner.encoder import EncoderGraphs, pack, power_budgets, resolve_encoder_graphs
 from capplan.runtime.engine_check import config_problem

@@ -168,7 +168,7 @@ def test_estimates_for_a_70b_spec_from_the_shipped_small_model_calibration_are_f
 
 
 def test_json_output_is_strict():
-    from capplan.cli import _dumps
+    from capplan.present.jsondoc import dumps as _dumps
 
     with pytest.raises(ValueError):
         _dumps({"x": float("nan")})

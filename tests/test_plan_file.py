@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from capplan.errors import PlanError
-from capplan.loading import first_difference, load_plan
-from capplan.planfile import MAX_LINE, int_runs, plan_file_data, render_plan
+from capplan.planfile import MAX_LINE, first_difference, int_runs, load_plan, plan_file_data, render_plan
 from capplan.planner import compile_plan
 from capplan.schemas.plan import address
 from tests.conftest import make_spec
@@ -182,9 +181,34 @@ def test_duplicate_keys_are_refused(tmp_path):
 def test_a_small_file_naming_a_huge_spec_is_refused_before_compiling(tmp_path, monkeypatch):
     import capplan.planner.compiler as compiler
 
-    text = render_plan(compile_plan(SPEC), "x.yaml").replace(
-        "max_num_seqs: 16, max_num_batched_tokens: 8192", "max_num_seqs: 1024, max_num_batched_tokens: 16384", 1
-    )
+    sizes = ", ".join(map(str, range(1, 2049)))
+    text = render_plan(compile_plan(SPEC), "x.yaml").replace("max_loras: 2,", "max_loras: 512,", 1)
+    text = text.replace("mode: FULL_AND_PIECEWISE,", f"mode: FULL_AND_PIECEWISE, capture_sizes: [{sizes}],", 1)
     monkeypatch.setattr(compiler, "compile_plan", lambda *a, **k: pytest.fail("compiled a spec the file cannot hold"))
-    with pytest.raises(PlanError, match="its spec compiles to up to"):
+    with pytest.raises(PlanError, match="spec: the plan would have up to 49152 graphs, more than a plan file can hold"):
         load_plan(write(tmp_path, text))
+
+
+def test_a_plan_of_no_graphs_loads(tmp_path):
+    """FULL_DECODE_ONLY with one sequence and no capture size that one request fills: vLLM
+    captures nothing, and the plan file of no graphs loads (the size guard against a short file
+    that would buy a long compile leaves small specs alone)."""
+    from capplan.loading import spec_from_data
+    from capplan.planfile.read import load_plan
+    from capplan.planfile.write import render_plan
+    from capplan.planner import compile_plan
+
+    spec = spec_from_data(
+        {
+            "target": {"vllm": "0.25"},
+            "scheduler": {"max_num_seqs": 1},
+            "cudagraph": {"mode": "FULL_DECODE_ONLY", "capture_sizes": [2, 4, 8, 12]},
+            "lora": {"enabled": True, "max_loras": 8},
+        },
+        "x",
+    )
+    plan = compile_plan(spec)
+    assert plan.graphs == []
+    path = tmp_path / "x.plan.yaml"
+    path.write_text(render_plan(plan, "x.yaml"))
+    assert load_plan(path).graphs == []

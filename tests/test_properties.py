@@ -66,8 +66,7 @@ def test_compile_is_deterministic_and_round_trips(spec):
     MAX_LINE, every graph address is unique, and the file loads back to the plan."""
     import yaml
 
-    from capplan.loading import first_difference, plan_from_data
-    from capplan.planfile import MAX_LINE, plan_file_data
+    from capplan.planfile import MAX_LINE, first_difference, plan_file_data, plan_from_data
 
     plan = compile_plan(spec)
     text = render_plan(plan, "x.yaml")

@@ -371,7 +371,8 @@ def test_step_times_fitted_on_one_served_sample_predict_the_other():
     time within 5%; it names the rest (points A never reached) instead of guessing them.
     The offline calibration alone (decode steps timed through LLM.generate) has no
     PIECEWISE times at all, so it prices no prediction for B."""
-    from capplan.loading import load_calibration, load_plan
+    from capplan.loading import load_calibration
+    from capplan.planfile import load_plan
     from capplan.traffic.cost import fit_step_times, merge_step_times
     from capplan.traffic.simulate import StepClock
 

@@ -102,7 +102,7 @@ def test_a_plan_written_before_a_release_was_added_still_loads(tmp_path):
     from typer.testing import CliRunner
 
     from capplan.cli import app
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     text = (ROOT / "examples" / "h200-tiny-llama-025.plan.yaml").read_text()
     current = 'target: {runner: mrv2, vllm: "0.25.0, 0.25.1, 0.26.0"}'
@@ -114,6 +114,9 @@ def test_a_plan_written_before_a_release_was_added_still_loads(tmp_path):
     assert CliRunner().invoke(app, ["compile", spec, "--check", "-o", str(old)]).exit_code == 0
     old.write_text(text.replace(current, 'target: {runner: v1, vllm: "0.25.0, 0.25.1"}'))
     assert CliRunner().invoke(app, ["compile", spec, "--check", "-o", str(old)]).exit_code == 1
+    for listed in ("0.25.0, 0.27.0", "0.25.1, 0.25.0", "0.25.0, 0.25.0", "1.25.0"):  # not releases it runs on
+        old.write_text(text.replace(current, f'target: {{runner: mrv2, vllm: "{listed}"}}'))
+        assert CliRunner().invoke(app, ["compile", spec, "--check", "-o", str(old)]).exit_code == 1, listed
 
 
 @pytest.mark.parametrize(

@@ -23,13 +23,15 @@ name) and swept on the next write to the same target.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import signal
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import yaml
 
@@ -459,6 +461,23 @@ def write_for_runtime(path: Path, content: str) -> str | None:
     except CapplanError as exc:
         return exc.one_line()
     return None
+
+
+def open_stream(path: str, ours: Callable[[str], bool], what: str) -> TextIO:
+    """A file the runtime writes line by line as the engine runs (a trace), truncated and
+    open for text: never through a symbolic link, never a device or a pipe, and replacing
+    only an empty file or one that `ours` recognizes as `what`. OSError otherwise."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    if info.st_size and not ours(path):
+        os.close(fd)
+        raise OSError(errno.EEXIST, f"exists and is not {what}; refusing to replace it")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def _main_thread() -> bool:

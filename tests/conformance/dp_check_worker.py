@@ -8,7 +8,7 @@ import sys
 
 import torch.distributed as dist
 
-from capplan.loading import load_plan
+from capplan.planfile import load_plan
 from capplan.runtime.dp_check import check_same_plan, plan_identity
 from capplan.runtime.engine_check import PlanMismatch
 

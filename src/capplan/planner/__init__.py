@@ -6,10 +6,12 @@ without building every planning module.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["Batch", "Dispatcher", "compile_plan"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "compile_plan":
         from capplan.planner.compiler import compile_plan
 

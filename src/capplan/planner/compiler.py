@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 from capplan.planner.candidates import build_ranges
 from capplan.planner.capture_sizes import resolve_capture_sizes
@@ -13,8 +14,19 @@ from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
 from capplan.releases import runs_on
-from capplan.schemas.plan import FORMAT_VERSION, DPPolicy, Plan, PlannedGraph
+from capplan.schemas.plan import FORMAT_VERSION, Descriptor, Deviation, DPPolicy, EncoderPlan, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
+
+ByMode = dict[str, list[Descriptor]]  # descriptors per cg_mode
+
+
+class Reachable(Protocol):
+    """Requests a graph holds -> the LoRA cases a batch of that many requests can reach."""
+
+    seqs: int  # max_num_seqs: what a PIECEWISE graph holds
+
+    def __call__(self, holds: int) -> set[int]: ...
+
 
 DP_SYNC = (
     "ranks all-reduce num_tokens and cg_mode; all pad to the max num_tokens, the "
@@ -31,7 +43,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
     sizes, max_size = resolve_capture_sizes(spec)
     cases = lora_capture_cases(spec)
     dispatch_map = lora_dispatch_map(cases)
-    dropped: list = []
+    dropped: list[Descriptor] = []
     reachable = _reachability(spec, dispatch_map) if spec.has(Fix.prune_unreachable) else None
     if spec.cudagraph.lora_case_sizes is None:
         # Every case gets every size, so padded sizes never depend on the LoRA
@@ -90,10 +102,9 @@ TOWER_LORA = (
 )
 
 
-def _encoder(spec: Spec):
+def _encoder(spec: Spec) -> EncoderPlan | None:
     """The plan's encoder section (None for a text model)."""
     from capplan.planner.encoder import encoder_plan_graphs
-    from capplan.schemas.plan import EncoderPlan
 
     if spec.multimodal is None:
         return None
@@ -107,9 +118,7 @@ def _encoder(spec: Spec):
     )
 
 
-def _case_sizes_deviation(spec: Spec, sizes: list[int]):
-    from capplan.schemas.plan import Deviation
-
+def _case_sizes_deviation(spec: Spec, sizes: list[int]) -> Deviation:
     assert spec.cudagraph.lora_case_sizes is not None
     changes = [
         f"capture: LoRA case {e.case}: {len(e.sizes)} of {len(sizes)} capture sizes "
@@ -125,7 +134,7 @@ def _case_sizes_deviation(spec: Spec, sizes: list[int]):
     )
 
 
-def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
+def _case_sizes(spec: Spec, by_mode: ByMode, cases: list[int]) -> ByMode:
     """Keep, for each listed LoRA case, only its listed sizes (FULL decode graphs by the size they came from).
 
     Spec validation refuses a listed case that is not one of `cases`."""
@@ -135,7 +144,7 @@ def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
         raise ValueError(f"lora_case_sizes lists a case outside {cases}: validate the spec first")
     dql, top = spec.decode_query_len, spec.cudagraph.capture_sizes[-1]
 
-    def keep(d) -> bool:
+    def keep(d: Descriptor) -> bool:
         sizes = wanted.get(d.num_active_loras)
         if sizes is None:
             return True
@@ -146,7 +155,7 @@ def _case_sizes(spec: Spec, by_mode: dict, cases: list[int]) -> dict:
     return {mode: [d for d in descs if keep(d)] for mode, descs in by_mode.items()}
 
 
-def _reachability(spec: Spec, dispatch_map: dict[int, int]):
+def _reachability(spec: Spec, dispatch_map: dict[int, int]) -> Reachable:
     """requests a graph holds -> the LoRA cases a batch of that many requests can reach (memoized)."""
     memo: dict[int, set[int]] = {}
 
@@ -157,10 +166,10 @@ def _reachability(spec: Spec, dispatch_map: dict[int, int]):
         return found
 
     reachable.seqs = spec.scheduler.max_num_seqs  # type: ignore[attr-defined]
-    return reachable
+    return reachable  # type: ignore[return-value]  # a function with the attribute set above
 
 
-def _prune(by_mode: dict, reachable, dropped: list) -> dict:
+def _prune(by_mode: ByMode, reachable: Reachable, dropped: list[Descriptor]) -> ByMode:
     """Drop (descriptor, LoRA case) pairs no reachable batch can dispatch to.
 
     A batch padded to a graph of n tokens and r requests (PIECEWISE: any
@@ -168,7 +177,7 @@ def _prune(by_mode: dict, reachable, dropped: list) -> dict:
     Dispatch for every reachable batch is unchanged: the graph it picked
     holds at least as many requests as the batch, so its case survives.
     """
-    kept: dict[str, list] = {}
+    kept: ByMode = {}
     for mode, descs in by_mode.items():
         for d in descs:
             holds = d.num_reqs if d.num_reqs is not None else reachable.seqs
@@ -179,7 +188,7 @@ def _prune(by_mode: dict, reachable, dropped: list) -> dict:
     return kept
 
 
-def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:
+def _lora_invariant(by_mode: ByMode, cases: list[int]) -> bool:
     """Every LoRA case has the same token sizes per mode, so a rank's LoRA count
     can never change the padded token count the DP ranks agreed on."""
     for descs in by_mode.values():
@@ -191,7 +200,7 @@ def _lora_invariant(by_mode: dict, cases: list[int]) -> bool:
     return True
 
 
-def _stats(ordered: list, cases: list[int]) -> dict[str, dict[str, int]]:
+def _stats(ordered: list[Descriptor], cases: list[int]) -> dict[str, dict[str, int]]:
     counts = Counter((d.cg_mode, d.num_active_loras) for d in ordered)
     stats: dict[str, dict[str, int]] = {}
     for mode in ("PIECEWISE", "FULL"):

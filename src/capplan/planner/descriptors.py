@@ -24,7 +24,7 @@ def descriptors_by_mode(
     max_capture_size: int,
     lora_cases: list[int],
     reachable: Callable[[int], set[int]] | None = None,
-    dropped: list | None = None,
+    dropped: list[Descriptor] | None = None,
 ) -> dict[str, list[Descriptor]]:
     """Descriptors per cg_mode, in vLLM's insertion order (ascending tokens).
 
@@ -42,10 +42,10 @@ def descriptors_by_mode(
     # Built from validated inputs: construct without re-validating (compile
     # runs on every commit and must stay cheaper than vLLM's own startup).
     make = Descriptor.trusted
-    drop: list = dropped if dropped is not None else []
+    drop: list[Descriptor] = dropped if dropped is not None else []
     decode_kept: list[Descriptor] = []
     mixed_kept: list[Descriptor] = []
-    seen: set[tuple] = set()
+    seen: set[tuple[int, int]] = set()
     for num_tokens in capture_sizes:
         rounded = -(-num_tokens // dql) * dql
         decode_reqs = rounded // dql

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from capplan.planner.lora_cases import case_for
 from capplan.planner.regions import target_changes
 from capplan.releases import label
-from capplan.schemas.plan import Deviation, Plan
+from capplan.schemas.plan import Descriptor, Deviation, DispatchRange, DummyLayout, Plan, PlannedGraph
 from capplan.schemas.spec import Fix
 
 FAILURE_CLASSES = {
@@ -26,7 +28,9 @@ class ExactTwin:
     and (on 0.25) the dispatch ranges.
     """
 
-    def __init__(self, plan: Plan, ranges, dropped: list | None = None) -> None:
+    def __init__(
+        self, plan: Plan, ranges: Callable[..., list[DispatchRange]], dropped: list[Descriptor] | None = None
+    ) -> None:
         from capplan.planner.dummy_layout import DummyLayouts
 
         self.spec = plan.spec.model_copy(update={"fixes": []})
@@ -36,14 +40,14 @@ class ExactTwin:
         self.lora_dispatch_map = plan.lora_dispatch_map
         self._layout = DummyLayouts(self.spec)
         self._ranges = ranges
-        self._dispatch = None
+        self._dispatch: list[DispatchRange] | None = None
         self.dropped = dropped or []
 
-    def dummy(self, graph):
+    def dummy(self, graph: PlannedGraph) -> DummyLayout:
         return self._layout(graph.descriptor)
 
     @property
-    def dispatch(self):
+    def dispatch(self) -> list[DispatchRange]:
         if self._dispatch is None:
             self._dispatch = self._ranges(per_mode=self.spec.rules.per_mode_ranges)
         return self._dispatch
@@ -73,7 +77,7 @@ def _encoder_lora_eager(plan: Plan, exact: ExactTwin) -> list[str]:
     ]
 
 
-def _case(plan, count: int) -> int:
+def _case(plan: Plan | ExactTwin, count: int) -> int:
     return case_for(count, plan.lora_dispatch_map)
 
 
@@ -152,13 +156,14 @@ def _mixed_ranges(plan: Plan, exact: ExactTwin) -> list[str]:
     return lines or ["no change in what any batch replays (fallback candidates added behind the first)"]
 
 
-def _reachable_by_requests(plan: Plan):
+def _reachable_by_requests(plan: Plan) -> Callable[[int], set[int]]:
     """Request count -> LoRA cases a batch of at most that many requests can
     dispatch to; other (tokens, case) pairs are no batch's concern (and the
     ones prune_unreachable drops graphs for)."""
     from capplan.planner.lora_cases import reachable_cases
 
-    seqs, memo = plan.spec.scheduler.max_num_seqs, {}
+    seqs = plan.spec.scheduler.max_num_seqs
+    memo: dict[int, set[int]] = {}
 
     def reachable(requests: int) -> set[int]:
         reqs = min(requests, seqs)

@@ -38,7 +38,7 @@ class Dispatch(NamedTuple):
     graph_id: int
     """Position of the graph in capture order; -1 when the batch runs eager."""
 
-    def descriptor(self) -> dict:
+    def descriptor(self) -> dict[str, object]:
         """The descriptor fields alone, named as vLLM names them (public JSON)."""
         return dict(zip(DESCRIPTOR_FIELDS, self[:6]))
 
@@ -85,7 +85,7 @@ def derive_uniform(batch: Batch, rules: Rules) -> int | None:
     return q if not batch.has_prefill and t == q * r else None
 
 
-def compatible(desc, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
+def compatible(desc: Descriptor | Dispatch, num_reqs: int, uniform: int | None, max_q: int | None) -> bool:
     """Whether a graph (a Descriptor or a Dispatch) can replay a batch: vLLM's `_is_compatible`."""
     return (
         (desc.uniform_token_count is None or desc.uniform_token_count == uniform)
@@ -116,7 +116,7 @@ class Dispatcher:
         top = max((row.hi for row in plan.dispatch), default=0)
         self.max_tokens = top
         unbounded = 1 << 62
-        self.table: dict[int, list[tuple]] = {}
+        self.table: dict[int, list[tuple[tuple[int | None, int, Dispatch], ...]]] = {}
         for row in plan.dispatch:
             column = self.table.setdefault(row.lora_case, [()] * (top + 1))
             cands = tuple(

@@ -1,5 +1,5 @@
 """The multimodal encoder on MRV2: which encoder CUDA graphs vLLM captures, and how it
-packs an encoder batch onto them (vLLM's EncoderCudaGraphManager, 0.31+ MRV2), and
+packs an encoder batch onto them (vLLM's EncoderCudaGraphManager, MRV2 from 0.28), and
 failure class 11 of docs/design.md (encoder graphs that skip tower/connector LoRA).
 
 vLLM captures one graph per token budget (one default path, no capture axes:
@@ -17,13 +17,13 @@ and the model's budget range:
 - frames: 0 without video, else the given limit, else items x the model's
   max_frames_per_video.
 
-Packing (vLLM 0.32+): items sorted by output tokens, ascending, are added to
-the current batch while it has fewer than max items and its tokens stay within
+Packing (vLLM 0.32+, the release rule `encoder_packing_defers`): items sorted
+by output tokens, ascending, are added to the current batch while it has fewer than max items and its tokens stay within
 the largest budget; an item that alone needs at least the current batch's
 budget, and whose own budget plus the current batch's is below the budget
 they would need together, starts a new batch. Each batch replays the smallest
 budget >= its tokens, or runs eager when none fits (a single item above the
-largest budget). vLLM 0.31 packs without the "starts a new batch" rule.
+largest budget). Before 0.32 vLLM packs without the "starts a new batch" rule.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from capplan.schemas.spec import Spec
 
@@ -16,7 +17,7 @@ def sha256(value: object) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def spec_data(spec: Spec) -> dict:
+def spec_data(spec: Spec) -> dict[str, Any]:
     """The spec as JSON data; a capplan-only field left at null is omitted, so plans written
     before the field existed keep their hashes (and stay loadable)."""
     data = spec.model_dump(mode="json")

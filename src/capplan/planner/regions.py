@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from capplan.schemas.plan import DispatchRange, PlannedGraph
+from capplan.schemas.plan import Descriptor, DispatchRange, PlannedGraph
 
 
 class Tables(Protocol):
@@ -35,8 +35,11 @@ def _targets(plan: Tables, ids: list[int]) -> tuple[str, str]:
     descs = [plan.graphs[i].descriptor for i in ids]
     mixed = next((d for d in descs if d.uniform_token_count is None), None)
     decode = next((d for d in descs if d.uniform_token_count == plan.decode_query_len), mixed)
-    label = lambda d: "eager" if d is None else f"{d.cg_mode}:{d.num_tokens}"  # noqa: E731
-    return label(mixed), label(decode)
+    return _label(mixed), _label(decode)
+
+
+def _label(d: Descriptor | None) -> str:
+    return "eager" if d is None else f"{d.cg_mode}:{d.num_tokens}"
 
 
 def _expand(plan: Tables) -> dict[tuple[int, int], list[int]]:
@@ -88,7 +91,7 @@ def target_changes(
     # By batch kind, then by the smallest batch the line covers (not by the targets' text).
     ordered = sorted(runs.items(), key=lambda item: (item[0][0], min(r[0][0] for r in item[1].values()), item[0]))
     for (kind, a, b), by_case in ordered:
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
         for case, case_runs in by_case.items():
             groups.setdefault(tuple(map(tuple, case_runs)), []).append(case)
         for token_runs, cases in groups.items():

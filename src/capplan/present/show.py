@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from capplan.schemas.plan import Plan
+from capplan.traffic.cost import Estimate
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -131,3 +134,18 @@ def _encoder_lines(plan: Plan) -> list[str]:
     if enc.lora:
         lines.append(f"  tower/connector LoRA: {enc.lora}")
     return [*lines, ""]
+
+
+def show_json(plan: Plan, estimate: Estimate | None, calibration: str, basis: str) -> dict[str, Any]:
+    """`show --json`: the plan's machine-readable form plus its cost estimate."""
+    from capplan.planfile.write import plan_to_json
+
+    data = plan_to_json(plan)
+    data["estimate"] = {
+        "graphs": len(plan.graphs),
+        "capture_seconds": None if estimate is None else round(estimate.capture_seconds, 2),
+        "graph_memory_gib": None if estimate is None else round(estimate.graph_memory_gib, 3),
+        "calibration": calibration,
+        "basis": basis,
+    }
+    return data

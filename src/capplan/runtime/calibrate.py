@@ -95,7 +95,7 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
     from capplan.runtime.mrv2 import installed
     from capplan.runtime.smoke import adapters_in, engine_kwargs
 
@@ -125,7 +125,9 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
                 ms /= DECODE_STEPS
                 rows.append({"mode": measure, "case": case, "tokens": n, "ms": round(max(ms, 0.001), 4)})
                 print(f"capplan calibrate: {measure} {n} tokens, case {case}: {ms:.3f} ms", file=sys.stderr, flush=True)
-    out.write_text(json.dumps({"report": report, "steps": rows}))
+    from capplan.files import write_atomic
+
+    write_atomic(out, json.dumps({"report": report, "steps": rows}), handle_signals=False)
 
 
 def _timed(llm, prompts: list, loras: list, tokens: int) -> float:
@@ -147,6 +149,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
 
     import yaml
 
+    from capplan.files import write_atomic
     from capplan.install_hints import pip_install
     from capplan.planfile import plan_file_data, render_plan
     from capplan.planner.compiler import compile_plan
@@ -167,7 +170,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
         for i, (label, engine_spec, measure) in enumerate(engines(spec)):
             plan = compile_plan(engine_spec)
             plan_path = Path(tmp) / f"engine{i}.plan.yaml"
-            plan_path.write_text(render_plan(plan, plan_path.name, "capplan calibrate", plan_file_data(plan)))
+            write_atomic(plan_path, render_plan(plan, plan_path.name, "capplan calibrate", plan_file_data(plan)))
             out = Path(tmp) / f"engine{i}.json"
             env = {
                 **os.environ,

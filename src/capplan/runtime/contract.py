@@ -20,10 +20,11 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from capplan.errors import EngineRefusal
 from capplan.releases import Release
 
 
-class IncompatibleVllm(RuntimeError):
+class IncompatibleVllm(EngineRefusal):
     """vLLM is not a version, or not shaped the way, capplan's hooks expect."""
 
 

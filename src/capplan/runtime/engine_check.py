@@ -5,10 +5,11 @@ and LoRA cases the runner really resolved)."""
 
 from __future__ import annotations
 
+from capplan.errors import EngineRefusal
 from capplan.schemas.plan import Plan
 
 
-class PlanMismatch(RuntimeError):
+class PlanMismatch(EngineRefusal):
     """The engine's settings are not the ones the plan was compiled for."""
 
 

@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import fields
 
+from capplan.errors import EngineRefusal
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release
 from capplan.runtime import contract, recorder
@@ -637,7 +638,7 @@ def breakable_problem(plan: Plan, plan_path: str, release: Release) -> str | Non
     )
 
 
-class PlanNotInForce(RuntimeError):
+class PlanNotInForce(EngineRefusal):
     """The engine would run without the plan (another model runner): refused."""
 
 

@@ -23,7 +23,7 @@ def register() -> None:
         _guard_only()
         return
     from capplan.errors import CapplanError
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0":
         raise SystemExit(
@@ -34,12 +34,15 @@ def register() -> None:
         plan = load_plan(Path(path))
     except CapplanError as exc:
         raise SystemExit(f"capplan: {ENV}={path}: {exc.one_line()}") from None
+    from capplan.errors import EngineRefusal
     from capplan.runtime.mrv2 import install
 
     try:
         install(plan, path)
-    except RuntimeError as exc:  # an unsupported vLLM, or one shaped other than the contract says
-        raise SystemExit(str(exc) if str(exc).startswith("capplan:") else f"capplan: {exc}") from None
+    except EngineRefusal as exc:  # capplan's own refusal: its line names capplan
+        raise SystemExit(str(exc)) from None
+    except RuntimeError as exc:  # anything else vLLM raised while capplan hooked it
+        raise SystemExit(f"capplan: {exc}") from None
 
 
 def _guard_only() -> None:

@@ -25,14 +25,14 @@ The time spent recording is measured per step and written to the run's report.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 import sys
 import threading
 import time
 from pathlib import Path
+
+from capplan.files import open_stream
 
 ENV = "CAPPLAN_TRACE"
 ENV_MAX_MB = "CAPPLAN_TRACE_MAX_MB"
@@ -70,18 +70,7 @@ class Recorder:
         self.stopped: str | None = None
         self._pending: list[tuple] = []
         self._lock = threading.Lock()
-        # never through a symlink, never into a device or pipe: a trace replaces only a regular file
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file")
-        if info.st_size and not _is_trace(path):  # replaces only an earlier trace, never another file
-            os.close(fd)
-            raise OSError(errno.EEXIST, "exists and is not a capplan trace; refusing to replace it")
-        os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
-        self._file = os.fdopen(fd, "w", encoding="utf-8")
+        self._file = open_stream(path, _is_trace, "a capplan trace")  # replaces only an earlier trace
         self._write(f"# {header}\n")
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="capplan-trace", daemon=True)

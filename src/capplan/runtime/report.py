@@ -15,6 +15,11 @@ from capplan.schemas.plan import Plan
 
 
 class Report:
+    """What one engine process did with the plan: graphs captured, dispatch counts, DP
+    and trace counters; written to CAPPLAN_REPORT as it goes and printed at exit."""
+
+    _flusher: threading.Thread | None  # keeps the report file at most a second behind, once started
+
     def __init__(self, plan: Plan, plan_path: str) -> None:
         self.plan = plan
         self.plan_path = plan_path
@@ -28,7 +33,7 @@ class Report:
         self._free0: int | None = None
         self._finished = False
         self._dirty = False
-        self._flusher: threading.Thread | None = None
+        self._flusher = None
         self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
         self.dp_rank = 0
@@ -117,32 +122,6 @@ class Report:
             "trace": None if self.recorder is None else self.recorder.to_json(),
         }
 
-    def render(self) -> str:
-        data = self.to_json()
-        lines = [f"capplan: plan {self.plan_path} ({self.plan.fingerprint[:19]})"]
-        for row in data["graphs"]:
-            lines.append(
-                f"  {row['cg_mode']:<9} case {row['lora_case']:<3} planned {row['planned']:>4}  "
-                f"captured {row['captured']:>4}"
-            )
-        lines.append(
-            f"  graphs: {data['graphs_captured']}/{data['graphs_planned']} captured "
-            f"(vLLM alone would capture {data['vllm_would_capture']}), "
-            f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB"
-        )
-        d = data["dispatch"]
-        lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
-        if self.dp is not None:
-            lines.append(self.dp.render())
-        if self.recorder is not None:
-            t = self.recorder.to_json()
-            lines.append(
-                f"  trace: {t['steps']} steps to {t['path']} ({t['overhead_us_per_step']} us per step to record"
-                + (f"; {t['stopped']}" if t["stopped"] else "")
-                + ")"
-            )
-        return "\n".join(lines)
-
     def path(self) -> str | None:
         path = os.environ.get("CAPPLAN_REPORT")
         if path:
@@ -184,7 +163,9 @@ class Report:
         self._finished = True
         if self.recorder is not None:
             self.recorder.close()
-        print(self.render(), file=sys.stderr)
+        from capplan.present.report import render_report
+
+        print(render_report(self.to_json()), file=sys.stderr)
         self.write()
 
 
@@ -235,16 +216,6 @@ class DPCounters:
             "audited_steps": self.audited,
             "token_disagreements": self.disagreements if self.audited else None,
         }
-
-    def render(self) -> str:
-        line = (
-            f"  DP rank {self.rank}/{self.size}: {self.steps} steps, {self.padded_to_other} padded to another "
-            f"rank's size (+{self.extra_tokens} tokens), {self.eager_together} eager together "
-            f"({self.forced_eager} forced by another rank), {self.idle} idle"
-        )
-        if self.audited:
-            line += f"; audit: {self.disagreements} of {self.audited} steps with differing padded sizes"
-        return line
 
 
 def _free_memory() -> int | None:

@@ -80,7 +80,7 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     plan = load_plan(plan_path)
     kwargs = engine_kwargs(plan)
@@ -112,12 +112,14 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
                     "logprobs": [max(lp.values(), key=lambda x: x.logprob).logprob for lp in (c.logprobs or [])],
                 }
             )
-    out.write_text(json.dumps(results))
+    from capplan.files import write_atomic
+
+    write_atomic(out, json.dumps(results), handle_signals=False)
 
 
 def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple[bool, str]:
     """Run the eager and the planned engine; return (passed, report text)."""
-    from capplan.loading import load_plan
+    from capplan.planfile import load_plan
 
     plan = load_plan(plan_path)
     engine_kwargs(plan)  # fail early on what smoke cannot drive

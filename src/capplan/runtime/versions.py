@@ -3,6 +3,7 @@ a plan may run on it."""
 
 from __future__ import annotations
 
+from capplan.errors import UnsupportedVllm
 from capplan.releases import RELEASES, Release, installed_release, runs_on
 
 SUPPORTED = "vLLM " + ", ".join(RELEASES)
@@ -10,10 +11,10 @@ SUPPORTED = "vLLM " + ", ".join(RELEASES)
 
 def detect_release(version: str) -> Release:
     """The table's row for a running vLLM (a local build suffix such as +cu130 is ignored);
-    RuntimeError naming the supported releases for anything else."""
+    UnsupportedVllm naming the supported releases for anything else."""
     release = installed_release(version)
     if release is None:
-        raise RuntimeError(f"capplan: vLLM {version} is not supported; supported: {SUPPORTED}")
+        raise UnsupportedVllm(f"capplan: vLLM {version} is not supported; supported: {SUPPORTED}")
     return release
 
 

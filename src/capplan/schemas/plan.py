@@ -6,7 +6,7 @@ plan is validated on load; `capplan.planner.plan_io` renders and reads it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,12 +24,12 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def _trusted_factory(cls):
+def _trusted_factory(cls: type[_Frozen]) -> staticmethod[..., Any]:
     # Every field is given, so the fields-set is the same for all instances;
     # pydantic only reads it (exclude_unset), so one shared set suffices.
     fields = set(cls.model_fields)
 
-    def trusted(**values):
+    def trusted(**values: object) -> _Frozen:
         obj = _new(cls)
         _set_dict(obj, values)
         _set_fields(obj, fields)
@@ -45,13 +45,13 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs) -> None:
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         # A closure per class: no per-call class lookups (compile builds ~1,700).
         setattr(cls, "trusted", _trusted_factory(cls))  # noqa: B010 - replaces the classmethod below
 
     @classmethod
-    def trusted(cls, **values):
+    def trusted(cls, **values: object) -> Self:
         """Build from values the planner derived itself, skipping validation.
 
         `model_construct` costs ~8 us per object; a plan has thousands, and
@@ -72,7 +72,20 @@ class Descriptor(_Frozen):
     num_active_loras: int = Field(0, ge=0)
 
 
-def address(desc) -> str:
+class Addressed(Protocol):
+    """What names a graph: a Descriptor, or a dispatch result with the same fields."""
+
+    @property
+    def cg_mode(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_reqs(self) -> int | None: ...
+    @property
+    def num_active_loras(self) -> int: ...
+
+
+def address(desc: Addressed) -> str:
     """A graph's stable name in plan files and messages: `MODE:TOKENS[xREQUESTS]@LORA_CASE`
     (`FULL:64x64@4`, `PIECEWISE:512@0`; requests only where the graph pads them).
     `desc` is a Descriptor or anything with its fields (a dispatch result)."""
@@ -152,7 +165,7 @@ class DPPolicy(_Frozen):
 
 
 class EncoderPlan(_Frozen):
-    """The multimodal encoder: its CUDA graphs (vLLM 0.31+ MRV2) and where its LoRA
+    """The multimodal encoder: its CUDA graphs (MRV2 from vLLM 0.28) and where its LoRA
     mappings are set."""
 
     budgets: list[int] = Field(description="Token budgets captured, in capture order (largest first); [] eager.")

@@ -39,7 +39,7 @@ class CudagraphMode(str, enum.Enum):
             return "NONE"
         if self is CudagraphMode.FULL_AND_PIECEWISE:
             return "PIECEWISE"
-        return self.value
+        return str(self.value)
 
 
 class Fix(str, enum.Enum):

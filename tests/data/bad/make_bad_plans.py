@@ -15,6 +15,9 @@ SPEC = {
 GOOD = render_plan(compile_plan(spec_from_data(SPEC, "bad")), "bad.yaml")
 
 
+SIZES = ", ".join(map(str, range(1, 2049)))  # the most capture sizes a spec may list
+
+
 def sub(old: str, new: str) -> str:
     assert old in GOOD, old
     return GOOD.replace(old, new, 1)
@@ -139,8 +142,14 @@ CASES = {
         sub(
             "scheduler: {max_num_seqs: 4, max_num_batched_tokens: 64,",
             "scheduler: {max_num_seqs: 1024, max_num_batched_tokens: 16384,",
-        ).replace("lora: {enabled: true, max_loras: 2,", "lora: {enabled: true, max_loras: 32,", 1),
-        "graphs: the file lists 22 graph(s), its spec compiles to up to",
+        )
+        .replace("lora: {enabled: true, max_loras: 2,", "lora: {enabled: true, max_loras: 512,", 1)
+        .replace(
+            "cudagraph: {mode: FULL_AND_PIECEWISE,",
+            f"cudagraph: {{mode: FULL_AND_PIECEWISE, capture_sizes: [{SIZES}],",
+            1,
+        ),
+        "spec: the plan would have up to 49152 graphs, more than a plan file can hold (200000 entries)",
     ),
 }
 

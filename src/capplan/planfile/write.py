@@ -27,10 +27,12 @@ import json
 import re
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 from capplan import __version__
 from capplan.planner.hashing import spec_data
-from capplan.schemas.plan import Plan, address
+from capplan.schemas.plan import DispatchRange, Plan, PlannedGraph, address
+from capplan.schemas.spec import Spec
 
 MAX_LINE = 120
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -151,10 +153,10 @@ def _folded(text: str, indent: int, bullet: bool = False) -> Iterator[str]:
         yield (lead if i == 0 else follow) + part
 
 
-def plan_file_data(plan: Plan) -> dict:
+def plan_file_data(plan: Plan) -> dict[str, Any]:
     """The plan file's content (format 2), as YAML reads it back."""
     spec = spec_data(plan.spec)
-    data: dict = {
+    data: dict[str, Any] = {
         "format_version": plan.format_version,
         "fingerprint": plan.fingerprint,
         "target": dict(plan.target),
@@ -201,7 +203,7 @@ def _drop_nulls(value: object) -> object:
     return value
 
 
-def _lora_cases(plan: Plan) -> list[dict]:
+def _lora_cases(plan: Plan) -> list[dict[str, Any]]:
     """One entry per LoRA capture case: the counts that dispatch to it and the
     adapter ids its dummy batches cycle over (-1: the no-adapter slot)."""
     serves: dict[int, list[int]] = {}
@@ -210,7 +212,7 @@ def _lora_cases(plan: Plan) -> list[dict]:
     ids_by_case = {g.descriptor.num_active_loras: g.dummy.lora_ids for g in plan.graphs}
     out = []
     for case in plan.lora_capture_cases:
-        entry: dict = {"case": case}
+        entry: dict[str, Any] = {"case": case}
         if case in serves:
             entry["serves"] = int_runs(serves[case])
         ids = ids_by_case.get(case)
@@ -220,8 +222,8 @@ def _lora_cases(plan: Plan) -> list[dict]:
     return out
 
 
-def _graph_counts(plan: Plan) -> dict:
-    counts: dict = {}
+def _graph_counts(plan: Plan) -> dict[str, Any]:
+    counts: dict[str, Any] = {}
     for mode in ("PIECEWISE", "FULL"):
         row = plan.stats.get(mode)
         if row:
@@ -230,9 +232,9 @@ def _graph_counts(plan: Plan) -> dict:
     return counts
 
 
-def _graph_entry(graph) -> dict:
+def _graph_entry(graph: PlannedGraph) -> dict[str, Any]:
     d, m = graph.descriptor, graph.dummy
-    entry: dict = {"graph": address(d)}
+    entry: dict[str, Any] = {"graph": address(d)}
     if d.uniform_token_count is not None:
         entry["uniform"] = d.uniform_token_count
     if d.max_query_len is not None:
@@ -243,7 +245,7 @@ def _graph_entry(graph) -> dict:
     return entry
 
 
-def _dispatch_entry(plan: Plan, row) -> dict:
+def _dispatch_entry(plan: Plan, row: DispatchRange) -> dict[str, Any]:
     tokens: int | str = row.lo if row.lo == row.hi else f"{row.lo}..{row.hi}"
     return {
         "case": row.lora_case,
@@ -268,7 +270,7 @@ _SECTION_NOTES = {
 }
 
 
-def iter_plan_lines(data: dict, header: str) -> Iterator[str]:
+def iter_plan_lines(data: dict[str, Any], header: str) -> Iterator[str]:
     """The text lines of a plan file holding `data` (plan_file_data's output)."""
     yield from header.splitlines()
     for key, value in data.items():
@@ -290,7 +292,7 @@ def iter_plan_lines(data: dict, header: str) -> Iterator[str]:
             yield from _emit(key, value, 0)
 
 
-def render_plan(plan: Plan, spec_name: str, command: str | None = None, data: dict | None = None) -> str:
+def render_plan(plan: Plan, spec_name: str, command: str | None = None, data: dict[str, Any] | None = None) -> str:
     """The plan file's text; the header names the spec (relative to the plan's folder)
     and the command that regenerates the plan from there. `data`: plan_file_data(plan),
     when the caller has it already."""
@@ -299,7 +301,7 @@ def render_plan(plan: Plan, spec_name: str, command: str | None = None, data: di
     return "\n".join(iter_plan_lines(data, header)) + "\n"
 
 
-def plan_to_json(plan: Plan) -> dict:
+def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The machine-readable form (public API): top-level `capture_sizes`,
     `lora_capture_cases`, `lora_dispatch_map`, and `descriptors` in capture order
     with vLLM's BatchExecutionDescriptor field names."""
@@ -310,8 +312,8 @@ def plan_to_json(plan: Plan) -> dict:
     return data
 
 
-def render_spec(spec) -> str:
+def render_spec(spec: Spec) -> str:
     """A spec as YAML, sections in schema order, short lists inline (for optimize's output)."""
     import yaml
 
-    return yaml.safe_dump(spec_data(spec), sort_keys=False, default_flow_style=None, width=100)
+    return str(yaml.safe_dump(spec_data(spec), sort_keys=False, default_flow_style=None, width=100))

@@ -1,0 +1,420 @@
+"""The command line's words: each command's help text and each argument's and option's
+declaration, so that `capplan.cli` holds only what each command does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
+CalibrationOption = Annotated[
+    Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+]
+
+COMPILE_HELP = """Compile SPEC into a capture plan (atomic write; summary on stderr).
+
+With --check, nothing is written: exit 0 when each plan holds exactly what its
+spec compiles to (comments, the spec's file name and where you run it from do
+not matter), 1 with `plan is stale: run COMMAND` otherwise.
+"""
+CompileSpecs = Annotated[list[Path], typer.Argument(help="Deployment spec(s) (YAML).", show_default=False)]
+CompileOutput = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Plan path (one spec only). Default: SPEC with .plan.yaml."),
+]
+CompilePlanDir = Annotated[
+    Path | None,
+    typer.Option("--plan-dir", help="Put each plan in this folder as NAME.plan.yaml."),
+]
+CompileDryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be written; write nothing.")]
+CompileAsJson = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Also print the plan as JSON on stdout (the plan file is still written; add --dry-run to write nothing).",
+    ),
+]
+CompileCheck = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Recompile in memory and compare with the existing plan; exit 1 if stale. Writes nothing.",
+    ),
+]
+CompileSkipNonSpecs = Annotated[
+    bool,
+    typer.Option(
+        "--skip-non-specs",
+        help="Skip YAML files with none of a spec's sections (target, scheduler, cudagraph, lora, "
+        "speculative, parallel, fixes), e.g. a CI config; for hooks that see every YAML file.",
+    ),
+]
+
+SHOW_HELP = """Tables of what will be captured and how token ranges and LoRA counts dispatch.
+
+Graphs are named MODE:TOKENS[xREQUESTS]@LORA_CASE: PIECEWISE:128@4 is the
+PIECEWISE graph of 128 tokens for LoRA case 4; FULL:64x64@4 the FULL graph of
+64 tokens padded to 64 requests.
+"""
+ShowAsJson = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Machine-readable plan: capture_sizes, lora_capture_cases, lora_dispatch_map, "
+        "descriptors (capture order), and everything else the plan holds.",
+    ),
+]
+ShowPlot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Draw the plan: captured and pruned graphs per capture size and LoRA case, per mode, and the "
+        "batches that run eager (.svg, or .png with capplan[plot]).",
+    ),
+]
+
+DISPATCH_HELP = """Which captured graph serves a batch (or eager), and why.
+"""
+DispatchReqs = Annotated[int | None, typer.Option("--reqs", help="Requests in the batch.")]
+DispatchTokens = Annotated[int | None, typer.Option("--tokens", help="Tokens scheduled in the batch.")]
+DispatchLoras = Annotated[int, typer.Option("--loras", help="Distinct LoRA adapters in the batch.")]
+DispatchBase = Annotated[bool, typer.Option("--base", help="Some requests use no adapter (base model).")]
+DispatchUniform = Annotated[
+    int | None,
+    typer.Option("--uniform", help="Uniform tokens per request. Default: derived as vLLM does."),
+]
+DispatchMaxQueryLen = Annotated[
+    int | None,
+    typer.Option(
+        "--max-query-len",
+        help="Longest request in tokens. Default: ceil(tokens / reqs), the most even batch.",
+    ),
+]
+DispatchHasPrefill = Annotated[
+    bool,
+    typer.Option("--has-prefill", help="The batch holds a real prefill chunk (from vLLM 0.28: no decode graph)."),
+]
+DispatchQueries = Annotated[
+    Path | None,
+    typer.Option(
+        "--queries",
+        help="A batch file, the format simulate reads: JSON lines {num_reqs, num_tokens, "
+        "max_query_len?, num_active_loras?, base?, has_prefill?, uniform_token_count?, count?}; "
+        "prints one descriptor object per line, in order.",
+    ),
+]
+DispatchEncoderItems = Annotated[
+    str | None,
+    typer.Option(
+        "--encoder-items",
+        help="Instead of a batch: one encoder batch, the output tokens of each item (image, video), "
+        "comma-separated, e.g. 300,1200,40; prints how vLLM packs it onto the plan's encoder graphs.",
+    ),
+]
+DispatchAsJson = Annotated[bool, typer.Option("--json", help="Print the descriptor as a JSON object.")]
+
+VERIFY_HELP = """Prove the plan free of every failure class in docs/design.md.
+
+Checks, over every reachable batch (requests 1..max_num_seqs, tokens
+1..max_num_batched_tokens, uniform or mixed, 0..max_loras adapters with and
+without base requests, every DP rank mix): each batch replays a compatible
+graph or an explicit, reported eager fallback; the LoRA grid of the graph
+it replays covers all its kernel slots; every LoRA graph's dummy records
+the LoRA kernels with the right adapter count and no dummy request is too
+long; DP ranks always agree on the padded token count; and the plan is
+exactly what its spec compiles to. Exit 0 when it holds, 1 with one line
+per violation.
+"""
+VerifyAsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON.")]
+
+SIMULATE_HELP = """Replay a batch trace through the plan's dispatcher: hit rate, eager, padding, unused graphs,
+and with a step-time calibration the predicted total step time.
+
+TRACE has one batch per line, e.g.
+{"num_reqs": 8, "num_tokens": 8, "max_query_len": 1, "num_active_loras": 2, "base": true, "count": 120}
+(num_reqs and num_tokens required; `adapters` is accepted for num_active_loras).
+Every batch must fit the plan's spec (max_num_seqs, max_num_batched_tokens,
+max_loras). A vLLM log with VLLM_LOG_BATCHSIZE_INTERVAL also parses, but it
+is partial: padded token counts only, no requests or adapters, and on MRV2
+no FULL graph replays (vLLM logs only steps through set_forward_context);
+setting the variable at launch crashed FULL graph capture on vLLM 0.25.
+Synthetic traces: examples/traces/.
+
+With data parallelism, pass one trace per rank: the ranks' steps are
+aligned (by the recorder's dp_step) and run through vLLM's DP sync (padding
+to the largest token count across ranks, the lowest mode wins, idle ranks
+run a dummy batch); counts are per rank. One trace for a DP plan is taken
+to run on every rank, and the output says so.
+
+Step time is predicted only from points the calibration measured, or that
+lie between two measured points of the same mode and LoRA case (the
+neighbours bound the error); otherwise the points to measure are listed.
+"""
+SimulateTraces = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Batch trace: JSON lines, or a vLLM batch-size log. Under DP, one trace per rank "
+        "(capplan apply --trace writes TRACE.rank0.jsonl, TRACE.rank1.jsonl, ...).",
+        show_default=False,
+    ),
+]
+SimulateAsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+SimulatePlot = Annotated[
+    Path | None,
+    typer.Option("--plot", help="Write hits and padding per captured size (.svg, or .png with matplotlib)."),
+]
+SimulateCalibration = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="Calibration YAML; when it has step times (capplan calibrate), the total step time is predicted.",
+    ),
+]
+
+OPTIMIZE_HELP = """Choose capture sizes for a trace under a graph, memory, capture-time or slowdown budget.
+
+The objective is the trace's predicted total step time when the
+calibration has step times (capplan calibrate, calibrate-trace): every
+candidate plan is compiled and the trace replayed through it; a step costs
+the measured time of what it runs (a FULL or PIECEWISE graph of its padded
+size, or eager), interpolated only between measured sizes of the same mode
+and LoRA case. A candidate whose replay needs an unmeasured price is never
+chosen; when none is left, optimize refuses and names the points to
+measure (or, with --padding-fallback, chooses by padded tokens and says
+so). Without step times the objective is padded tokens, and the largest
+size stays the spec's max capture size.
+
+Estimates rest on the calibration's model and GPU: a spec that names
+another model (spec `model`, `target.gpu`) gets no estimate-based budget
+or step-time objective from it.
+
+With LoRA and one DP rank, sizes are chosen per LoRA case
+(cudagraph.lora_case_sizes, run by capplan's runtime): a case the trace
+rarely uses keeps few sizes, always including the largest. The budget is
+split across cases exactly (knapsack over each case's optimal curve).
+Under DP, pass one trace per rank: candidates are scored through DP sync.
+
+Exact: dynamic programming over the sorted token counts of the trace
+(optimal 1-D bucketing) for every number of sizes. Prints the trade-off
+curve, writes a spec with explicit cudagraph.capture_sizes whose compiled
+plan verifies, and leaves everything else in the spec as it was.
+"""
+OptimizeSpec = Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)]
+OptimizeTraces = Annotated[
+    list[Path],
+    typer.Argument(help="Batch trace (see capplan simulate --help); under DP, one per rank.", show_default=False),
+]
+OptimizeMaxGraphs = Annotated[
+    int | None, typer.Option("--max-graphs", min=1, help="Budget: graphs captured (after pruning).")
+]
+OptimizeMaxGraphMemory = Annotated[
+    float | None,
+    typer.Option("--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model)."),
+]
+OptimizeMaxCaptureSeconds = Annotated[
+    float | None,
+    typer.Option("--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds."),
+]
+OptimizeMaxSlowdown = Annotated[
+    float | None,
+    typer.Option(
+        "--max-slowdown",
+        min=0.0,
+        max=1000.0,
+        help="Budget: the fewest graphs whose predicted step time on the trace stays within PCT percent of "
+        "the default plan's, bounds included (the candidate's upper bound against the default's lower).",
+    ),
+]
+OptimizeObjective = Annotated[
+    str | None,
+    typer.Option(
+        "--objective",
+        help="step-time (predicted from the calibration's step times; the default when it has them) "
+        "or padding (padded tokens; the default otherwise).",
+    ),
+]
+OptimizePaddingFallback = Annotated[
+    bool,
+    typer.Option(
+        "--padding-fallback",
+        help="When step time cannot choose (the calibration lacks prices the trace needs), choose by "
+        "padded tokens instead and say so, rather than refusing.",
+    ),
+]
+OptimizeOutput = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Where to write the optimized spec (default: SPEC.optimized.yaml)."),
+]
+OptimizePlot = Annotated[Path | None, typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")]
+OptimizeCalibration = Annotated[Path | None, typer.Option("--calibration", help="Cost model calibration YAML.")]
+OptimizeSharedSizes = Annotated[
+    bool,
+    typer.Option(
+        "--shared-sizes", help="One size list for every LoRA case (what plain vLLM can run; always so under DP)."
+    ),
+]
+OptimizeAsJson = Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")]
+OptimizeFullCurve = Annotated[
+    bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
+]
+
+DIFF_HELP = """Semantic diff: graphs added/removed per mode and LoRA case, dispatch changes,
+fixes, and the estimated capture time and memory delta.
+
+Exit 0 when the plans are equal, 2 when they differ, 1 on error.
+"""
+DiffOld = Annotated[Path, typer.Argument(help="Old plan (or spec with --spec).", show_default=False)]
+DiffNew = Annotated[Path, typer.Argument(help="New plan (or spec with --spec).", show_default=False)]
+DiffFmt = Annotated[str, typer.Option("--format", help="text | markdown (pastes into a pull request) | json.")]
+DiffSpecs = Annotated[bool, typer.Option("--spec", help="OLD and NEW are specs: compile both in memory and compare.")]
+DiffPlot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Draw graphs added, removed and kept per capture size and LoRA case (.svg, or .png with "
+        "capplan[plot]); link it from the markdown diff.",
+    ),
+]
+
+GIT_SETUP_HELP = """Make `git diff` show plans as `capplan diff` does, in the repository you are in.
+
+Adds `*.plan.yaml diff=capplan` to the repository's .gitattributes (commit
+it, so every clone knows which files are plans) and sets
+`diff.capplan.command` in this clone's git config (each clone runs this
+once). Then `git diff`, and `git log -p --ext-diff` / `git show --ext-diff`,
+print graphs added and removed per mode and LoRA case, dispatch and spec
+changes for every plan; `git diff --no-ext-diff` shows the raw lines. All
+or nothing: when either step fails, neither is left changed.
+"""
+GitSetupCommand = Annotated[
+    str | None,
+    typer.Option(
+        "--command",
+        help="How git runs capplan (default: this capplan, by its Python's absolute path, so git finds it "
+        "whatever PATH it runs with).",
+    ),
+]
+
+GIT_DIFF_HELP = """git's external diff driver: PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [...].
+
+Prints the semantic diff of the two plans; when either side cannot be
+loaded (a plan of another format, say), says why and prints the raw
+unified diff, or says why not when a side cannot be read either. Exits 0,
+as git requires of a diff driver, unless git called it wrongly.
+"""
+GitDiffArgs = Annotated[list[str] | None, typer.Argument()]
+
+APPLY_HELP = """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
+
+For `vllm serve` and `python -m vllm.entrypoints.openai.api_server`, the
+flags are read first: one that contradicts the plan (max_loras, max_num_seqs,
+capture sizes, cudagraph mode, ...) is refused before anything starts, and
+what the plan determines and the command leaves out is added (said on one
+line), so `capplan apply --runner mrv2 PLAN -- vllm serve MODEL` is a
+complete launch; --dry-run prints it and starts nothing. A vLLM release the
+plan was not compiled for is refused before the command starts. Any other
+command that starts vLLM works too (python my_script.py), checked by each
+engine instead. vLLM loads capplan's plugin (entry point vllm.general_plugins) in every engine
+and worker process, and CAPPLAN_PLAN names the plan. Setting
+CAPPLAN_PLAN=PATH yourself does the same without this wrapper.
+"""
+ApplyRunner = Annotated[str, typer.Option("--runner", help="Model runner: mrv2.")]
+ApplyDryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Check the command's flags against the plan and print the command that would run, with the "
+        "flags the plan adds; start nothing.",
+    ),
+]
+ApplyReport = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Write the end-of-run report as JSON here; {pid} and {rank} "
+        "(the DP rank) are filled in, so each process of a DP launch writes its own.",
+    ),
+]
+ApplySmoke = Annotated[
+    Path | None,
+    typer.Option(
+        "--smoke",
+        help="Instead of a command: build the plan's engine on DIR (base/ plus LoRA "
+        "adapter folders), generate LoRA batches with graphs and eager, compare. Needs a GPU.",
+    ),
+]
+ApplyTolerance = Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")]
+ApplyTrace = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Record every step's batch here as JSON lines, the format simulate and optimize read "
+        "(same as CAPPLAN_TRACE=PATH). {rank} is filled in; with DP > 1 each rank writes its own "
+        "file. Stops at CAPPLAN_TRACE_MAX_MB (default 256).",
+    ),
+]
+
+FLAGS_HELP = """Print the vLLM arguments that match PLAN, for launching vLLM without `capplan apply`.
+
+Scheduler limits, max_loras and the specialize switches, DP (and TP/PP when
+the spec names them), and a --compilation-config with the cudagraph mode and
+the plan's capture sizes. MODEL stands for your model. Speculative decoding
+needs your draft method: the line before says what to add. Then set
+CAPPLAN_PLAN=PLAN in the engine's environment to put the plan in force.
+"""
+FlagsFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="serve: a `vllm serve` line; python: a `python -m vllm.entrypoints.openai.api_server` line; "
+        "json: the arguments as a JSON list (for Kubernetes manifests, Ray, your own scripts).",
+    ),
+]
+
+CALIBRATE_HELP = """Measure capture cost and step times on this machine's GPU, through vLLM, into a calibration file.
+
+Builds three engines from SPEC, each in its own process with a plan in
+force: the spec's own plan (capture cost; decode step time replaying each
+measured size, per LoRA case), a plan of the smallest size only (capture
+cost of a few graphs; eager decode step times) and a plan of every fourth
+size with LoRA off (capture cost). Pass the file to show, diff, simulate
+and optimize with --calibration; optimize then minimizes predicted step
+time. Needs a GPU and vLLM; extra LLM(...) keywords come from the JSON
+object in CAPPLAN_SMOKE_LLM_ARGS. Takes a few minutes.
+"""
+CalibrateSpec = Annotated[Path, typer.Argument(help="Spec YAML of the deployment to measure.", show_default=False)]
+CalibrateModel = Annotated[
+    Path,
+    typer.Option("--model", help="Model folder: the base model in MODEL/base, LoRA adapters in sibling folders."),
+]
+CalibrateOutput = Annotated[Path, typer.Option("-o", "--output", help="Calibration YAML to write.")]
+CalibrateName = Annotated[str | None, typer.Option("--name", help="Calibration name (default: GPU, vLLM, model).")]
+
+CALIBRATE_TRACE_HELP = """Fit step times as served from a recorded trace, into a calibration file. No GPU needed.
+
+The interval between two recorded steps is the second step's period as the
+engine ran it (scheduling and output included); intervals over 0.1 s are
+idle time. Steps are dispatched through PLAN: graph steps give the time of
+a FULL or PIECEWISE replay per LoRA case and padded size, eager steps the
+time per token count. Medians of at least 3 steps become the calibration's
+step_times. Without --calibration the file holds what the trace covers and
+nothing more (no capture runs, no other step times); with it, its capture
+runs, its identity and its step times for token counts the trace never
+reached (eager decode, say) are kept.
+"""
+CalibrateTracePlan = Annotated[Path, typer.Argument(help="The plan the trace was recorded under.", show_default=False)]
+CalibrateTraceTrace = Annotated[
+    Path, typer.Argument(help="Trace recorded by capplan apply --trace (with step times).", show_default=False)
+]
+CalibrateTraceCalibration = Annotated[
+    Path | None,
+    typer.Option("--calibration", help="Calibration whose capture runs (and step times outside the trace) to keep."),
+]
+CalibrateTraceName = Annotated[
+    str | None, typer.Option("--name", help="Calibration name (default: the base's, + served).")
+]
+
+SCHEMA_HELP = """Print the spec's JSON Schema (for editor completion and validation).
+"""

@@ -1,0 +1,143 @@
+"""`capplan apply`: run a command that starts vLLM with a plan in force (or the GPU smoke test)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from capplan.commands import Notes, no_notes
+from capplan.errors import CapplanError, UsageError, printable
+
+
+@dataclass(frozen=True)
+class ApplyRequest:
+    """`capplan apply`'s arguments: the plan, the runner, the command to run, and what to record."""
+
+    plan: Path
+    command: list[str]
+    runner: str = "mrv2"
+    dry_run: bool = False
+    report: Path | None = None
+    smoke: Path | None = None
+    tolerance: float = 0.1
+    trace: Path | None = None
+
+
+@dataclass(frozen=True)
+class Applied:
+    """How the run ended: the child's exit code, or the smoke test's verdict and text."""
+
+    code: int
+    text: str | None = None
+
+
+def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
+    """Run the command with CAPPLAN_PLAN set (the plan checked first); a run that exits 0
+    without writing the report it promised is refused."""
+    import shlex
+
+    from capplan.planfile.read import load_plan
+
+    r = request
+    if r.runner != "mrv2":
+        raise UsageError(f"--runner must be mrv2 (got {r.runner!r})")
+    if r.smoke is not None:
+        from capplan.runtime.smoke import run_smoke
+
+        if r.command:
+            raise UsageError("--smoke runs its own engines: give no command")
+        passed, text = run_smoke(r.plan, r.smoke, r.tolerance)
+        return Applied(0 if passed else 1, text)
+    if not r.command:
+        raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
+    loaded = load_plan(r.plan)  # refuse a bad plan before starting anything
+    from capplan.runtime.engine_args import prepare
+    from capplan.runtime.launch import check_environment, run_child
+
+    command, said = prepare(loaded, str(r.plan), r.command)  # a flag against the plan: refused here, at once
+    if r.dry_run:
+        for line in said:
+            notes(line)
+        return Applied(0, shlex.join(command))
+    check_run_outputs(r.plan, command, r.report, r.trace, loaded.dp.data_parallel_size)
+    env = check_environment(command, dict(os.environ), loaded.spec.target.vllm)
+    env["CAPPLAN_PLAN"] = str(r.plan.resolve())
+    if r.report is not None:
+        env["CAPPLAN_REPORT"] = str(r.report.resolve())
+    if r.trace is not None:
+        env["CAPPLAN_TRACE"] = str(r.trace.resolve())
+    for line in said:
+        notes(line)
+    notes(f"capplan: running with {r.plan} ({len(loaded.graphs)} graphs): {shlex.join(command)}")
+    before = reports(r.report) if r.report is not None else {}
+    code = run_child(command, env)
+    if r.report is not None and code == 0 and not set(reports(r.report).items()) - set(before.items()):
+        raise CapplanError(
+            f"{printable(str(r.report))} was never written: the plan was not put in force by any engine of this "
+            "command",
+            "check that the command starts vLLM with Model Runner V2",
+        )
+    return Applied(code)
+
+
+def reports(report: Path) -> dict[str, tuple[int, int]]:
+    """The report files the template names now, each with (inode, mtime): a report this run
+    wrote is a new file (the runtime replaces the file, so its inode changes)."""
+    found = {}
+    for name in glob.glob(glob.escape(str(report)).replace("{rank}", "*").replace("{pid}", "*")):
+        try:
+            info = os.stat(name)
+        except OSError:
+            continue
+        found[name] = (info.st_ino, info.st_mtime_ns)
+    return found
+
+
+def check_run_outputs(plan: Path, command: list[str], report: Path | None, trace: Path | None, ranks: int) -> None:
+    """--report and --trace are outputs: for every DP rank, never the plan, a file of the
+    command (`FILE` or `--opt=FILE`), each other, a symlink, or a file in a folder that
+    cannot be written."""
+
+    from capplan.files import check_output
+    from capplan.runtime.recorder import trace_path
+
+    words = [part for a in command for part in (a, a.split("=", 1)[-1])]
+    inputs = [plan, *(Path(w) for w in words if os.path.isfile(w))]
+    files: dict[str, set[str]] = {}
+    for option, path in (("--report", report), ("--trace", trace)):
+        if path is None:
+            continue
+        if os.path.islink(path):  # the engine gets the resolved path: refuse the link itself
+            raise UsageError(f"{option} {printable(str(path))}: is a symbolic link; give the real path")
+        if option == "--trace":
+            names = {trace_path(str(path), r, ranks) for r in range(ranks)}
+        else:
+            names = {str(path).replace("{rank}", str(r)) for r in range(ranks)}
+        if "{pid}" in str(path):  # any existing file the pattern can name (a pid is digits)
+            pattern = re.compile(re.escape(os.path.abspath(path)).replace(re.escape("{pid}"), "[0-9]+") + "$")
+            found = glob.glob(glob.escape(str(path)).replace(glob.escape("{pid}"), "*"))
+            names |= {n for n in found if pattern.match(os.path.abspath(n))}
+        for name in names:
+            folder = Path(name.replace("{pid}", "0")).resolve().parent
+            if not folder.is_dir() or not os.access(folder, os.W_OK):
+                raise UsageError(f"{option} {printable(str(path))}: {printable(str(folder))} is not a writable folder")
+        files[option] = {os.path.abspath(n) for n in names}
+        for name in sorted(names):
+            try:
+                check_output(Path(name), inputs)
+            except CapplanError as exc:
+                raise UsageError(f"{option}: {exc.message}", exc.hint) from None
+    if report is not None and trace is not None:  # the same file for one rank and one process?
+        marker = "@capplan-pid@"
+        by_trace = {os.path.abspath(trace_path(str(trace).replace("{pid}", marker), r, ranks)) for r in range(ranks)}
+        by_report = {
+            os.path.abspath(str(report).replace("{rank}", str(r)).replace("{pid}", marker)) for r in range(ranks)
+        }
+        files["--trace"] |= by_trace
+        files["--report"] |= by_report
+    if len(files) == 2 and files["--report"] & files["--trace"]:
+        shared = sorted(files["--report"] & files["--trace"])[0]
+        raise UsageError(f"--report and --trace name one file ({printable(shared)})", "give each its own")

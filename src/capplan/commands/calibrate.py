@@ -1,0 +1,163 @@
+"""`capplan calibrate` (measure on a GPU) and `calibrate-trace` (fit step times from a
+recorded trace): each writes a calibration file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capplan.commands import inputs
+from capplan.errors import InputError, UsageError, printable
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """The calibration written (as data) and where."""
+
+    output: Path
+    data: dict[str, Any]
+
+
+def calibrate(spec: Path, model: Path, output: Path, name: str | None = None) -> Calibrated:
+    """Measure capture cost and step times through vLLM on this machine's GPU."""
+    from capplan.files import check_output, write_atomic
+    from capplan.loading import load_spec
+    from capplan.runtime.calibrate import calibrate as measure
+
+    check_output(output, (spec,))
+    loaded = load_spec(spec)
+    text, data = measure(loaded, spec.name, model, name)
+    write_atomic(output, text, (spec,))
+    return Calibrated(output, data)
+
+
+@dataclass(frozen=True)
+class TraceFit:
+    """Step times fitted from a trace: how many were fitted, how many kept from a base calibration."""
+
+    output: Path
+    fitted: int
+    kept: int
+
+
+def calibrate_trace(
+    plan: Path, trace: Path, output: Path, calibration: Path | None = None, name: str | None = None
+) -> TraceFit:
+    """Fit step times as served from a trace recorded under `plan`; with `calibration`,
+    keep its capture runs, identity and the step times the trace does not cover."""
+    from capplan.batches import read_batches
+    from capplan.files import check_output, write_atomic
+    from capplan.loading import load_calibration
+    from capplan.planfile.read import load_plan
+    from capplan.traffic.cost import fit_step_times
+
+    sources = inputs(plan, trace, calibration)
+    check_output(output, sources)
+    loaded = load_plan(plan)
+    batch_file = read_batches(trace, loaded.spec)
+    times = _check_recording(trace, batch_file)
+    if name is not None and (len(name) > 200 or not name.isprintable()):
+        raise UsageError("--name: at most 200 printable characters")
+    base = load_calibration(calibration) if calibration is not None else None
+    if base is not None:
+        from capplan.traffic.cost import fit_cost_model, judge
+
+        fit_cost_model(base)  # a base no other command can use is refused here, not in the file written
+        basis = judge(base, loaded.spec)
+        if not basis.usable:
+            raise InputError(
+                f"{printable(str(calibration))}: {basis.note}; the trace was recorded under {printable(plan.name)}",
+                "pass a calibration of the model and GPU the trace was recorded on, or none",
+            )
+    fitted = fit_step_times(loaded, batch_file.batches, times)
+    if not fitted:
+        raise InputError(f"{printable(str(trace))}: too few busy steps to fit (need 3 per size)")
+    steps = len(batch_file.batches)
+    if base is not None:
+        data, source, kept = _on_base(base, fitted, name, steps)
+    else:
+        data, source, kept = _alone(loaded.spec, fitted, name, trace, steps)
+    header = (
+        f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n" + source
+    )
+    write_atomic(output, header + _calibration_yaml(data), sources)
+    return TraceFit(output, len(fitted), kept)
+
+
+def _check_recording(trace: Path, batch_file: Any) -> list[float]:
+    """The step times of one recording of one engine (no DP rank), one step a line, in order."""
+    if batch_file.times is None:
+        raise InputError(
+            f"{printable(str(trace))}: has no step times (t) on every line",
+            "record the trace with capplan apply --trace, or CAPPLAN_TRACE",
+        )
+    times: list[float] = batch_file.times
+    if any(item.dp_step is not None for item in batch_file.batches):
+        raise InputError(
+            f"{printable(str(trace))}: a DP rank's trace (dp_step): its step times depend on the other ranks' "
+            "batches, which one rank's trace does not hold",
+            "fit step times from a recording with data_parallel_size 1",
+        )
+    for i, (item, stamp) in enumerate(zip(batch_file.batches, times)):
+        if item.count != 1:
+            raise InputError(
+                f"{printable(str(trace))}: a line with t has count {item.count}; a recorded step is one line"
+            )
+        if i and stamp < times[i - 1]:
+            raise InputError(
+                f"{printable(str(trace))}: t goes back from {times[i - 1]} to {stamp} at batch {i + 1}",
+                "a trace is one recording: fit each recording's file on its own",
+            )
+    return times
+
+
+def _on_base(base: Any, fitted: list[Any], name: str | None, steps: int) -> tuple[dict[str, Any], str, int]:
+    """(data, header lines, step times kept) of the fitted rows merged into a base calibration."""
+    from capplan.traffic.cost import merge_step_times
+
+    rows = merge_step_times(base.step_times, fitted)
+    data: dict[str, Any] = {"name": name or f"{base.name[:190]}+served"}
+    if base.identity is not None:
+        data["identity"] = base.identity.model_dump(exclude_none=True)
+    data |= {"runs": [r.model_dump() for r in base.runs], "step_times": [r.model_dump() for r in rows]}
+    source = (
+        f"# runs and identity: from {printable(base.name)}. step_times: {len(fitted)} fitted from the trace "
+        f"({steps} steps), {len(rows) - len(fitted)} kept from {printable(base.name)}.\n"
+    )
+    return data, source, len(rows) - len(fitted)
+
+
+def _alone(spec: Any, fitted: list[Any], name: str | None, trace: Path, steps: int) -> tuple[dict[str, Any], str, int]:
+    """(data, header lines, 0) of the fitted rows alone, with the identity the plan's spec names."""
+    data: dict[str, Any] = {"name": name or f"{printable(trace.stem)[:150]}+served"}
+    if spec.model is not None or spec.target.gpu:
+        identity: dict[str, Any] = {}
+        if spec.model is not None:
+            identity["model"] = spec.model.model_dump(exclude_none=True)
+        if spec.target.gpu:
+            identity["gpu"] = spec.target.gpu
+        data["identity"] = identity
+    data["step_times"] = [r.model_dump() for r in fitted]
+    source = (
+        f"# step_times: {len(fitted)} fitted from the trace ({steps} steps), nothing else: "
+        "no capture runs (pass --calibration to keep a calibration's);\n"
+        "# identity: "
+        + (
+            "the model and GPU the plan's spec names."
+            if "identity" in data
+            else "not recorded (the spec names no model)."
+        )
+        + "\n"
+    )
+    return data, source, 0
+
+
+def _calibration_yaml(data: dict[str, Any]) -> str:
+    """The calibration's YAML, once it is known to load: a failure here is capplan's bug, said as one."""
+    import yaml
+
+    from capplan.traffic.cost import Calibration
+
+    Calibration.model_validate(data)
+    return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120))

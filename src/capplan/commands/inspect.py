@@ -1,0 +1,164 @@
+"""`capplan show`, `dispatch` and `verify`: questions asked of one plan file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capplan.analysis.verify import VerifyReport
+from capplan.commands import inputs
+from capplan.errors import UsageError
+from capplan.planfile.read import load_plan
+from capplan.planner.dispatch import Batch, Dispatch
+from capplan.schemas.plan import Plan
+from capplan.traffic.cost import Basis, CostModel, Estimate
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A plan with its cost estimate (None when the calibration does not fit its deployment)."""
+
+    plan: Plan
+    cost: CostModel
+    basis: Basis
+    estimate: Estimate | None
+
+
+def show(plan_path: Path, calibration: Path | None = None, plot: Path | None = None) -> Shown:
+    """Load a plan and estimate its cost; with `plot`, draw it there."""
+    from capplan.loading import load_cost_model
+
+    plan = load_plan(plan_path)
+    cost = load_cost_model(calibration)
+    basis = cost.basis(plan.spec)
+    estimate = cost.estimate(plan) if basis.usable else None
+    if plot is not None:
+        from capplan.files import write_atomic
+        from capplan.present.picture import eager_note, plan_grids
+        from capplan.present.plot import plot_plan
+
+        grids, legend = plan_grids(plan)
+        totals = ", ".join(f"{mode} {n}" for mode, n in plan.stats["total"].items() if mode != "graphs")
+        caption = f"capplan show {plan_path.name}: {plan.stats['total']['graphs']} graphs ({totals or 'all eager'})"
+        picture = plot_plan(plot, grids, caption, legend, eager_note(plan))
+        write_atomic(plot, picture, inputs(plan_path, calibration))
+    return Shown(plan, cost, basis, estimate)
+
+
+@dataclass(frozen=True)
+class DispatchQuestion:
+    """`capplan dispatch`'s question: one batch (reqs and tokens), a batch file, or one encoder batch."""
+
+    plan: Path
+    reqs: int | None = None
+    tokens: int | None = None
+    loras: int = 0
+    base: bool = False
+    uniform: int | None = None
+    max_query_len: int | None = None
+    has_prefill: bool = False
+    queries: Path | None = None
+    encoder_items: str | None = None
+
+
+@dataclass(frozen=True)
+class Explained:
+    """One batch, the graph that serves it (cg_mode NONE: eager) and why."""
+
+    batch: Batch
+    dispatch: Dispatch
+    trace: list[str]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """A batch file's batches, each one's descriptor in order."""
+
+    descriptors: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EncoderPacking:
+    """One encoder batch packed as vLLM packs it: (item indices, budget or None for eager)."""
+
+    items: list[int]
+    batches: list[tuple[list[int], int | None]]
+    eager_why: str
+    has_graphs: bool
+    packing: str = ""  # whose packing rule this is, and the releases the plan runs on that pack otherwise
+
+
+def dispatch(question: DispatchQuestion) -> Explained | Answers | EncoderPacking:
+    """Which captured graph serves the batch (or batches), and why."""
+    from capplan.batches import batch_from_args, read_batches
+    from capplan.planner.dispatch import Dispatcher
+
+    q = question
+    if q.encoder_items is not None:
+        if q.reqs is not None or q.tokens is not None or q.queries is not None:
+            raise UsageError("--encoder-items asks about an encoder batch; give it without --reqs/--tokens/--queries")
+        return encoder_dispatch(load_plan(q.plan), q.encoder_items)
+    if q.queries is not None:
+        if q.reqs is not None or q.tokens is not None:
+            raise UsageError("--queries replaces --reqs/--tokens; give one or the other")
+        loaded = load_plan(q.plan)
+        batches = read_batches(q.queries, loaded.spec).batches
+        dispatcher = Dispatcher(loaded)
+        return Answers([dispatcher.dispatch(item.batch).descriptor() for item in batches])
+    if q.reqs is None or q.tokens is None:
+        raise UsageError("give --reqs and --tokens (or --queries FILE.jsonl)")
+    loaded = load_plan(q.plan)
+    spec = loaded.spec
+    batch = batch_from_args(q.reqs, q.tokens, q.max_query_len, q.loras, q.base, q.has_prefill, q.uniform, spec)
+    trace: list[str] = []
+    desc = Dispatcher(loaded).explain(batch, trace)
+    return Explained(batch, desc, trace)
+
+
+def encoder_dispatch(plan: Plan, items_text: str) -> EncoderPacking:
+    """How vLLM packs one encoder batch (`items_text`: comma-separated token counts) onto the plan's graphs."""
+    from capplan.planner.encoder import EncoderGraphs, pack
+
+    enc = plan.encoder
+    if enc is None:
+        raise UsageError("this plan has no multimodal encoder (no multimodal section in its spec)")
+    try:
+        items = [int(part) for part in items_text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--encoder-items: give comma-separated token counts, e.g. 300,1200,40 (got {items_text!r})"
+        ) from None
+    if not items or len(items) > 10_000 or min(items) < 1 or max(items) > 1 << 24:
+        raise UsageError("--encoder-items: 1 to 10000 items, each 1 to 16777216 tokens")
+    batches: list[tuple[list[int], int | None]]
+    if not enc.budgets:
+        batches = [(list(range(len(items))), None)]
+        why = "the plan captures no encoder graphs" + (" (encoder_lora_eager)" if enc.vllm_budgets else "")
+    else:
+        graphs = EncoderGraphs(sorted(enc.budgets), enc.max_items, enc.max_frames)
+        batches = pack(graphs, items, defer=plan.spec.rules.encoder_packing_defers)
+        why = "above the largest budget"
+    return EncoderPacking(items, batches, why, bool(enc.budgets), _packing(plan))
+
+
+def _packing(plan: Plan) -> str:
+    """Whose encoder packing `dispatch --encoder-items` shows, and which releases the plan runs on
+    pack otherwise (an alias's older ones)."""
+    from capplan.releases import RELEASES, release_of, runs_on
+
+    defers = plan.spec.rules.encoder_packing_defers
+    other = [v for v in runs_on(plan.spec.target.vllm) if RELEASES[v].rules.encoder_packing_defers != defers]
+    text = f"packing as vLLM {release_of(plan.spec.target.vllm).version} does"
+    if other:
+        how = "never starts" if defers else "starts"
+        text += f" (vLLM {', '.join(other)} {how} a new batch for a large item early)"
+    return text
+
+
+def verify(plan_path: Path) -> VerifyReport:
+    """The verifier's report on a plan file."""
+    from capplan.analysis.verify import verify_plan
+
+    # A loaded plan is the one its spec compiles to (the loader compared them): no second compile.
+    return verify_plan(load_plan(plan_path), consistency=False)

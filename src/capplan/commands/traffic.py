@@ -1,0 +1,172 @@
+"""`capplan simulate` and `optimize`: a plan (or a spec's candidate plans) replayed
+against recorded traffic."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capplan.commands import Notes, inputs, no_notes
+from capplan.errors import CapplanError, UsageError, printable
+from capplan.schemas.plan import Plan
+from capplan.traffic.optimize import Optimized
+from capplan.traffic.simulate import Simulation
+
+
+def _trace_notes(files: list[Any], notes: Notes) -> None:
+    for note in {f.note for f in files if f.note}:
+        notes(f"note: {note}")
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A plan replayed over one trace (or one per DP rank); `data` is its JSON form."""
+
+    plan: Plan
+    simulation: Simulation
+    data: dict[str, Any]
+
+
+def simulate(
+    plan_path: Path,
+    traces: list[Path],
+    calibration: Path | None = None,
+    plot: Path | None = None,
+    notes: Notes = no_notes,
+) -> Simulated:
+    """Replay the traces through the plan's dispatcher; with `plot`, draw hits and padding there."""
+    from capplan.batches import read_rank_traces
+    from capplan.loading import load_cost_model
+    from capplan.planfile.read import load_plan
+    from capplan.traffic.simulate import simulate as replay
+    from capplan.traffic.simulate import simulate_ranks
+
+    loaded = load_plan(plan_path)
+    files = read_rank_traces(traces, loaded.spec)
+    _trace_notes(files, notes)
+    cost = load_cost_model(calibration)
+    if len(files) == 1:
+        result = replay(loaded, files[0].batches, cost=cost)
+    else:
+        result = simulate_ranks(loaded, [f.batches for f in files], cost=cost)
+    data = result.to_json(loaded)
+    if plot is not None:
+        from capplan.files import write_atomic
+        from capplan.present.plot import plot_bars, simulation_panels
+
+        caption = (
+            f"capplan simulate {plan_path.name} {' '.join(t.name for t in traces)}: "
+            f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
+        )
+        write_atomic(plot, plot_bars(plot, simulation_panels(data), caption), inputs(plan_path, *traces, calibration))
+    return Simulated(loaded, result, data)
+
+
+@dataclass(frozen=True)
+class OptimizeRequest:
+    """`capplan optimize`'s arguments: the spec, its traces, the budget and the outputs."""
+
+    spec: Path
+    traces: list[Path]
+    max_graphs: int | None = None
+    max_graph_memory: float | None = None
+    max_capture_seconds: float | None = None
+    max_slowdown: float | None = None
+    objective: str | None = None
+    padding_fallback: bool = False
+    output: Path | None = None
+    plot: Path | None = None
+    calibration: Path | None = None
+    shared_sizes: bool = False
+
+
+@dataclass(frozen=True)
+class OptimizeOutcome:
+    """The chosen point and its curve, and where the optimized spec was written."""
+
+    result: Optimized
+    output: Path
+
+
+def optimized_path(spec: Path) -> Path:
+    """Where optimize writes by default: SPEC.optimized.yaml beside the spec."""
+    return spec.with_name(spec.name.removesuffix(".yaml").removesuffix(".yml") + ".optimized.yaml")
+
+
+def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutcome:
+    """Choose capture sizes for the traces under the budget; write the spec (and the picture)
+    only once its plan verifies."""
+    from capplan.analysis.verify import verify_plan
+    from capplan.batches import read_rank_traces
+    from capplan.files import check_output, write_atomic
+    from capplan.loading import load_cost_model, load_spec
+    from capplan.traffic.optimize import optimize as choose
+
+    r = request
+    out = r.output or optimized_path(r.spec)
+    sources = inputs(r.spec, *r.traces, r.calibration)
+    if r.plot is not None and os.path.realpath(r.plot) == os.path.realpath(out):
+        raise UsageError(
+            f"--plot {printable(str(r.plot))} is also the optimized spec's path", "give the picture its own"
+        )
+    for target in (out, r.plot):
+        if target is not None:
+            check_output(target, sources)
+    loaded = load_spec(r.spec)
+    files = read_rank_traces(r.traces, loaded)
+    _trace_notes(files, notes)
+    result = choose(
+        loaded,
+        [f.batches for f in files],
+        load_cost_model(r.calibration),
+        max_graphs=r.max_graphs,
+        max_graph_memory=r.max_graph_memory,
+        max_capture_seconds=r.max_capture_seconds,
+        max_slowdown=r.max_slowdown,
+        shared_sizes=r.shared_sizes,
+        objective=r.objective,
+        padding_fallback=r.padding_fallback,
+    )
+    report = verify_plan(result.plan)
+    if not report.ok:
+        raise CapplanError(
+            f"the optimized plan does not verify: {report.violations[0].line()}",
+            "please report this; nothing was written",
+        )
+    picture = None
+    if r.plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
+        from capplan.present.plot import plot_curve
+
+        d = result.default
+        caption = (
+            f"capplan optimize {r.spec.name} {' '.join(t.name for t in r.traces)}: default {d.graphs} graphs, "
+            f"padding {d.padding_overhead:.2%}"
+        )
+        picture = plot_curve(r.plot, result.curve, result.point, r.max_graphs, caption)
+    write_atomic(out, optimized_spec_text(r.spec, r.traces, result), sources)
+    if r.plot is not None and picture is not None:
+        write_atomic(r.plot, picture, sources)
+    return OptimizeOutcome(result, out)
+
+
+def optimized_spec_text(spec: Path, traces: list[Path], result: Optimized) -> str:
+    """The optimized spec file: a header saying how it was chosen, then the spec."""
+    from capplan.planfile.write import render_spec
+
+    p, d = result.point, result.default
+    trace_names = " ".join(printable(t.name) for t in traces)
+    header = (
+        f"# capplan optimize {printable(spec.name)} {trace_names} (budget {result.budget}, "
+        f"objective {result.objective})\n"
+        f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
+        f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
+    )
+    if result.objective == "step-time" and p.step_seconds is not None and d.step_seconds is not None:
+        header += (
+            f"# predicted steps {p.step_seconds:.3f} s (default {d.step_seconds:.3f} s); {printable(result.basis)}\n"
+        )
+    if result.fallback:
+        header += f"# chosen by padded tokens: {printable(result.fallback)}\n"
+    return header + render_spec(result.spec)

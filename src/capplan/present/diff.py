@@ -1,0 +1,102 @@
+"""`capplan diff` as text (terminal, git) and as markdown (a pull request); the JSON
+form is the PlanDiff's own `to_json`."""
+
+from __future__ import annotations
+
+from capplan.analysis.diff import PlanDiff, signed
+
+
+def _sample(items: list[str], shown: int = 8) -> list[str]:
+    """The first `shown` items and a count of the rest (the JSON form has them all)."""
+    return items if len(items) <= shown else [*items[:shown], f"... and {len(items) - shown} more"]
+
+
+def render_text(d: PlanDiff) -> str:
+    lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
+    if d.equal:
+        return lines[0] + "\n"
+    o, n = d.old_estimate, d.new_estimate
+    if o is None or n is None:
+        lines.append(
+            f"  estimate: none; {d.old_graphs} -> {d.new_graphs} graphs (calibration {d.calibration}: {d.basis})"
+        )
+    else:
+        lines.append(f"  estimate ({d.calibration}: {d.basis}): {o.text()}  ->  {n.text()}")
+    sections = [
+        ("spec", d.spec_changes),
+        (
+            "graphs",
+            [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
+            + ([f"added e.g. {', '.join(d.added_sample)}"] if d.added_sample else [])
+            + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
+        ),
+        ("LoRA dispatch", d.lora_map_changes),
+        ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
+        ("encoder", d.encoder_changes),
+        ("dispatch (what a batch replays)", d.dispatch_changes),
+        ("fixes and deviations", d.fix_changes),
+    ]
+    for title, items in sections:
+        if items:
+            lines.append(f"{title}:")
+            bullet = "  " if title.startswith("fixes") else "  * "  # -/+ mean removed/added below
+            lines += [f"{bullet}{item}" for item in items]
+    return "\n".join(lines) + "\n"
+
+
+def _code(name: str) -> str:
+    """A file name as a markdown code span, whatever backticks it holds."""
+    import re
+
+    fence = "`" * (max((len(run) for run in re.findall("`+", name)), default=0) + 1)
+    pad = " " if name.startswith("`") or name.endswith("`") else ""
+    return f"{fence}{pad}{name}{pad}{fence}"
+
+
+def render_markdown(d: PlanDiff) -> str:
+    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{d.headline()}**", ""]
+    if d.equal:
+        return "\n".join(lines)
+    o, n = d.old_estimate, d.new_estimate
+    lines += [
+        "| | old | new | change |",
+        "|---|---:|---:|---:|",
+        f"| graphs | {d.old_graphs} | {d.new_graphs} | {signed(d.new_graphs - d.old_graphs)} |",
+    ]
+    if o is not None and n is not None:
+        lines += [
+            f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
+            f"{signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
+            f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
+            f"{signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
+            "",
+            f"<sub>Estimates from calibration `{d.calibration}`: {d.basis}.</sub>",
+            "",
+        ]
+    else:
+        lines += [
+            "",
+            f"<sub>Capture time and graph memory not estimated (calibration `{d.calibration}`: {d.basis}).</sub>",
+            "",
+        ]
+    if d.spec_changes:
+        lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
+    if d.graph_changes:
+        lines += [
+            "**Graphs per mode and LoRA case**",
+            "",
+            "| mode | LoRA case | added | removed |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
+    for title, items in (
+        ("LoRA dispatch", d.lora_map_changes),
+        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
+        ("Encoder", d.encoder_changes),
+        ("Dispatch changes", d.dispatch_changes),
+    ):
+        if items:
+            lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
+    if d.fix_changes:
+        lines += ["**Fixes and deviations**", "", "```diff", *d.fix_changes, "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""What `capplan optimize` prints: the trade-off curve, the choice, and the same as JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from capplan.errors import printable
+from capplan.traffic.optimize import Optimized
+
+
+def render_curve(result: Optimized, full: bool = False) -> str:
+    """The trade-off curve as text: by default the points near the choice (up to twice its
+    graph count, at most 40 rows), the rest summarized in one line; `full` prints them all."""
+    d = result.default
+    timed = result.objective == "step-time"
+    if timed:
+        goal = "predicted step time on the trace (the simulator's replay priced by measured step times)"
+    else:
+        goal = f"padded tokens on the trace (largest graph kept at {d.capture_sizes[-1]} tokens)"
+
+    def num(value: float | None, fmt: str, width: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
+
+    default_steps = ""
+    if timed:
+        default_steps = f", ~{d.step_seconds:.2f} s of steps" if d.step_seconds is not None else ", steps not priced"
+    lines = [
+        f"capplan optimize: budget {result.budget}; objective: {goal}",
+        f"  estimates and step times: {result.basis}",
+        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{num(d.graph_memory_gib, '.2f', 0)} GiB, "
+        f"padding {d.padding_overhead:.2%}" + default_steps,
+        "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
+    ]
+    shown = result.curve if full else [p for p in result.curve if p.graphs <= 2 * result.point.graphs]
+    every = 1 if full else max(1, len(shown) // 40)
+    for i, p in enumerate(shown):
+        if p is result.point or i % every == 0 or i == len(shown) - 1:
+            mark = "  <- chosen" if p is result.point else ""
+            lines.append(
+                f"  {p.sizes:>5}  {p.graphs:>6}  {num(p.graph_memory_gib, '.3f', 6)}  "
+                f"{num(p.capture_seconds, '.1f', 10)}  {p.padded_tokens:>13}  {p.padding_overhead:>7.2%}"
+                + (f"  {num(p.step_seconds, '.2f', 8)}" if timed else "")
+                + mark
+            )
+    rest = len(result.curve) - len(shown)
+    if rest:
+        top = max(p.graphs for p in result.curve)
+        lines.append(f"  ... {rest} more point(s), up to {top} graphs (--full-curve prints them)")
+    if timed:
+        unpriced = sum(1 for p in result.curve if p.step_seconds is None)
+        if unpriced:
+            lines.append(f"  ({unpriced} point(s) marked - need step times the calibration lacks; never chosen)")
+    if result.assumption:
+        lines.append(f"  note: {result.assumption}")
+    return "\n".join(lines)
+
+
+def written_lines(result: Optimized, output: Path) -> list[str]:
+    """What optimize says after writing the spec: what was chosen against the default."""
+    p, d = result.point, result.default
+    steps = ""
+    if result.objective == "step-time" and p.step_seconds is not None:
+        steps = f", predicted steps {p.step_seconds:.2f} s" + (
+            f" vs {d.step_seconds:.2f} s" if d.step_seconds is not None else " (the default plan is not priced)"
+        )
+    lines = [
+        f"wrote {printable(str(output))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+        f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}{steps}; its plan verifies"
+    ]
+    if result.fallback:
+        lines.append(f"chosen by padded tokens, not step time (--padding-fallback): {printable(result.fallback)}")
+    return lines
+
+
+def optimize_json(result: Optimized, output: Path) -> dict[str, Any]:
+    """`optimize --json`: the curve, the choice and the default, and where the spec went."""
+    return {
+        "output": str(output),
+        "budget": result.budget,
+        "objective": result.objective,
+        "basis": result.basis,
+        "assumption": result.assumption,
+        "padding_fallback": result.fallback,
+        "chosen": result.point.to_json(),
+        "default": result.default.to_json(),
+        "curve": [c.to_json() for c in result.curve],
+    }

@@ -1,0 +1,44 @@
+"""The end-of-run report as the runtime prints it on stderr, from its JSON form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_report(data: dict[str, Any]) -> str:
+    """Graphs planned and captured per mode and LoRA case, dispatch counts, DP and trace lines."""
+    lines = [f"capplan: plan {data['plan']} ({data['fingerprint'][:19]})"]
+    for row in data["graphs"]:
+        lines.append(
+            f"  {row['cg_mode']:<9} case {row['lora_case']:<3} planned {row['planned']:>4}  "
+            f"captured {row['captured']:>4}"
+        )
+    lines.append(
+        f"  graphs: {data['graphs_captured']}/{data['graphs_planned']} captured "
+        f"(vLLM alone would capture {data['vllm_would_capture']}), "
+        f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB"
+    )
+    d = data["dispatch"]
+    lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
+    if data["dp"] is not None:
+        lines.append(dp_line(data["dp"]))
+    t = data["trace"]
+    if t is not None:
+        lines.append(
+            f"  trace: {t['steps']} steps to {t['path']} ({t['overhead_us_per_step']} us per step to record"
+            + (f"; {t['stopped']}" if t["stopped"] else "")
+            + ")"
+        )
+    return "\n".join(lines)
+
+
+def dp_line(dp: dict[str, Any]) -> str:
+    """What DP synchronisation did to one rank's steps."""
+    line = (
+        f"  DP rank {dp['rank']}/{dp['size']}: {dp['steps']} steps, {dp['padded_to_other_rank']} padded to another "
+        f"rank's size (+{dp['extra_tokens_from_other_ranks']} tokens), {dp['eager_together']} eager together "
+        f"({dp['forced_eager']} forced by another rank), {dp['idle_steps']} idle"
+    )
+    if dp["audited_steps"]:
+        line += f"; audit: {dp['token_disagreements']} of {dp['audited_steps']} steps with differing padded sizes"
+    return line
