@@ -199,3 +199,49 @@ def test_diff_names_with_line_breaks_and_backticks_stay_on_their_line(tmp_path):
     assert text.splitlines()[0].startswith(f"capplan diff {tmp_path}/a\\nb`x.plan.yaml -> ")
     md = runner.invoke(app, ["diff", str(odd), str(other), "--format", "markdown"]).stdout
     assert md.splitlines()[0] == f"### capplan plan diff: ``{tmp_path}/a\\nb`x.plan.yaml`` → `{other}`"
+
+
+def _seqs(spec, seqs):
+    return spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": seqs})})
+
+
+def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, monkeypatch):
+    """max_num_seqs 128 -> 96: no dispatch change for a batch of more than 96 requests (dispatch
+    refuses such a batch on the new plan); the batches only the old spec made are listed apart,
+    marked as no longer scheduled, and batches neither spec makes are not listed at all."""
+    import re
+
+    from capplan.loading import load_spec
+
+    spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
+    old, new = compile_plan(_seqs(spec, 128)), compile_plan(_seqs(spec, 96))
+    d = diff_plans(old, new, load_cost_model(None))
+    for line in d.dispatch_changes:
+        if line.startswith("uniform-decode"):
+            assert int(re.search(r"\((\d+)", line).group(1)) <= 96, line
+    assert d.dispatch_changes  # mixed batches of 193.. tokens still fit 96 requests
+    assert d.dispatch_unscheduled == [
+        "uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): replayed FULL in the old plan; "
+        "the new spec never makes them (97 requests, more than max_num_seqs 96)"
+    ]
+    text = render_text(d)
+    assert "FULL:104 -> PIECEWISE:104" not in text
+    assert "  * no longer scheduled: uniform-decode batches of 32 token count(s) (97..128;" in text
+    assert d.to_json()["dispatch_no_longer_scheduled"] == d.dispatch_unscheduled
+    back = diff_plans(new, old, load_cost_model(None))
+    assert back.dispatch_unscheduled == []
+    assert "uniform-decode batches of 8 token count(s) (97..104; all LoRA cases): not scheduled -> FULL:104" in (
+        back.dispatch_changes
+    )
+    monkeypatch.chdir(tmp_path)
+    for name, seqs in (("old", 128), ("new", 96)):
+        Path(f"{name}.yaml").write_text(
+            (ROOT / "configs" / "qwen3-8b-multilora.yaml")
+            .read_text()
+            .replace("max_num_seqs: 256", f"max_num_seqs: {seqs}")
+        )
+        assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
+    refused = runner.invoke(app, ["dispatch", "new.plan.yaml", "--reqs", "97", "--tokens", "97"])
+    assert refused.exit_code != 0 and "97 requests, more than max_num_seqs 96" in refused.stderr
+    out = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml"]).stdout
+    assert "(97.." not in out.replace("no longer scheduled: uniform-decode batches of 32 token count(s) (97..", "")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
-from capplan.planner.regions import target_changes
+from capplan.planner.dispatch import beyond_spec
+from capplan.planner.regions import no_longer_scheduled, target_changes
 from capplan.schemas.plan import Plan, address
 from capplan.traffic.cost import CostModel, Estimate
 
@@ -26,7 +28,8 @@ class PlanDiff:
     added_sample: list[str] = field(default_factory=list)
     removed_sample: list[str] = field(default_factory=list)
     dummy_changes: list[str] = field(default_factory=list)  # kept graphs warmed with another dummy batch
-    dispatch_changes: list[str] = field(default_factory=list)
+    dispatch_changes: list[str] = field(default_factory=list)  # batches the new spec schedules
+    dispatch_unscheduled: list[str] = field(default_factory=list)  # batches only the old spec schedules
     lora_map_changes: list[str] = field(default_factory=list)
     encoder_changes: list[str] = field(default_factory=list)
     fix_changes: list[str] = field(default_factory=list)
@@ -72,6 +75,7 @@ class PlanDiff:
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
             "dummy_changes": self.dummy_changes,
             "dispatch_changes": self.dispatch_changes,
+            "dispatch_no_longer_scheduled": self.dispatch_unscheduled,
             "lora_dispatch_changes": self.lora_map_changes,
             "encoder_changes": self.encoder_changes,
             "fix_changes": self.fix_changes,
@@ -127,7 +131,11 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     result.added_sample = [address(d) for d in added[:8]]
     result.removed_sample = [address(d) for d in removed[:8]]
     result.dummy_changes = _dummy_changes(old, new)
-    result.dispatch_changes = target_changes(old, new, exact_sizes=True)
+    # Only batches a deployment can make are compared: a reviewer reads a change for a batch
+    # the new spec never schedules as a regression that cannot happen.
+    refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
+    result.dispatch_changes = target_changes(old, new, exact_sizes=True, refusals=refusals)
+    result.dispatch_unscheduled = no_longer_scheduled(old, new, refusals)
     if old.lora_dispatch_key != new.lora_dispatch_key:
         result.lora_map_changes.append(f"LoRA dispatch by {old.lora_dispatch_key} -> {new.lora_dispatch_key}")
     for count in sorted(set(old.lora_dispatch_map) | set(new.lora_dispatch_map)):

@@ -11,6 +11,11 @@ def _sample(items: list[str], shown: int = 8) -> list[str]:
     return items if len(items) <= shown else [*items[:shown], f"... and {len(items) - shown} more"]
 
 
+def unscheduled(d: PlanDiff) -> list[str]:
+    """Batches only the old spec schedules, marked as removed."""
+    return [f"no longer scheduled: {line}" for line in d.dispatch_unscheduled]
+
+
 def render_text(d: PlanDiff) -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
     if d.equal:
@@ -33,7 +38,7 @@ def render_text(d: PlanDiff) -> str:
         ("LoRA dispatch", d.lora_map_changes),
         ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("encoder", d.encoder_changes),
-        ("dispatch (what a batch replays)", d.dispatch_changes),
+        ("dispatch (what a batch replays)", d.dispatch_changes + unscheduled(d)),
         ("fixes and deviations", d.fix_changes),
     ]
     for title, items in sections:
@@ -93,7 +98,7 @@ def render_markdown(d: PlanDiff) -> str:
         ("LoRA dispatch", d.lora_map_changes),
         ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("Encoder", d.encoder_changes),
-        ("Dispatch changes", d.dispatch_changes),
+        ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
     ):
         if items:
             lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
