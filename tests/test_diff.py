@@ -245,3 +245,27 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
     assert refused.exit_code != 0 and "97 requests, more than max_num_seqs 96" in refused.stderr
     out = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml"]).stdout
     assert "(97.." not in out.replace("no longer scheduled: uniform-decode batches of 32 token count(s) (97..", "")
+
+
+def test_capture_sizes_are_listed_as_sizes_added_and_removed(tmp_path, monkeypatch):
+    """A one-size change names the size, in every format, instead of the whole new list."""
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "configs" / "qwen3-8b-multilora.yaml").read_text().replace("max_num_seqs: 256", "max_num_seqs: 128")
+    Path("old.yaml").write_text(text)
+    sizes = [1, 2, 4, *range(8, 257, 8)]
+    sizes.remove(120)
+    Path("new.yaml").write_text(text.replace("capture_sizes: null", f"capture_sizes: {sizes}"))
+    out = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"]).stdout
+    assert "  * capture sizes: +0 added, -1 removed (120)" in out.splitlines()
+    assert "none -> [" not in out and "numbers]" not in out
+    md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
+    assert "- `capture sizes: +0 added, -1 removed (120)`" in md
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "new.yaml", "old.yaml", "--format", "json"]).stdout)
+    assert data["capture_sizes"] == {"added": [120], "removed": []}
+    assert data["spec_changes"] == ["capture sizes: +1 added (120), -0 removed"]
+    # sizes the spec derives move with max_num_seqs: listed apart from the spec's own changes
+    Path("fewer.yaml").write_text(text.replace("max_num_seqs: 128", "max_num_seqs: 96"))
+    out = runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml"]).stdout
+    assert "capture sizes (as the spec now derives them):\n  * +0 added, -8 removed (200..256 step 8)\n" in out
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml", "--format", "json"]).stdout)
+    assert data["capture_sizes"]["removed"] == list(range(200, 257, 8))

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from capplan.cli import app
 from capplan.planfile.read import load_plan
-from capplan.present.show import compact, render_show
+from capplan.planner.capture_sizes import compact
+from capplan.present.show import render_show
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.plan.yaml"))

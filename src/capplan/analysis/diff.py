@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
+from capplan.planner.capture_sizes import compact
 from capplan.planner.dispatch import beyond_spec
 from capplan.planner.regions import no_longer_scheduled, target_changes
 from capplan.schemas.plan import Plan, address
@@ -24,6 +25,9 @@ class PlanDiff:
     new_name: str
     equal: bool
     spec_changes: list[str] = field(default_factory=list)
+    capture_sizes_added: list[int] = field(default_factory=list)  # the plans' capture sizes
+    capture_sizes_removed: list[int] = field(default_factory=list)
+    sizes_in_spec_changes: bool = False  # the spec's capture_sizes changed: its line is `capture_sizes_line`
     graph_changes: list[tuple[str, int, int, int]] = field(default_factory=list)  # mode, case, added, removed
     added_sample: list[str] = field(default_factory=list)
     removed_sample: list[str] = field(default_factory=list)
@@ -56,6 +60,19 @@ class PlanDiff:
             f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
         )
 
+    def capture_sizes_change(self) -> str:
+        """`+1 added (120), -2 removed (8..16 step 8)`: the sizes themselves, as runs."""
+        added, removed = self.capture_sizes_added, self.capture_sizes_removed
+        return (
+            f"+{len(added)} added"
+            + (f" ({compact(added)})" if added else "")
+            + f", -{len(removed)} removed"
+            + (f" ({compact(removed)})" if removed else "")
+        )
+
+    def capture_sizes_line(self) -> str:
+        return f"capture sizes: {self.capture_sizes_change()}"
+
     def to_json(self) -> dict:
         est = lambda e: (
             None
@@ -72,6 +89,7 @@ class PlanDiff:
             "equal": self.equal,
             "headline": self.headline(),
             "spec_changes": self.spec_changes,
+            "capture_sizes": {"added": self.capture_sizes_added, "removed": self.capture_sizes_removed},
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
             "dummy_changes": self.dummy_changes,
             "dispatch_changes": self.dispatch_changes,
@@ -122,7 +140,20 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     if result.equal:
         return result
     a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
-    result.spec_changes = [f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in a if a.get(k) != b.get(k)]
+    old_sizes, new_sizes = set(old.capture_sizes), set(new.capture_sizes)
+    result.capture_sizes_added = sorted(new_sizes - old_sizes)
+    result.capture_sizes_removed = sorted(old_sizes - new_sizes)
+    for k in a:
+        if a.get(k) == b.get(k):
+            continue
+        if k == SIZES_KEY and (result.capture_sizes_added or result.capture_sizes_removed):
+            # A one-size change in a list of dozens reads as the whole list: name the sizes.
+            result.spec_changes.append(result.capture_sizes_line())
+            result.sizes_in_spec_changes = True
+        elif k == SIZES_KEY:
+            result.spec_changes.append(f"{k}: {_sizes(a.get(k), old)} -> {_sizes(b.get(k), new)} (the same sizes)")
+        else:
+            result.spec_changes.append(f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}")
     old_set, new_set = set(old.descriptors), set(new.descriptors)
     added, removed = [d for d in new.descriptors if d not in old_set], [d for d in old.descriptors if d not in new_set]
     plus = Counter((d.cg_mode, d.num_active_loras) for d in added)
@@ -152,6 +183,13 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         result.fix_changes += [f"- {fix}: {c}" for c in before if c not in after]
         result.fix_changes += [f"+ {fix}: {c}" for c in after if c not in before]
     return result
+
+
+SIZES_KEY = "cudagraph.capture_sizes"
+
+
+def _sizes(value: object, plan: Plan) -> str:
+    return f"none ({len(plan.capture_sizes)} derived)" if value is None else f"{len(plan.capture_sizes)} listed"
 
 
 def _case(case: int | None) -> str:

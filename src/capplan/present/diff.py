@@ -11,6 +11,13 @@ def _sample(items: list[str], shown: int = 8) -> list[str]:
     return items if len(items) <= shown else [*items[:shown], f"... and {len(items) - shown} more"]
 
 
+def sizes(d: PlanDiff) -> list[str]:
+    """The capture sizes added and removed, when the spec's own line does not already say so
+    (a changed max_num_seqs or max_capture_size moves the sizes vLLM derives)."""
+    changed = d.capture_sizes_added or d.capture_sizes_removed
+    return [d.capture_sizes_change()] if changed and not d.sizes_in_spec_changes else []
+
+
 def unscheduled(d: PlanDiff) -> list[str]:
     """Batches only the old spec schedules, marked as removed."""
     return [f"no longer scheduled: {line}" for line in d.dispatch_unscheduled]
@@ -29,6 +36,7 @@ def render_text(d: PlanDiff) -> str:
         lines.append(f"  estimate ({d.calibration}: {d.basis}): {o.text()}  ->  {n.text()}")
     sections = [
         ("spec", d.spec_changes),
+        ("capture sizes (as the spec now derives them)", sizes(d)),
         (
             "graphs",
             [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
@@ -86,6 +94,8 @@ def render_markdown(d: PlanDiff) -> str:
         ]
     if d.spec_changes:
         lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
+    if sizes(d):
+        lines += ["**Capture sizes** (as the spec now derives them)", ""] + [f"- {line}" for line in sizes(d)] + [""]
     if d.graph_changes:
         lines += [
             "**Graphs per mode and LoRA case**",

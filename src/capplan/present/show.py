@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
 from capplan.traffic.cost import Estimate
 
@@ -134,26 +135,6 @@ def _encoder_lines(plan: Plan) -> list[str]:
     if enc.lora:
         lines.append(f"  tower/connector LoRA: {enc.lora}")
     return [*lines, ""]
-
-
-def compact(numbers: list[int]) -> str:
-    """Sorted numbers as runs: `1, 2, 4, 8..256 step 8, 272..512 step 16` (three or more
-    numbers an even step apart make a run)."""
-    values = sorted(set(numbers))
-    parts, i = [], 0
-    while i < len(values):
-        j = i + 1
-        if j < len(values):
-            step = values[j] - values[i]
-            while j + 1 < len(values) and values[j + 1] - values[j] == step:
-                j += 1
-            if j - i >= 2:
-                parts.append(f"{values[i]}..{values[j]}" + (f" step {step}" if step > 1 else ""))
-                i = j + 1
-                continue
-        parts.append(str(values[i]))
-        i += 1
-    return ", ".join(parts) or "none"
 
 
 def _runs(numbers: list[int]) -> str:
