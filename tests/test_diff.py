@@ -269,3 +269,39 @@ def test_capture_sizes_are_listed_as_sizes_added_and_removed(tmp_path, monkeypat
     assert "capture sizes (as the spec now derives them):\n  * +0 added, -8 removed (200..256 step 8)\n" in out
     data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml", "--format", "json"]).stdout)
     assert data["capture_sizes"]["removed"] == list(range(200, 257, 8))
+
+
+def test_markdown_folds_long_lists_into_details_and_cuts_nothing():
+    """A pull request gets every line: past a screen-ful a list folds into <details>."""
+    import re
+
+    from capplan.loading import load_spec
+    from capplan.present.diff import SCREEN, render_markdown
+
+    spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
+    result = diff_plans(compile_plan(spec), compile_plan(_seqs(spec, 68)), load_cost_model(None))
+    assert len(result.dummy_changes) > SCREEN + 1
+    md = render_markdown(result)
+    assert "... and" not in md and " more\n" not in md.replace("more</summary>", "")
+    rest = len(result.dummy_changes) - SCREEN
+    assert f"<details><summary>{rest} more</summary>\n\n" in md
+    for line in result.dummy_changes:
+        assert f"- {line}\n" in md
+    assert md.count("<details>") == md.count("</details>")
+    opened = md.index(f"<summary>{rest} more</summary>")
+    closed = md.index("</details>", opened)
+    assert all(f"- {line}" in md[opened:closed] for line in result.dummy_changes[SCREEN:])
+    assert not any(f"- {line}" in md[opened:closed] for line in result.dummy_changes[:SCREEN])
+    assert re.search(r"</details>\n", md)
+
+
+def test_markdown_folds_a_long_table_with_its_header():
+    from capplan.present.diff import SCREEN, _folded
+
+    rows = [f"| FULL | {i} | 1 | 0 |" for i in range(SCREEN + 5)]
+    header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+    out = _folded(rows, head=header)
+    assert out.count(header[0]) == 2 and "<details><summary>5 more</summary>" in out
+    assert [r for r in out if r.startswith("| FULL")] == rows
+    short = _folded(rows[: SCREEN + 1], head=header)
+    assert "<details>" not in "".join(short) and len(short) == SCREEN + 4

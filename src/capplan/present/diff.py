@@ -57,6 +57,33 @@ def render_text(d: PlanDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
+SCREEN = 20  # markdown shows this many items of a list; the rest fold into <details>
+
+
+def _folded(lines: list[str], head: list[str] | None = None, fence: str = "") -> list[str]:
+    """Markdown lines that show the first SCREEN of `lines` and fold every other one into a
+    `<details>` block (nothing is cut: a pull request holds the whole diff). `head` repeats
+    a table's header inside the fold; `fence` wraps each part in a code block."""
+
+    def part(items: list[str]) -> list[str]:
+        body = [*(head or []), *items]
+        return [f"```{fence}", *body, "```"] if fence else body
+
+    if len(lines) <= SCREEN + 1:  # "1 more" would hide no more than it shows
+        return [*part(lines), ""]
+    rest = lines[SCREEN:]
+    return [
+        *part(lines[:SCREEN]),
+        "",
+        f"<details><summary>{len(rest)} more</summary>",
+        "",
+        *part(rest),
+        "",
+        "</details>",
+        "",
+    ]
+
+
 def _code(name: str) -> str:
     """A file name as a markdown code span, whatever backticks it holds."""
     import re
@@ -93,25 +120,21 @@ def render_markdown(d: PlanDiff) -> str:
             "",
         ]
     if d.spec_changes:
-        lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
+        lines += ["**Spec**", "", *_folded([f"- `{c}`" for c in d.spec_changes])]
     if sizes(d):
         lines += ["**Capture sizes** (as the spec now derives them)", ""] + [f"- {line}" for line in sizes(d)] + [""]
     if d.graph_changes:
-        lines += [
-            "**Graphs per mode and LoRA case**",
-            "",
-            "| mode | LoRA case | added | removed |",
-            "|---|---:|---:|---:|",
-        ]
-        lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
+        header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+        rows = [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes]
+        lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, head=header)]
     for title, items in (
         ("LoRA dispatch", d.lora_map_changes),
-        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
+        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", d.dummy_changes),
         ("Encoder", d.encoder_changes),
         ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
     ):
         if items:
-            lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
+            lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items])]
     if d.fix_changes:
-        lines += ["**Fixes and deviations**", "", "```diff", *d.fix_changes, "```", ""]
+        lines += ["**Fixes and deviations**", "", *_folded(d.fix_changes, fence="diff")]
     return "\n".join(lines)
