@@ -151,10 +151,10 @@ def target_changes(
     for kind, case, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals):
         if new_no is not None:
             continue
+        if not exact_sizes:
+            a, b = _shape(a), _shape(b)
         if old_no is not None:
             a = NOT_SCHEDULED
-        elif not exact_sizes:
-            a, b = _shape(a), _shape(b)
         if a == b:
             continue
         _add(runs.setdefault((kind, a, b), {}), case, n)
