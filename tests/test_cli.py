@@ -90,7 +90,7 @@ def test_check_detects_stale_plan(workdir):
 
 def test_show_tables_and_json(workdir):
     run("compile", "deploy.yaml")
-    result = run("show", "deploy.plan.yaml")
+    result = run("show", "deploy.plan.yaml", "--full")
     assert result.exit_code == 0
     assert "mode       case 0  case 1  case 2  case 4  case 5  total" in result.stdout
     assert "5..6    FULL:6(2r,u3) > PIECEWISE:8" in result.stdout

@@ -199,3 +199,109 @@ def test_diff_names_with_line_breaks_and_backticks_stay_on_their_line(tmp_path):
     assert text.splitlines()[0].startswith(f"capplan diff {tmp_path}/a\\nb`x.plan.yaml -> ")
     md = runner.invoke(app, ["diff", str(odd), str(other), "--format", "markdown"]).stdout
     assert md.splitlines()[0] == f"### capplan plan diff: ``{tmp_path}/a\\nb`x.plan.yaml`` → `{other}`"
+
+
+def _seqs(spec, seqs):
+    return spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": seqs})})
+
+
+def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, monkeypatch):
+    """max_num_seqs 128 -> 96: no dispatch change for a batch of more than 96 requests (dispatch
+    refuses such a batch on the new plan); the batches only the old spec made are listed apart,
+    marked as no longer scheduled, and batches neither spec makes are not listed at all."""
+    import re
+
+    from capplan.loading import load_spec
+
+    spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
+    old, new = compile_plan(_seqs(spec, 128)), compile_plan(_seqs(spec, 96))
+    d = diff_plans(old, new, load_cost_model(None))
+    for line in d.dispatch_changes:
+        if line.startswith("uniform-decode"):
+            assert int(re.search(r"\((\d+)", line).group(1)) <= 96, line
+    assert d.dispatch_changes  # mixed batches of 193.. tokens still fit 96 requests
+    assert d.dispatch_unscheduled == [
+        "uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): replayed FULL in the old plan; "
+        "the new spec never makes them (97 requests, more than max_num_seqs 96)"
+    ]
+    text = render_text(d)
+    assert "FULL:104 -> PIECEWISE:104" not in text
+    assert "  * no longer scheduled: uniform-decode batches of 32 token count(s) (97..128;" in text
+    assert d.to_json()["dispatch_no_longer_scheduled"] == d.dispatch_unscheduled
+    back = diff_plans(new, old, load_cost_model(None))
+    assert back.dispatch_unscheduled == []
+    assert "uniform-decode batches of 8 token count(s) (97..104; all LoRA cases): not scheduled -> FULL:104" in (
+        back.dispatch_changes
+    )
+    monkeypatch.chdir(tmp_path)
+    for name, seqs in (("old", 128), ("new", 96)):
+        Path(f"{name}.yaml").write_text(
+            (ROOT / "configs" / "qwen3-8b-multilora.yaml")
+            .read_text()
+            .replace("max_num_seqs: 256", f"max_num_seqs: {seqs}")
+        )
+        assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
+    refused = runner.invoke(app, ["dispatch", "new.plan.yaml", "--reqs", "97", "--tokens", "97"])
+    assert refused.exit_code != 0 and "97 requests, more than max_num_seqs 96" in refused.stderr
+    out = runner.invoke(app, ["diff", "old.plan.yaml", "new.plan.yaml"]).stdout
+    assert "(97.." not in out.replace("no longer scheduled: uniform-decode batches of 32 token count(s) (97..", "")
+
+
+def test_capture_sizes_are_listed_as_sizes_added_and_removed(tmp_path, monkeypatch):
+    """A one-size change names the size, in every format, instead of the whole new list."""
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "configs" / "qwen3-8b-multilora.yaml").read_text().replace("max_num_seqs: 256", "max_num_seqs: 128")
+    Path("old.yaml").write_text(text)
+    sizes = [1, 2, 4, *range(8, 257, 8)]
+    sizes.remove(120)
+    Path("new.yaml").write_text(text.replace("capture_sizes: null", f"capture_sizes: {sizes}"))
+    out = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"]).stdout
+    assert "  * capture sizes: +0 added, -1 removed (120)" in out.splitlines()
+    assert "none -> [" not in out and "numbers]" not in out
+    md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
+    assert "- `capture sizes: +0 added, -1 removed (120)`" in md
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "new.yaml", "old.yaml", "--format", "json"]).stdout)
+    assert data["capture_sizes"] == {"added": [120], "removed": []}
+    assert data["spec_changes"] == ["capture sizes: +1 added (120), -0 removed"]
+    # sizes the spec derives move with max_num_seqs: listed apart from the spec's own changes
+    Path("fewer.yaml").write_text(text.replace("max_num_seqs: 128", "max_num_seqs: 96"))
+    out = runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml"]).stdout
+    assert "capture sizes (as the spec now derives them):\n  * +0 added, -8 removed (200..256 step 8)\n" in out
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml", "--format", "json"]).stdout)
+    assert data["capture_sizes"]["removed"] == list(range(200, 257, 8))
+
+
+def test_markdown_folds_long_lists_into_details_and_cuts_nothing():
+    """A pull request gets every line: past a screen-ful a list folds into <details>."""
+    import re
+
+    from capplan.loading import load_spec
+    from capplan.present.diff import SCREEN, render_markdown
+
+    spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
+    result = diff_plans(compile_plan(spec), compile_plan(_seqs(spec, 68)), load_cost_model(None))
+    assert len(result.dummy_changes) > SCREEN + 1
+    md = render_markdown(result)
+    assert "... and" not in md and " more\n" not in md.replace("more</summary>", "")
+    rest = len(result.dummy_changes) - SCREEN
+    assert f"<details><summary>{rest} more</summary>\n\n" in md
+    for line in result.dummy_changes:
+        assert f"- {line}\n" in md
+    assert md.count("<details>") == md.count("</details>")
+    opened = md.index(f"<summary>{rest} more</summary>")
+    closed = md.index("</details>", opened)
+    assert all(f"- {line}" in md[opened:closed] for line in result.dummy_changes[SCREEN:])
+    assert not any(f"- {line}" in md[opened:closed] for line in result.dummy_changes[:SCREEN])
+    assert re.search(r"</details>\n", md)
+
+
+def test_markdown_folds_a_long_table_with_its_header():
+    from capplan.present.diff import SCREEN, _folded
+
+    rows = [f"| FULL | {i} | 1 | 0 |" for i in range(SCREEN + 5)]
+    header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+    out = _folded(rows, head=header)
+    assert out.count(header[0]) == 2 and "<details><summary>5 more</summary>" in out
+    assert [r for r in out if r.startswith("| FULL")] == rows
+    short = _folded(rows[: SCREEN + 1], head=header)
+    assert "<details>" not in "".join(short) and len(short) == SCREEN + 4

@@ -42,8 +42,7 @@ from pathlib import Path
 from capplan.errors import InputError, UsageError, printable
 from capplan.files import json_value, shown, text_lines
 from capplan.limits import MAX_TRACE_BYTES
-from capplan.planner.dispatch import Batch
-from capplan.releases import label
+from capplan.planner.dispatch import Batch, beyond_spec
 from capplan.schemas.spec import Spec
 from capplan.traffic.simulate import TraceBatch
 
@@ -114,26 +113,6 @@ def batch_problem(batch: Batch) -> str | None:
                 f"({u * r} tokens, max_query_len {u}), but the batch has {t} tokens and max_query_len {q}; "
                 "leave it out and it is derived as vLLM derives it"
             )
-    return None
-
-
-def beyond_spec(batch: Batch, spec: Spec) -> str | None:
-    """Why this deployment can never schedule the batch, or None."""
-    seqs, budget = spec.scheduler.max_num_seqs, spec.scheduler.max_num_batched_tokens
-    if batch.num_reqs > seqs:
-        return f"{batch.num_reqs} requests, more than max_num_seqs {seqs}"
-    if batch.num_tokens > budget:
-        return f"{batch.num_tokens} tokens, more than max_num_batched_tokens {budget}"
-    if batch.uniform_token_count is not None and batch.has_prefill and spec.rules.prefill_breaks_uniform:
-        return (
-            f"uniform_token_count with has_prefill: vLLM {label(spec.target.vllm)} gives a batch holding a prefill no "
-            "uniform count "
-            "(leave uniform_token_count out)"
-        )
-    if not spec.lora.enabled and batch.num_active_loras:
-        return f"{batch.num_active_loras} adapter(s), but LoRA is off in this deployment"
-    if spec.lora.enabled and batch.num_active_loras > spec.lora.max_loras:
-        return f"{batch.num_active_loras} adapters, more than max_loras {spec.lora.max_loras}"
     return None
 
 

@@ -135,15 +135,17 @@ def show_cmd(
     as_json: h.ShowAsJson = False,
     calibration: h.CalibrationOption = None,
     plot: h.ShowPlot = None,
+    full: h.ShowFull = False,
 ) -> None:
     from capplan.commands.inspect import show
-    from capplan.present.show import render_show, show_json
+    from capplan.present.show import render_show, render_show_short, show_json
 
     shown = show(plan, calibration, plot)
     if as_json:
         typer.echo(dumps(show_json(shown.plan, shown.estimate, shown.cost.name, shown.basis.note), indent=2))
     else:
-        sys.stdout.write(render_show(shown.plan, str(plan), shown.cost.estimate_line(shown.plan)))
+        render = render_show if full else render_show_short
+        sys.stdout.write(render(shown.plan, str(plan), shown.cost.estimate_line(shown.plan)))
 
 
 @app.command("dispatch", help=h.DISPATCH_HELP)

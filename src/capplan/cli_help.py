@@ -52,7 +52,10 @@ CompileSkipNonSpecs = Annotated[
     ),
 ]
 
-SHOW_HELP = """Tables of what will be captured and how token ranges and LoRA counts dispatch.
+SHOW_HELP = """What will be captured and how token ranges and LoRA counts dispatch.
+
+By default one screen: per mode and LoRA case the graph sizes and counts, the
+batches that run eager and what each fix changed; --full prints every table.
 
 Graphs are named MODE:TOKENS[xREQUESTS]@LORA_CASE: PIECEWISE:128@4 is the
 PIECEWISE graph of 128 tokens for LoRA case 4; FULL:64x64@4 the FULL graph of
@@ -64,6 +67,14 @@ ShowAsJson = Annotated[
         "--json",
         help="Machine-readable plan: capture_sizes, lora_capture_cases, lora_dispatch_map, "
         "descriptors (capture order), and everything else the plan holds.",
+    ),
+]
+ShowFull = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Every table: graphs per mode and LoRA case, the LoRA dispatch map, each LoRA case's token "
+        "ranges with their candidates, and every deviation (the default is a one-screen summary).",
     ),
 ]
 ShowPlot = Annotated[

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
-from capplan.planner.regions import target_changes
+from capplan.planner.capture_sizes import compact
+from capplan.planner.dispatch import beyond_spec
+from capplan.planner.regions import no_longer_scheduled, target_changes
 from capplan.schemas.plan import Plan, address
 from capplan.traffic.cost import CostModel, Estimate
 
@@ -22,11 +25,15 @@ class PlanDiff:
     new_name: str
     equal: bool
     spec_changes: list[str] = field(default_factory=list)
+    capture_sizes_added: list[int] = field(default_factory=list)  # the plans' capture sizes
+    capture_sizes_removed: list[int] = field(default_factory=list)
+    sizes_in_spec_changes: bool = False  # the spec's capture_sizes changed: its line is `capture_sizes_line`
     graph_changes: list[tuple[str, int, int, int]] = field(default_factory=list)  # mode, case, added, removed
     added_sample: list[str] = field(default_factory=list)
     removed_sample: list[str] = field(default_factory=list)
     dummy_changes: list[str] = field(default_factory=list)  # kept graphs warmed with another dummy batch
-    dispatch_changes: list[str] = field(default_factory=list)
+    dispatch_changes: list[str] = field(default_factory=list)  # batches the new spec schedules
+    dispatch_unscheduled: list[str] = field(default_factory=list)  # batches only the old spec schedules
     lora_map_changes: list[str] = field(default_factory=list)
     encoder_changes: list[str] = field(default_factory=list)
     fix_changes: list[str] = field(default_factory=list)
@@ -53,6 +60,19 @@ class PlanDiff:
             f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
         )
 
+    def capture_sizes_change(self) -> str:
+        """`+1 added (120), -2 removed (8..16 step 8)`: the sizes themselves, as runs."""
+        added, removed = self.capture_sizes_added, self.capture_sizes_removed
+        return (
+            f"+{len(added)} added"
+            + (f" ({compact(added)})" if added else "")
+            + f", -{len(removed)} removed"
+            + (f" ({compact(removed)})" if removed else "")
+        )
+
+    def capture_sizes_line(self) -> str:
+        return f"capture sizes: {self.capture_sizes_change()}"
+
     def to_json(self) -> dict:
         est = lambda e: (
             None
@@ -69,9 +89,11 @@ class PlanDiff:
             "equal": self.equal,
             "headline": self.headline(),
             "spec_changes": self.spec_changes,
+            "capture_sizes": {"added": self.capture_sizes_added, "removed": self.capture_sizes_removed},
             "graphs": [{"cg_mode": m, "lora_case": c, "added": a, "removed": r} for m, c, a, r in self.graph_changes],
             "dummy_changes": self.dummy_changes,
             "dispatch_changes": self.dispatch_changes,
+            "dispatch_no_longer_scheduled": self.dispatch_unscheduled,
             "lora_dispatch_changes": self.lora_map_changes,
             "encoder_changes": self.encoder_changes,
             "fix_changes": self.fix_changes,
@@ -118,7 +140,20 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     if result.equal:
         return result
     a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
-    result.spec_changes = [f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}" for k in a if a.get(k) != b.get(k)]
+    old_sizes, new_sizes = set(old.capture_sizes), set(new.capture_sizes)
+    result.capture_sizes_added = sorted(new_sizes - old_sizes)
+    result.capture_sizes_removed = sorted(old_sizes - new_sizes)
+    for k in a:
+        if a.get(k) == b.get(k):
+            continue
+        if k == SIZES_KEY and (result.capture_sizes_added or result.capture_sizes_removed):
+            # A one-size change in a list of dozens reads as the whole list: name the sizes.
+            result.spec_changes.append(result.capture_sizes_line())
+            result.sizes_in_spec_changes = True
+        elif k == SIZES_KEY:
+            result.spec_changes.append(f"{k}: {_sizes(a.get(k), old)} -> {_sizes(b.get(k), new)} (the same sizes)")
+        else:
+            result.spec_changes.append(f"{k}: {_fmt(a.get(k))} -> {_fmt(b.get(k))}")
     old_set, new_set = set(old.descriptors), set(new.descriptors)
     added, removed = [d for d in new.descriptors if d not in old_set], [d for d in old.descriptors if d not in new_set]
     plus = Counter((d.cg_mode, d.num_active_loras) for d in added)
@@ -127,7 +162,11 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     result.added_sample = [address(d) for d in added[:8]]
     result.removed_sample = [address(d) for d in removed[:8]]
     result.dummy_changes = _dummy_changes(old, new)
-    result.dispatch_changes = target_changes(old, new, exact_sizes=True)
+    # Only batches a deployment can make are compared: a reviewer reads a change for a batch
+    # the new spec never schedules as a regression that cannot happen.
+    refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
+    result.dispatch_changes = target_changes(old, new, exact_sizes=True, refusals=refusals)
+    result.dispatch_unscheduled = no_longer_scheduled(old, new, refusals)
     if old.lora_dispatch_key != new.lora_dispatch_key:
         result.lora_map_changes.append(f"LoRA dispatch by {old.lora_dispatch_key} -> {new.lora_dispatch_key}")
     for count in sorted(set(old.lora_dispatch_map) | set(new.lora_dispatch_map)):
@@ -144,6 +183,13 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         result.fix_changes += [f"- {fix}: {c}" for c in before if c not in after]
         result.fix_changes += [f"+ {fix}: {c}" for c in after if c not in before]
     return result
+
+
+SIZES_KEY = "cudagraph.capture_sizes"
+
+
+def _sizes(value: object, plan: Plan) -> str:
+    return f"none ({len(plan.capture_sizes)} derived)" if value is None else f"{len(plan.capture_sizes)} listed"
 
 
 def _case(case: int | None) -> str:

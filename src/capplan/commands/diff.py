@@ -27,7 +27,7 @@ def diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None, 
 
             grids, legend = diff_grids(a, b)
             caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
-            write_atomic(plot, plot_plan(plot, grids, caption[:150], legend), inputs(old, new, calibration))
+            write_atomic(plot, plot_plan(plot, grids, caption, legend), inputs(old, new, calibration))
     except UsageError as exc:
         exc.exit_code = 1
         raise

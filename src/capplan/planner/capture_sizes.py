@@ -58,3 +58,24 @@ def resolve_capture_sizes(spec: Spec) -> tuple[list[int], int]:
         sizes += [s for s in decode_sizes if s <= max_num_tokens]
         sizes = sorted(set(sizes))
     return sizes, (sizes[-1] if sizes else 0)
+
+
+def compact(numbers: list[int]) -> str:
+    """Sorted numbers as runs: `1, 2, 4, 8..256 step 8, 272..512 step 16` (three or more
+    numbers an even step apart make a run)."""
+    values = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i + 1
+        if j < len(values):
+            step = values[j] - values[i]
+            while j + 1 < len(values) and values[j + 1] - values[j] == step:
+                j += 1
+            if j - i >= 2:
+                parts.append(f"{values[i]}..{values[j]}" + (f" step {step}" if step > 1 else ""))
+                i = j + 1
+                continue
+        parts.append(str(values[i]))
+        i += 1
+    return ", ".join(parts) or "none"

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from capplan import releases
 from capplan.planner.lora_cases import case_for, kernel_slots
 from capplan.schemas.plan import Descriptor
 
 if TYPE_CHECKING:
     from capplan.releases import Rules
     from capplan.schemas.plan import Plan
+    from capplan.schemas.spec import Spec
 
 # vLLM's BatchExecutionDescriptor field names, in order: the Descriptor model's fields.
 DESCRIPTOR_FIELDS = tuple(Descriptor.model_fields)
@@ -213,3 +215,24 @@ def _why_not(desc: Dispatch, batch: Batch, uniform: int | None) -> str:
     if desc.num_reqs is not None and desc.num_reqs < batch.num_reqs:
         return f"holds {desc.num_reqs} requests (batch: {batch.num_reqs})"
     return "max_query_len bound"
+
+
+def beyond_spec(batch: Batch, spec: Spec) -> str | None:
+    """Why this deployment can never schedule the batch, or None: the one rule for what a
+    deployment schedules (batch files, `dispatch --reqs`, `diff`)."""
+    seqs, budget = spec.scheduler.max_num_seqs, spec.scheduler.max_num_batched_tokens
+    if batch.num_reqs > seqs:
+        return f"{batch.num_reqs} requests, more than max_num_seqs {seqs}"
+    if batch.num_tokens > budget:
+        return f"{batch.num_tokens} tokens, more than max_num_batched_tokens {budget}"
+    if batch.uniform_token_count is not None and batch.has_prefill and spec.rules.prefill_breaks_uniform:
+        return (
+            f"uniform_token_count with has_prefill: vLLM {releases.label(spec.target.vllm)} gives a batch "
+            "holding a prefill no uniform count "
+            "(leave uniform_token_count out)"
+        )
+    if not spec.lora.enabled and batch.num_active_loras:
+        return f"{batch.num_active_loras} adapter(s), but LoRA is off in this deployment"
+    if spec.lora.enabled and batch.num_active_loras > spec.lora.max_loras:
+        return f"{batch.num_active_loras} adapters, more than max_loras {spec.lora.max_loras}"
+    return None

@@ -7,9 +7,10 @@ replay in each LoRA case, merged into token runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from capplan.planner.dispatch import Batch
 from capplan.schemas.plan import Descriptor, DispatchRange, PlannedGraph
 
 
@@ -51,22 +52,32 @@ def _shape(label: str) -> str:
     return label.split(":")[0]
 
 
-def target_changes(
-    old: Tables, new: Tables, *, exact_sizes: bool = False, reachable: Callable[[int], set[int]] | None = None
-) -> list[str]:
-    """One line per (batch kind, old target, new target): token runs and LoRA cases.
+Refusal = Callable[[Batch], "str | None"]
+"""Why a deployment never schedules a batch, or None (`dispatch.beyond_spec` bound to a spec)."""
 
-    Only LoRA cases both plans capture are compared; with `exact_sizes` the
-    lines name graph sizes ("PIECEWISE:8"), otherwise modes only. With
-    `reachable` (request count -> the LoRA cases a batch of at most that many
-    requests can dispatch to), pairs no batch reaches are left out: a mixed
-    batch of N tokens holds at most N requests, a uniform-decode one N / dql.
-    """
+NOT_SCHEDULED = "not scheduled"
+
+
+def _kind_batch(kind: str, n: int, dql: int) -> Batch:
+    """The least demanding batch of its kind and token count: a mixed batch of n tokens can be
+    one request; a uniform-decode one is n / dql requests of dql tokens."""
+    if kind == "mixed":
+        return Batch(1, n, n)
+    return Batch(n // dql, n, dql, uniform_token_count=dql)
+
+
+def _walk(
+    old: Tables,
+    new: Tables,
+    reachable: Callable[[int], set[int]] | None,
+    refusals: tuple[Refusal, Refusal] | None,
+) -> Iterator[tuple[str, int, int, str, str, str | None, str | None]]:
+    """(kind, LoRA case, tokens, old target, new target, why the old spec never schedules it,
+    why the new one never does) for every batch kind, case and token count both tables cover."""
     before, after = _expand(old), _expand(new)
     shared_cases = set(old.lora_capture_cases) & set(new.lora_capture_cases)
     top = max([k[1] for k in before] + [k[1] for k in after], default=0)
     dql = new.decode_query_len if new.decode_query_len == old.decode_query_len else 0
-    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
     for case in sorted(shared_cases):
         for n in range(1, top + 1):
             o = _targets(old, before.get((case, n), []))
@@ -77,17 +88,27 @@ def target_changes(
             if dql and n % dql == 0 and (reachable is None or case in reachable(n // dql)):
                 kinds.append(("uniform-decode", o[1], w[1]))
             for kind, a, b in kinds:
-                if not exact_sizes:
-                    a, b = _shape(a), _shape(b)
-                if a == b:
-                    continue
-                case_runs = runs.setdefault((kind, a, b), {}).setdefault(case, [])
-                if case_runs and case_runs[-1][1] == n - 1:
-                    case_runs[-1][1] = n
-                else:
-                    case_runs.append([n, n])
+                old_no = new_no = None
+                if refusals is not None:
+                    batch = _kind_batch(kind, n, dql)
+                    old_no, new_no = refusals[0](batch), refusals[1](batch)
+                yield kind, case, n, a, b, old_no, new_no
+
+
+def _add(runs: dict[int, list[list[int]]], case: int, n: int) -> None:
+    case_runs = runs.setdefault(case, [])
+    if case_runs and case_runs[-1][1] == n - 1:
+        case_runs[-1][1] = n
+    else:
+        case_runs.append([n, n])
+
+
+def _lines(
+    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]],
+    all_cases: list[int],
+    tail: Callable[[str, str, str], str],
+) -> list[str]:
     lines = []
-    all_cases = sorted(shared_cases)
     # By batch kind, then by the smallest batch the line covers (not by the targets' text).
     ordered = sorted(runs.items(), key=lambda item: (item[0][0], min(r[0][0] for r in item[1].values()), item[0]))
     for (kind, a, b), by_case in ordered:
@@ -103,5 +124,61 @@ def target_changes(
                 if cases == all_cases and len(all_cases) > 1
                 else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
             )
-            lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {a} -> {b}")
+            lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {tail(kind, a, b)}")
     return lines
+
+
+def target_changes(
+    old: Tables,
+    new: Tables,
+    *,
+    exact_sizes: bool = False,
+    reachable: Callable[[int], set[int]] | None = None,
+    refusals: tuple[Refusal, Refusal] | None = None,
+) -> list[str]:
+    """One line per (batch kind, old target, new target): token runs and LoRA cases.
+
+    Only LoRA cases both plans capture are compared; with `exact_sizes` the
+    lines name graph sizes ("PIECEWISE:8"), otherwise modes only. With
+    `reachable` (request count -> the LoRA cases a batch of at most that many
+    requests can dispatch to), pairs no batch reaches are left out: a mixed
+    batch of N tokens holds at most N requests, a uniform-decode one N / dql.
+    With `refusals` (the old and the new deployment's scheduling rule), only
+    batches the new deployment schedules are compared; one only it schedules
+    was "not scheduled" before (`no_longer_scheduled` lists the other way round).
+    """
+    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
+    for kind, case, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals):
+        if new_no is not None:
+            continue
+        if not exact_sizes:
+            a, b = _shape(a), _shape(b)
+        if old_no is not None:
+            a = NOT_SCHEDULED
+        if a == b:
+            continue
+        _add(runs.setdefault((kind, a, b), {}), case, n)
+    shared = sorted(set(old.lora_capture_cases) & set(new.lora_capture_cases))
+    return _lines(runs, shared, lambda kind, a, b: f"{a} -> {b}")
+
+
+def no_longer_scheduled(
+    old: Tables,
+    new: Tables,
+    refusals: tuple[Refusal, Refusal],
+    reachable: Callable[[int], set[int]] | None = None,
+) -> list[str]:
+    """The batches only the old deployment schedules: one line per batch kind and the mode the
+    old plan replayed them with, saying why the new deployment never makes them."""
+    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
+    why: dict[tuple[str, str], str] = {}
+    for kind, case, n, a, _, old_no, new_no in _walk(old, new, reachable, refusals):
+        if old_no is None and new_no is not None:
+            why.setdefault((kind, _shape(a)), new_no)
+            _add(runs.setdefault((kind, _shape(a), ""), {}), case, n)
+    shared = sorted(set(old.lora_capture_cases) & set(new.lora_capture_cases))
+    return _lines(
+        runs,
+        shared,
+        lambda kind, a, b: f"replayed {a} in the old plan; the new spec never makes them ({why[(kind, a)]})",
+    )

@@ -11,6 +11,18 @@ def _sample(items: list[str], shown: int = 8) -> list[str]:
     return items if len(items) <= shown else [*items[:shown], f"... and {len(items) - shown} more"]
 
 
+def sizes(d: PlanDiff) -> list[str]:
+    """The capture sizes added and removed, when the spec's own line does not already say so
+    (a changed max_num_seqs or max_capture_size moves the sizes vLLM derives)."""
+    changed = d.capture_sizes_added or d.capture_sizes_removed
+    return [d.capture_sizes_change()] if changed and not d.sizes_in_spec_changes else []
+
+
+def unscheduled(d: PlanDiff) -> list[str]:
+    """Batches only the old spec schedules, marked as removed."""
+    return [f"no longer scheduled: {line}" for line in d.dispatch_unscheduled]
+
+
 def render_text(d: PlanDiff) -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
     if d.equal:
@@ -24,6 +36,7 @@ def render_text(d: PlanDiff) -> str:
         lines.append(f"  estimate ({d.calibration}: {d.basis}): {o.text()}  ->  {n.text()}")
     sections = [
         ("spec", d.spec_changes),
+        ("capture sizes (as the spec now derives them)", sizes(d)),
         (
             "graphs",
             [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
@@ -33,7 +46,7 @@ def render_text(d: PlanDiff) -> str:
         ("LoRA dispatch", d.lora_map_changes),
         ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("encoder", d.encoder_changes),
-        ("dispatch (what a batch replays)", d.dispatch_changes),
+        ("dispatch (what a batch replays)", d.dispatch_changes + unscheduled(d)),
         ("fixes and deviations", d.fix_changes),
     ]
     for title, items in sections:
@@ -42,6 +55,33 @@ def render_text(d: PlanDiff) -> str:
             bullet = "  " if title.startswith("fixes") else "  * "  # -/+ mean removed/added below
             lines += [f"{bullet}{item}" for item in items]
     return "\n".join(lines) + "\n"
+
+
+SCREEN = 20  # markdown shows this many items of a list; the rest fold into <details>
+
+
+def _folded(lines: list[str], head: list[str] | None = None, fence: str = "") -> list[str]:
+    """Markdown lines that show the first SCREEN of `lines` and fold every other one into a
+    `<details>` block (nothing is cut: a pull request holds the whole diff). `head` repeats
+    a table's header inside the fold; `fence` wraps each part in a code block."""
+
+    def part(items: list[str]) -> list[str]:
+        body = [*(head or []), *items]
+        return [f"```{fence}", *body, "```"] if fence else body
+
+    if len(lines) <= SCREEN + 1:  # "1 more" would hide no more than it shows
+        return [*part(lines), ""]
+    rest = lines[SCREEN:]
+    return [
+        *part(lines[:SCREEN]),
+        "",
+        f"<details><summary>{len(rest)} more</summary>",
+        "",
+        *part(rest),
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def _code(name: str) -> str:
@@ -80,23 +120,21 @@ def render_markdown(d: PlanDiff) -> str:
             "",
         ]
     if d.spec_changes:
-        lines += ["**Spec**", ""] + [f"- `{c}`" for c in d.spec_changes] + [""]
+        lines += ["**Spec**", "", *_folded([f"- `{c}`" for c in d.spec_changes])]
+    if sizes(d):
+        lines += ["**Capture sizes** (as the spec now derives them)", ""] + [f"- {line}" for line in sizes(d)] + [""]
     if d.graph_changes:
-        lines += [
-            "**Graphs per mode and LoRA case**",
-            "",
-            "| mode | LoRA case | added | removed |",
-            "|---|---:|---:|---:|",
-        ]
-        lines += [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes] + [""]
+        header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
+        rows = [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes]
+        lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, head=header)]
     for title, items in (
         ("LoRA dispatch", d.lora_map_changes),
-        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
+        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", d.dummy_changes),
         ("Encoder", d.encoder_changes),
-        ("Dispatch changes", d.dispatch_changes),
+        ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
     ):
         if items:
-            lines += [f"**{title}**", ""] + [f"- {item}" for item in items] + [""]
+            lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items])]
     if d.fix_changes:
-        lines += ["**Fixes and deviations**", "", "```diff", *d.fix_changes, "```", ""]
+        lines += ["**Fixes and deviations**", "", *_folded(d.fix_changes, fence="diff")]
     return "\n".join(lines)

@@ -12,39 +12,102 @@ from capplan.errors import UsageError
 from capplan.install_hints import pip_install
 
 W, H, PAD = 760, 300, 56
+CHAR = 0.62  # a character's width per unit of font size (sans-serif, a little over the average)
+EAGER = "#999999"  # the bar of steps that ran eager
 
 
-def _panel(title: str, xs: list[str], ys: list[float], top: int, color: str, ylabel: str) -> list[str]:
+def text_width(text: str, size: float) -> float:
+    """How wide `text` is drawn at font size `size`, estimated (no font metrics in an SVG writer)."""
+    return len(text) * size * CHAR
+
+
+def wrap(text: str, size: float, width: float) -> list[str]:
+    """`text` in lines no wider than `width` at font size `size`, broken at spaces (a word
+    too long for a line is broken where the line ends): a picture cuts no text."""
+    per_line = max(1, int(width / (size * CHAR)))
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        while len(word) > per_line:
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(word[:per_line])
+            word = word[per_line:]
+        candidate = f"{line} {word}" if line else word
+        if len(candidate) <= per_line:
+            line = candidate
+        else:
+            lines.append(line)
+            line = word
+    return [*lines, line] if line or not lines else lines
+
+
+def tick_labels(centers: list[float], labels: list[str], size: float, gap: float = 8.0) -> list[int]:
+    """Which of the labels centred at `centers` to draw so no two overlap: the first and the
+    last always, the others left to right wherever they fit."""
+    if not labels:
+        return []
+
+    def span(i: int) -> tuple[float, float]:
+        half = text_width(labels[i], size) / 2
+        return centers[i] - half, centers[i] + half
+
+    last = len(labels) - 1
+    chosen = [0]
+    for i in range(1, last):
+        if span(i)[0] >= span(chosen[-1])[1] + gap and span(i)[1] + gap <= span(last)[0]:
+            chosen.append(i)
+    if last:
+        if span(last)[0] < span(chosen[-1])[1] + gap:  # only the first can be that close: keep the last
+            chosen.pop()
+        chosen.append(last)
+    return chosen
+
+
+def _caption(text: str, x: float, y: float, size: float, width: float) -> tuple[list[str], float]:
+    """A caption wrapped to `width`: its <text> lines and the height it takes."""
+    lines = wrap(text, size, width)
+    step = size + 4
+    out = [
+        f'<text x="{x}" y="{y + i * step:.0f}" font-size="{size}">{escape(line)}</text>' for i, line in enumerate(lines)
+    ]
+    return out, (len(lines) - 1) * step
+
+
+def _panel(title: str, xs: list[str], ys: list[float], top: float, color: str, ylabel: str) -> list[str]:
     out = [f'<text x="{PAD}" y="{top - 8}" font-size="13" font-weight="bold">{escape(title)}</text>']
     h = H - 2 * PAD
     peak = max(ys) if ys and max(ys) > 0 else 1.0
     bw = (W - 2 * PAD) / max(len(xs), 1)
     out.append(f'<line x1="{PAD}" y1="{top + h}" x2="{W - PAD}" y2="{top + h}" stroke="#333"/>')
     out.append(f'<text x="8" y="{top + 10}" font-size="10">{escape(ylabel)} (max {peak:g})</text>')
-    step = max(1, len(xs) // 16)
     for i, (x, y) in enumerate(zip(xs, ys)):
-        bh = h * y / peak
+        bh = max(h * y / peak, 1.0) if y > 0 else 0.0  # a bucket with steps stays visible
+        fill = EAGER if x == "eager" else color
         out.append(
             f'<rect x="{PAD + i * bw + 1:.1f}" y="{top + h - bh:.1f}" width="{max(bw - 2, 1):.1f}" '
-            f'height="{bh:.1f}" fill="{color}"><title>{escape(x)}: {y:g}</title></rect>'
+            f'height="{bh:.1f}" fill="{fill}"><title>{escape(x)}: {y:g}</title></rect>'
         )
-        if i % step == 0:
-            out.append(
-                f'<text x="{PAD + i * bw + bw / 2:.1f}" y="{top + h + 14}" font-size="9" '
-                f'text-anchor="middle">{escape(x)}</text>'
-            )
+    centers = [PAD + i * bw + bw / 2 for i in range(len(xs))]
+    for i in tick_labels(centers, xs, 9):
+        out.append(
+            f'<text x="{centers[i]:.1f}" y="{top + h + 14}" font-size="9" text-anchor="middle">{escape(xs[i])}</text>'
+        )
     return out
 
 
 def _svg(panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> str:
-    height = len(panels) * (H - PAD) + PAD
+    lines, extra = _caption(caption, 8, 18, 12, W - 16)
+    height = len(panels) * (H - PAD) + PAD + extra
     body = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif">',
-        f'<rect width="{W}" height="{height}" fill="white"/>',
-        f'<text x="{PAD}" y="18" font-size="12">{escape(caption)}</text>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height:.0f}" '
+        f'viewBox="0 0 {W} {height:.0f}" font-family="sans-serif">',
+        f'<rect width="{W}" height="{height:.0f}" fill="white"/>',
+        *lines,
     ]
     for n, (title, xs, ys, color, ylabel) in enumerate(panels):
-        body += _panel(title, xs, ys, 44 + n * (H - PAD), color, ylabel)
+        body += _panel(title, xs, ys, 44 + extra + n * (H - PAD), color, ylabel)
     body.append("</svg>")
     return "\n".join(body) + "\n"
 
@@ -60,7 +123,7 @@ def _png(panels: list[tuple[str, list[str], list[float], str, str]], caption: st
         raise UsageError("PNG plots need matplotlib", f"{pip_install('plot')}, or give a .svg path") from None
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
     for ax, (title, xs, ys, color, ylabel) in zip(axes[:, 0], panels):
-        ax.bar(range(len(xs)), ys, color=color)
+        ax.bar(range(len(xs)), ys, color=[EAGER if x == "eager" else color for x in xs])
         step = max(1, len(xs) // 16)
         ax.set_xticks(range(0, len(xs), step), [xs[i] for i in range(0, len(xs), step)], fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -79,16 +142,14 @@ def plot_bars(path: Path, panels: list[tuple[str, list[str], list[float], str, s
 
 
 def simulation_panels(data: dict) -> list[tuple[str, list[str], list[float], str, str]]:
-    sizes = [str(r["num_tokens"]) for r in data["by_size"]]
+    """Steps and padded tokens per captured size, and the steps that ran eager (no padding)
+    as the last bucket: on a trace past the largest graph it is the largest one."""
+    sizes = [str(r["num_tokens"]) for r in data["by_size"]] + ["eager"]
+    steps = [r["steps"] for r in data["by_size"]] + [data["eager_steps"]]
+    padded = [r["padded_tokens"] for r in data["by_size"]] + [0]
     return [
-        ("steps replayed per captured size", sizes, [r["steps"] for r in data["by_size"]], "#4477aa", "steps"),
-        (
-            "padded tokens per captured size",
-            sizes,
-            [r["padded_tokens"] for r in data["by_size"]],
-            "#cc6677",
-            "padded tokens",
-        ),
+        ("steps per captured size, and eager", sizes, steps, "#4477aa", "steps"),
+        ("padded tokens per captured size (eager pads none)", sizes, padded, "#cc6677", "padded tokens"),
     ]
 
 
@@ -140,7 +201,9 @@ def plot_curve(path: Path, points: list, chosen, budget_graphs: int | None, capt
 def _curve_svg(xs: list[int], ys: list[float], chosen, budget: int | None, caption: str) -> str:
     import math
 
-    left, top, w, h = PAD + 10, 40, W - 2 * PAD - 10, H - 90
+    lines, extra = _caption(caption, 8, 18, 12, W - 16)
+    left, top, w, h = PAD + 10, 40 + extra, W - 2 * PAD - 10, H - 90
+    height = H + extra
     x_max = max(xs + ([budget] if budget else [])) or 1
     lo, hi = math.log10(min(ys)), math.log10(max(ys))
     if hi - lo < 1e-9:
@@ -153,9 +216,10 @@ def _curve_svg(xs: list[int], ys: list[float], chosen, budget: int | None, capti
         return top + h - h * (math.log10(y) - lo) / (hi - lo)
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif">',
-        f'<rect width="{W}" height="{H}" fill="white"/>',
-        f'<text x="{left}" y="18" font-size="12">{escape(caption)}</text>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height:.0f}" '
+        f'viewBox="0 0 {W} {height:.0f}" font-family="sans-serif">',
+        f'<rect width="{W}" height="{height:.0f}" fill="white"/>',
+        *lines,
         f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#333"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#333"/>',
         f'<text x="{left + w / 2}" y="{top + h + 32}" font-size="11" text-anchor="middle">graphs captured</text>',
@@ -182,19 +246,24 @@ def _curve_svg(xs: list[int], ys: list[float], chosen, budget: int | None, capti
             f'<line x1="{px(budget):.1f}" y1="{top}" x2="{px(budget):.1f}" y2="{top + h}" stroke="#cc3311" '
             'stroke-dasharray="4 3"/>'
         )
-        out.append(
-            f'<text x="{px(budget) + 4:.1f}" y="{top + 12}" font-size="10" fill="#cc3311">budget {budget}</text>'
-        )
+        out.append(_label_beside(px(budget), top + 12, 4, f"budget {budget}", 10, "#cc3311"))
     cy = max(100 * chosen.padding_overhead, FLOOR)
     out.append(
         f'<circle cx="{px(chosen.graphs):.1f}" cy="{py(cy):.1f}" r="6" fill="none" stroke="#0077bb" stroke-width="2"/>'
     )
-    out.append(
-        f'<text x="{px(chosen.graphs) + 8:.1f}" y="{py(cy) - 8:.1f}" font-size="10" fill="#0077bb">chosen: '
-        f"{chosen.graphs} graphs, {100 * chosen.padding_overhead:.2f}%</text>"
-    )
+    label = f"chosen: {chosen.graphs} graphs, {100 * chosen.padding_overhead:.2f}%"
+    out.append(_label_beside(px(chosen.graphs), max(py(cy) - 8, top + 10), 8, label, 10, "#0077bb"))
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _label_beside(x: float, y: float, gap: float, text: str, size: float, color: str) -> str:
+    """A label right of `x`, or left of it where the right side has no room."""
+    if x + gap + text_width(text, size) <= W - 4:
+        return f'<text x="{x + gap:.1f}" y="{y:.1f}" font-size="{size}" fill="{color}">{escape(text)}</text>'
+    return (
+        f'<text x="{x - gap:.1f}" y="{y:.1f}" font-size="{size}" fill="{color}" text-anchor="end">{escape(text)}</text>'
+    )
 
 
 def _curve_png(xs: list[int], ys: list[float], chosen, budget: int | None, caption: str) -> bytes:
@@ -244,8 +313,8 @@ def plot_plan(
 def _grid_svg(grids, caption: str, legend: dict, eager: str) -> str:
     left, cell_h = 110, 16
     width = 940
-    y = 40
-    out = [f'<text x="10" y="18" font-size="12">{escape(caption)}</text>']
+    out, extra = _caption(caption, 10, 18, 12, width - 20)
+    y = 40 + extra
     for mode, sizes, cases, cells in grids:
         cw = max(1.5, min(16.0, (width - left - 20) / max(len(sizes), 1)))
         out.append(f'<text x="10" y="{y + 12}" font-size="12" font-weight="bold">{mode}</text>')
@@ -262,27 +331,30 @@ def _grid_svg(grids, caption: str, legend: dict, eager: str) -> str:
                         f'<rect x="{left + c * cw:.1f}" y="{y + r * cell_h + 1}" width="{max(cw - 1, 1):.1f}" '
                         f'height="{cell_h - 2}" fill="{color}"><title>{mode}:{size}@{case}</title></rect>'
                     )
-        step = max(1, len(sizes) // 16)
         base = y + len(cases) * cell_h
-        for c, size in enumerate(sizes):
-            if c % step == 0 or c == len(sizes) - 1:
-                out.append(
-                    f'<text x="{left + c * cw + cw / 2:.1f}" y="{base + 12}" font-size="9" '
-                    f'text-anchor="middle">{size}</text>'
-                )
+        centers = [left + c * cw + cw / 2 for c in range(len(sizes))]
+        for c in tick_labels(centers, [str(size) for size in sizes], 9):
+            out.append(
+                f'<text x="{centers[c]:.1f}" y="{base + 12}" font-size="9" text-anchor="middle">{sizes[c]}</text>'
+            )
         out.append(f'<text x="{left}" y="{base + 26}" font-size="9">tokens (capture sizes)</text>')
         y = base + 44
-    x = 10
+    x = 10.0
     for color, meaning in legend.items():
-        out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>')
-        out.append(f'<text x="{x + 16}" y="{y + 10}" font-size="10">{escape(meaning)}</text>')
-        x += 30 + 6 * len(meaning)
+        room = 16 + text_width(meaning, 10)
+        if x > 10 and x + room > width - 10:  # the next row
+            x, y = 10.0, y + 18
+        out.append(f'<rect x="{x:.0f}" y="{y}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{x + 16:.0f}" y="{y + 10}" font-size="10">{escape(meaning)}</text>')
+        x += room + 14
     if eager:
-        y += 24
-        out.append(f'<text x="10" y="{y + 10}" font-size="10">{escape(eager)}</text>')
+        for line in wrap(eager, 10, width - 20):
+            y += 18
+            out.append(f'<text x="10" y="{y + 10}" font-size="10">{escape(line)}</text>')
     height = y + 24
     head = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
     ]
     return "\n".join(head + out + ["</svg>"]) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
 from capplan.traffic.cost import Estimate
 
@@ -134,6 +135,89 @@ def _encoder_lines(plan: Plan) -> list[str]:
     if enc.lora:
         lines.append(f"  tower/connector LoRA: {enc.lora}")
     return [*lines, ""]
+
+
+def _runs(numbers: list[int]) -> str:
+    """Token counts as contiguous runs: `1..4, 9`."""
+    out: list[list[int]] = []
+    for n in sorted(numbers):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in out)
+
+
+def _cases(cases: list[int], every: list[int]) -> str:
+    if cases == every and len(every) > 1:
+        return "all"
+    return ", ".join(map(str, cases))
+
+
+def _eager(plan: Plan) -> list[str]:
+    """The batches no graph serves, as verify reports them."""
+    from capplan.analysis.verify import verify_plan
+
+    regions = verify_plan(plan, consistency=False).eager_regions
+    return [f"  {region}" for region in regions] or ["  none: every reachable batch replays a graph"]
+
+
+def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
+    """About one screen: the header, then per mode and LoRA case the graph sizes and counts,
+    the batches that run eager, and what each fix changed (`render_show` has every table)."""
+    full = render_show(plan, name, estimate).split("\n")
+    head = full[: full.index("") + 1]  # name, target, LoRA, fixes, hashes
+    lines = [
+        *head,
+        f"Capture sizes ({len(plan.capture_sizes)}, max {plan.max_capture_size}): {compact(plan.capture_sizes)}",
+    ]
+    if estimate:
+        lines.append(f"Estimate: {estimate}")
+    lines += ["", "Graphs per mode and LoRA case (sizes in tokens):"]
+    every = list(plan.lora_capture_cases)
+    rows = []
+    for mode in ("PIECEWISE", "FULL"):
+        sizes: dict[int, list[int]] = {}
+        for g in plan.graphs:
+            d = g.descriptor
+            if d.cg_mode == mode:
+                sizes.setdefault(d.num_active_loras, []).append(d.num_tokens)
+        grouped: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for case in every:
+            if case in sizes:
+                grouped.setdefault((len(sizes[case]), tuple(sorted(set(sizes[case])))), []).append(case)
+        for (count, distinct), cases in grouped.items():
+            rows.append([mode, _cases(cases, every), str(count), compact(list(distinct))])
+    lines += _table(["mode", "LoRA cases", "graphs each", "sizes"], rows)
+    lines.append(f"total: {len(plan.graphs)} graphs")
+    lines.append("")
+    if plan.lora_dispatch_map:
+        by_case: dict[int, list[int]] = {}
+        for count, case in plan.lora_dispatch_map.items():
+            by_case.setdefault(case, []).append(int(count))
+        key = "kernel slots" if plan.lora_dispatch_key == "kernel_slots" else "adapters"
+        lines.append(
+            f"LoRA dispatch by {key}: " + "; ".join(f"{_runs(counts)} -> case {c}" for c, counts in by_case.items())
+        )
+        lines.append("")
+    lines.append("Eager (no graph serves the batch):")
+    lines += _eager(plan)
+    lines.append("")
+    if plan.encoder is not None:
+        lines += _encoder_lines(plan)
+    if plan.deviations:
+        lines.append("Fixes (what each changed against vLLM):")
+        for dev in plan.deviations:
+            changes = [c for c in dev.changes if not c.startswith("no change")]
+            if not changes:
+                lines.append(f"  {dev.fix}: {dev.changes[0] if dev.changes else 'no change'}")
+            else:
+                kinds = sorted({c.split(":", 1)[0] for c in changes})
+                lines.append(f"  {dev.fix}: {len(changes)} change(s) to {' and '.join(kinds)}")
+        lines.append("")
+    lines.append(full[-2] if full[-1] == "" else full[-1])  # the DP line
+    lines.append("(capplan show --full: every table, token range and deviation)")
+    return "\n".join(lines) + "\n"
 
 
 def show_json(plan: Plan, estimate: Estimate | None, calibration: str, basis: str) -> dict[str, Any]:
