@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from capplan import __version__
+from capplan.planner.capture_sizes import runs
 from capplan.planner.hashing import spec_data
 from capplan.schemas.plan import DispatchRange, Plan, PlannedGraph, address
 from capplan.schemas.spec import Spec
@@ -43,23 +44,9 @@ _YAML_WORDS = {"null", "true", "false", "yes", "no", "on", "off", "y", "n", "~"}
 
 
 def int_runs(values: list[int]) -> list[int | str]:
-    """Integers as runs: three or more values rising by the same step become
-    `A..B` (step 1) or `A..B/S` (A >= 0); anything else stays an integer."""
-    out: list[int | str] = []
-    i = 0
-    while i < len(values):
-        j = i + 1
-        if j < len(values):
-            step = values[j] - values[i]
-            while j + 1 < len(values) and values[j + 1] - values[j] == step:
-                j += 1
-            if j - i >= 2 and step > 0 and values[i] >= 0:
-                out.append(f"{values[i]}..{values[j]}" + ("" if step == 1 else f"/{step}"))
-                i = j + 1
-                continue
-        out.append(values[i])
-        i += 1
-    return out
+    """Integers as runs (capture_sizes.runs): `A..B` (step 1) or `A..B/S`; anything else stays
+    an integer."""
+    return [a if not step else f"{a}..{b}" + ("" if step == 1 else f"/{step}") for a, b, step in runs(values)]
 
 
 def _scalar(value: object) -> str:

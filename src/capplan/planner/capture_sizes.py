@@ -60,11 +60,10 @@ def resolve_capture_sizes(spec: Spec) -> tuple[list[int], int]:
     return sizes, (sizes[-1] if sizes else 0)
 
 
-def compact(numbers: list[int]) -> str:
-    """Sorted numbers as runs: `1, 2, 4, 8..256 step 8, 272..512 step 16` (three or more
-    numbers an even step apart make a run)."""
-    values = sorted(set(numbers))
-    parts: list[str] = []
+def runs(values: list[int]) -> list[tuple[int, int, int]]:
+    """Integers, in the order given, as (first, last, step) runs: three or more values rising by
+    the same step from a value >= 0 make a run; any other value is (value, value, 0)."""
+    out: list[tuple[int, int, int]] = []
     i = 0
     while i < len(values):
         j = i + 1
@@ -72,10 +71,19 @@ def compact(numbers: list[int]) -> str:
             step = values[j] - values[i]
             while j + 1 < len(values) and values[j + 1] - values[j] == step:
                 j += 1
-            if j - i >= 2:
-                parts.append(f"{values[i]}..{values[j]}" + (f" step {step}" if step > 1 else ""))
+            if j - i >= 2 and step > 0 and values[i] >= 0:
+                out.append((values[i], values[j], step))
                 i = j + 1
                 continue
-        parts.append(str(values[i]))
+        out.append((values[i], values[i], 0))
         i += 1
+    return out
+
+
+def compact(numbers: list[int]) -> str:
+    """Sorted numbers as runs: `1, 2, 4, 8..256 step 8, 272..512 step 16`."""
+    parts = [
+        str(a) if not step else f"{a}..{b}" + (f" step {step}" if step > 1 else "")
+        for a, b, step in runs(sorted(set(numbers)))
+    ]
     return ", ".join(parts) or "none"
