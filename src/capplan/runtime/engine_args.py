@@ -41,8 +41,12 @@ SWITCHES: dict[str, str] = {
     "--enable-tower-connector-lora": "multimodal.tower_connector_lora",
     "--enforce-eager": "enforce_eager",
 }
-JSON_ARGS = {"--compilation-config": "compilation", "-cc": "compilation", "--speculative-config": "speculative"}
-JSON_ARGS["-sc"] = "speculative"
+JSON_ARGS = {
+    "--compilation-config": "compilation",
+    "-cc": "compilation",
+    "--speculative-config": "speculative",
+    "-sc": "speculative",
+}
 # compilation-config key -> plan setting
 COMPILATION: dict[str, str] = {
     "cudagraph_mode": "cudagraph.mode",
@@ -288,20 +292,18 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
     missing = {name: want[s] for name, s in COMPILATION.items() if s in want and s not in cmd.values}
     if "cudagraph.max_capture_size" in cmd.values:
         missing.pop("cudagraph_capture_sizes", None)  # vLLM derives the sizes from the ceiling given
+    merged: list[str] = []  # keys put into the command's own --compilation-config JSON
     if missing and "compilation" in cmd.json_at:
         at = cmd.json_at["compilation"]
         head, eq, text = argv[at].partition("=") if argv[at].startswith("-") else ("", "", argv[at])
-        merged = json.dumps({**json.loads(text), **missing}, separators=(",", ":"))
-        argv[at] = f"{head}={merged}" if eq else merged
-        added += [f"{k} (in {head or argv[at - 1]})" for k in missing]
-        missing = {}
-    tail = list(added)
-    if missing and "compilation" in cmd.dotted:
-        tail += [f"-cc.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in missing.items()]
+        joined = json.dumps({**json.loads(text), **missing}, separators=(",", ":"))
+        argv[at] = f"{head}={joined}" if eq else joined
+        merged = [f"{k} (in {head or argv[at - 1]})" for k in missing]
+    elif missing and "compilation" in cmd.dotted:
+        added += [f"-cc.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in missing.items()]
     elif missing:
-        tail += ["--compilation-config", json.dumps(missing, separators=(",", ":"))]
-    argv += [a for a in tail if " (in " not in a]
-    return argv, [a for a in tail]
+        added += ["--compilation-config", json.dumps(missing, separators=(",", ":"))]
+    return argv + added, added + merged
 
 
 def flags_for(plan: Plan) -> list[str]:
