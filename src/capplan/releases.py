@@ -92,6 +92,9 @@ class Release:
     """Under VLLM_USE_BREAKABLE_CUDAGRAPH=1 (set by the user, or by vLLM itself for a few
     architectures) mixed PIECEWISE graphs pad requests too: graphs no rule here plans, so
     the runtime refuses the setting on this release."""
+    deferred_capture: bool = False
+    """The runtime can capture graphs while this release serves (spec `tiers`): its capture
+    path, LoRA mapping and engine idle loop were read for it and run under `vllm serve`."""
 
     @property
     def group(self) -> str:
@@ -101,9 +104,9 @@ class Release:
 RELEASES: dict[str, Release] = {
     r.version: r
     for r in (
-        Release("0.25.0", A, "2.11.0", DISPATCH, HASH),
-        Release("0.25.1", A, "2.11.0", DISPATCH, HASH),
-        Release("0.26.0", A, "2.11.0", DISPATCH, HASH, breakable_pads_requests=True),
+        Release("0.25.0", A, "2.11.0", DISPATCH, HASH, deferred_capture=True),
+        Release("0.25.1", A, "2.11.0", DISPATCH, HASH, deferred_capture=True),
+        Release("0.26.0", A, "2.11.0", DISPATCH, HASH, breakable_pads_requests=True, deferred_capture=True),
         Release("0.27.0", B, "2.13.0", DISPATCH, HASH),
         Release("0.27.1", B, "2.13.0", DISPATCH, HASH),
         Release("0.28.0", C, "2.13.0", DISPATCH_MQL, HASH),

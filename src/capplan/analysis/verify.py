@@ -16,7 +16,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from capplan.planner.dispatch import compatible
-from capplan.planner.lora_cases import kernel_grid, kernel_slots, reachable_cases
+from capplan.planner.lora_cases import kernel_grid, reachable_cases, slots_by_case
 from capplan.schemas.plan import Descriptor, Plan, address
 
 CLASSES = {
@@ -29,6 +29,7 @@ CLASSES = {
     "dummy_length": "5: dummy request too long",
     "dp": "7: DP ranks can disagree",
     "encoder_lora": "11: encoder graphs skip tower/connector LoRA",
+    "tiers": "deferred capture: a state where a batch has no valid graph",
     "consistency": "hand edit: plan does not match its spec",
 }
 
@@ -220,7 +221,7 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
     spec = plan.spec
     lora = spec.lora
     seqs, model_len = spec.scheduler.max_num_seqs, spec.scheduler.max_model_len
-    slots_needed = _slots_by_case(plan)
+    slots_needed = slots_by_case(plan.spec, plan.lora_dispatch_key == "kernel_slots", plan.lora_dispatch_map)
     short_grids: dict[tuple, list[Descriptor]] = {}
     piled: list[tuple[str, int, int]] = []
     for g in plan.graphs:
@@ -315,33 +316,6 @@ def _sample(descs: list[Descriptor]) -> str:
     return ", ".join(labels) + (", ..." if len(descs) > 4 else "")
 
 
-def _slots_by_case(plan: Plan) -> dict[int, list[tuple[int, str]]]:
-    """Per LoRA case: (kernel slots, example batch) of every adapter mix that
-    dispatches to it, sorted, keeping the largest slots per request count."""
-    lora = plan.spec.lora
-    if not lora.enabled:
-        return {}
-    by_slots = plan.lora_dispatch_key == "kernel_slots"
-    mapping = plan.lora_dispatch_map
-    top = max(mapping.values(), default=0)
-    out: dict[int, list[tuple[int, str]]] = {}
-    for k in range(1, lora.max_loras + 1):
-        for base in (False, True):
-            slots = kernel_slots(k, base)
-            count = slots if by_slots else k
-            case = mapping.get(count, top)
-            out.setdefault(case, []).append((slots, f"{k} adapter(s)" + (" + base requests" if base else "")))
-    for case, rows in out.items():
-        rows.sort()
-        # Running max: a graph holding R requests must cover every mix of <= R slots.
-        best: list[tuple[int, str]] = []
-        for slots, example in rows:
-            if not best or slots > best[-1][0]:
-                best.append((slots, example))
-        out[case] = best
-    return out
-
-
 def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     spec = plan.spec
     size = spec.parallel.data_parallel_size
@@ -404,6 +378,65 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     report.checked["dp_points"] = len(points)
 
 
+def _check_tiers(plan: Plan, report: VerifyReport) -> None:
+    """Every intermediate state of deferred capture (any subset of the deferred graphs
+    captured): a batch replays the first captured graph of its chain (tiers.chain), so every
+    graph of every chain must replay all of the deferred graph's batches, LoRA grid
+    included (failure class 6), and every chain must end in a ready graph."""
+    tiers = plan.tiers
+    if tiers is None:
+        return
+    from capplan.planner.tiers import anchors, can_stand_in, chain, needed_slots
+
+    n = len(plan.graphs)
+    deferred = set(tiers.deferred)
+    if len(deferred) != len(tiers.deferred) or not deferred <= set(range(n)):
+        report.add("structure", "tiers.deferred lists a graph twice or a graph the plan does not have")
+        return
+    if set(tiers.fallback) != deferred or not set(tiers.fallback.values()) <= set(range(n)):
+        report.add("structure", "tiers.fallback does not name exactly one graph of the plan per deferred graph")
+        return
+    needs_by_case = slots_by_case(plan.spec, plan.lora_dispatch_key == "kernel_slots", plan.lora_dispatch_map)
+    lora_on = plan.spec.lora.enabled
+    for a in sorted(anchors(plan.graphs) & deferred):
+        report.add(
+            "tiers",
+            f"graph {address(plan.descriptors[a])} is the largest of its mode and LoRA case but deferred: its "
+            "batches have no captured graph to fall back on (and vLLM sizes the FULL output buffer by it)",
+        )
+    short: dict[tuple[int, int], list[str]] = {}
+    states = 0
+    for gid in tiers.deferred:
+        g = plan.graphs[gid]
+        links = chain(tiers, gid)
+        if links[-1] in deferred:
+            report.add("tiers", f"graph {address(g.descriptor)}: its fallbacks loop or end in a deferred graph")
+            continue
+        needs = needed_slots(needs_by_case, g.descriptor, plan.spec) if lora_on else 0
+        for fid in links[1:]:
+            states += 1
+            f = plan.graphs[fid]
+            grid = f.dummy.kernel_grid if lora_on else None
+            if can_stand_in(f.descriptor, g.descriptor, grid, needs):
+                continue
+            if can_stand_in(f.descriptor, g.descriptor, None if grid is None else 1 << 30, 0):
+                short.setdefault((needs, grid or 0), []).append(f"{address(g.descriptor)} -> {address(f.descriptor)}")
+            else:
+                report.add(
+                    "tiers",
+                    f"graph {address(g.descriptor)} falls back to {address(f.descriptor)}, which cannot replay its "
+                    "batches (mode, decode shape, tokens or requests)",
+                )
+    for (needs, grid), pairs in sorted(short.items()):
+        report.add(
+            "lora_grid",
+            f"{len(pairs)} deferred graph(s) fall back to a graph whose kernel grid ({grid}) is smaller than the "
+            f"{needs} adapter slots their batches bring ({', '.join(pairs[:3])}{', ...' if len(pairs) > 3 else ''}): "
+            "until captured, an adapter is skipped",
+        )
+    report.checked["deferred_fallbacks"] = states
+
+
 def _check_consistency(plan: Plan, report: VerifyReport) -> None:
     from capplan.planner.compiler import compile_plan
     from capplan.planner.hashing import spec_hash
@@ -423,6 +456,7 @@ def verify_plan(plan: Plan, *, consistency: bool = True) -> VerifyReport:
     _check_graphs(plan, report)
     _check_dp(plan, tables, report)
     _check_encoder(plan, report)
+    _check_tiers(plan, report)
     if consistency:
         _check_consistency(plan, report)
     return report

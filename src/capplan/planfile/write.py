@@ -157,7 +157,7 @@ def plan_file_data(plan: Plan) -> dict[str, Any]:
         "lora_cases": _lora_cases(plan),
         "dp": {"padded_tokens_lora_invariant": plan.dp.padded_tokens_lora_invariant},
         "graph_counts": _graph_counts(plan),
-        "graphs": [_graph_entry(g) for g in plan.graphs],
+        "graphs": [_graph_entry(plan, g) for g in plan.graphs],
         "dummy_runs": [
             {"run": r.run, "tokens": r.tokens, "vllm": [list(x) for x in r.vllm], "plan": [list(x) for x in r.plan]}
             for r in plan.dummy_runs
@@ -216,10 +216,12 @@ def _graph_counts(plan: Plan) -> dict[str, Any]:
         if row:
             counts[mode] = {int(case): n for case, n in row.items()}
     counts["total"] = plan.stats["total"]["graphs"]
+    if plan.tiers is not None:
+        counts["deferred"] = len(plan.tiers.deferred)
     return counts
 
 
-def _graph_entry(graph: PlannedGraph) -> dict[str, Any]:
+def _graph_entry(plan: Plan, graph: PlannedGraph) -> dict[str, Any]:
     d, m = graph.descriptor, graph.dummy
     entry: dict[str, Any] = {"graph": address(d)}
     if d.uniform_token_count is not None:
@@ -229,6 +231,8 @@ def _graph_entry(graph: PlannedGraph) -> dict[str, Any]:
     entry["dummy"] = [list(run) for run in m.tokens]
     if m.kernel_grid is not None:
         entry["grid"] = m.kernel_grid
+    if plan.tiers is not None and graph.id in plan.tiers.fallback:
+        entry["deferred"] = address(plan.graphs[plan.tiers.fallback[graph.id]].descriptor)
     return entry
 
 
@@ -257,6 +261,12 @@ _SECTION_NOTES = {
 }
 
 
+DEFERRED_NOTE = (
+    "# deferred: captured while serving (spec tiers); until then its batches replay the graph named, or that\n"
+    "# graph's own fallback while it is deferred too"
+)
+
+
 def iter_plan_lines(data: dict[str, Any], header: str) -> Iterator[str]:
     """The text lines of a plan file holding `data` (plan_file_data's output)."""
     yield from header.splitlines()
@@ -268,6 +278,8 @@ def iter_plan_lines(data: dict[str, Any], header: str) -> Iterator[str]:
             if not value:
                 yield f"{key}: []"
                 continue
+            if key == "graphs" and any("deferred" in item for item in value):
+                yield DEFERRED_NOTE
             yield f"{key}:"
             for item in value:
                 yield from _emit_item(item, 2)

@@ -13,6 +13,7 @@ from capplan.planner.dummy_layout import DummyLayouts
 from capplan.planner.dummy_runs import dummy_runs
 from capplan.planner.hashing import fingerprint, spec_hash
 from capplan.planner.lora_cases import lora_capture_cases, lora_dispatch_map, reachable_cases
+from capplan.planner.tiers import tier_plan
 from capplan.releases import runs_on
 from capplan.schemas.plan import FORMAT_VERSION, Descriptor, Deviation, DPPolicy, EncoderPlan, Plan, PlannedGraph
 from capplan.schemas.spec import Fix, Spec
@@ -87,7 +88,10 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         ),
         stats=_stats(ordered, cases),
         encoder=_encoder(spec),
+        tiers=None,
     )
+    if spec.tiers is not None:
+        plan.__dict__["tiers"] = tier_plan(spec, graphs)
     if with_deviations and spec.fixes:
         twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode), dropped)
         plan.__dict__["deviations"] = describe_deviations(plan, twin)

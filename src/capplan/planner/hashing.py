@@ -23,7 +23,7 @@ def spec_data(spec: Spec) -> dict[str, Any]:
     data = spec.model_dump(mode="json")
     if data["cudagraph"].get("lora_case_sizes") is None:
         data["cudagraph"].pop("lora_case_sizes", None)
-    for section in ("multimodal", "model"):
+    for section in ("multimodal", "model", "tiers"):
         if data.get(section, 0) is None:
             data.pop(section)
     if data.get("model"):
@@ -50,7 +50,8 @@ FINGERPRINT_IGNORE = {
     ("parallel", "pipeline_parallel_size"),
     ("target", "gpu"),
 }
-FINGERPRINT_IGNORE_SECTIONS = {"model"}  # what a calibration is checked against; no graph depends on it
+# model: what a calibration is checked against; tiers: when each graph is captured, not which exist.
+FINGERPRINT_IGNORE_SECTIONS = {"model", "tiers"}
 
 
 def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> str:

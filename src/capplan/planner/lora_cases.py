@@ -96,3 +96,29 @@ def reachable_cases(spec: Spec, dispatch_map: dict[int, int], max_requests: int)
     if spec.parallel.data_parallel_size > 1:
         out.add(dispatch_map.get(lora.max_loras + 1, max(dispatch_map.values())))
     return out
+
+
+def slots_by_case(spec: Spec, by_slots: bool, mapping: dict[int, int]) -> dict[int, list[tuple[int, str]]]:
+    """Per LoRA case: (kernel slots, example batch) of every adapter mix that dispatches to it,
+    sorted, keeping the largest slots per request count. `by_slots`: the plan dispatches by
+    kernel slots (lora_slot), not adapters; `mapping`: its LoRA dispatch map."""
+    lora = spec.lora
+    if not lora.enabled:
+        return {}
+    top = max(mapping.values(), default=0)
+    out: dict[int, list[tuple[int, str]]] = {}
+    for k in range(1, lora.max_loras + 1):
+        for base in (False, True):
+            slots = kernel_slots(k, base)
+            count = slots if by_slots else k
+            case = mapping.get(count, top)
+            out.setdefault(case, []).append((slots, f"{k} adapter(s)" + (" + base requests" if base else "")))
+    for case, rows in out.items():
+        rows.sort()
+        # Running max: a graph holding R requests must cover every mix of <= R slots.
+        best: list[tuple[int, str]] = []
+        for slots, example in rows:
+            if not best or slots > best[-1][0]:
+                best.append((slots, example))
+        out[case] = best
+    return out

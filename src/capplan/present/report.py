@@ -22,6 +22,9 @@ def render_report(data: dict[str, Any]) -> str:
     lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
     if data["dp"] is not None:
         lines.append(dp_line(data["dp"]))
+    deferred = data.get("deferred")
+    if deferred is not None:
+        lines.append(deferred_line(deferred))
     t = data["trace"]
     if t is not None:
         lines.append(
@@ -41,4 +44,17 @@ def dp_line(dp: dict[str, Any]) -> str:
     )
     if dp["audited_steps"]:
         line += f"; audit: {dp['token_disagreements']} of {dp['audited_steps']} steps with differing padded sizes"
+    return line
+
+
+def deferred_line(d: dict[str, Any]) -> str:
+    """What deferred capture did: graphs captured while serving, the pauses, the fallbacks."""
+    line = (
+        f"  deferred: {d['captured']}/{d['deferred']} captured while serving ({d['capture_seconds']:.2f} s; "
+        f"longest step pause {d['longest_step_pause_seconds'] * 1000:.0f} ms, longest idle capture "
+        f"{d['longest_idle_capture_seconds'] * 1000:.0f} ms), {d['fallback_steps']} steps on a fallback, "
+        f"graph memory {d['graph_memory_gib']} GiB (held back {d['reserved_gib']} GiB)"
+    )
+    if d["pending"]:
+        line += f"; still pending: {len(d['pending'])}"
     return line

@@ -40,6 +40,10 @@ def _has_encoder_graphs(release: Release) -> bool:
     return release.rules.encoder_graphs
 
 
+def _defers(release: Release) -> bool:
+    return release.deferred_capture
+
+
 @dataclass(frozen=True)
 class Hook:
     target: str  # "module:Class.method" or "module:function"
@@ -66,7 +70,7 @@ MANAGER_STATE = (
     "lora_capture_cases",
     "decode_query_len",
 )
-RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len")
+RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len", "execute_model_state", "parallel_config")
 DUMMY_BATCH_FIELDS = (
     "num_scheduled_tokens",
     "query_start_loc_np",
@@ -125,7 +129,8 @@ CONTRACT: tuple[Hook, ...] = (
     Hook(
         f"{RUNNER}:GPUModelRunner.execute_model",
         ("self", "scheduler_output", "intermediate_tensors", "dummy_run"),
-        "the dummy scheduler output _dummy_run builds (class 5); each real step's batch for the trace recorder",
+        "the dummy scheduler output _dummy_run builds (class 5); each real step's batch for the trace recorder; "
+        "deferred capture between steps (a step starts with no sampling pending)",
         RECORDED_STATE,
         prefix=True,
     ),
@@ -160,6 +165,27 @@ CONTRACT: tuple[Hook, ...] = (
         "check the encoder budgets against the plan; under encoder_lora_eager capture none (class 11)",
         ("token_budgets", "max_batch_size", "max_frames_per_batch", "graph_pool"),
         applies=_has_encoder_graphs,
+    ),
+    Hook(
+        "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
+        ("self",),
+        "deferred capture: the async output thread never waits on the GPU while a graph is captured",
+        applies=_defers,
+    ),
+    Hook(
+        "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping",
+        ("self", "mapping"),
+        "deferred capture: warm a LoRA graph with the plan's dummy mapping, no adapter loaded or evicted "
+        "(classes 1, 3, 6)",
+        ("lora_index_to_id", "_last_mapping"),
+        applies=_defers,
+    ),
+    Hook(
+        "vllm.v1.engine.core:EngineCoreProc._process_input_queue",
+        ("self",),
+        "deferred capture while the engine core is idle, in every worker through collective_rpc",
+        ("input_queue", "has_work", "is_running", "collective_rpc"),
+        applies=_defers,
     ),
     Hook(
         "vllm.engine.arg_utils:EngineArgs.create_engine_config",

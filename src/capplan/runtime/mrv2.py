@@ -37,6 +37,7 @@ from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release
 from capplan.runtime import contract, recorder
 from capplan.runtime.contract import IncompatibleVllm
+from capplan.runtime.deferred import Deferred
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, config_problem, engine_problem
 from capplan.runtime.report import Report
@@ -74,6 +75,7 @@ class Installed:
         self.layouts = {
             (g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy for g in plan.graphs
         }
+        self.deferred: Deferred | None = None  # spec tiers: the graphs captured while serving
 
 
 _STATE: Installed | None = None
@@ -105,6 +107,8 @@ def install(plan: Plan, plan_path: str) -> Installed:
     capture_entry = _require(f"{contract.RUNNER}:create_lora_capture_hook", release)
     _require("vllm.config:VllmConfig.compute_hash", release)
     state = Installed(plan, plan_path)
+    if plan.tiers is not None:
+        state.deferred = state.report.deferred = _defer(state, release)
     state.desc_cls = cg.BatchExecutionDescriptor
     state.vllm_descs = [_to_vllm(state.desc_cls, g.descriptor) for g in plan.graphs]
     state.report.graph_ids = {desc: i for i, desc in enumerate(state.vllm_descs)}
@@ -195,6 +199,7 @@ def _hook_dispatch(state: Installed, manager_cls) -> None:
     desc_cls, vllm_descs, report = state.desc_cls, state.vllm_descs, state.report
     lookup, lora_case = state.dispatcher.lookup, state.dispatcher.lora_case
     none_mode = CUDAGraphMode.NONE
+    deferred = state.deferred
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         if not self._graphs_captured or num_ubatches != 1:
@@ -209,8 +214,11 @@ def _hook_dispatch(state: Installed, manager_cls) -> None:
             desc = desc_cls(**kwargs)
         else:
             result = lookup(num_reqs, num_tokens, uniform_token_count, num_active_loras)
-            if result.graph_id >= 0:
-                desc = vllm_descs[result.graph_id]
+            graph_id = result.graph_id
+            if graph_id >= 0 and deferred is not None:
+                graph_id = deferred.resolve(graph_id)  # not captured yet: its chain's first captured graph
+            if graph_id >= 0:
+                desc = vllm_descs[graph_id]
             else:
                 desc = desc_cls(
                     cg_mode=none_mode,
@@ -236,11 +244,17 @@ def _hook_capture(state: Installed, manager_cls) -> None:
                 f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "
                 "(its graph manager was built another way); refusing, nothing was captured"
             )
+        deferred = state.deferred
+        if deferred is not None and deferred.manager is None:  # start-up: the ready graphs only
+            self._capture_descs = deferred.ready_descs(state.vllm_descs)
         state.report.capture_started()
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
         finally:
             state.report.capture_finished(self)
+        if deferred is not None and deferred.manager is None:
+            deferred.started(self, original, args, kwargs, state.report.graph_memory_bytes)
+        return result
 
     manager_cls.capture = capture
 
@@ -472,7 +486,8 @@ def _capture_hook_factory(state: Installed, hook_entry):
         if lora_config is None:
             return None
         contract.check_attributes(hook_entry, runner)
-        import numpy as np
+        if state.deferred is not None:
+            state.deferred.runner = runner  # a deferred LoRA graph sets its dummy mapping through it
         from vllm.lora.request import LoRARequest
 
         def hook(num_active_loras: int, num_reqs: int, num_tokens: int) -> None:
@@ -482,11 +497,7 @@ def _capture_hook_factory(state: Installed, hook_entry):
                     f"capplan: no dummy layout in {state.plan_path} for a {num_tokens}-token, "
                     f"{num_reqs}-request graph of LoRA case {num_active_loras}"
                 )
-            per_req = np.array([t for count, t in layout.tokens for _ in range(count)], dtype=np.int32)
-            ids = layout.lora_ids or [-1]
-            # vLLM's prompt mapping uses 0 for "no adapter" (-1 once converted for the kernels).
-            prompt = np.array([max(ids[i % len(ids)], 0) for i in range(num_reqs)], dtype=np.int32)
-            token = np.repeat(prompt, per_req)
+            prompt, token = dummy_mapping(layout, num_reqs)
             requests = {
                 LoRARequest(lora_name=f"warmup_{i}", lora_int_id=int(i), lora_path="/not/a/real/path")
                 for i in sorted(set(prompt.tolist()) - {0})
@@ -496,6 +507,88 @@ def _capture_hook_factory(state: Installed, hook_entry):
         return hook
 
     return create_lora_capture_hook
+
+
+def dummy_mapping(layout, num_reqs: int):
+    """A graph's dummy LoRA mapping as vLLM's prompt and token mappings (numpy arrays): adapter
+    ids cycled over the requests, 0 for "no adapter" (-1 once vLLM converts it for the kernels)."""
+    import numpy as np
+
+    per_req = np.array([t for count, t in layout.tokens for _ in range(count)], dtype=np.int32)
+    ids = layout.lora_ids or [-1]
+    prompt = np.array([max(ids[i % len(ids)], 0) for i in range(num_reqs)], dtype=np.int32)
+    return prompt, np.repeat(prompt, per_req)
+
+
+def _defer(state: Installed, release: Release) -> Deferred:
+    """Deferred capture (spec tiers): check this vLLM and engine can do it, and hook the
+    step start, the async output thread and the engine core's idle loop."""
+    if not release.deferred_capture:
+        raise IncompatibleVllm(
+            f"capplan: {state.plan_path} defers graphs (spec tiers), which capplan does not do on vLLM "
+            f"{release.version}; remove tiers from the spec and recompile"
+        )
+    import vllm.v1.worker.gpu.async_utils as async_utils
+    import vllm.v1.worker.gpu.model_runner as runner_mod
+
+    deferred = Deferred(state)
+    runner_cls = runner_mod.GPUModelRunner
+    step_entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", release)
+    _require("vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output", release)
+    mapping_entry = _require("vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping", release)
+    original_step = runner_cls.execute_model
+    checked: list[bool] = []
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
+        if not dummy and deferred.pending:
+            if not checked:
+                contract.check_attributes(step_entry, self)
+                if self.lora_config:
+                    contract.check_attributes(mapping_entry, self.lora_manager._adapter_manager)
+                if self.parallel_config.tensor_parallel_size > 1 or self.parallel_config.pipeline_parallel_size > 1:
+                    raise PlanNotInForce(
+                        f"capplan: {state.plan_path} defers graphs (spec tiers), which capplan does not do under "
+                        "tensor or pipeline parallelism yet; remove tiers from the spec and recompile"
+                    )
+                checked.append(True)
+            deferred.before_step(self)
+        return original_step(self, scheduler_output, *args, **kwargs)
+
+    runner_cls.execute_model = execute_model
+
+    original_output = async_utils.AsyncOutput.get_output
+
+    def get_output(self):
+        with deferred.lock:  # never while a graph is being captured (global capture mode)
+            return original_output(self)
+
+    async_utils.AsyncOutput.get_output = get_output
+    _hook_idle_loop(state, release)
+    return deferred
+
+
+def _hook_idle_loop(state: Installed, release: Release) -> None:
+    """In the engine core process: while it has no work and no input waiting, ask every worker
+    to capture one deferred graph per turn (collective_rpc), until none is pending."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    target = "vllm.v1.engine.core:EngineCoreProc._process_input_queue"
+    entry = _require(target, release)
+    original = EngineCoreProc._process_input_queue
+    assert state.plan.tiers is not None
+    pending = [len(state.plan.tiers.deferred)]
+
+    def _process_input_queue(self):
+        if pending[0]:
+            contract.check_attributes(entry, self)
+            from capplan.runtime.deferred import capture_when_idle
+
+            while pending[0] and not self.has_work() and self.input_queue.empty() and self.is_running():
+                pending[0] = max(self.collective_rpc(capture_when_idle), default=0)
+        return original(self)
+
+    EngineCoreProc._process_input_queue = _process_input_queue
 
 
 def _spread_make_dummy(release: Release) -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 from capplan.schemas.plan import Plan
 
@@ -38,6 +39,7 @@ class Report:
         self.dp: DPCounters | None = None
         self.dp_rank = 0
         self.recorder = None  # capplan.runtime.recorder.Recorder, when CAPPLAN_TRACE is set
+        self.deferred: Any = None  # capplan.runtime.deferred.Deferred, when the plan defers graphs
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
@@ -95,6 +97,11 @@ class Report:
                 if d.cg_mode.name == "PIECEWISE" or d in manager.graphs:
                     self.captured[(d.cg_mode.name, d.num_active_loras)] += 1
 
+    def deferred_captured(self, desc) -> None:
+        """One deferred graph captured while serving."""
+        self.captured[(desc.cg_mode.name, desc.num_active_loras)] += 1
+        self._dirty = True
+
     def to_json(self) -> dict:
         planned = Counter((g.descriptor.cg_mode, g.descriptor.num_active_loras) for g in self.plan.graphs)
         rows = [
@@ -120,6 +127,7 @@ class Report:
             },
             "dp": None if self.dp is None else self.dp.to_json(),
             "trace": None if self.recorder is None else self.recorder.to_json(),
+            "deferred": None if self.deferred is None else self.deferred.to_json(),
         }
 
     def path(self) -> str | None:

@@ -175,6 +175,20 @@ class EncoderPlan(_Frozen):
     lora: str | None = Field(description="Where the tower and connector LoRA mappings are set; None: no tower LoRA.")
 
 
+class TierPlan(_Frozen):
+    """Deferred capture: the graphs captured while the engine serves, and what a batch whose
+    graph is not captured yet replays meanwhile."""
+
+    deferred: list[int] = Field(description="Graph ids captured while serving, in the order they are captured.")
+    fallback: dict[int, int] = Field(
+        description=(
+            "Per deferred graph: the graph its batches replay until it is captured (the next larger of its "
+            "mode, decode shape and LoRA case; itself deferred, followed on until a captured one)."
+        )
+    )
+    every_steps: int = Field(ge=1, description="While serving: one deferred capture before every Nth step.")
+
+
 class Plan(_Frozen):
     """A serialized capture plan."""
 
@@ -197,6 +211,7 @@ class Plan(_Frozen):
     dp: DPPolicy
     stats: dict[str, dict[str, int]]
     encoder: EncoderPlan | None = None
+    tiers: TierPlan | None = None
 
     @property
     def descriptors(self) -> list[Descriptor]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of
+from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of, runs_on
 
 
 class CudagraphMode(str, enum.Enum):
@@ -319,6 +319,48 @@ class Parallel(_Strict):
     )
 
 
+MAX_READY_LIST = 4096  # graph addresses in tiers.ready: more than any plan file holds graphs
+_ADDRESS = r"^(PIECEWISE|FULL):[1-9][0-9]{0,6}(x[1-9][0-9]{0,6})?@[0-9]{1,4}$"
+
+
+class Tiers(_Strict):
+    """Capture tiers: the graphs captured before the engine reports ready, and the rest
+    (deferred), captured one at a time between model-runner steps while it serves. Off
+    when absent: every graph is captured before the engine reports ready."""
+
+    ready: (
+        Literal["full_decode"]
+        | Annotated[
+            list[Annotated[str, StringConstraints(pattern=_ADDRESS, max_length=40)]],
+            Field(min_length=1, max_length=MAX_READY_LIST),
+        ]
+    ) = Field(
+        description=(
+            "The graphs captured before the engine reports ready. full_decode: every FULL uniform-decode "
+            "graph of every LoRA case; or a list of graph addresses (MODE:TOKENS[xREQUESTS]@CASE, as "
+            "capplan show lists them; capplan optimize --ready-share writes one from a trace). The largest "
+            "graph of each mode and LoRA case is always ready, so every deferred graph has a captured fallback."
+        )
+    )
+    every_steps: int = Field(
+        8,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "While the engine serves, capture one deferred graph before every Nth model-runner step "
+            "(that step waits for it); while it is idle, one after another."
+        ),
+    )
+
+    @field_validator("ready")
+    @classmethod
+    def _distinct(cls, ready: object) -> object:
+        if isinstance(ready, list) and len(set(ready)) != len(ready):
+            twice = next(a for i, a in enumerate(ready) if a in ready[:i])
+            raise ValueError(f"lists {twice} twice; name each graph once")
+        return ready
+
+
 class Model(_Strict):
     """What model a deployment (or a calibration) serves: its identity as a calibration records it.
 
@@ -422,6 +464,13 @@ class Spec(_Strict):
             "calibration of another model are withheld."
         ),
     )
+    tiers: Tiers | None = Field(
+        None,
+        description=(
+            "Capture some graphs before the engine reports ready and the rest while it serves "
+            "(deferred capture). Absent: every graph before ready, as vLLM does."
+        ),
+    )
     fixes: list[Fix] = Field(
         default_factory=lambda: list(ALL_FIXES),
         max_length=len(FIX_ORDER),
@@ -484,6 +533,31 @@ class Spec(_Strict):
                 raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
         # That each listed case is one of the spec's LoRA capture cases is a planning rule:
         # capplan.loading checks it (capplan.planner.lora_cases), schemas import no planner code.
+        return self
+
+    @model_validator(mode="after")
+    def _tiers_where_safe(self) -> Spec:
+        if self.tiers is None:
+            return self
+        if self.parallel.data_parallel_size > 1:
+            raise ValueError(
+                "tiers: deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they "
+                "would have to agree on which graphs exist at every step); remove tiers"
+            )
+        if self.speculative.num_speculative_tokens:
+            raise ValueError(
+                "tiers: deferred capture does not support speculative decoding (vLLM captures the drafter's "
+                "graphs together with the model's); remove tiers or num_speculative_tokens"
+            )
+        if self.cudagraph.mode is CudagraphMode.NONE:
+            raise ValueError("tiers: cudagraph mode NONE captures no graphs; remove tiers")
+        lacking = [v for v in runs_on(self.target.vllm) if not RELEASES[v].deferred_capture]
+        if lacking:
+            able = ", ".join(v for v, r in RELEASES.items() if r.deferred_capture)
+            raise ValueError(
+                f"tiers: deferred capture is not built for vLLM {lacking[0]}'s model runner (it is for {able}); "
+                'remove tiers, or target.vllm: "0.25"'
+            )
         return self
 
     @model_validator(mode="after")

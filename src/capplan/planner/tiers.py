@@ -1,0 +1,128 @@
+"""Capture tiers: which graphs are ready before the engine serves, which are deferred, and
+what a deferred graph's batches replay until it is captured.
+
+A deferred graph G falls back to the next larger graph of its mode, decode shape
+(uniform token count, max_query_len bound) and LoRA case; if that one is deferred too and
+not captured yet, to its fallback, and so on. The largest graph of each mode, decode shape
+and LoRA case is always ready, so every chain ends in a ready graph: no batch that has a
+graph in the final plan ever runs eager, and vLLM's FULL output buffer (sized by the first
+FULL graph it captures) is sized by the largest. `verify` proves, with `can_stand_in`, that
+every graph of every chain replays all of G's batches (tokens, requests, decode shape, and
+a kernel grid covering every adapter slot they bring: failure class 6), which is every
+intermediate state: in any state the batch replays the first captured graph of its chain.
+"""
+
+from __future__ import annotations
+
+from capplan.schemas.plan import Descriptor, PlannedGraph, TierPlan, address
+from capplan.schemas.spec import Spec
+
+RULE_FULL_DECODE = "full_decode"
+
+
+def shape(d: Descriptor) -> tuple[str, int | None, int | None]:
+    """What a stand-in must share with the graph it replaces."""
+    return (d.cg_mode, d.uniform_token_count, d.max_query_len)
+
+
+def anchors(graphs: list[PlannedGraph]) -> set[int]:
+    """The largest graph of each mode, decode shape and LoRA case: always ready."""
+    best: dict[tuple[str, int | None, int | None, int], PlannedGraph] = {}
+    for g in graphs:
+        key = (*shape(g.descriptor), g.descriptor.num_active_loras)
+        top = best.get(key)
+        if top is None or g.descriptor.num_tokens > top.descriptor.num_tokens:
+            best[key] = g
+    return {g.id for g in best.values()}
+
+
+def chosen_ready(spec: Spec, graphs: list[PlannedGraph]) -> set[int]:
+    """The graph ids the spec names ready (before anchors are added); raises ValueError naming
+    an address that is not a graph of the plan."""
+    assert spec.tiers is not None
+    ready = spec.tiers.ready
+    if ready == RULE_FULL_DECODE:
+        return {g.id for g in graphs if g.descriptor.cg_mode == "FULL" and g.descriptor.uniform_token_count is not None}
+    by_address = {address(g.descriptor): g.id for g in graphs}
+    missing = [(i, a) for i, a in enumerate(ready) if a not in by_address]
+    if missing:
+        i, a = missing[0]
+        raise ValueError(f"tiers.ready[{i}]: {a} is not a graph of this plan")
+    return {by_address[a] for a in ready}
+
+
+def unknown_ready(spec: Spec, graphs: list[PlannedGraph]) -> str | None:
+    """Why the spec's tiers.ready names a graph the plan does not have, or None."""
+    if spec.tiers is None:
+        return None
+    try:
+        chosen_ready(spec, graphs)
+    except ValueError as exc:
+        return f"{exc} (capplan show PLAN --full lists every graph's address); name graphs of this plan"
+    return None
+
+
+def can_stand_in(f: Descriptor, g: Descriptor, f_grid: int | None, needs: int) -> bool:
+    """Whether graph f replays every batch graph g replays. `f_grid`: f's captured kernel grid
+    (None: LoRA off); `needs`: the most adapter slots a batch g replays can bring."""
+    if shape(f) != shape(g) or f.num_tokens < g.num_tokens:
+        return False
+    if g.num_reqs is None:
+        if f.num_reqs is not None:
+            return False
+    elif f.num_reqs is not None and f.num_reqs < g.num_reqs:
+        return False
+    if f_grid is None:
+        return f.num_active_loras == g.num_active_loras
+    if g.num_active_loras and not f.num_active_loras:
+        return False  # a no-LoRA graph recorded no LoRA kernels
+    return f_grid >= needs
+
+
+def tier_plan(spec: Spec, graphs: list[PlannedGraph]) -> TierPlan:
+    """The plan's tiers: ready graphs (the spec's choice and the anchors), the deferred ones
+    in capture order, and each deferred graph's fallback."""
+    assert spec.tiers is not None
+    ready = chosen_ready(spec, graphs) | anchors(graphs)
+    deferred = [g.id for g in graphs if g.id not in ready]
+    by_key: dict[tuple[str, int | None, int | None, int], list[PlannedGraph]] = {}
+    for g in graphs:
+        by_key.setdefault((*shape(g.descriptor), g.descriptor.num_active_loras), []).append(g)
+    fallback: dict[int, int] = {}
+    for group in by_key.values():
+        group.sort(key=lambda g: g.descriptor.num_tokens)
+        for smaller, larger in zip(group, group[1:]):
+            if smaller.id not in ready:
+                fallback[smaller.id] = larger.id
+    return TierPlan.trusted(
+        deferred=deferred, fallback={gid: fallback[gid] for gid in deferred}, every_steps=spec.tiers.every_steps
+    )
+
+
+def chain(tiers: TierPlan, graph_id: int) -> list[int]:
+    """What a batch of `graph_id` may replay, in order, as deferred graphs land: the graph,
+    then its fallbacks up to the first that is not deferred (stops on a loop or a dangling id)."""
+    deferred = set(tiers.deferred)
+    out = [graph_id]
+    while out[-1] in deferred and out[-1] in tiers.fallback and tiers.fallback[out[-1]] not in out:
+        out.append(tiers.fallback[out[-1]])
+    return out
+
+
+def needed_slots(slots_needed: dict[int, list[tuple[int, str]]], g: Descriptor, spec: Spec) -> int:
+    """The most adapter slots a batch replaying g can bring (0 when LoRA is off or g's case is 0)."""
+    import bisect
+
+    need = slots_needed.get(g.num_active_loras, [])
+    reqs = g.num_reqs or min(g.num_tokens, spec.scheduler.max_num_seqs)
+    i = bisect.bisect_right([s for s, _ in need], reqs) - 1
+    return need[i][0] if i >= 0 else 0
+
+
+def replayed(tiers: TierPlan, graph_id: int, captured: set[int] | frozenset[int]) -> int:
+    """The graph a batch dispatched to `graph_id` replays while only `captured` exist: the first
+    captured graph of its chain, or -1 (eager) when none is."""
+    for gid in chain(tiers, graph_id):
+        if gid in captured:
+            return gid
+    return -1

@@ -1,0 +1,241 @@
+"""Deferred capture on Model Runner V2: the plan's ready graphs before the engine reports
+ready, the deferred ones one at a time while it serves (spec `tiers`).
+
+What makes it safe, and where each piece lives:
+
+- Only captured graphs are ever dispatched. The dispatch hook replays, for a batch whose
+  graph is not captured yet, the first captured graph of its chain (`planner.tiers`),
+  which `capplan verify` proves replays the batch, LoRA grid included, in every state.
+- Capture happens between model-runner steps, never inside one: before a step starts
+  (after the previous step's outputs were handed over: `execute_model_state` is empty),
+  one graph before every `every_steps`-th step; and while the engine core is idle (its
+  busy loop has no work and no input), one graph per idle turn, through `collective_rpc`,
+  so every worker captures in the same order.
+- vLLM captures with CUDA's global capture mode, under which another thread's CUDA calls
+  fail. The only other thread of a worker that touches CUDA while serving is the async
+  output thread (`AsyncOutput.get_output` waits on its copy event); it and a capture
+  exclude each other through one lock.
+- The LoRA mapping a capture warms with is set on the punica wrapper alone, with no adapter
+  loaded or evicted, and the next step sets its own (its last mapping is forgotten).
+- Memory: after the ready capture, an estimate of what the deferred graphs need (the ready
+  capture's memory per graph, times the deferred count) is allocated and held; a start
+  without that much left stops there. It is released just before the first deferred
+  capture. MRV2 allocates the KV cache before any capture, so no capture can take it.
+
+Refused where it cannot be made safe: data parallel (ranks pad to one graph, so they would
+have to agree on which exist at every step), speculative decoding (vLLM captures the
+drafter's graphs with the model's), tensor or pipeline parallel (not run yet), and vLLM
+releases whose model runner this was not built for (`releases.Release.deferred_capture`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from capplan.planner.tiers import replayed
+from capplan.schemas.plan import address
+
+
+class Deferred:
+    """The deferred-capture state of one worker process."""
+
+    def __init__(self, state: Any) -> None:
+        plan = state.plan
+        assert plan.tiers is not None
+        self.state = state
+        self.tiers = plan.tiers
+        self.pending: list[int] = list(plan.tiers.deferred)
+        self.captured: set[int] = set(range(len(plan.graphs))) - set(self.pending)
+        self.ready_ids = sorted(self.captured)
+        self.lock = threading.Lock()
+        self.active = False  # set once the ready graphs are captured
+        self.manager: Any = None
+        self.capture_fn: Any = None  # vLLM's ModelCudaGraphManager.capture
+        self.args: tuple = ()
+        self.kwargs: dict = {}
+        self.runner: Any = None
+        self.reserve: Any = None
+        self.reserve_bytes = 0
+        self.steps = 0
+        self.fallback_steps = 0
+        self.captures: list[dict] = []
+        self.memory_bytes = 0
+        self.longest_step_pause = 0.0
+        self.longest_idle_capture = 0.0
+
+    # -- dispatch -------------------------------------------------------------------------
+    def resolve(self, graph_id: int) -> int:
+        """The graph a batch dispatched to `graph_id` replays now (-1: eager)."""
+        if graph_id in self.captured:
+            return graph_id
+        self.fallback_steps += 1
+        return replayed(self.tiers, graph_id, self.captured)
+
+    # -- start-up -------------------------------------------------------------------------
+    def ready_descs(self, vllm_descs: list) -> dict:
+        out: dict = {}
+        for gid in self.ready_ids:  # plan order: PIECEWISE then FULL, largest first
+            desc = vllm_descs[gid]
+            out.setdefault(desc.cg_mode, []).append(desc)
+        return out
+
+    def started(self, manager, capture_fn, args: tuple, kwargs: dict, ready_bytes: int | None) -> None:
+        """The ready graphs are captured: keep what a later capture needs, hold back its memory."""
+        self.manager, self.capture_fn, self.args, self.kwargs = manager, capture_fn, args, dict(kwargs)
+        if self.pending and ready_bytes:
+            import torch
+
+            per_graph = -(-ready_bytes // max(len(self.ready_ids), 1))
+            self.reserve_bytes = per_graph * len(self.pending)
+            try:
+                self.reserve = torch.empty(self.reserve_bytes, dtype=torch.uint8, device=manager.device)
+            except torch.OutOfMemoryError:
+                from capplan.errors import EngineRefusal
+
+                raise EngineRefusal(
+                    f"capplan: {self.state.plan_path}: not enough GPU memory left to hold back "
+                    f"{self.reserve_bytes / 2**30:.2f} GiB for its {len(self.pending)} deferred graphs; refusing "
+                    "to start (lower --gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
+                ) from None
+        self.active = True
+        print(
+            f"capplan: {len(self.ready_ids)} ready graphs captured; {len(self.pending)} deferred graphs will be "
+            f"captured while serving (one before every {self.tiers.every_steps}th step, or while idle)",
+            file=sys.stderr,
+        )
+
+    # -- capture --------------------------------------------------------------------------
+    def before_step(self, runner) -> None:
+        """Called as a real model-runner step starts: capture one deferred graph before every
+        every_steps-th step, between steps only."""
+        if not self.pending or not self.active:
+            return
+        self.runner = runner
+        if runner.execute_model_state is not None:
+            return  # a step's sampling is still pending: not between steps
+        self.steps += 1
+        if self.steps % self.tiers.every_steps == 0:
+            seconds = self.capture_next("step")
+            self.longest_step_pause = max(self.longest_step_pause, seconds)
+
+    def capture_idle(self) -> int:
+        """One deferred capture while the engine core is idle; the graphs still pending."""
+        if self.pending and self.active:
+            if self.runner is None or self.runner.execute_model_state is None:
+                seconds = self.capture_next("idle")
+                self.longest_idle_capture = max(self.longest_idle_capture, seconds)
+        return len(self.pending) if self.active else 0
+
+    def capture_next(self, trigger: str) -> float:
+        """Capture the next deferred graph (plan order); its seconds."""
+        import torch
+
+        state = self.state
+        gid = self.pending[0]
+        desc = state.vllm_descs[gid]
+        manager = self.manager
+        with self.lock:
+            started = time.perf_counter()
+            if self.reserve is not None:
+                self.reserve = None
+                torch.cuda.empty_cache()
+            free0 = torch.cuda.mem_get_info()[0]
+            kept = manager._capture_descs
+            manager._capture_descs = {desc.cg_mode: [desc]}
+            kwargs = dict(self.kwargs)
+            if kwargs.get("lora_capture_hook") is not None:
+                kwargs["lora_capture_hook"] = self._lora_hook()
+            try:
+                self.capture_fn(manager, *self.args, **kwargs)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"capplan: deferred capture of graph {address(state.plan.graphs[gid].descriptor)} failed "
+                    f"({type(exc).__name__}: {exc}); the engine stops rather than serve from a graph pool in an "
+                    "unknown state"
+                ) from exc
+            finally:
+                manager._capture_descs = kept
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            used = free0 - torch.cuda.mem_get_info()[0]
+        self.pending.pop(0)
+        self.captured.add(gid)
+        self.memory_bytes += max(used, 0)
+        self.captures.append(
+            {
+                "graph": address(state.plan.graphs[gid].descriptor),
+                "seconds": round(seconds, 4),
+                "trigger": trigger,
+                "memory_mib": round(used / 2**20, 2),
+            }
+        )
+        state.report.deferred_captured(desc)
+        if not self.pending:
+            print(
+                f"capplan: all {len(self.captures)} deferred graphs captured "
+                f"({sum(c['seconds'] for c in self.captures):.2f} s in all, longest step pause "
+                f"{self.longest_step_pause * 1000:.0f} ms)",
+                file=sys.stderr,
+            )
+        return seconds
+
+    def _lora_hook(self):
+        """Warm a LoRA graph with the plan's dummy mapping set on the punica wrapper only:
+        no adapter is loaded, activated or evicted. The wrapper maps adapter ids to slots
+        through lora_index_to_id; for the capture it reads slot i as adapter i + 1 (the
+        plan's dummy ids are 1..max_loras), and the next step maps its own batch again."""
+        from vllm.lora.layers import LoRAMapping
+
+        from capplan.runtime.mrv2 import dummy_mapping
+
+        runner, layouts, plan_path = self.runner, self.state.layouts, self.state.plan_path
+        manager = runner.lora_manager._adapter_manager
+
+        def hook(num_active_loras: int, num_reqs: int, num_tokens: int) -> None:
+            layout = layouts.get((num_tokens, num_reqs, num_active_loras))
+            if layout is None:
+                raise RuntimeError(
+                    f"capplan: no dummy layout in {plan_path} for a {num_tokens}-token, "
+                    f"{num_reqs}-request graph of LoRA case {num_active_loras}"
+                )
+            prompt, token = dummy_mapping(layout, num_reqs)
+            live = manager.lora_index_to_id
+            manager.lora_index_to_id = list(range(1, len(live) + 1))
+            try:
+                manager._set_adapter_mapping(LoRAMapping(tuple(token), tuple(prompt), is_prefill=True))
+            finally:
+                manager.lora_index_to_id = live
+                manager._last_mapping = None  # the next step sets its batch's mapping again
+
+        return hook
+
+    def to_json(self) -> dict:
+        return {
+            "ready": len(self.ready_ids),
+            "deferred": len(self.tiers.deferred),
+            "captured": len(self.captures),
+            "pending": [address(self.state.plan.graphs[g].descriptor) for g in self.pending],
+            "every_steps": self.tiers.every_steps,
+            "steps_seen": self.steps,
+            "fallback_steps": self.fallback_steps,
+            "longest_step_pause_seconds": round(self.longest_step_pause, 4),
+            "longest_idle_capture_seconds": round(self.longest_idle_capture, 4),
+            "capture_seconds": round(sum(c["seconds"] for c in self.captures), 3),
+            "reserved_gib": round(self.reserve_bytes / 2**30, 4),
+            "graph_memory_gib": round(self.memory_bytes / 2**30, 4),
+            "captures": self.captures,
+        }
+
+
+def capture_when_idle(_worker: object = None) -> int:
+    """Run in each worker by the engine core's `collective_rpc` while it is idle: capture one
+    deferred graph; return how many are still pending (0 when none, or no plan defers)."""
+    from capplan.runtime.mrv2 import installed
+
+    state = installed()
+    if state is None or state.deferred is None:
+        return 0
+    return state.deferred.capture_idle()
