@@ -211,6 +211,12 @@ Exact: dynamic programming over the sorted token counts of the trace
 (optimal 1-D bucketing) for every number of sizes. Prints the trade-off
 curve, writes a spec with explicit cudagraph.capture_sizes whose compiled
 plan verifies, and leaves everything else in the spec as it was.
+
+--ready-share S also writes the spec's tiers: the graphs that replay S of
+the trace's graph steps are ready (captured before the engine reports
+ready), the rest deferred (captured while it serves). Given alone it keeps
+the spec's capture sizes and only chooses the tiers. The share rests on the
+trace alone; the planner adds the largest graph of each mode and LoRA case.
 """
 OptimizeSpec = Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)]
 OptimizeTraces = Annotated[
@@ -267,6 +273,17 @@ OptimizeSharedSizes = Annotated[
     ),
 ]
 OptimizeAsJson = Annotated[bool, typer.Option("--json", help="Print the curve and the choice as JSON.")]
+OptimizeReadyShare = Annotated[
+    float | None,
+    typer.Option(
+        "--ready-share",
+        min=0.0,
+        max=1.0,
+        help="Also choose the ready tier (spec tiers: graphs captured before the engine reports ready, the "
+        "rest while it serves): the fewest graphs replaying this share of the trace's graph steps. Alone, "
+        "without a budget, capture sizes stay as the spec has them.",
+    ),
+]
 OptimizeFullCurve = Annotated[
     bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
 ]

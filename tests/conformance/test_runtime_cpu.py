@@ -106,3 +106,28 @@ def test_trace_recorder_in_real_runner(version, tmp_path):
         {"num_reqs": 1, "num_tokens": 1, "max_query_len": 1},
     ]
     assert report["recorder"]["steps"] == 3 and report["recorder"]["overhead_us_per_step"] > 0
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", [v for v in releases() if RELEASES[v].deferred_capture])
+def test_deferred_capture_in_real_manager(version, tmp_path):
+    """Deferred capture's hooks around vLLM's real manager: start-up captures the ready graphs
+    only, steps capture between steps only, the idle loop captures the rest in plan order, and
+    in every intermediate state every batch replays a captured graph that fits it."""
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    out = tmp_path / "deferred.json"
+    run_check("deferred_runtime_check.py", version, out)
+    report = json.loads(out.read_text())
+    assert report["vllm"] == version
+    assert report["startup_captured_ready_in_plan_order"] and report["capture_list_restored"]
+    assert report["captures_while_sampling_pending"] == 0
+    assert report["captures_in_4_steps_every_2"] == 2 and report["one_graph_per_capture"]
+    assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
+    assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]
+    assert report["pending_after_idle"] == 0 and report["final_set_is_the_plan"]
+    assert report["deferred_captured_in_plan_order"]
+    assert report["states_checked"] == report["deferred"] + 3  # start-up, each deferred capture, the last idle turn
+    assert report["problems"] == [] and report["batches_checked"] > 100_000
+    assert report["fallback_steps_counted"] > 0  # the intermediate states did replay fallbacks
+    assert report["report_json"]["captured"] == report["deferred"]

@@ -1,11 +1,14 @@
 """Served A/B: vLLM alone against a capplan plan, arms interleaved, ratios with intervals.
 
-    python tests/gpu/served_ab.py WORK OUT --plan PLAN [--repeats 5] [--seconds 60]
+    python tests/gpu/served_ab.py WORK OUT --plan PLAN [--plan-a PLAN_A] [--repeats 5] [--seconds 60]
         [--shapes throughput,arrival] [--concurrency 64] [--rate 30] [--gpu-util 0.4]
 
 Both arms serve the same ~0.9B random Llama with 4 LoRA adapters through vLLM's
 OpenAI server with default multiprocessing (served_loop.py builds it in
-WORK/model): arm A is vLLM alone, arm B is `capplan apply --runner mrv2 PLAN`.
+WORK/model): arm A is vLLM alone (or `capplan apply` with PLAN_A), arm B is
+`capplan apply --runner mrv2 PLAN`. An arm whose plan defers graphs (spec
+tiers) is measured once every deferred graph landed: after both started, the
+harness waits for its report to list none pending (and records how long that took).
 The two servers are started one after the other (so neither start-up or
 capture shares the GPU with the other), then both stay up and the load
 alternates between them: repeat r runs A then B when r is even, B then A when
@@ -94,7 +97,29 @@ def start(name: str, work: Path, plan: Path | None, util: float) -> tuple[subpro
         info |= {"graphs": rep["graphs_captured"], "vllm_alone_graphs": rep["vllm_would_capture"]}
         info |= {"capplan_capture_s": rep["capture_seconds"], "capplan_graph_gib": rep["graph_memory_gib"]}
     log(f"{name}: ready in {info['start_s']} s ({info})")
+    info["report"] = str(report) if plan is not None else None
     return proc, port, info
+
+
+def wait_deferred(info: dict, limit: float = 300.0) -> None:
+    """For an arm whose plan defers graphs: wait until its report lists none pending."""
+    if not info.get("report"):
+        return
+    path, started = Path(info["report"]), time.perf_counter()
+    while time.perf_counter() - started < limit:
+        try:
+            deferred = json.loads(path.read_text()).get("deferred")
+        except (OSError, ValueError):
+            deferred = {}
+        if deferred is None:
+            return  # the plan defers nothing
+        if deferred and not deferred["pending"]:
+            info["deferred_waited_s"] = round(time.perf_counter() - started, 1)
+            info["deferred"] = {k: v for k, v in deferred.items() if k != "captures"}
+            log(f"{info['name']}: deferred graphs landed ({info['deferred']})")
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"{info['name']}: deferred graphs still pending after {limit:.0f} s")
 
 
 def throughput(port: int, seconds: float, concurrency: int, seed: int) -> dict:
@@ -153,6 +178,7 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpo
 def main() -> None:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     plan = Path(option("--plan", ""))
+    plan_a = Path(option("--plan-a", "")) if "--plan-a" in sys.argv else None
     repeats, seconds = int(option("--repeats", "5")), float(option("--seconds", "60"))
     shapes = option("--shapes", "throughput,arrival").split(",")
     concurrency, rate = int(option("--concurrency", "64")), float(option("--rate", "30"))
@@ -165,10 +191,12 @@ def main() -> None:
     arms: dict = {}
     procs = []
     try:
-        for name, arm_plan in (("vllm", None), ("plan", plan)):
+        for name, arm_plan in (("vllm", plan_a), ("plan", plan)):
             proc, port, info = start(name, work, arm_plan, util)
             procs.append(proc)
             arms[name] = {"port": port, "start": info}
+        for name in ("vllm", "plan"):
+            wait_deferred(arms[name]["start"])
         for port in (arms["vllm"]["port"], arms["plan"]["port"]):  # one warm-up window each, not counted
             throughput(port, min(10.0, seconds), concurrency, seed=999)
         runs: list[dict] = []
@@ -194,7 +222,8 @@ def main() -> None:
                 proc.kill()
     summary: dict = {}
     lines = [
-        f"# Served A/B: vLLM alone (A) vs {plan.name} (B), {repeats} interleaved repeats of {seconds:g} s per arm",
+        f"# Served A/B: {plan_a.name if plan_a else 'vLLM alone'} (A) vs {plan.name} (B), {repeats} interleaved "
+        f"repeats of {seconds:g} s per arm",
         "",
         "| shape | metric | median B/A | 95% interval |",
         "|---|---|---:|---|",
@@ -219,6 +248,16 @@ def main() -> None:
         f"B {b.get('capture_s')} s / {b.get('graph_gib')} GiB; B's graphs {b.get('graphs')} "
         f"(vLLM alone would capture {b.get('vllm_alone_graphs')})",
     ]
+    for label, arm in (("A", a), ("B", b)):
+        if arm.get("deferred"):
+            d = arm["deferred"]
+            lines.append(
+                f"- {label}: {d['ready']} graphs ready at start, {d['captured']} deferred captured while serving "
+                f"in {d['capture_seconds']} s (landed {arm['deferred_waited_s']} s after both were healthy; "
+                f"longest idle capture {d['longest_idle_capture_seconds']} s, longest step pause "
+                f"{d['longest_step_pause_seconds']} s), graph memory {d['graph_memory_gib']} GiB "
+                f"(held back {d['reserved_gib']} GiB)"
+            )
     (out / "served_ab.json").write_text(json.dumps({"arms": arms, "runs": runs, "summary": summary}, indent=2))
     (out / "served_ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

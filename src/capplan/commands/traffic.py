@@ -4,7 +4,7 @@ against recorded traffic."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from capplan.errors import CapplanError, UsageError, printable
 from capplan.schemas.plan import Plan
 from capplan.traffic.optimize import Optimized
 from capplan.traffic.simulate import Simulation
+from capplan.traffic.tiers import ReadyChoice, choose_ready, describe
 
 
 def _trace_notes(files: list[Any], notes: Notes) -> None:
@@ -80,14 +81,17 @@ class OptimizeRequest:
     plot: Path | None = None
     calibration: Path | None = None
     shared_sizes: bool = False
+    ready_share: float | None = None
 
 
 @dataclass(frozen=True)
 class OptimizeOutcome:
-    """The chosen point and its curve, and where the optimized spec was written."""
+    """The chosen point and its curve (None when only the ready tier was chosen), the ready
+    tier (None without --ready-share), and where the optimized spec was written."""
 
-    result: Optimized
+    result: Optimized | None
     output: Path
+    ready: ReadyChoice | None = None
 
 
 def optimized_path(spec: Path) -> Path:
@@ -98,7 +102,6 @@ def optimized_path(spec: Path) -> Path:
 def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutcome:
     """Choose capture sizes for the traces under the budget; write the spec (and the picture)
     only once its plan verifies."""
-    from capplan.analysis.verify import verify_plan
     from capplan.batches import read_rank_traces
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_cost_model, load_spec
@@ -117,6 +120,14 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     loaded = load_spec(r.spec)
     files = read_rank_traces(r.traces, loaded)
     _trace_notes(files, notes)
+    budgets = (r.max_graphs, r.max_graph_memory, r.max_capture_seconds, r.max_slowdown)
+    if r.ready_share is not None and all(b is None for b in budgets):
+        if r.plot is not None:
+            raise UsageError("--plot draws the capture-size curve: it needs a budget", "drop --plot")
+        ready = choose_ready(loaded, [f.batches for f in files], r.ready_share)
+        _check_verifies(ready.plan)
+        write_atomic(out, tiers_spec_text(r.spec, r.traces, ready), sources)
+        return OptimizeOutcome(None, out, ready)
     result = choose(
         loaded,
         [f.batches for f in files],
@@ -129,12 +140,11 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         objective=r.objective,
         padding_fallback=r.padding_fallback,
     )
-    report = verify_plan(result.plan)
-    if not report.ok:
-        raise CapplanError(
-            f"the optimized plan does not verify: {report.violations[0].line()}",
-            "please report this; nothing was written",
-        )
+    tiered: ReadyChoice | None = None
+    if r.ready_share is not None:
+        tiered = choose_ready(result.spec, [f.batches for f in files], r.ready_share)
+        result = replace(result, spec=tiered.spec, plan=tiered.plan)
+    _check_verifies(result.plan)
     picture = None
     if r.plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
         from capplan.present.plot import plot_curve
@@ -145,10 +155,36 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
             f"padding {d.padding_overhead:.2%}"
         )
         picture = plot_curve(r.plot, result.curve, result.point, r.max_graphs, caption)
-    write_atomic(out, optimized_spec_text(r.spec, r.traces, result), sources)
+    text = optimized_spec_text(r.spec, r.traces, result)
+    if tiered is not None:
+        text = f"# {printable(describe(tiered))}\n" + text
+    write_atomic(out, text, sources)
     if r.plot is not None and picture is not None:
         write_atomic(r.plot, picture, sources)
-    return OptimizeOutcome(result, out)
+    return OptimizeOutcome(result, out, tiered)
+
+
+def _check_verifies(plan) -> None:
+    from capplan.analysis.verify import verify_plan
+
+    report = verify_plan(plan)
+    if not report.ok:
+        raise CapplanError(
+            f"the optimized plan does not verify: {report.violations[0].line()}",
+            "please report this; nothing was written",
+        )
+
+
+def tiers_spec_text(spec: Path, traces: list[Path], choice: ReadyChoice) -> str:
+    """The spec with its ready tier chosen from the trace: a header saying how, then the spec."""
+    from capplan.planfile.write import render_spec
+
+    trace_names = " ".join(printable(t.name) for t in traces)
+    header = (
+        f"# capplan optimize {printable(spec.name)} {trace_names} --ready-share {choice.share:g}\n"
+        f"# {printable(describe(choice))}\n"
+    )
+    return header + render_spec(choice.spec)
 
 
 def optimized_spec_text(spec: Path, traces: list[Path], result: Optimized) -> str:

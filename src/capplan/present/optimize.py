@@ -7,6 +7,7 @@ from typing import Any
 
 from capplan.errors import printable
 from capplan.traffic.optimize import Optimized
+from capplan.traffic.tiers import ReadyChoice, describe
 
 
 def render_curve(result: Optimized, full: bool = False) -> str:
@@ -56,8 +57,12 @@ def render_curve(result: Optimized, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def written_lines(result: Optimized, output: Path) -> list[str]:
-    """What optimize says after writing the spec: what was chosen against the default."""
+def written_lines(result: Optimized | None, output: Path, ready: ReadyChoice | None = None) -> list[str]:
+    """What optimize says after writing the spec: what was chosen against the default, and the
+    ready tier when one was chosen."""
+    if result is None:
+        assert ready is not None
+        return [f"wrote {printable(str(output))}: {describe(ready)}; its plan verifies"]
     p, d = result.point, result.default
     steps = ""
     if result.objective == "step-time" and p.step_seconds is not None:
@@ -70,12 +75,30 @@ def written_lines(result: Optimized, output: Path) -> list[str]:
     ]
     if result.fallback:
         lines.append(f"chosen by padded tokens, not step time (--padding-fallback): {printable(result.fallback)}")
+    if ready is not None:
+        lines.append(printable(describe(ready)))
     return lines
 
 
-def optimize_json(result: Optimized, output: Path) -> dict[str, Any]:
-    """`optimize --json`: the curve, the choice and the default, and where the spec went."""
+def optimize_json(result: Optimized | None, output: Path, ready: ReadyChoice | None = None) -> dict[str, Any]:
+    """`optimize --json`: the curve, the choice and the default, the ready tier, and where the
+    spec went (the curve's keys are null when only the ready tier was chosen)."""
+    tiers = None
+    if ready is not None:
+        tiers = {
+            "share": ready.share,
+            "ready_graphs": ready.ready,
+            "deferred_graphs": len(ready.plan.graphs) - ready.ready,
+            "chosen_by_trace": ready.named,
+            "trace_steps": ready.steps,
+            "graph_steps": ready.graph_steps,
+            "covered_steps": ready.covered,
+            "basis": "the trace alone (no calibration)",
+        }
+    if result is None:
+        return {"output": str(output), "tiers": tiers}
     return {
+        "tiers": tiers,
         "output": str(output),
         "budget": result.budget,
         "objective": result.objective,

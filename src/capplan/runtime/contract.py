@@ -70,7 +70,7 @@ MANAGER_STATE = (
     "lora_capture_cases",
     "decode_query_len",
 )
-RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len", "execute_model_state", "parallel_config")
+RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len")
 DUMMY_BATCH_FIELDS = (
     "num_scheduled_tokens",
     "query_start_loc_np",
@@ -130,7 +130,7 @@ CONTRACT: tuple[Hook, ...] = (
         f"{RUNNER}:GPUModelRunner.execute_model",
         ("self", "scheduler_output", "intermediate_tensors", "dummy_run"),
         "the dummy scheduler output _dummy_run builds (class 5); each real step's batch for the trace recorder; "
-        "deferred capture between steps (a step starts with no sampling pending)",
+        "deferred capture as a step starts",
         RECORDED_STATE,
         prefix=True,
     ),
@@ -165,6 +165,13 @@ CONTRACT: tuple[Hook, ...] = (
         "check the encoder budgets against the plan; under encoder_lora_eager capture none (class 11)",
         ("token_budgets", "max_batch_size", "max_frames_per_batch", "graph_pool"),
         applies=_has_encoder_graphs,
+    ),
+    Hook(
+        f"{RUNNER}:GPUModelRunner.sample_tokens",
+        ("self", "grammar_output"),
+        "deferred capture between steps only: execute_model sets execute_model_state, sample_tokens clears it",
+        ("execute_model_state", "parallel_config"),
+        applies=_defers,
     ),
     Hook(
         "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",

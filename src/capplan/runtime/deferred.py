@@ -103,7 +103,7 @@ class Deferred:
         self.active = True
         print(
             f"capplan: {len(self.ready_ids)} ready graphs captured; {len(self.pending)} deferred graphs will be "
-            f"captured while serving (one before every {self.tiers.every_steps}th step, or while idle)",
+            f"captured while serving (one every {self.tiers.every_steps} steps, and one after another while idle)",
             file=sys.stderr,
         )
 
@@ -133,6 +133,7 @@ class Deferred:
         """Capture the next deferred graph (plan order); its seconds."""
         import torch
 
+        cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
         state = self.state
         gid = self.pending[0]
         desc = state.vllm_descs[gid]
@@ -142,7 +143,7 @@ class Deferred:
             if self.reserve is not None:
                 self.reserve = None
                 torch.cuda.empty_cache()
-            free0 = torch.cuda.mem_get_info()[0]
+            free0 = torch.cuda.mem_get_info()[0] if cuda else 0
             kept = manager._capture_descs
             manager._capture_descs = {desc.cg_mode: [desc]}
             kwargs = dict(self.kwargs)
@@ -158,9 +159,10 @@ class Deferred:
                 ) from exc
             finally:
                 manager._capture_descs = kept
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             seconds = time.perf_counter() - started
-            used = free0 - torch.cuda.mem_get_info()[0]
+            used = free0 - torch.cuda.mem_get_info()[0] if cuda else 0
         self.pending.pop(0)
         self.captured.add(gid)
         self.memory_bytes += max(used, 0)

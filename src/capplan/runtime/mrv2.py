@@ -27,6 +27,7 @@ classes cited are those of docs/design.md):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -108,7 +109,12 @@ def install(plan: Plan, plan_path: str) -> Installed:
     _require("vllm.config:VllmConfig.compute_hash", release)
     state = Installed(plan, plan_path)
     if plan.tiers is not None:
-        state.deferred = state.report.deferred = _defer(state, release)
+        if not release.deferred_capture:
+            raise IncompatibleVllm(
+                f"capplan: {plan_path} defers graphs (spec tiers), which capplan does not do on vLLM "
+                f"{release.version}; remove tiers from the spec and recompile"
+            )
+        state.deferred = state.report.deferred = Deferred(state)
     state.desc_cls = cg.BatchExecutionDescriptor
     state.vllm_descs = [_to_vllm(state.desc_cls, g.descriptor) for g in plan.graphs]
     state.report.graph_ids = {desc: i for i, desc in enumerate(state.vllm_descs)}
@@ -131,6 +137,8 @@ def install(plan: Plan, plan_path: str) -> Installed:
         _hook_record(state, runner_mod.GPUModelRunner, release)
     if plan.encoder is not None and plan.encoder.vllm_budgets:
         _hook_encoder_capture(state, release)
+    if state.deferred is not None:  # last: it wraps execute_model, which the hooks above check first
+        _hook_deferred(state, state.deferred, release)
     _STATE = state
     return state
 
@@ -520,25 +528,20 @@ def dummy_mapping(layout, num_reqs: int):
     return prompt, np.repeat(prompt, per_req)
 
 
-def _defer(state: Installed, release: Release) -> Deferred:
-    """Deferred capture (spec tiers): check this vLLM and engine can do it, and hook the
-    step start, the async output thread and the engine core's idle loop."""
-    if not release.deferred_capture:
-        raise IncompatibleVllm(
-            f"capplan: {state.plan_path} defers graphs (spec tiers), which capplan does not do on vLLM "
-            f"{release.version}; remove tiers from the spec and recompile"
-        )
+def _hook_deferred(state: Installed, deferred: Deferred, release: Release) -> None:
+    """Deferred capture (spec tiers): hook the step start, the async output thread and the
+    engine core's idle loop (the capture and dispatch hooks read `state.deferred`)."""
     import vllm.v1.worker.gpu.async_utils as async_utils
     import vllm.v1.worker.gpu.model_runner as runner_mod
 
-    deferred = Deferred(state)
     runner_cls = runner_mod.GPUModelRunner
-    step_entry = _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", release)
+    step_entry = _require(f"{contract.RUNNER}:GPUModelRunner.sample_tokens", release)
     _require("vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output", release)
     mapping_entry = _require("vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping", release)
     original_step = runner_cls.execute_model
     checked: list[bool] = []
 
+    @functools.wraps(original_step)
     def execute_model(self, scheduler_output, *args, **kwargs):
         dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
         if not dummy and deferred.pending:
@@ -559,13 +562,13 @@ def _defer(state: Installed, release: Release) -> Deferred:
 
     original_output = async_utils.AsyncOutput.get_output
 
+    @functools.wraps(original_output)
     def get_output(self):
         with deferred.lock:  # never while a graph is being captured (global capture mode)
             return original_output(self)
 
     async_utils.AsyncOutput.get_output = get_output
     _hook_idle_loop(state, release)
-    return deferred
 
 
 def _hook_idle_loop(state: Installed, release: Release) -> None:
@@ -579,6 +582,7 @@ def _hook_idle_loop(state: Installed, release: Release) -> None:
     assert state.plan.tiers is not None
     pending = [len(state.plan.tiers.deferred)]
 
+    @functools.wraps(original)
     def _process_input_queue(self):
         if pending[0]:
             contract.check_attributes(entry, self)

@@ -1,0 +1,195 @@
+"""Deferred capture's hooks in vLLM's real MRV2 classes on CPU: every intermediate state.
+
+Run in the oracle venv: PYTHONPATH=SRC/<version>:REPO/src:REPO python deferred_runtime_check.py OUT.json
+
+vLLM's capture itself needs a GPU, so `ModelCudaGraphManager.capture` is replaced by a
+recorder before capplan hooks it (as are the step, the async output and the idle loop's
+bodies); everything capplan installs around them, and vLLM's real manager, candidate
+table and descriptors, run as in the engine. After the start-up capture and after every
+deferred capture (one per idle turn of the real hooked `_process_input_queue`), every
+batch of a dense grid is dispatched through the hooked manager: the graph it replays must
+be captured, compatible with the batch, and its LoRA kernel grid must cover the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+
+import vllm  # noqa: E402
+import vllm.v1.worker.gpu.async_utils as async_utils  # noqa: E402
+import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
+import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from runtime_check import model_manager  # noqa: E402
+from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
+
+from capplan.loading import spec_from_data  # noqa: E402
+from capplan.planner import compile_plan  # noqa: E402
+from capplan.planner.dispatch import compatible  # noqa: E402
+from capplan.planner.lora_cases import kernel_slots  # noqa: E402
+from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime.versions import detect_release  # noqa: E402
+
+RELEASE = detect_release(vllm.__version__)
+SPEC = {
+    "target": {"vllm": RELEASE.version},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 512},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+    "tiers": {"ready": ["FULL:1x1@0", "PIECEWISE:8@1"], "every_steps": 2},
+}
+
+captures: list[list] = []  # the descriptors each capture call saw
+seen_lock_held: list[bool] = []
+
+
+def fake_capture(self, *args, **kwargs):
+    captures.append([d for descs in self._capture_descs.values() for d in descs])
+    self._graphs_captured = True
+    return {}
+
+
+def fake_step(self, scheduler_output, intermediate_tensors=None, dummy_run=False, skip_attn_for_dummy_run=False):
+    return "stepped"
+
+
+def fake_get_output(self):
+    seen_lock_held.append(mrv2.installed().deferred.lock.locked())
+    return "output"
+
+
+def fake_input_queue(self):
+    return "waited for input"
+
+
+def address_of(plan, desc) -> int:
+    for g in plan.graphs:
+        d = g.descriptor
+        if (d.cg_mode, d.num_tokens, d.num_reqs, d.uniform_token_count, d.num_active_loras) == (
+            desc.cg_mode.name,
+            desc.num_tokens,
+            desc.num_reqs,
+            desc.uniform_token_count,
+            desc.num_active_loras,
+        ):
+            return g.id
+    return -1
+
+
+def check_state(plan, manager, captured: set[int]) -> tuple[int, list[str]]:
+    """Dispatch a dense grid through the hooked manager; the problems found."""
+    problems: list[str] = []
+    checked = 0
+    for r in range(1, 17):
+        for t in range(r, 130, 3 if t_step_big(r) else 1):
+            q = -(-t // r)
+            u = q if t == q * r else None
+            for k in range(0, min(r, 4) + 1):
+                for base in (False, True):
+                    if base and k == r:
+                        continue
+                    slots = kernel_slots(k, base)
+                    desc = manager.dispatch(r, t, u, slots)
+                    checked += 1
+                    if desc.cg_mode.name == "NONE":
+                        continue
+                    gid = address_of(plan, desc)
+                    g = plan.graphs[gid] if gid >= 0 else None
+                    if g is None or gid not in captured:
+                        problems.append(f"batch {r}x{t} k={k} base={base}: replays an uncaptured graph {desc}")
+                    elif not compatible(g.descriptor, r, u, None) or g.descriptor.num_tokens < t:
+                        problems.append(f"batch {r}x{t} k={k} base={base}: {desc} cannot replay it")
+                    elif g.dummy.kernel_grid is not None and g.dummy.kernel_grid < slots:
+                        problems.append(f"batch {r}x{t} k={k} base={base}: grid {g.dummy.kernel_grid} < {slots}")
+    return checked, problems
+
+
+def t_step_big(r: int) -> bool:
+    return r > 4
+
+
+def main(out: Path) -> None:
+    spec = spec_from_data(SPEC, "deferred")
+    plan = compile_plan(spec)
+    assert plan.tiers is not None
+    report: dict = {"vllm": vllm.__version__, "graphs": len(plan.graphs), "deferred": len(plan.tiers.deferred)}
+    cg.ModelCudaGraphManager.capture = fake_capture
+    runner_mod.GPUModelRunner.execute_model = fake_step
+    async_utils.AsyncOutput.get_output = fake_get_output
+    EngineCoreProc._process_input_queue = fake_input_queue
+    state = mrv2.install(plan, "deferred.plan.yaml")
+    deferred = state.deferred
+    manager = model_manager(spec.model_dump(mode="json"))
+    # Start-up: vLLM's capture_model calls capture once; only the ready graphs are captured.
+    manager.capture("model", "model_state", "buffers", None, "tables", [], "kv", has_lora=True, lora_capture_hook=None)
+    ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
+    report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for d in captures[0]] == ready
+    report["capture_list_restored"] = sum(len(v) for v in manager._capture_descs.values()) == len(ready)
+    states, problems, checked = 0, [], 0
+    n, p = check_state(plan, manager, set(ready))
+    states, checked, problems = 1, n, p
+    # Steps: no capture while a step's sampling is pending; one before every 2nd step otherwise.
+    runner = SimpleNamespace(
+        execute_model_state="pending",
+        lora_config=None,
+        dp_rank=0,
+        dp_size=1,
+        decode_query_len=1,
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+    )
+    before = len(captures)
+    for _ in range(4):
+        runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
+    report["captures_while_sampling_pending"] = len(captures) - before
+    runner.execute_model_state = None
+    for _ in range(4):
+        result = runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
+        n, p = check_state(plan, manager, deferred.captured)
+        states, checked, problems = states + 1, checked + n, problems + p
+    report["step_result_passed_through"] = result == "stepped"
+    report["captures_in_4_steps_every_2"] = len(captures) - before
+    report["one_graph_per_capture"] = all(len(c) == 1 for c in captures[1:])
+    # The async output thread takes the capture lock.
+    async_utils.AsyncOutput.get_output(SimpleNamespace())
+    report["output_takes_capture_lock"] = seen_lock_held == [True]
+    # Idle: the real hooked loop asks every worker (here: this process) for one graph per turn.
+    calls: list[int] = []
+
+    def collective_rpc(fn):
+        result = fn(None)
+        calls.append(result)
+        n, p = check_state(plan, manager, deferred.captured)
+        nonlocal states, checked, problems
+        states, checked, problems = states + 1, checked + n, problems + p
+        return [result]
+
+    core = SimpleNamespace(
+        has_work=lambda: False,
+        input_queue=SimpleNamespace(empty=lambda: True),
+        is_running=lambda: True,
+        collective_rpc=collective_rpc,
+    )
+    report["idle_loop_returns_original"] = EngineCoreProc._process_input_queue(core) == "waited for input"
+    report["idle_rpc_calls"] = len(calls)
+    report["pending_after_idle"] = len(deferred.pending)
+    report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
+    captured_order = [address_of(plan, c[0]) for c in captures[1:]]
+    report["deferred_captured_in_plan_order"] = captured_order == list(plan.tiers.deferred)
+    # Busy engine: the loop leaves at once.
+    core.has_work = lambda: True
+    report["busy_loop_calls_no_rpc"] = EngineCoreProc._process_input_queue(core) == "waited for input"
+    report["states_checked"] = states
+    report["batches_checked"] = checked
+    report["problems"] = problems[:10]
+    report["fallback_steps_counted"] = deferred.fallback_steps
+    report["report_json"] = state.report.to_json()["deferred"]
+    out.write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
