@@ -168,14 +168,22 @@ def main(out: Path) -> None:
         states, checked, problems = states + 1, checked + n, problems + p
         return [result]
 
+    import queue
+
+    handled: list = []
+    inputs: queue.Queue = queue.Queue()
+    inputs.put(("UTILITY", "add_lora"))  # a request that brings no work: handled, then capture goes on
     core = SimpleNamespace(
         has_work=lambda: False,
-        input_queue=SimpleNamespace(empty=lambda: True),
+        input_queue=inputs,
         is_running=lambda: True,
         collective_rpc=collective_rpc,
+        _handle_client_request=lambda kind, request: handled.append((kind, request)),
+        _notify_idle_state_callbacks=lambda: None,
     )
     report["idle_loop_returns_original"] = EngineCoreProc._process_input_queue(core) == "waited for input"
     report["idle_rpc_calls"] = len(calls)
+    report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
     report["pending_after_idle"] = len(deferred.pending)
     report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
     captured_order = [address_of(plan, c[0]) for c in captures[1:]]

@@ -125,6 +125,7 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["captures_in_4_steps_every_2"] == 2 and report["one_graph_per_capture"]
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]
+    assert report["idle_loop_handled_utility_request"]
     assert report["pending_after_idle"] == 0 and report["final_set_is_the_plan"]
     assert report["deferred_captured_in_plan_order"]
     assert report["states_checked"] == report["deferred"] + 3  # start-up, each deferred capture, the last idle turn

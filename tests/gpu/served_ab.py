@@ -101,7 +101,7 @@ def start(name: str, work: Path, plan: Path | None, util: float) -> tuple[subpro
     return proc, port, info
 
 
-def wait_deferred(info: dict, limit: float = 300.0) -> None:
+def wait_deferred(info: dict, limit: float = 150.0) -> None:
     """For an arm whose plan defers graphs: wait until its report lists none pending."""
     if not info.get("report"):
         return

@@ -191,7 +191,22 @@ CONTRACT: tuple[Hook, ...] = (
         "vllm.v1.engine.core:EngineCoreProc._process_input_queue",
         ("self",),
         "deferred capture while the engine core is idle, in every worker through collective_rpc",
-        ("input_queue", "has_work", "is_running", "collective_rpc"),
+        (
+            "input_queue",
+            "has_work",
+            "is_running",
+            "collective_rpc",
+            "_handle_client_request",
+            "_notify_idle_state_callbacks",
+        ),
+        applies=_defers,
+    ),
+    Hook(
+        "vllm.v1.worker.gpu.cudagraph_utils:graph_capture",
+        ("device",),
+        "deferred capture: every capture on one stream, so later captures reuse the graph pool's segments "
+        "(the body capplan runs instead: the TP and PP groups' graph_capture on that stream)",
+        prefix=True,
         applies=_defers,
     ),
     Hook(

@@ -17,10 +17,14 @@ What makes it safe, and where each piece lives:
   exclude each other through one lock.
 - The LoRA mapping a capture warms with is set on the punica wrapper alone, with no adapter
   loaded or evicted, and the next step sets its own (its last mapping is forgotten).
-- Memory: after the ready capture, an estimate of what the deferred graphs need (the ready
-  capture's memory per graph, times the deferred count) is allocated and held; a start
-  without that much left stops there. It is released just before the first deferred
-  capture. MRV2 allocates the KV cache before any capture, so no capture can take it.
+- Memory: MRV2 allocates the KV cache before any capture, so no capture can take it. After
+  the ready capture, an estimate of what the deferred graphs need (the ready capture's
+  memory per graph, one block per deferred graph) is allocated and held; a start without
+  that much left stops there. Each deferred capture first gives its block back. The
+  estimate is an estimate: the report shows it beside the memory the captures took.
+- One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
+  allocator keeps blocks per stream, so every deferred capture would open a new segment of
+  the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
 
 Refused where it cannot be made safe: data parallel (ranks pad to one graph, so they would
 have to agree on which exist at every step), speculative decoding (vLLM captures the
@@ -57,7 +61,7 @@ class Deferred:
         self.args: tuple = ()
         self.kwargs: dict = {}
         self.runner: Any = None
-        self.reserve: Any = None
+        self.reserve: list = []  # one held block per deferred graph, released as it is captured
         self.reserve_bytes = 0
         self.steps = 0
         self.fallback_steps = 0
@@ -91,8 +95,9 @@ class Deferred:
             per_graph = -(-ready_bytes // max(len(self.ready_ids), 1))
             self.reserve_bytes = per_graph * len(self.pending)
             try:
-                self.reserve = torch.empty(self.reserve_bytes, dtype=torch.uint8, device=manager.device)
+                self.reserve = [torch.empty(per_graph, dtype=torch.uint8, device=manager.device) for _ in self.pending]
             except torch.OutOfMemoryError:
+                self.reserve = []
                 from capplan.errors import EngineRefusal
 
                 raise EngineRefusal(
@@ -140,8 +145,8 @@ class Deferred:
         manager = self.manager
         with self.lock:
             started = time.perf_counter()
-            if self.reserve is not None:
-                self.reserve = None
+            if self.reserve:  # this graph's share of the held memory goes back to the driver for it
+                self.reserve.pop()
                 torch.cuda.empty_cache()
             free0 = torch.cuda.mem_get_info()[0] if cuda else 0
             kept = manager._capture_descs
