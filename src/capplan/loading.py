@@ -103,7 +103,7 @@ def spec_from_data(data: object, source: str) -> Spec:
                 "would capture no LoRA graph)",
                 "add enabled: true to the lora section, or enabled: false to plan without LoRA",
             )
-    from capplan.planner.spec_checks import capacity_problem, case_sizes_problem
+    from capplan.planner.spec_checks import capacity_problem, case_sizes_problem, tiers_problem
 
     problem = case_sizes_problem(spec)
     if problem:
@@ -113,6 +113,9 @@ def spec_from_data(data: object, source: str) -> Spec:
         raise SpecError(
             f"{source}: {problem}", "capture fewer sizes or LoRA cases: set cudagraph.capture_sizes or max_capture_size"
         )
+    problem = tiers_problem(spec)
+    if problem:
+        raise SpecError(f"{source}: {problem}")
     return spec
 
 

@@ -30,7 +30,7 @@ from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
-from capplan.planner.dispatch import compatible  # noqa: E402
+from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
@@ -45,13 +45,34 @@ SPEC = {
 }
 
 captures: list[list] = []  # the descriptors each capture call saw
+DISPATCHER: Dispatcher
 seen_lock_held: list[bool] = []
 
 
 def fake_capture(self, *args, **kwargs):
-    captures.append([d for descs in self._capture_descs.values() for d in descs])
+    """Records what vLLM's capture would capture, and warms each graph's LoRA state through
+    the hook it is given, as vLLM's create_forward_fn does."""
+    descs = [d for descs in self._capture_descs.values() for d in descs]
+    captures.append(descs)
+    hook = kwargs.get("lora_capture_hook")
+    for d in descs:
+        if hook is not None:
+            hook(d.num_active_loras, d.num_reqs or min(d.num_tokens, 16), d.num_tokens)
     self._graphs_captured = True
     return {}
+
+
+class FakeAdapterManager:
+    """vLLM's LoRA model manager as the deferred LoRA hook uses it: the slot table and the
+    punica mapping call, recorded."""
+
+    def __init__(self) -> None:
+        self.lora_index_to_id = [7, None, 9, None]  # live adapters in two of four slots
+        self._last_mapping = "the last step's mapping"
+        self.calls: list[tuple] = []
+
+    def _set_adapter_mapping(self, mapping) -> None:
+        self.calls.append((list(self.lora_index_to_id), mapping.index_mapping, mapping.prompt_mapping))
 
 
 def fake_step(self, scheduler_output, intermediate_tensors=None, dummy_run=False, skip_attn_for_dummy_run=False):
@@ -97,6 +118,8 @@ def check_state(plan, manager, captured: set[int]) -> tuple[int, list[str]]:
                     desc = manager.dispatch(r, t, u, slots)
                     checked += 1
                     if desc.cg_mode.name == "NONE":
+                        if DISPATCHER.dispatch(Batch(r, t, q, k, base)).graph_id >= 0:
+                            problems.append(f"batch {r}x{t} k={k} base={base}: eager, though the plan has its graph")
                         continue
                     gid = address_of(plan, desc)
                     g = plan.graphs[gid] if gid >= 0 else None
@@ -114,8 +137,10 @@ def t_step_big(r: int) -> bool:
 
 
 def main(out: Path) -> None:
+    global DISPATCHER
     spec = spec_from_data(SPEC, "deferred")
     plan = compile_plan(spec)
+    DISPATCHER = Dispatcher(plan)
     assert plan.tiers is not None
     report: dict = {"vllm": vllm.__version__, "graphs": len(plan.graphs), "deferred": len(plan.tiers.deferred)}
     cg.ModelCudaGraphManager.capture = fake_capture
@@ -126,10 +151,20 @@ def main(out: Path) -> None:
     deferred = state.deferred
     manager = model_manager(spec.model_dump(mode="json"))
     # Start-up: vLLM's capture_model calls capture once; only the ready graphs are captured.
-    manager.capture("model", "model_state", "buffers", None, "tables", [], "kv", has_lora=True, lora_capture_hook=None)
+    import torch
+
+    tables = SimpleNamespace(input_block_tables=[torch.full((16, 8), 5, dtype=torch.int32)])
+    adapters = FakeAdapterManager()
+    deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
+    startup_hook_calls: list = []
+    manager.capture(
+        "model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+        lora_capture_hook=lambda *a: startup_hook_calls.append(a),
+    )  # fmt: skip
     ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
     report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for d in captures[0]] == ready
     report["capture_list_restored"] = sum(len(v) for v in manager._capture_descs.values()) == len(ready)
+    report["startup_used_vllm_hook"] = len(startup_hook_calls) == len(ready) and adapters.calls == []
     states, problems, checked = 0, [], 0
     n, p = check_state(plan, manager, set(ready))
     states, checked, problems = 1, n, p
@@ -137,6 +172,7 @@ def main(out: Path) -> None:
     runner = SimpleNamespace(
         execute_model_state="pending",
         lora_config=None,
+        lora_manager=deferred.runner.lora_manager,  # the same runner that captured at start-up
         dp_rank=0,
         dp_size=1,
         decode_query_len=1,
@@ -173,21 +209,41 @@ def main(out: Path) -> None:
     handled: list = []
     inputs: queue.Queue = queue.Queue()
     inputs.put(("UTILITY", "add_lora"))  # a request that brings no work: handled, then capture goes on
+    aborts: queue.Queue = queue.Queue()
+    aborts.put(["a stale abort"])
+    sleeping = [True]
     core = SimpleNamespace(
         has_work=lambda: False,
         input_queue=inputs,
+        aborts_queue=aborts,
+        is_sleeping=lambda: sleeping[0],
         is_running=lambda: True,
         collective_rpc=collective_rpc,
         _handle_client_request=lambda kind, request: handled.append((kind, request)),
         _notify_idle_state_callbacks=lambda: None,
     )
+    EngineCoreProc._process_input_queue(core)
+    report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(plan.tiers.deferred) - 2
+    sleeping[0] = False
     report["idle_loop_returns_original"] = EngineCoreProc._process_input_queue(core) == "waited for input"
+    report["aborts_queue_drained_as_vllm"] = aborts.empty()
     report["idle_rpc_calls"] = len(calls)
     report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
     report["pending_after_idle"] = len(deferred.pending)
     report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
     captured_order = [address_of(plan, c[0]) for c in captures[1:]]
     report["deferred_captured_in_plan_order"] = captured_order == list(plan.tiers.deferred)
+    # Deferred LoRA graphs: the mapping went to the punica wrapper with slot i read as adapter
+    # i + 1; the live slot table came back, and the next step recomputes its mapping.
+    lora_graphs = [g for g in plan.tiers.deferred if plan.graphs[g].descriptor.num_active_loras > 0]
+    report["deferred_lora_mappings"] = len(adapters.calls) == len(plan.tiers.deferred)
+    report["slots_during_capture"] = sorted({tuple(c[0]) for c in adapters.calls})
+    report["live_slots_restored"] = adapters.lora_index_to_id == [7, None, 9, None]
+    report["last_mapping_forgotten"] = adapters._last_mapping is None
+    case4 = next(g for g in lora_graphs if plan.graphs[g].descriptor.num_active_loras == 4)
+    call = adapters.calls[plan.tiers.deferred.index(case4)]
+    report["case4_prompt_ids"] = sorted({int(i) for i in call[2]})
+    report["block_tables_zeroed"] = int(tables.input_block_tables[0].abs().sum()) == 0
     # Busy engine: the loop leaves at once.
     core.has_work = lambda: True
     report["busy_loop_calls_no_rpc"] = EngineCoreProc._process_input_queue(core) == "waited for input"

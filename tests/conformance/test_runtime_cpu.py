@@ -125,7 +125,13 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["captures_in_4_steps_every_2"] == 2 and report["one_graph_per_capture"]
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]
-    assert report["idle_loop_handled_utility_request"]
+    assert report["idle_loop_handled_utility_request"] and report["asleep_no_capture"]
+    assert report["aborts_queue_drained_as_vllm"] and report["startup_used_vllm_hook"]
+    # Deferred LoRA graphs set the punica mapping only, slot i read as adapter i + 1, and leave
+    # the live slot table as it was with the last mapping forgotten; dummy rows point at block 0.
+    assert report["deferred_lora_mappings"] and report["slots_during_capture"] == [[1, 2, 3, 4]]
+    assert report["live_slots_restored"] and report["last_mapping_forgotten"]
+    assert report["case4_prompt_ids"] == [1, 2, 3, 4] and report["block_tables_zeroed"]
     assert report["pending_after_idle"] == 0 and report["final_set_is_the_plan"]
     assert report["deferred_captured_in_plan_order"]
     assert report["states_checked"] == report["deferred"] + 3  # start-up, each deferred capture, the last idle turn

@@ -15,7 +15,7 @@ from functools import partial
 from capplan.planner.capture_sizes import compact
 from capplan.planner.dispatch import beyond_spec
 from capplan.planner.regions import no_longer_scheduled, target_changes
-from capplan.schemas.plan import Plan, address
+from capplan.schemas.plan import Descriptor, Plan, address
 from capplan.traffic.cost import CostModel, Estimate
 
 
@@ -36,6 +36,7 @@ class PlanDiff:
     dispatch_unscheduled: list[str] = field(default_factory=list)  # batches only the old spec schedules
     lora_map_changes: list[str] = field(default_factory=list)
     encoder_changes: list[str] = field(default_factory=list)
+    tier_changes: list[str] = field(default_factory=list)  # graphs moved between ready and deferred
     fix_changes: list[str] = field(default_factory=list)
     old_estimate: Estimate | None = None  # None: withheld (see basis) or no capture runs
     new_estimate: Estimate | None = None
@@ -96,6 +97,7 @@ class PlanDiff:
             "dispatch_no_longer_scheduled": self.dispatch_unscheduled,
             "lora_dispatch_changes": self.lora_map_changes,
             "encoder_changes": self.encoder_changes,
+            "tier_changes": self.tier_changes,
             "fix_changes": self.fix_changes,
             "estimate": {
                 "old": est(self.old_estimate),
@@ -143,7 +145,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     old_sizes, new_sizes = set(old.capture_sizes), set(new.capture_sizes)
     result.capture_sizes_added = sorted(new_sizes - old_sizes)
     result.capture_sizes_removed = sorted(old_sizes - new_sizes)
-    for k in a:
+    for k in [*a, *(k for k in b if k not in a)]:  # a section only the new spec has, too
         if a.get(k) == b.get(k):
             continue
         if k == SIZES_KEY and (result.capture_sizes_added or result.capture_sizes_removed):
@@ -174,6 +176,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         if o != n:
             result.lora_map_changes.append(f"LoRA count {count}: {_case(o)} -> {_case(n)}")
     result.encoder_changes = _encoder_changes(old, new)
+    result.tier_changes = _tier_changes(old, new)
     if old.fixes != new.fixes:
         result.fix_changes.append(f"fixes: {old.fixes} -> {new.fixes}")
     old_dev = {d.fix: d.changes for d in old.deviations}
@@ -215,6 +218,32 @@ def _dummy_changes(old: Plan, new: Plan) -> list[str]:
             ids, grid = was.lora_ids != g.dummy.lora_ids, was.kernel_grid != g.dummy.kernel_grid
             lines.append(f"{address(g.descriptor)}: dummy {shown(was, ids, grid)} -> {shown(g.dummy, ids, grid)}")
     return lines
+
+
+def _tier_changes(old: Plan, new: Plan) -> list[str]:
+    """Graphs in both plans that moved between the ready and deferred tiers (one line each),
+    or one line when deferred capture was turned on or off."""
+
+    def deferred(plan: Plan) -> set[Descriptor]:
+        return set() if plan.tiers is None else {plan.graphs[g].descriptor for g in plan.tiers.deferred}
+
+    def counts(plan: Plan) -> str:
+        later = len(deferred(plan))
+        return f"{len(plan.graphs) - later} ready, {later} deferred"
+
+    if (old.tiers is None) != (new.tiers is None):
+        if new.tiers is None:
+            return [f"deferred capture off: every graph ready (was {counts(old)})"]
+        return [f"deferred capture on: {counts(new)} (was every graph ready)"]
+    if old.tiers is None or new.tiers is None:
+        return []
+    before, after = deferred(old), deferred(new)
+    both = [d for d in new.descriptors if d in set(old.descriptors)]
+    moved = [f"{address(d)}: ready -> deferred" for d in both if d in after and d not in before]
+    moved += [f"{address(d)}: deferred -> ready" for d in both if d in before and d not in after]
+    if moved or old.tiers.every_steps != new.tiers.every_steps:
+        moved.insert(0, f"{counts(old)} -> {counts(new)}")
+    return moved
 
 
 def _encoder_changes(old: Plan, new: Plan) -> list[str]:

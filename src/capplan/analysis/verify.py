@@ -413,6 +413,10 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
             report.add("tiers", f"graph {address(g.descriptor)}: its fallbacks loop or end in a deferred graph")
             continue
         needs = needed_slots(needs_by_case, g.descriptor, plan.spec) if lora_on else 0
+        if lora_on and g.dummy.kernel_grid is not None:
+            # A graph that under-provisions itself is reported above (its own class 6); its
+            # fallbacks must cover what it covers, and every slot when it covers them all.
+            needs = min(needs, g.dummy.kernel_grid)
         for fid in links[1:]:
             states += 1
             f = plan.graphs[fid]

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from capplan.errors import PlanError
 from capplan.loading import describe_validation_error
 from capplan.planfile.compare import plan_difference
-from capplan.planner.spec_checks import capacity_problem, case_sizes_problem
+from capplan.planner.spec_checks import capacity_problem, case_sizes_problem, tiers_problem
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
 
@@ -85,6 +85,9 @@ def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
     if problem:
         raise PlanError(f"{source}: spec.{problem}", "regenerate it with capplan compile SPEC")
     _check_size(spec, source)
+    problem = tiers_problem(spec)
+    if problem:
+        raise PlanError(f"{source}: spec.{problem}", "regenerate it with capplan compile SPEC")
     plan = compile_plan(spec)
     return plan, plan_difference(data, plan_file_data(plan))
 

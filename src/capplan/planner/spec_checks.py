@@ -46,3 +46,15 @@ def capacity_problem(spec: Spec) -> str | None:
     if graphs * MIN_ENTRIES_PER_GRAPH > MAX_ITEMS:
         return f"the plan would have up to {graphs} graphs, more than a plan file can hold ({MAX_ITEMS} entries)"
     return None
+
+
+def tiers_problem(spec: Spec) -> str | None:
+    """Why the spec's tiers.ready names a graph its plan does not have, or None (compiles the
+    spec without tiers to list its graphs, only when tiers.ready is a list of addresses)."""
+    if spec.tiers is None or isinstance(spec.tiers.ready, str):
+        return None
+    from capplan.planner.compiler import compile_plan
+    from capplan.planner.tiers import unknown_ready
+
+    plan = compile_plan(spec.model_copy(update={"tiers": None}), with_deviations=False)
+    return unknown_ready(spec, plan.graphs)

@@ -58,7 +58,7 @@ def unknown_ready(spec: Spec, graphs: list[PlannedGraph]) -> str | None:
     try:
         chosen_ready(spec, graphs)
     except ValueError as exc:
-        return f"{exc} (capplan show PLAN --full lists every graph's address); name graphs of this plan"
+        return f"{exc}; name graphs of this plan (capplan show PLAN --full lists their addresses)"
     return None
 
 

@@ -46,6 +46,7 @@ def render_text(d: PlanDiff) -> str:
         ("LoRA dispatch", d.lora_map_changes),
         ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
         ("encoder", d.encoder_changes),
+        ("tiers (ready: captured before the engine reports ready; deferred: while it serves)", d.tier_changes),
         ("dispatch (what a batch replays)", d.dispatch_changes + unscheduled(d)),
         ("fixes and deviations", d.fix_changes),
     ]
@@ -131,6 +132,7 @@ def render_markdown(d: PlanDiff) -> str:
         ("LoRA dispatch", d.lora_map_changes),
         ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", d.dummy_changes),
         ("Encoder", d.encoder_changes),
+        ("Tiers (ready: captured before the engine reports ready; deferred: while it serves)", d.tier_changes),
         ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
     ):
         if items:

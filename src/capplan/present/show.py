@@ -110,12 +110,40 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
             lines.append(f"  {dev.fix} (failure class {dev.failure_class} in docs/design.md)")
             lines += [f"    - {change}" for change in dev.changes]
         lines.append("")
+    lines += _tier_lines(plan)
     dp = plan.dp
     lines.append(
         f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
         f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
     )
     return "\n".join(lines) + "\n"
+
+
+def _tier_lines(plan: Plan) -> list[str]:
+    """Deferred capture: how many graphs are ready, how many deferred, and how they land."""
+    tiers = plan.tiers
+    if tiers is None:
+        return []
+    ready = len(plan.graphs) - len(tiers.deferred)
+    rule = plan.spec.tiers.ready if plan.spec.tiers is not None else None
+    named = len(rule or [])
+    chosen = (
+        "FULL uniform-decode graphs"
+        if rule == "full_decode"
+        else f"{named} graph{'' if named == 1 else 's'} named in the spec"
+    )
+    by_mode: dict[str, int] = {}
+    for g in tiers.deferred:
+        mode = plan.graphs[g].descriptor.cg_mode
+        by_mode[mode] = by_mode.get(mode, 0) + 1
+    return [
+        f"Tiers: {ready} ready ({chosen}, and the largest of each mode and LoRA case), "
+        f"{len(tiers.deferred)} deferred ({', '.join(f'{m} {n}' for m, n in sorted(by_mode.items())) or 'none'}): "
+        f"captured while serving, one every {tiers.every_steps} steps and back to back while idle; until then a "
+        "batch replays the next larger captured graph of its mode and LoRA case (capplan verify proves it for "
+        "every intermediate state)",
+        "",
+    ]
 
 
 def _encoder_lines(plan: Plan) -> list[str]:
@@ -215,6 +243,7 @@ def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
                 kinds = sorted({c.split(":", 1)[0] for c in changes})
                 lines.append(f"  {dev.fix}: {len(changes)} change(s) to {' and '.join(kinds)}")
         lines.append("")
+    lines += _tier_lines(plan)
     lines.append(full[-2] if full[-1] == "" else full[-1])  # the DP line
     lines.append("(capplan show --full: every table, token range and deviation)")
     return "\n".join(lines) + "\n"

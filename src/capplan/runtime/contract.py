@@ -180,6 +180,26 @@ CONTRACT: tuple[Hook, ...] = (
         applies=_defers,
     ),
     Hook(
+        "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.get_output",
+        ("self",),
+        "deferred capture: the async output thread never waits on the GPU while a graph is captured",
+        applies=_defers,
+    ),
+    Hook(
+        "vllm.utils.gpu_sync_debug:gpu_sync_allowed",
+        ("first_only",),
+        "deferred capture synchronizes the device between steps: allowed under VLLM_GPU_SYNC_CHECK",
+        applies=_defers,
+    ),
+    Hook(
+        "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables",
+        ("self", "num_reqs"),
+        "deferred capture: the dummy rows are zeroed first (the null block, as at start-up), so a warm-up "
+        "never reads or updates a live request's blocks or state",
+        ("input_block_tables",),
+        applies=_defers,
+    ),
+    Hook(
         "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping",
         ("self", "mapping"),
         "deferred capture: warm a LoRA graph with the plan's dummy mapping, no adapter loaded or evicted "
@@ -193,8 +213,10 @@ CONTRACT: tuple[Hook, ...] = (
         "deferred capture while the engine core is idle, in every worker through collective_rpc",
         (
             "input_queue",
+            "aborts_queue",
             "has_work",
             "is_running",
+            "is_sleeping",
             "collective_rpc",
             "_handle_client_request",
             "_notify_idle_state_callbacks",

@@ -6,11 +6,13 @@ What makes it safe, and where each piece lives:
 - Only captured graphs are ever dispatched. The dispatch hook replays, for a batch whose
   graph is not captured yet, the first captured graph of its chain (`planner.tiers`),
   which `capplan verify` proves replays the batch, LoRA grid included, in every state.
-- Capture happens between model-runner steps, never inside one: before a step starts
-  (after the previous step's outputs were handed over: `execute_model_state` is empty),
-  one graph before every `every_steps`-th step; and while the engine core is idle (its
-  busy loop has no work and no input), one graph per idle turn, through `collective_rpc`,
-  so every worker captures in the same order.
+- Capture happens between model-runner steps, never inside one: as a step starts, before
+  its inputs are prepared, one graph before every `every_steps`-th step; and while the
+  engine core is idle (no work, no step in its batch queue, not asleep), one graph per idle
+  turn, through `collective_rpc`, so every worker captures in the same order. The previous
+  step's GPU work is ordered before the capture by the capture stream's wait on the
+  current stream and the device synchronization of `torch.cuda.graph` (and capplan's own
+  after each capture).
 - vLLM captures with CUDA's global capture mode, under which another thread's CUDA calls
   fail. The only other thread of a worker that touches CUDA while serving is the async
   output thread (`AsyncOutput.get_output` waits on its copy event); it and a capture
@@ -61,6 +63,7 @@ class Deferred:
         self.args: tuple = ()
         self.kwargs: dict = {}
         self.runner: Any = None
+        self.block_tables: Any = None  # vLLM's BlockTables, from the start-up capture's arguments
         self.reserve: list = []  # one held block per deferred graph, released as it is captured
         self.reserve_bytes = 0
         self.steps = 0
@@ -89,6 +92,7 @@ class Deferred:
     def started(self, manager, capture_fn, args: tuple, kwargs: dict, ready_bytes: int | None) -> None:
         """The ready graphs are captured: keep what a later capture needs, hold back its memory."""
         self.manager, self.capture_fn, self.args, self.kwargs = manager, capture_fn, args, dict(kwargs)
+        self.block_tables = kwargs.get("block_tables", args[4] if len(args) > 4 else None)
         if self.pending and ready_bytes:
             import torch
 
@@ -127,24 +131,30 @@ class Deferred:
             self.longest_step_pause = max(self.longest_step_pause, seconds)
 
     def capture_idle(self) -> int:
-        """One deferred capture while the engine core is idle; the graphs still pending."""
+        """One deferred capture while the engine core is idle (no step in flight: its batch queue
+        is empty); the graphs still pending, 0 when this process defers none."""
         if self.pending and self.active:
-            if self.runner is None or self.runner.execute_model_state is None:
-                seconds = self.capture_next("idle")
-                self.longest_idle_capture = max(self.longest_idle_capture, seconds)
+            seconds = self.capture_next("idle")
+            self.longest_idle_capture = max(self.longest_idle_capture, seconds)
         return len(self.pending) if self.active else 0
 
     def capture_next(self, trigger: str) -> float:
         """Capture the next deferred graph (plan order); its seconds."""
         import torch
+        from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
         cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
         state = self.state
         gid = self.pending[0]
         desc = state.vllm_descs[gid]
         manager = self.manager
-        with self.lock:
+        with self.lock, gpu_sync_allowed():
             started = time.perf_counter()
+            # The warm-up pass really runs: its dummy block-table rows are the persistent ones,
+            # which hold the last batch's blocks. Zeroed they point at the null block, as at
+            # start-up, so no live request's blocks (or a hybrid model's state) are touched.
+            for table in self.block_tables.input_block_tables:
+                table.zero_()
             if self.reserve:  # this graph's share of the held memory goes back to the driver for it
                 self.reserve.pop()
                 torch.cuda.empty_cache()

@@ -121,7 +121,7 @@ def install(plan: Plan, plan_path: str) -> Installed:
 
     _hook_init_candidates(state, manager_cls, init_entry)
     _hook_dispatch(state, manager_cls)
-    _hook_capture(state, manager_cls)
+    _hook_capture(state, manager_cls, release)
     if plan.spec.has(Fix.lora_slot) and plan.spec.lora.enabled:
         _hook_lora_count(state, runner_mod, count_entry)
     if plan.spec.lora.enabled:
@@ -266,7 +266,7 @@ def _one_capture_stream(release: Release) -> None:
     cg.graph_capture = graph_capture
 
 
-def _hook_capture(state: Installed, manager_cls) -> None:
+def _hook_capture(state: Installed, manager_cls, release: Release) -> None:
     """Time the capture and measure graph memory for the report; refuse to capture a
     list the plan did not install (fail closed)."""
     original = manager_cls.capture
@@ -279,6 +279,12 @@ def _hook_capture(state: Installed, manager_cls) -> None:
             )
         deferred = state.deferred
         if deferred is not None and deferred.manager is None:  # start-up: the ready graphs only
+            if self.tp_size > 1 or not (self.is_first_pp_rank and self.is_last_pp_rank):
+                raise PlanNotInForce(
+                    f"capplan: {state.plan_path} defers graphs (spec tiers), which capplan does not do under "
+                    "tensor or pipeline parallelism yet; refusing before any graph is captured (remove tiers from "
+                    "the spec and recompile)"
+                )
             self._capture_descs = deferred.ready_descs(state.vllm_descs)
         state.report.capture_started()
         try:
@@ -287,6 +293,10 @@ def _hook_capture(state: Installed, manager_cls) -> None:
             state.report.capture_finished(self)
         if deferred is not None and deferred.manager is None:
             deferred.started(self, original, args, kwargs, state.report.graph_memory_bytes)
+            contract.check_attributes(
+                contract.entry(DUMMY_TABLES, release),
+                deferred.block_tables,
+            )
         return result
 
     manager_cls.capture = capture
@@ -416,6 +426,7 @@ def _hook_record(state: Installed, runner_cls, release: Release) -> None:
         f"({state.plan.fingerprint[:19]}); read by capplan simulate / optimize / dispatch --queries"
     )
 
+    @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
         dummy = kwargs.get("dummy_run", args[1] if len(args) > 1 else False)
         state.step_has_prefill = state.step_lora = None
@@ -560,6 +571,8 @@ def _hook_deferred(state: Installed, deferred: Deferred, release: Release) -> No
     import vllm.v1.worker.gpu.model_runner as runner_mod
 
     runner_cls = runner_mod.GPUModelRunner
+    _require(f"{contract.RUNNER}:GPUModelRunner.execute_model", release)  # dummy_run is its 4th parameter
+    _require(DUMMY_TABLES, release)
     step_entry = _require(f"{contract.RUNNER}:GPUModelRunner.sample_tokens", release)
     _require("vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output", release)
     mapping_entry = _require("vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping", release)
@@ -574,27 +587,33 @@ def _hook_deferred(state: Installed, deferred: Deferred, release: Release) -> No
                 contract.check_attributes(step_entry, self)
                 if self.lora_config:
                     contract.check_attributes(mapping_entry, self.lora_manager._adapter_manager)
-                if self.parallel_config.tensor_parallel_size > 1 or self.parallel_config.pipeline_parallel_size > 1:
-                    raise PlanNotInForce(
-                        f"capplan: {state.plan_path} defers graphs (spec tiers), which capplan does not do under "
-                        "tensor or pipeline parallelism yet; remove tiers from the spec and recompile"
-                    )
                 checked.append(True)
             deferred.before_step(self)
         return original_step(self, scheduler_output, *args, **kwargs)
 
     runner_cls.execute_model = execute_model
 
-    original_output = async_utils.AsyncOutput.get_output
-
-    @functools.wraps(original_output)
-    def get_output(self):
-        with deferred.lock:  # never while a graph is being captured (global capture mode)
-            return original_output(self)
-
-    async_utils.AsyncOutput.get_output = get_output
+    for name in ("AsyncOutput", "AsyncPoolingOutput"):  # both wait on a copy event in the output thread
+        _require(f"vllm.v1.worker.gpu.async_utils:{name}.get_output", release)
+        output_cls = getattr(async_utils, name)
+        output_cls.get_output = _locked(output_cls.get_output, deferred.lock)
     _one_capture_stream(release)
     _hook_idle_loop(state, release)
+
+
+DUMMY_TABLES = "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables"
+
+
+def _locked(original, lock):
+    """`original` run under `lock`: never while a graph is being captured (CUDA's global
+    capture mode fails another thread's event waits)."""
+
+    @functools.wraps(original)
+    def get_output(self):
+        with lock:
+            return original(self)
+
+    return get_output
 
 
 def _hook_idle_loop(state: Installed, release: Release) -> None:
@@ -618,11 +637,13 @@ def _hook_idle_loop(state: Installed, release: Release) -> None:
             from capplan.runtime.deferred import capture_when_idle
 
             announced = False
-            while pending[0] and not self.has_work() and self.is_running():
+            while pending[0] and not self.has_work() and self.is_running() and not self.is_sleeping():
                 if not self.input_queue.empty():
                     self._handle_client_request(*self.input_queue.get_nowait())
                     continue
                 self._notify_idle_state_callbacks()
+                with self.aborts_queue.mutex:  # as vLLM's loop: aborts also come through the input queue
+                    self.aborts_queue.queue.clear()
                 if not announced:
                     print(f"capplan: engine idle: capturing deferred graphs ({pending[0]} pending)", file=sys.stderr)
                     announced = True

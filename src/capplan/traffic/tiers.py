@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from capplan import releases
 from capplan.errors import UsageError
 from capplan.planner.compiler import compile_plan
 from capplan.planner.dispatch import Dispatcher
@@ -48,8 +49,17 @@ def choose_ready(spec: Spec, traces: list[list[TraceBatch]], share: float) -> Re
     """The spec with tiers.ready naming the graphs that replay `share` of the trace's graph steps."""
     if not 0.0 < share <= 1.0:
         raise UsageError(f"--ready-share must be above 0 and at most 1 (got {share})")
-    if len(traces) != 1:
-        raise UsageError("tiers need data_parallel_size 1: pass one trace")
+    if spec.parallel.data_parallel_size > 1 or len(traces) != 1:
+        raise UsageError(
+            "--ready-share: deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they "
+            "would have to agree on which graphs exist at every step)",
+            "choose capture sizes without --ready-share",
+        )
+    if not all(releases.RELEASES[v].deferred_capture for v in releases.runs_on(spec.target.vllm)):
+        raise UsageError(
+            f"--ready-share: deferred capture is not built for vLLM {spec.target.vllm}'s model runner",
+            'set target.vllm: "0.25" in the spec, or choose capture sizes without --ready-share',
+        )
     base = spec.model_copy(update={"tiers": None})
     plan = compile_plan(base, with_deviations=False)
     dispatcher = Dispatcher(plan)

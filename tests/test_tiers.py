@@ -1,0 +1,350 @@
+"""Capture tiers: the ready and deferred graphs, their fallbacks, and every intermediate state.
+
+`verify` proves statically that every graph of every fallback chain replays the deferred
+graph's batches; the property test here checks the same dynamically, dispatching random
+batches in random intermediate states (random subsets of the deferred graphs captured).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capplan.analysis.verify import verify_plan
+from capplan.cli import app
+from capplan.errors import SpecError
+from capplan.loading import spec_from_data
+from capplan.planfile import load_plan
+from capplan.planfile.write import plan_file_data
+from capplan.planner import Batch, Dispatcher, compile_plan
+from capplan.planner.dispatch import compatible
+from capplan.planner.lora_cases import kernel_slots
+from capplan.planner.tiers import anchors, chain, replayed
+from capplan.schemas.plan import address
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+BASE = {
+    "target": {"vllm": "0.25"},
+    "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 512},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+}
+
+
+def tiered(ready: object = "full_decode", **extra: object) -> dict:
+    return {**BASE, **extra, "tiers": {"ready": ready}}
+
+
+def plan_of(data: dict):
+    return compile_plan(spec_from_data(data, "spec"))
+
+
+def test_full_decode_rule_and_anchors_are_ready():
+    plan = plan_of(tiered())
+    deferred = set(plan.tiers.deferred)
+    for g in plan.graphs:
+        d = g.descriptor
+        if d.cg_mode == "FULL" and d.uniform_token_count is not None:
+            assert g.id not in deferred, address(d)
+    assert not anchors(plan.graphs) & deferred
+    assert deferred and all(plan.graphs[g].descriptor.cg_mode == "PIECEWISE" for g in deferred)
+    assert plan.tiers.deferred == sorted(deferred)  # capture order: the plan's
+    assert verify_plan(plan).ok
+
+
+def test_fallback_is_the_next_larger_graph_of_its_mode_and_case():
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    by_address = {address(g.descriptor): g.id for g in plan.graphs}
+    eight = by_address["PIECEWISE:8@4"]
+    assert address(plan.graphs[plan.tiers.fallback[eight]].descriptor) == "PIECEWISE:16@4"
+    links = [address(plan.graphs[g].descriptor) for g in chain(plan.tiers, eight)]
+    assert links[0] == "PIECEWISE:8@4" and links[-1] == "PIECEWISE:64@4"
+    assert all(link.endswith("@4") and link.startswith("PIECEWISE") for link in links)
+    # Once PIECEWISE:16@4 is captured, batches of PIECEWISE:8@4 replay it.
+    ready = set(range(len(plan.graphs))) - set(plan.tiers.deferred)
+    assert replayed(plan.tiers, eight, ready) == by_address["PIECEWISE:64@4"]
+    assert replayed(plan.tiers, eight, ready | {by_address["PIECEWISE:16@4"]}) == by_address["PIECEWISE:16@4"]
+    assert replayed(plan.tiers, eight, ready | {eight}) == eight
+
+
+def test_tiers_change_when_not_which_graphs():
+    plain, tiers = plan_of(BASE), plan_of(tiered())
+    assert plain.descriptors == tiers.descriptors and plain.dispatch == tiers.dispatch
+    assert plain.fingerprint == tiers.fingerprint  # the compile cache and the engine check ignore tiers
+    assert plain.spec_hash != tiers.spec_hash
+    assert plain.tiers is None
+
+
+def test_plan_file_marks_deferred_graphs_and_reads_back(tmp_path):
+    spec = tmp_path / "tiers.yaml"
+    spec.write_text(yaml.safe_dump(tiered(["FULL:8x8@4"])))
+    result = runner.invoke(app, ["compile", str(spec)])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "tiers.plan.yaml"
+    text = path.read_text()
+    assert "- {graph: PIECEWISE:8@4, dummy: [[8, 1]], grid: 4, deferred: PIECEWISE:16@4}" in text
+    assert "# deferred: captured while serving" in text
+    assert "  deferred: " in text  # graph_counts
+    assert max(len(line) for line in text.splitlines()) <= 120
+    plan = load_plan(path)
+    assert plan == plan_of(tiered(["FULL:8x8@4"]))
+    assert plan_file_data(plan)["graph_counts"]["deferred"] == len(plan.tiers.deferred)
+    assert runner.invoke(app, ["verify", str(path)]).exit_code == 0
+    shown = runner.invoke(app, ["show", str(path)])
+    assert (
+        "Tiers: 11 ready (1 graph named in the spec, " in shown.output
+        and "67 deferred (FULL 23, PIECEWISE 44)" in shown.output
+    )
+
+
+def test_a_hand_moved_graph_is_a_one_line_difference(tmp_path):
+    spec = tmp_path / "tiers.yaml"
+    spec.write_text(yaml.safe_dump(tiered()))
+    assert runner.invoke(app, ["compile", str(spec)]).exit_code == 0
+    path = tmp_path / "tiers.plan.yaml"
+    text = path.read_text()
+    edited = text.replace(", deferred: PIECEWISE:16@4}", "}", 1)
+    assert edited != text
+    path.write_text(edited)
+    result = runner.invoke(app, ["show", str(path)])
+    assert result.exit_code == 1 and "deferred" in result.output
+
+
+def _mutated(plan, gid: int, fallback: int):
+    tiers = plan.tiers.model_copy(update={"fallback": {**plan.tiers.fallback, gid: fallback}})
+    return plan.model_copy(update={"tiers": tiers})
+
+
+def test_verify_fails_when_a_fallback_under_provisions_the_lora_grid():
+    plan = plan_of(tiered())
+    by_address = {address(g.descriptor): g.id for g in plan.graphs}
+    # PIECEWISE:8@4 serves batches of up to 4 kernel slots; PIECEWISE:16@1 records a grid of 1.
+    bad = _mutated(plan, by_address["PIECEWISE:8@4"], by_address["PIECEWISE:16@1"])
+    report = verify_plan(bad, consistency=False)
+    kinds = {v.kind for v in report.violations}
+    assert kinds == {"lora_grid"}, report.violations
+    assert "PIECEWISE:8@4 -> PIECEWISE:16@1" in report.violations[0].message
+    assert verify_plan(plan, consistency=False).ok
+
+
+def test_verify_fails_on_a_fallback_of_another_mode_a_deferred_anchor_and_a_loop():
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    by_address = {address(g.descriptor): g.id for g in plan.graphs}
+    other_mode = _mutated(plan, by_address["PIECEWISE:8@0"], by_address["FULL:16x16@0"])
+    assert {v.kind for v in verify_plan(other_mode, consistency=False).violations} == {"tiers"}
+    smaller = _mutated(plan, by_address["PIECEWISE:16@0"], by_address["PIECEWISE:8@0"])  # a loop 8 <-> 16
+    messages = [v.message for v in verify_plan(smaller, consistency=False).violations]
+    assert any("loop" in m for m in messages), messages
+    top = by_address["PIECEWISE:64@0"]
+    tiers = plan.tiers.model_copy(
+        update={"deferred": sorted([*plan.tiers.deferred, top]), "fallback": {**plan.tiers.fallback, top: top}}
+    )
+    anchor_deferred = plan.model_copy(update={"tiers": tiers})
+    messages = [v.message for v in verify_plan(anchor_deferred, consistency=False).violations]
+    assert any("largest of its mode and LoRA case but deferred" in m for m in messages), messages
+
+
+def test_spec_refuses_tiers_where_they_cannot_be_safe():
+    with pytest.raises(SpecError, match="needs data_parallel_size 1"):
+        spec_from_data(tiered(parallel={"data_parallel_size": 2}), "s")
+    with pytest.raises(SpecError, match="speculative decoding"):
+        spec_from_data(tiered(speculative={"num_speculative_tokens": 1}), "s")
+    with pytest.raises(SpecError, match="not built for vLLM 0.31.0"):
+        spec_from_data({**tiered(), "target": {"vllm": "0.33"}}, "s")
+    with pytest.raises(SpecError, match=r"tiers.ready\[0\]: FULL:999x999@0 is not a graph"):
+        spec_from_data(tiered(["FULL:999x999@0"]), "s")
+    for release in ("0.25.0", "0.25.1", "0.26.0"):
+        assert spec_from_data({**tiered(), "target": {"vllm": release}}, "s").tiers is not None
+
+
+@st.composite
+def tier_specs(draw):
+    seqs = draw(st.sampled_from([4, 8, 16, 32]))
+    budget = draw(st.sampled_from([64, 128, 256]))
+    lora = draw(st.booleans())
+    data = {
+        "target": {"vllm": draw(st.sampled_from(["0.25", "0.25.0", "0.26.0"]))},
+        "scheduler": {"max_num_seqs": seqs, "max_num_batched_tokens": budget, "max_model_len": 512},
+        "cudagraph": {"mode": draw(st.sampled_from(["FULL_AND_PIECEWISE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY"]))},
+        "lora": {
+            "enabled": lora,
+            "max_loras": draw(st.integers(1, 4)),
+            "specialize_active": draw(st.booleans()),
+        }
+        if lora
+        else {"enabled": False},
+        "fixes": draw(st.sampled_from([[], ["lora_slot", "dummy_remainder", "mixed_ranges", "prune_unreachable"]])),
+    }
+    plan = compile_plan(spec_from_data(data, "s"))
+    names = [address(g.descriptor) for g in plan.graphs]
+    picked = draw(st.lists(st.sampled_from(names), min_size=1, max_size=8, unique=True)) if names else []
+    ready: object = draw(st.sampled_from(["full_decode", picked])) if picked else "full_decode"
+    return {**data, "tiers": {"ready": ready, "every_steps": draw(st.integers(1, 16))}}, draw(st.integers(0, 2**32))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])
+@given(tier_specs())
+def test_every_intermediate_state_replays_a_captured_graph_that_fits(case):
+    data, seed = case
+    rng = random.Random(seed)
+    plan = plan_of(data)
+    untiered = plan_of({k: v for k, v in data.items() if k != "tiers"})
+    # Tiers add no violation (with fixes: [] the plan keeps vLLM's own failure classes).
+    assert verify_plan(plan).violations == verify_plan(untiered).violations
+    tiers = plan.tiers
+    ready = set(range(len(plan.graphs))) - set(tiers.deferred)
+    dispatcher = Dispatcher(plan)
+    seqs, budget = plan.spec.scheduler.max_num_seqs, plan.spec.scheduler.max_num_batched_tokens
+    max_loras = plan.spec.lora.max_loras if plan.spec.lora.enabled else 0
+    for _ in range(6):
+        captured = ready | {g for g in tiers.deferred if rng.random() < rng.random()}
+        for _ in range(80):
+            reqs = rng.randint(1, seqs)
+            q = rng.choice([1, 1, 2, rng.randint(1, 64)])
+            tokens = min(budget, reqs * q) if rng.random() < 0.6 else rng.randint(reqs, max(reqs, budget))
+            adapters = rng.randint(0, min(reqs, max_loras))
+            base = adapters > 0 and adapters < reqs and rng.random() < 0.5
+            batch = Batch(reqs, tokens, -(-tokens // reqs), adapters, base)
+            final = dispatcher.dispatch(batch)
+            if final.graph_id < 0:
+                continue
+            gid = replayed(tiers, final.graph_id, captured)
+            assert gid in captured, "replays a graph that is not captured"
+            g = plan.graphs[gid]
+            d = g.descriptor
+            assert d.cg_mode == final.cg_mode and d.num_tokens >= tokens
+            assert compatible(d, reqs, final.uniform_token_count, None)
+            if plan.spec.lora.enabled and adapters:
+                # As much of the batch's slots as its own graph covers (under fixes: [] vLLM's
+                # own graphs can fall short, failure class 6; a fallback never falls shorter).
+                own = plan.graphs[final.graph_id].dummy.kernel_grid
+                assert g.dummy.kernel_grid >= min(kernel_slots(adapters, base), own), (address(d), adapters, base)
+
+
+def test_optimize_ready_share_alone_keeps_sizes(tmp_path):
+    spec = ROOT / "examples" / "served" / "llama0.9b.yaml"
+    trace = ROOT / "examples" / "served" / "trace-a.jsonl"
+    out = tmp_path / "tiers.yaml"
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), "--ready-share", "0.9", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "ready tier: " in result.output and "Rests on the trace alone" in result.output
+    written = yaml.safe_load(out.read_text())
+    assert written["cudagraph"]["capture_sizes"] is None  # the spec's own sizes
+    chosen = compile_plan(spec_from_data(written, "w"))
+    default = compile_plan(spec_from_data(yaml.safe_load(spec.read_text()), "d"))
+    assert chosen.descriptors == default.descriptors
+    assert 0 < len(chosen.graphs) - len(chosen.tiers.deferred) < len(chosen.graphs) // 4
+    as_json = runner.invoke(
+        app, ["optimize", str(spec), str(trace), "--ready-share", "0.9", "-o", str(tmp_path / "j.yaml"), "--json"]
+    )
+    data = json.loads(as_json.output)
+    assert data["tiers"]["covered_steps"] >= 0.9 * data["tiers"]["graph_steps"]
+    assert data["tiers"]["basis"] == "the trace alone (no calibration)"
+
+
+def test_optimize_ready_share_with_a_budget_tiers_the_optimized_plan(tmp_path):
+    spec = ROOT / "examples" / "served" / "llama0.9b.yaml"
+    trace = ROOT / "examples" / "served" / "trace-a.jsonl"
+    out = tmp_path / "both.yaml"
+    result = runner.invoke(
+        app,
+        ["optimize", str(spec), str(trace), "--max-graphs", "120", "--objective", "padding", "--ready-share", "0.8",
+         "-o", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert text.startswith("# ready tier: ") and "tiers:" in text
+    written = yaml.safe_load(text)
+    assert written["cudagraph"]["capture_sizes"] and written["tiers"]["ready"]
+    assert verify_plan(compile_plan(spec_from_data(written, "w"))).ok
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--ready-share", "0"], "--ready-share must be above 0"),
+        (["--ready-share", "0.5", "--plot", "curve.svg"], "--plot draws the capture-size curve"),
+    ],
+)
+def test_optimize_ready_share_refusals_write_nothing(tmp_path, args, fragment):
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "examples" / "served" / "llama0.9b.yaml").read_text())
+    trace = tmp_path / "t.jsonl"
+    trace.write_text((ROOT / "examples" / "served" / "trace-a.jsonl").read_text())
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), *args])
+    assert result.exit_code in (1, 2) and fragment in result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_optimize_ready_share_refuses_a_dp_spec(tmp_path):
+    spec = tmp_path / "dp.yaml"
+    served = yaml.safe_load((ROOT / "examples" / "served" / "llama0.9b.yaml").read_text())
+    spec.write_text(yaml.safe_dump({**served, "parallel": {"data_parallel_size": 2}}))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text((ROOT / "examples" / "served" / "trace-a.jsonl").read_text())
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), "--ready-share", "0.9"])
+    assert result.exit_code == 2 and "deferred capture needs data_parallel_size 1" in result.output
+    assert not (tmp_path / "dp.optimized.yaml").exists()
+
+
+def test_diff_lists_moves_between_tiers(tmp_path):
+    for name, ready in (("a", ["FULL:8x8@4"]), ("b", ["FULL:8x8@4", "PIECEWISE:8@4"])):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(tiered(ready)))
+        assert runner.invoke(app, ["compile", str(tmp_path / f"{name}.yaml")]).exit_code == 0
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(BASE))
+    assert runner.invoke(app, ["compile", str(tmp_path / "c.yaml")]).exit_code == 0
+    result = runner.invoke(app, ["diff", str(tmp_path / "a.plan.yaml"), str(tmp_path / "b.plan.yaml")])
+    assert result.exit_code == 2
+    assert "PIECEWISE:8@4: deferred -> ready" in result.output
+    data = json.loads(
+        runner.invoke(
+            app, ["diff", str(tmp_path / "c.plan.yaml"), str(tmp_path / "a.plan.yaml"), "--format", "json"]
+        ).output
+    )
+    assert data["tier_changes"][0].startswith("deferred capture on: ")
+    assert any(c.startswith("tiers.ready: none -> ") for c in data["spec_changes"])
+
+
+def test_ready_choice_covers_the_share_it_claims():
+    from capplan.batches import read_rank_traces
+    from capplan.loading import load_spec
+    from capplan.traffic.tiers import choose_ready
+
+    spec = load_spec(ROOT / "examples" / "served" / "llama0.9b.yaml")
+    files = read_rank_traces([ROOT / "examples" / "served" / "trace-a.jsonl"], spec)
+    choice = choose_ready(spec, [f.batches for f in files], 0.5)
+    plan = choice.plan
+    ready = set(range(len(plan.graphs))) - set(plan.tiers.deferred)
+    dispatcher = Dispatcher(plan)
+    covered = total = 0
+    for item in files[0].batches:
+        gid = dispatcher.dispatch(item.batch).graph_id
+        if gid >= 0:
+            total += item.count
+            covered += item.count if gid in ready else 0
+    assert (covered, total) == (choice.covered, choice.graph_steps)
+    assert covered >= 0.5 * total
+    # The trace's choice alone (before the planner's additions) is the fewest graphs that reach it.
+    assert choice.named == len(plan.spec.tiers.ready)
+
+
+def test_checked_in_example_is_what_optimize_writes(tmp_path):
+    spec = ROOT / "examples" / "served" / "llama0.9b.yaml"
+    trace = ROOT / "examples" / "served" / "trace-a.jsonl"
+    out = tmp_path / "llama0.9b.tiers.yaml"
+    assert (
+        runner.invoke(app, ["optimize", str(spec), str(trace), "--ready-share", "0.95", "-o", str(out)]).exit_code == 0
+    )
+    assert out.read_text() == (ROOT / "examples" / "served" / "llama0.9b.tiers.yaml").read_text()
+    plan = ROOT / "examples" / "served" / "llama0.9b.tiers.plan.yaml"
+    assert load_plan(plan) == compile_plan(spec_from_data(yaml.safe_load(out.read_text()), "x"))
