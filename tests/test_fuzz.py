@@ -120,3 +120,69 @@ def test_mutated_plans_fail_closed(tmp_path_factory, data):
     # content (data_parallel_size 2 -> 3: the same graphs and DP policy) is the plan of that spec.
     assert verify_plan(plan).ok
     assert read_yaml(path, "plan", PlanError) == plan_file_data(plan)
+
+
+TIERED = {
+    **{k: v for k, v in VALID.items() if k not in ("speculative", "parallel")},
+    "tiers": {"ready": ["FULL:8x8@4", "PIECEWISE:16@1"], "every_steps": 2},
+}
+TIERED_PLAN = compile_plan(spec_from_data(TIERED, "fuzz"))
+ADDRESS_LIKE = st.from_regex(
+    r"(PIECEWISE|FULL|NONE|ENCODER|full):[0-9]{1,9}(x[0-9]{1,4})?@-?[0-9]{1,6}", fullmatch=True
+)
+
+
+@SETTINGS
+@given(
+    ready=st.one_of(
+        WEIRD,
+        ADDRESS_LIKE,
+        st.sampled_from(["full_decode", "FULL_DECODE", "all", ""]),
+        st.lists(st.one_of(ADDRESS_LIKE, WEIRD), max_size=6),
+    ),
+    every=st.one_of(WEIRD, st.integers(-3, 2**40)),
+    extra=st.booleans(),
+)
+def test_generated_tiers_sections_fail_closed(ready, every, extra):
+    """A spec's tiers section, generated: a spec whose plan verifies, or one error line."""
+    tiers = {"ready": ready, "every_steps": every}
+    if extra:
+        tiers["later"] = True
+    try:
+        spec = spec_from_data({**TIERED, "tiers": tiers}, "fuzz")
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    plan = compile_plan(spec)
+    assert plan.tiers is not None and verify_plan(plan).ok
+
+
+TIERED_LINES = render_plan(TIERED_PLAN, "capplan compile fuzz.yaml").splitlines()
+DEFERRED_LINES = [i for i, line in enumerate(TIERED_LINES) if "deferred: " in line and "{graph:" in line]
+
+
+@SETTINGS
+@given(st.data())
+def test_edited_deferred_entries_fail_closed(tmp_path_factory, data):
+    """The plan file's deferred marks, edited (dropped, retargeted, added to a ready graph):
+    refused in one line, never loaded as another plan."""
+    lines = list(TIERED_LINES)
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.sampled_from(DEFERRED_LINES))
+        action = data.draw(st.sampled_from(["drop", "retarget", "ready_graph"]))
+        if action == "drop":
+            lines[i] = lines[i].split(", deferred: ")[0] + "}"
+        elif action == "retarget":
+            lines[i] = lines[i].split(", deferred: ")[0] + f", deferred: {data.draw(ADDRESS_LIKE)}}}"
+        else:
+            j = data.draw(st.integers(0, len(lines) - 1))
+            if "{graph:" in lines[j] and "deferred" not in lines[j]:
+                lines[j] = lines[j][:-1] + ", deferred: " + lines[i].split(", deferred: ")[1]
+    path = tmp_path_factory.mktemp("fuzz") / "x.plan.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        plan = load_plan(path)
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    assert plan == TIERED_PLAN  # an edit that changed nothing
