@@ -27,6 +27,7 @@ from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.dispatch import compatible
 from capplan.planner.lora_cases import kernel_slots
 from capplan.planner.tiers import anchors, chain, replayed
+from capplan.releases import RELEASES, runs_on
 from capplan.schemas.plan import address
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,3 +349,20 @@ def test_checked_in_example_is_what_optimize_writes(tmp_path):
     assert out.read_text() == (ROOT / "examples" / "served" / "llama0.9b.tiers.yaml").read_text()
     plan = ROOT / "examples" / "served" / "llama0.9b.tiers.plan.yaml"
     assert load_plan(plan) == compile_plan(spec_from_data(yaml.safe_load(out.read_text()), "x"))
+
+
+@pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_deployment_that_can_defer_verifies_in_every_intermediate_state(config):
+    """Each example config on a release deferred capture is built for, tiered two ways (the
+    full_decode rule, and only the largest graphs ready), verifies: every intermediate state."""
+    data = yaml.safe_load(config.read_text())
+    spec = spec_from_data({k: v for k, v in data.items() if k != "tiers"}, config.name)
+    if not all(RELEASES[v].deferred_capture for v in runs_on(spec.target.vllm)):
+        pytest.skip(f"{config.name}: deferred capture is not built for its release")
+    if spec.parallel.data_parallel_size > 1 or spec.speculative.num_speculative_tokens:
+        pytest.skip(f"{config.name}: tiers are refused for DP or speculative decoding")
+    smallest = min(compile_plan(spec).graphs, key=lambda g: g.descriptor.num_tokens)
+    for ready in ("full_decode", [address(smallest.descriptor)]):
+        plan = plan_of({**data, "tiers": {"ready": ready}})
+        report = verify_plan(plan)
+        assert report.ok and report.checked["deferred_fallbacks"] > 0, report.violations
