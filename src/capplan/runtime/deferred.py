@@ -206,8 +206,6 @@ class Deferred:
         plan's dummy ids are 1..max_loras), and the next step maps its own batch again."""
         from vllm.lora.layers import LoRAMapping
 
-        from capplan.runtime.mrv2 import dummy_mapping
-
         runner, layouts, plan_path = self.runner, self.state.layouts, self.state.plan_path
         manager = runner.lora_manager._adapter_manager
 
@@ -247,12 +245,12 @@ class Deferred:
         }
 
 
-def capture_when_idle(_worker: object = None) -> int:
-    """Run in each worker by the engine core's `collective_rpc` while it is idle: capture one
-    deferred graph; return how many are still pending (0 when none, or no plan defers)."""
-    from capplan.runtime.mrv2 import installed
+def dummy_mapping(layout, num_reqs: int):
+    """A graph's dummy LoRA mapping as vLLM's prompt and token mappings (numpy arrays): adapter
+    ids cycled over the requests, 0 for "no adapter" (-1 once vLLM converts it for the kernels)."""
+    import numpy as np
 
-    state = installed()
-    if state is None or state.deferred is None:
-        return 0
-    return state.deferred.capture_idle()
+    per_req = np.array([t for count, t in layout.tokens for _ in range(count)], dtype=np.int32)
+    ids = layout.lora_ids or [-1]
+    prompt = np.array([max(ids[i % len(ids)], 0) for i in range(num_reqs)], dtype=np.int32)
+    return prompt, np.repeat(prompt, per_req)

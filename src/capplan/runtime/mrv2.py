@@ -38,7 +38,7 @@ from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release
 from capplan.runtime import contract, recorder
 from capplan.runtime.contract import IncompatibleVllm
-from capplan.runtime.deferred import Deferred
+from capplan.runtime.deferred import Deferred, dummy_mapping
 from capplan.runtime.dp_check import NO_PLAN, check_same_plan, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, config_problem, engine_problem
 from capplan.runtime.report import Report
@@ -553,17 +553,6 @@ def _capture_hook_factory(state: Installed, hook_entry):
     return create_lora_capture_hook
 
 
-def dummy_mapping(layout, num_reqs: int):
-    """A graph's dummy LoRA mapping as vLLM's prompt and token mappings (numpy arrays): adapter
-    ids cycled over the requests, 0 for "no adapter" (-1 once vLLM converts it for the kernels)."""
-    import numpy as np
-
-    per_req = np.array([t for count, t in layout.tokens for _ in range(count)], dtype=np.int32)
-    ids = layout.lora_ids or [-1]
-    prompt = np.array([max(ids[i % len(ids)], 0) for i in range(num_reqs)], dtype=np.int32)
-    return prompt, np.repeat(prompt, per_req)
-
-
 def _hook_deferred(state: Installed, deferred: Deferred, release: Release) -> None:
     """Deferred capture (spec tiers): hook the step start, the async output thread and the
     engine core's idle loop (the capture and dispatch hooks read `state.deferred`)."""
@@ -634,8 +623,6 @@ def _hook_idle_loop(state: Installed, release: Release) -> None:
         # loop takes its place, capturing one graph per turn and handling whatever arrives.
         if pending[0]:
             contract.check_attributes(entry, self)
-            from capplan.runtime.deferred import capture_when_idle
-
             announced = False
             while pending[0] and not self.has_work() and self.is_running() and not self.is_sleeping():
                 if not self.input_queue.empty():
@@ -807,6 +794,15 @@ def v1_runner_message(plan_path: str) -> str:
 
 def installed() -> Installed | None:
     return _STATE
+
+
+def capture_when_idle(_worker: object = None) -> int:
+    """Run in each worker by the engine core's `collective_rpc` while it is idle: capture one
+    deferred graph; return how many are still pending (0 when none, or no plan defers)."""
+    state = _STATE
+    if state is None or state.deferred is None:
+        return 0
+    return state.deferred.capture_idle()
 
 
 __all__ = ["IncompatibleVllm", "PlanNotInForce", "install", "installed"]
