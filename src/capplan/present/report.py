@@ -55,6 +55,8 @@ def deferred_line(d: dict[str, Any]) -> str:
         f"{d['longest_idle_capture_seconds'] * 1000:.0f} ms), {d['fallback_steps']} steps on a fallback, "
         f"graph memory {d['graph_memory_gib']} GiB (held back {d['reserved_gib']} GiB)"
     )
+    if d.get("reserve_shortfall"):
+        line += "; a capture took more than its share, and less memory could be held back after it"
     if d["pending"]:
         line += f"; still pending: {len(d['pending'])}"
     return line

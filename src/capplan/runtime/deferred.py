@@ -21,9 +21,11 @@ What makes it safe, and where each piece lives:
   loaded or evicted, and the next step sets its own (its last mapping is forgotten).
 - Memory: MRV2 allocates the KV cache before any capture, so no capture can take it. After
   the ready capture, an estimate of what the deferred graphs need (the ready capture's
-  memory per graph, one block per deferred graph) is allocated and held; a start without
-  that much left stops there. Each deferred capture first gives its block back. The
-  estimate is an estimate: the report shows it beside the memory the captures took.
+  memory per graph, times the deferred count) is allocated as one block and held; a start
+  without that much left stops there. Each deferred capture gives the block back, and the
+  estimate for the graphs still pending is held again after it (`reserve_shortfall` in the
+  report when that failed). The estimate is an estimate: the report shows it beside the
+  memory the captures took.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
@@ -64,8 +66,10 @@ class Deferred:
         self.kwargs: dict = {}
         self.runner: Any = None
         self.block_tables: Any = None  # vLLM's BlockTables, from the start-up capture's arguments
-        self.reserve: list = []  # one held block per deferred graph, released as it is captured
-        self.reserve_bytes = 0
+        self.reserve: Any = None  # one held block: the estimate for the graphs still pending
+        self.reserve_bytes = 0  # the estimate for every deferred graph, held at start
+        self.per_graph_bytes = 0
+        self.reserve_shortfall = False  # a capture took more than its share: less could be held again
         self.steps = 0
         self.fallback_steps = 0
         self.captures: list[dict] = []
@@ -96,12 +100,12 @@ class Deferred:
         if self.pending and ready_bytes:
             import torch
 
-            per_graph = -(-ready_bytes // max(len(self.ready_ids), 1))
-            self.reserve_bytes = per_graph * len(self.pending)
+            self.per_graph_bytes = -(-ready_bytes // max(len(self.ready_ids), 1))
+            self.reserve_bytes = self.per_graph_bytes * len(self.pending)
             try:
-                self.reserve = [torch.empty(per_graph, dtype=torch.uint8, device=manager.device) for _ in self.pending]
+                self.reserve = torch.empty(self.reserve_bytes, dtype=torch.uint8, device=manager.device)
             except torch.OutOfMemoryError:
-                self.reserve = []
+                self.reserve = None
                 from capplan.errors import EngineRefusal
 
                 raise EngineRefusal(
@@ -155,8 +159,8 @@ class Deferred:
             # start-up, so no live request's blocks (or a hybrid model's state) are touched.
             for table in self.block_tables.input_block_tables:
                 table.zero_()
-            if self.reserve:  # this graph's share of the held memory goes back to the driver for it
-                self.reserve.pop()
+            if self.reserve is not None:  # the held block goes back to the driver for this capture
+                self.reserve = None
                 torch.cuda.empty_cache()
             free0 = torch.cuda.mem_get_info()[0] if cuda else 0
             kept = manager._capture_descs
@@ -178,6 +182,15 @@ class Deferred:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             used = free0 - torch.cuda.mem_get_info()[0] if cuda else 0
+            # Hold the estimate for the graphs still pending again. One block, not one per graph:
+            # blocks under 10 MiB share the caching allocator's 20 MiB segments, so freeing one
+            # would give nothing back (seen: 389 blocks of 7.3 MiB held 3.9 GiB).
+            left = self.per_graph_bytes * (len(self.pending) - 1)
+            if cuda and left > 0:
+                try:
+                    self.reserve = torch.empty(left, dtype=torch.uint8, device=manager.device)
+                except torch.OutOfMemoryError:
+                    self.reserve_shortfall = True
         self.pending.pop(0)
         self.captured.add(gid)
         self.memory_bytes += max(used, 0)
@@ -240,6 +253,7 @@ class Deferred:
             "longest_idle_capture_seconds": round(self.longest_idle_capture, 4),
             "capture_seconds": round(sum(c["seconds"] for c in self.captures), 3),
             "reserved_gib": round(self.reserve_bytes / 2**30, 4),
+            "reserve_shortfall": self.reserve_shortfall,
             "graph_memory_gib": round(self.memory_bytes / 2**30, 4),
             "captures": self.captures,
         }
