@@ -22,12 +22,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_run import SPEC, build, complete, free_port, groups, groups_label, server_command, wait_ready  # noqa: E402
+from serve_run import SPEC, build, free_port, groups_label, run_groups, server_command, wait_ready  # noqa: E402
 
 TIERS = 'tiers: {ready: ["FULL:1x1@0"], every_steps: 1}\n'
 
@@ -38,25 +37,6 @@ def compile_plan(work: Path, name: str, extra: str) -> Path:
     plan = work / f"{name}.plan.yaml"
     subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
     return plan
-
-
-def run_groups(port: int) -> dict:
-    texts: dict = {}
-    for g, adapters in enumerate(groups()):
-        out: dict = {}
-
-        def one(i: int, adapter: str | None, g: int = g, out: dict = out) -> None:
-            prompt = [(7 * g + 13 * i + t) % 2000 + 10 for t in range(5 + i)]
-            out[i] = complete(port, adapter or "base", prompt)
-
-        threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(adapters)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for i, adapter in enumerate(adapters):
-            texts[f"{g}:{i}"] = {"adapter": adapter, "group": g, "text": out.get(i)}
-    return texts
 
 
 def read_report(path: Path) -> dict | None:

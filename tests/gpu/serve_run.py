@@ -119,6 +119,27 @@ def complete(port: int, model: str, prompt: list[int]) -> list[str]:
         return json.loads(resp.read())["choices"][0]["text"]
 
 
+def run_groups(port: int) -> dict:
+    """Every group of `groups()`, one after the other, its requests concurrent: the text of
+    each request, keyed "group:request"."""
+    texts: dict = {}
+    for g, adapters in enumerate(groups()):
+        out: dict = {}
+
+        def one(i: int, adapter: str | None, g: int = g, out: dict = out) -> None:
+            prompt = [(7 * g + 13 * i + t) % 2000 + 10 for t in range(5 + i)]
+            out[i] = complete(port, adapter or "base", prompt)
+
+        threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(adapters)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, adapter in enumerate(adapters):
+            texts[f"{g}:{i}"] = {"adapter": adapter, "group": g, "text": out.get(i)}
+    return texts
+
+
 def wait_ready(port: int, proc: subprocess.Popen, limit: float = 300) -> float:
     start = time.perf_counter()
     while time.perf_counter() - start < limit:
@@ -157,22 +178,7 @@ def serve(name: str, model: Path, work: Path, specialize_active: bool, plan: Pat
     result: dict = {"name": name}
     try:
         result["ready_s"] = round(wait_ready(port, proc), 1)
-        texts: dict = {}
-        for g, adapters in enumerate(groups()):
-            out: dict = {}
-
-            def one(i: int, adapter: str | None, g: int = g, out: dict = out) -> None:
-                prompt = [(7 * g + 13 * i + t) % 2000 + 10 for t in range(5 + i)]
-                out[i] = complete(port, adapter or "base", prompt)
-
-            threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(adapters)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            for i, adapter in enumerate(adapters):
-                texts[f"{g}:{i}"] = {"adapter": adapter, "group": g, "text": out.get(i)}
-        result["texts"] = texts
+        result["texts"] = run_groups(port)
     except Exception as exc:  # noqa: BLE001 - keep what the other servers measured
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["texts"] = {}
