@@ -279,6 +279,30 @@ def _stopped(path: Path) -> bool:
         return False
 
 
+# The recorder's `t`, as it writes it (last, ", " and ": " as json.dumps puts them): a plain
+# decimal below 1e12, which check_stamp accepts.
+_RECORDED_T = re.compile(r'(\{.*), "t": ((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,12})?)\}')
+
+
+_LAYOUT = re.compile(r"; (tensor_parallel_size|pipeline_parallel_size) ([1-9][0-9]{0,3})(?=;|$)")
+
+
+def trace_layout(path: Path) -> dict[str, int]:
+    """The parallel sizes the recorder wrote into a trace's header line (`# capplan trace:
+    ...; tensor_parallel_size 8; pipeline_parallel_size 1`); empty when the trace has none
+    (written by hand, or by a recorder before it noted them)."""
+    from capplan.files import file_head
+
+    try:
+        head = file_head(str(path), 4096) or b""
+    except OSError:
+        return {}
+    first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if not first.startswith("# capplan trace:"):
+        return {}
+    return {name: int(size) for name, size in _LAYOUT.findall(first)}
+
+
 def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False) -> BatchFile:
     """Every batch of a JSON-lines file or vLLM log, all checked before any is used
     (`allow_empty`: a DP rank's trace may hold none: the rank served nothing)."""
@@ -315,11 +339,26 @@ def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False
             )
         batches = []
         seen: dict[tuple, TraceBatch] = {}  # a trace repeats its batches: each distinct line is checked once
+        # A line read before, or one that differs from it only in the recorder's `t` (written
+        # last, as the recorder writes it), is the batch it was: 1M recorded steps are a few
+        # thousand distinct lines, each parsed and checked once.
+        lines_read: dict[tuple[str, bool], tuple[TraceBatch, float | None]] = {}
         progress = _Progress(name, len(json_lines))
         try:
             for done, (number, text) in enumerate(json_lines):
                 if done % 100_000 == 0:
                     progress.show(done)
+                stamped = _RECORDED_T.fullmatch(text)
+                line_key = (stamped.group(1), True) if stamped else (text, False)
+                known = lines_read.get(line_key)
+                if known is not None:
+                    batches.append(known[0])
+                    stamp_value = float(stamped.group(2)) if stamped else known[1]
+                    if stamp_value is None:
+                        times = None
+                    elif times is not None:
+                        times.append(stamp_value)
+                    continue
                 try:
                     item = json_value(text)
                     key = None
@@ -334,10 +373,15 @@ def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False
                         check_stamp(item["t"])  # the timestamp differs line by line
                     batches.append(parsed)
                     stamp = item.get("t") if isinstance(item, dict) else None
-                    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and times is not None:
-                        times.append(float(stamp))
+                    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+                        if times is not None:
+                            times.append(float(stamp))
+                        if len(lines_read) < 100_000:
+                            lines_read[line_key] = (parsed, float(stamp))
                     else:
                         times = None
+                        if len(lines_read) < 100_000:
+                            lines_read[line_key] = (parsed, None)
                 except ValueError as exc:  # json.JSONDecodeError is a ValueError
                     hint = None
                     if number == json_lines[-1][0] and type(exc).__name__ == "JSONDecodeError":

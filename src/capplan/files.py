@@ -253,7 +253,7 @@ def _unique(pairs: list[tuple[str, object]]) -> dict:
 def json_value(line: str) -> object:
     """One JSON value: duplicate keys, NaN/Infinity, huge integers and nesting past MAX_DEPTH
     refused (ValueError)."""
-    if line.count("[") + line.count("{") > MAX_DEPTH and _json_depth(line) > MAX_DEPTH:
+    if line.count("[") + line.count("{") > MAX_DEPTH and json_depth(line) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     try:
         # the digit check runs in C; only a line with a long run of digits pays for the checking decoder
@@ -268,7 +268,7 @@ _JSON = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constants
 _JSON_CHECKED = json.JSONDecoder(object_pairs_hook=_unique, parse_int=_bounded_int, parse_constant=_no_constants)
 
 
-def _json_depth(line: str) -> int:
+def json_depth(line: str) -> int:
     """The deepest bracket nesting of a JSON text (brackets inside strings not counted)."""
     depth = deepest = 0
     in_string = escaped = False
@@ -461,6 +461,21 @@ def write_for_runtime(path: Path, content: str) -> str | None:
     except CapplanError as exc:
         return exc.one_line()
     return None
+
+
+def file_head(path: str, size: int) -> bytes | None:
+    """The first `size` bytes of a regular file, None when there is none; never waits (a
+    FIFO or device is not opened for reading: OSError), never follows a symbolic link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
 
 
 def open_stream(path: str, ours: Callable[[str], bool], what: str) -> TextIO:

@@ -77,6 +77,7 @@ class _Tables:
     def __init__(self, plan: Plan, report: VerifyReport) -> None:
         self.descs = plan.descriptors
         self.rows: dict[int, list] = {}
+        self.los: dict[int, list[int]] = {}  # each case's rows' lo, for bisect
         n = len(self.descs)
         for g_index, graph in enumerate(plan.graphs):
             if graph.id != g_index:
@@ -103,13 +104,14 @@ class _Tables:
             self.rows.setdefault(row.lora_case, []).append(row)
         for case, rows in self.rows.items():
             rows.sort(key=lambda r: r.lo)
+            self.los[case] = [r.lo for r in rows]
             for a, b in zip(rows, rows[1:]):
                 if b.lo <= a.hi:
                     report.add("structure", f"case {case}: dispatch ranges {a.lo}..{a.hi} and {b.lo}..{b.hi} overlap")
 
     def row_at(self, case: int, tokens: int):
         rows = self.rows.get(case, [])
-        i = bisect.bisect_right([r.lo for r in rows], tokens) - 1
+        i = bisect.bisect_right(self.los.get(case, []), tokens) - 1
         if i >= 0 and rows[i].lo <= tokens <= rows[i].hi:
             return rows[i]
         return None
@@ -251,7 +253,7 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
                 report.add("lora_case", f"{name}: LoRA is off but the graph carries a LoRA case or dummy adapters")
             continue
         ids = dummy.lora_ids or []
-        rows = [ids[i % len(ids)] for i in range(reqs)] if ids else []
+        rows = set(ids[:reqs])  # the ids the dummy requests get, cycled
         if not rows or any(i != -1 and not 1 <= i <= lora.max_loras for i in ids):
             report.add("lora_ids", f"{name}: dummy adapter ids {ids} are not -1 or 1..{lora.max_loras}")
             continue
@@ -386,7 +388,7 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
     tiers = plan.tiers
     if tiers is None:
         return
-    from capplan.planner.tiers import anchors, can_stand_in, chain, needed_slots
+    from capplan.planner.tiers import StandIns, anchors, can_stand_in, chain, needed_slots
 
     n = len(plan.graphs)
     deferred = set(tiers.deferred)
@@ -406,10 +408,31 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
         )
     short: dict[tuple[int, int], list[str]] = {}
     states = 0
+    # Every graph after G in G's chain must replay G's batches. The rest of G's chain is the
+    # chain of G's fallback, so what its graphs share (StandIns) is summed once per graph and
+    # G is judged against the whole of it at once; a chain that fails is walked graph by graph
+    # below, to name each graph that cannot stand in.
+    rests: dict[int, tuple[int, StandIns] | None] = {}  # deferred graph -> (length, shared); None: loops
+
+    def rest_of(gid: int) -> tuple[int, StandIns] | None:
+        path, on_path, x = [], set(), gid
+        while x in deferred and x not in rests and x not in on_path:
+            path.append(x)
+            on_path.add(x)
+            x = tiers.fallback[x]
+        acc = None if x in on_path else rests.get(x, (0, None))  # type: ignore[arg-type]
+        for p in reversed(path):
+            if acc is not None:
+                f = plan.graphs[tiers.fallback[p]]
+                one = StandIns.of(f.descriptor, f.dummy.kernel_grid if lora_on else None)
+                acc = (acc[0] + 1, one if acc[1] is None else one + acc[1])
+            rests[p] = acc
+        return rests[gid]
+
     for gid in tiers.deferred:
         g = plan.graphs[gid]
-        links = chain(tiers, gid)
-        if links[-1] in deferred:
+        rest = rest_of(gid)
+        if rest is None:
             report.add("tiers", f"graph {address(g.descriptor)}: its fallbacks loop or end in a deferred graph")
             continue
         needs = needed_slots(needs_by_case, g.descriptor, plan.spec) if lora_on else 0
@@ -417,8 +440,10 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
             # A graph that under-provisions itself is reported above (its own class 6); its
             # fallbacks must cover what it covers, and every slot when it covers them all.
             needs = min(needs, g.dummy.kernel_grid)
-        for fid in links[1:]:
-            states += 1
+        states += rest[0]
+        if rest[1].replay(g.descriptor, needs):
+            continue
+        for fid in chain(tiers, gid, deferred)[1:]:
             f = plan.graphs[fid]
             grid = f.dummy.kernel_grid if lora_on else None
             if can_stand_in(f.descriptor, g.descriptor, grid, needs):
@@ -451,6 +476,14 @@ def _check_consistency(plan: Plan, report: VerifyReport) -> None:
     for name in type(plan).model_fields:
         if getattr(expected, name) != getattr(plan, name):
             report.add("consistency", f"{name} differs from what the embedded spec compiles to")
+
+
+def eager_regions(plan: Plan) -> list[str]:
+    """The batches no graph of the plan serves, as verify reports them (its coverage check
+    alone: show and its picture need no other)."""
+    report = VerifyReport()
+    _check_coverage(plan, _Tables(plan, report), report)
+    return report.eager_regions
 
 
 def verify_plan(plan: Plan, *, consistency: bool = True) -> VerifyReport:

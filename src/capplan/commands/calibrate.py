@@ -59,12 +59,16 @@ def calibrate_trace(
     times = _check_recording(trace, batch_file)
     if name is not None and (len(name) > 200 or not name.isprintable()):
         raise UsageError("--name: at most 200 printable characters")
+    layout = _layout(trace, loaded.spec)
     base = load_calibration(calibration) if calibration is not None else None
     if base is not None:
         from capplan.traffic.cost import fit_cost_model, judge
 
         fit_cost_model(base)  # a base no other command can use is refused here, not in the file written
-        basis = judge(base, loaded.spec)
+        as_recorded = loaded.spec.model_copy(
+            update={"parallel": loaded.spec.parallel.model_copy(update=layout)}
+        )  # judged against the layout the trace ran on, not only the one its spec pins
+        basis = judge(base, as_recorded)
         if not basis.usable:
             raise InputError(
                 f"{printable(str(calibration))}: {basis.note}; the trace was recorded under {printable(plan.name)}",
@@ -75,9 +79,9 @@ def calibrate_trace(
         raise InputError(f"{printable(str(trace))}: too few busy steps to fit (need 3 per size)")
     steps = len(batch_file.batches)
     if base is not None:
-        data, source, kept = _on_base(base, fitted, name, steps)
+        data, source, kept = _on_base(base, fitted, name, steps, layout)
     else:
-        data, source, kept = _alone(loaded.spec, fitted, name, trace, steps)
+        data, source, kept = _alone(loaded.spec, fitted, name, trace, steps, layout)
     header = (
         f"# Calibration written by capplan calibrate-trace {printable(plan.name)} {printable(trace.name)}\n" + source
     )
@@ -112,45 +116,77 @@ def _check_recording(trace: Path, batch_file: Any) -> list[float]:
     return times
 
 
-def _on_base(base: Any, fitted: list[Any], name: str | None, steps: int) -> tuple[dict[str, Any], str, int]:
+def _layout(trace: Path, spec: Any) -> dict[str, int]:
+    """The parallel sizes the trace was recorded at: its header's (the recorder writes the
+    engine's), else what its plan's spec pins (the engine check enforced them); a size
+    neither says is left out, never taken from a base calibration."""
+    from capplan.batches import trace_layout
+
+    layout = {
+        name: size
+        for name in ("tensor_parallel_size", "pipeline_parallel_size")
+        if (size := getattr(spec.parallel, name)) is not None
+    }
+    return layout | trace_layout(trace)
+
+
+def _identity_with(identity: dict[str, Any], layout: dict[str, int]) -> dict[str, Any]:
+    """An identity whose parallel sizes are the trace's (none where the trace does not say)."""
+    kept = {k: v for k, v in identity.items() if k not in ("tensor_parallel_size", "pipeline_parallel_size")}
+    return kept | layout
+
+
+def _on_base(
+    base: Any, fitted: list[Any], name: str | None, steps: int, layout: dict[str, int]
+) -> tuple[dict[str, Any], str, int]:
     """(data, header lines, step times kept) of the fitted rows merged into a base calibration."""
     from capplan.traffic.cost import merge_step_times
 
     rows = merge_step_times(base.step_times, fitted)
     data: dict[str, Any] = {"name": name or f"{base.name[:190]}+served"}
-    if base.identity is not None:
-        data["identity"] = base.identity.model_dump(exclude_none=True)
+    if base.identity is not None or layout:
+        identity = base.identity.model_dump(exclude_none=True) if base.identity is not None else {}
+        data["identity"] = _identity_with(identity, layout)
     data |= {"runs": [r.model_dump() for r in base.runs], "step_times": [r.model_dump() for r in rows]}
     source = (
-        f"# runs and identity: from {printable(base.name)}. step_times: {len(fitted)} fitted from the trace "
+        f"# runs and identity: from {printable(base.name)}, parallel sizes the trace's "
+        f"({_layout_words(layout)}). step_times: {len(fitted)} fitted from the trace "
         f"({steps} steps), {len(rows) - len(fitted)} kept from {printable(base.name)}.\n"
     )
     return data, source, len(rows) - len(fitted)
 
 
-def _alone(spec: Any, fitted: list[Any], name: str | None, trace: Path, steps: int) -> tuple[dict[str, Any], str, int]:
+def _alone(
+    spec: Any, fitted: list[Any], name: str | None, trace: Path, steps: int, layout: dict[str, int]
+) -> tuple[dict[str, Any], str, int]:
     """(data, header lines, 0) of the fitted rows alone, with the identity the plan's spec names."""
     data: dict[str, Any] = {"name": name or f"{printable(trace.stem)[:150]}+served"}
-    if spec.model is not None or spec.target.gpu:
+    if spec.model is not None or spec.target.gpu or layout:
         identity: dict[str, Any] = {}
         if spec.model is not None:
             identity["model"] = spec.model.model_dump(exclude_none=True)
         if spec.target.gpu:
             identity["gpu"] = spec.target.gpu
-        data["identity"] = identity
+        data["identity"] = identity | layout
     data["step_times"] = [r.model_dump() for r in fitted]
     source = (
         f"# step_times: {len(fitted)} fitted from the trace ({steps} steps), nothing else: "
         "no capture runs (pass --calibration to keep a calibration's);\n"
         "# identity: "
         + (
-            "the model and GPU the plan's spec names."
+            f"the model and GPU the plan's spec names, parallel sizes the trace's ({_layout_words(layout)})."
             if "identity" in data
             else "not recorded (the spec names no model)."
         )
         + "\n"
     )
     return data, source, 0
+
+
+def _layout_words(layout: dict[str, int]) -> str:
+    if not layout:
+        return "not recorded"
+    return ", ".join(f"{k} {v}" for k, v in layout.items())
 
 
 def _calibration_yaml(data: dict[str, Any]) -> str:

@@ -113,7 +113,24 @@ def dispatch(question: DispatchQuestion) -> Explained | Answers | EncoderPacking
     batch = batch_from_args(q.reqs, q.tokens, q.max_query_len, q.loras, q.base, q.has_prefill, q.uniform, spec)
     trace: list[str] = []
     desc = Dispatcher(loaded).explain(batch, trace)
+    trace += deferred_note(loaded, desc.graph_id)
     return Explained(batch, desc, trace)
+
+
+def deferred_note(plan: Plan, graph_id: int) -> list[str]:
+    """When the graph is deferred (spec tiers): what the batch replays until it is captured."""
+    from capplan.planner.tiers import chain
+    from capplan.schemas.plan import address
+
+    tiers = plan.tiers
+    if tiers is None or graph_id < 0 or graph_id not in tiers.fallback:
+        return []
+    links = chain(tiers, graph_id)
+    stand_ins = ", then ".join(address(plan.graphs[g].descriptor) for g in links[1:])
+    return [
+        f"deferred: captured while the engine serves; until then this batch replays {stand_ins} "
+        "(the first of them captured; the last is ready)"
+    ]
 
 
 def encoder_dispatch(plan: Plan, items_text: str) -> EncoderPacking:

@@ -125,7 +125,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         if r.plot is not None:
             raise UsageError("--plot draws the capture-size curve: it needs a budget", "drop --plot")
         ready = choose_ready(loaded, [f.batches for f in files], r.ready_share)
-        _check_verifies(ready.plan)
+        _check_verifies(ready.plan, out)
         write_atomic(out, tiers_spec_text(r.spec, r.traces, ready), sources)
         return OptimizeOutcome(None, out, ready)
     result = choose(
@@ -144,7 +144,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     if r.ready_share is not None:
         tiered = choose_ready(result.spec, [f.batches for f in files], r.ready_share)
         result = replace(result, spec=tiered.spec, plan=tiered.plan)
-    _check_verifies(result.plan)
+    _check_verifies(result.plan, out)
     picture = None
     if r.plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
         from capplan.present.plot import plot_curve
@@ -164,9 +164,19 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     return OptimizeOutcome(result, out, tiered)
 
 
-def _check_verifies(plan) -> None:
+def _check_verifies(plan, out: Path) -> None:
+    """The optimized spec is written only when its plan verifies and its plan file would load."""
     from capplan.analysis.verify import verify_plan
+    from capplan.planfile.compare import size_problem
+    from capplan.planfile.write import plan_file_data, render_plan
 
+    data = plan_file_data(plan)
+    problem = size_problem(render_plan(plan, out.name, None, data), data)
+    if problem is not None:
+        raise CapplanError(
+            f"the optimized spec's plan would be {problem}, so no command could load it; nothing was written",
+            "ask for a smaller --ready-share, or capture fewer sizes or LoRA cases",
+        )
     report = verify_plan(plan)
     if not report.ok:
         raise CapplanError(

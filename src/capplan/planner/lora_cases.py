@@ -17,7 +17,8 @@ def captured_lora_counts(max_loras: int, specialize_active: bool) -> list[int]:
     """Counts the LoRA kernels round their grid up to (powers of two, max_loras + 1)."""
     if not specialize_active:
         return [max_loras + 1]
-    return [n for n in range(1, max_loras + 2) if n & (n - 1) == 0 or n == max_loras + 1]
+    top = max_loras + 1
+    return sorted({1 << k for k in range(top.bit_length()) if 1 << k <= top} | {top})
 
 
 def lora_capture_cases(spec: Spec) -> list[int]:

@@ -14,6 +14,8 @@ intermediate state: in any state the batch replays the first captured graph of i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from capplan.schemas.plan import Descriptor, PlannedGraph, TierPlan, address
 from capplan.schemas.spec import Spec
 
@@ -62,21 +64,71 @@ def unknown_ready(spec: Spec, graphs: list[PlannedGraph]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class StandIns:
+    """What one or more stand-in graphs share, as far as replaying another graph's batches
+    goes: the one rule `can_stand_in` applies to a single graph, and `verify` to a whole
+    chain at once (every graph of the chain must replay the deferred graph's batches)."""
+
+    shapes: frozenset[tuple[str, int | None, int | None]]
+    min_tokens: int
+    reqs_none: bool  # every stand-in runs any request count (PIECEWISE)
+    min_reqs: int | None  # the fewest requests a request-padding stand-in holds (None: none pads)
+    exact_cases: frozenset[int]  # LoRA cases of stand-ins matched by case (LoRA off: no kernel grid)
+    min_grid: int | None  # the smallest captured kernel grid among the others (None: none has one)
+    grid_without_lora: bool  # one of those recorded no LoRA kernels (case 0)
+
+    @classmethod
+    def of(cls, f: Descriptor, f_grid: int | None) -> StandIns:
+        """One stand-in: graph f, with its captured kernel grid (None: LoRA off)."""
+        return cls(
+            shapes=frozenset({shape(f)}),
+            min_tokens=f.num_tokens,
+            reqs_none=f.num_reqs is None,
+            min_reqs=f.num_reqs,
+            exact_cases=frozenset({f.num_active_loras}) if f_grid is None else frozenset(),
+            min_grid=f_grid,
+            grid_without_lora=f_grid is not None and not f.num_active_loras,
+        )
+
+    def __add__(self, other: StandIns) -> StandIns:
+        def least(a: int | None, b: int | None) -> int | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        return StandIns(
+            shapes=self.shapes | other.shapes,
+            min_tokens=min(self.min_tokens, other.min_tokens),
+            reqs_none=self.reqs_none and other.reqs_none,
+            min_reqs=least(self.min_reqs, other.min_reqs),
+            exact_cases=self.exact_cases | other.exact_cases,
+            min_grid=least(self.min_grid, other.min_grid),
+            grid_without_lora=self.grid_without_lora or other.grid_without_lora,
+        )
+
+    def replay(self, g: Descriptor, needs: int) -> bool:
+        """Whether every stand-in replays every batch graph g replays; `needs`: the most adapter
+        slots such a batch can bring."""
+        if self.shapes != {shape(g)} or self.min_tokens < g.num_tokens:
+            return False
+        if g.num_reqs is None:
+            if not self.reqs_none:
+                return False  # a request-padding graph cannot replay a graph of any request count
+        elif self.min_reqs is not None and self.min_reqs < g.num_reqs:
+            return False
+        if self.exact_cases - {g.num_active_loras}:
+            return False
+        if self.min_grid is not None:
+            if g.num_active_loras and self.grid_without_lora:
+                return False  # a no-LoRA graph recorded no LoRA kernels
+            if self.min_grid < needs:
+                return False
+        return True
+
+
 def can_stand_in(f: Descriptor, g: Descriptor, f_grid: int | None, needs: int) -> bool:
     """Whether graph f replays every batch graph g replays. `f_grid`: f's captured kernel grid
     (None: LoRA off); `needs`: the most adapter slots a batch g replays can bring."""
-    if shape(f) != shape(g) or f.num_tokens < g.num_tokens:
-        return False
-    if g.num_reqs is None:
-        if f.num_reqs is not None:
-            return False
-    elif f.num_reqs is not None and f.num_reqs < g.num_reqs:
-        return False
-    if f_grid is None:
-        return f.num_active_loras == g.num_active_loras
-    if g.num_active_loras and not f.num_active_loras:
-        return False  # a no-LoRA graph recorded no LoRA kernels
-    return f_grid >= needs
+    return StandIns.of(f, f_grid).replay(g, needs)
 
 
 def tier_plan(spec: Spec, graphs: list[PlannedGraph]) -> TierPlan:
@@ -99,13 +151,16 @@ def tier_plan(spec: Spec, graphs: list[PlannedGraph]) -> TierPlan:
     )
 
 
-def chain(tiers: TierPlan, graph_id: int) -> list[int]:
+def chain(tiers: TierPlan, graph_id: int, deferred: set[int] | frozenset[int] | None = None) -> list[int]:
     """What a batch of `graph_id` may replay, in order, as deferred graphs land: the graph,
-    then its fallbacks up to the first that is not deferred (stops on a loop or a dangling id)."""
-    deferred = set(tiers.deferred)
-    out = [graph_id]
-    while out[-1] in deferred and out[-1] in tiers.fallback and tiers.fallback[out[-1]] not in out:
+    then its fallbacks up to the first that is not deferred (stops on a loop or a dangling id).
+    `deferred`: set(tiers.deferred), when the caller has it."""
+    if deferred is None:
+        deferred = set(tiers.deferred)
+    out, seen = [graph_id], {graph_id}
+    while out[-1] in deferred and out[-1] in tiers.fallback and tiers.fallback[out[-1]] not in seen:
         out.append(tiers.fallback[out[-1]])
+        seen.add(out[-1])
     return out
 
 

@@ -59,9 +59,9 @@ def diff_grids(old: Plan, new: Plan) -> tuple[list, dict]:
 
 def eager_note(plan: Plan) -> str:
     """The token ranges that run eager, as verify reports them (at most three)."""
-    from capplan.analysis.verify import verify_plan
+    from capplan.analysis.verify import eager_regions
 
-    regions = verify_plan(plan, consistency=False).eager_regions
+    regions = eager_regions(plan)
     if not regions:
         return "every reachable batch replays a graph"
     more = f" (+{len(regions) - 3} more)" if len(regions) > 3 else ""

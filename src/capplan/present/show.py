@@ -184,9 +184,9 @@ def _cases(cases: list[int], every: list[int]) -> str:
 
 def _eager(plan: Plan) -> list[str]:
     """The batches no graph serves, as verify reports them."""
-    from capplan.analysis.verify import verify_plan
+    from capplan.analysis.verify import eager_regions
 
-    regions = verify_plan(plan, consistency=False).eager_regions
+    regions = eager_regions(plan)
     return [f"  {region}" for region in regions] or ["  none: every reachable batch replays a graph"]
 
 

@@ -97,11 +97,11 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
 
     from capplan.planfile import load_plan
     from capplan.runtime.mrv2 import installed
-    from capplan.runtime.smoke import adapters_in, engine_kwargs
+    from capplan.runtime.smoke import adapters_in, engine_kwargs, env_llm_args
 
     plan = load_plan(plan_path)
     kwargs = engine_kwargs(plan)
-    kwargs.update(json.loads(os.environ.get("CAPPLAN_SMOKE_LLM_ARGS", "{}")))
+    kwargs.update(env_llm_args())
     llm = LLM(model=str(model_dir / "base"), skip_tokenizer_init=True, seed=0, **kwargs)
     # With vLLM's default multiprocessing the engine core (which captures) is another
     # process: its report reaches this one through CAPPLAN_REPORT, written after capture.
@@ -153,7 +153,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     from capplan.install_hints import pip_install
     from capplan.planfile import plan_file_data, render_plan
     from capplan.planner.compiler import compile_plan
-    from capplan.runtime.smoke import adapters_in, engine_kwargs
+    from capplan.runtime.smoke import adapters_in, engine_kwargs, env_llm_args
 
     if importlib.util.find_spec("vllm") is None:
         raise CapplanError(
@@ -161,6 +161,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
             f"{pip_install('vllm')} on a GPU machine",
         )
     engine_kwargs(compile_plan(spec))  # refuse what the engines cannot drive, before starting any
+    env_llm_args()
     if not (model_dir / "base").is_dir():
         raise CapplanError(f"{model_dir}: expected the base model in {model_dir / 'base'}")
     if spec.lora.enabled and not adapters_in(model_dir):
@@ -223,10 +224,11 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     versions = _versions()
     gpu = versions.get("gpu", "GPU").replace("NVIDIA ", "").replace(" ", "-").lower()
     name = name or f"{gpu}-vllm{versions.get('vllm', '')}-{model_dir.name}"
-    llm_args = json.loads(os.environ.get("CAPPLAN_SMOKE_LLM_ARGS", "{}"))
+    llm_args = env_llm_args()
     identity: dict = {"model": model_identity(model_dir / "base")}
     identity.update({k: versions[k] for k in ("gpu", "vllm", "torch") if versions.get(k)})
-    identity["tensor_parallel_size"] = int(llm_args.get("tensor_parallel_size", 1))
+    identity["tensor_parallel_size"] = llm_args.get("tensor_parallel_size", 1)
+    identity["pipeline_parallel_size"] = llm_args.get("pipeline_parallel_size", 1)
     header = (
         f"# Calibration written by capplan calibrate {spec_name} --model {model_dir.name}\n"
         f"# vLLM {versions.get('vllm')} Model Runner V2, torch {versions.get('torch')}, {versions.get('gpu')}.\n"

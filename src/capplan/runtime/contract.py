@@ -70,7 +70,7 @@ MANAGER_STATE = (
     "lora_capture_cases",
     "decode_query_len",
 )
-RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len")
+RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len", "parallel_config")
 DUMMY_BATCH_FIELDS = (
     "num_scheduled_tokens",
     "query_start_loc_np",

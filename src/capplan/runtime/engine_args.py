@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capplan.errors import CapplanError, printable
+from capplan.files import json_depth
+from capplan.limits import MAX_DEPTH, MAX_INT_DIGITS
 from capplan.schemas.plan import Plan
 
 SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -64,7 +66,7 @@ SIZES_FLAG = "--cudagraph-capture-sizes"
 def human_int(text: str) -> int:
     """vLLM's human-readable integers: 4096, 1k (1000), 1K (1024), 25.6k."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip())
-    if not match:
+    if not match or len(match.group(1)) > MAX_INT_DIGITS:
         raise ValueError(text)
     number, suffix = match.groups()
     if not suffix:
@@ -157,7 +159,7 @@ def read_command(argv: list[str]) -> Command | None:
             which = JSON_ARGS[name]
             raw = value()
             try:
-                data = json.loads(raw)
+                data = _json(name, raw)
             except ValueError:
                 raise CapplanError(f"{name}: not JSON ({printable(raw[:60])})", "give a JSON object") from None
             if not isinstance(data, dict):
@@ -168,9 +170,11 @@ def read_command(argv: list[str]) -> Command | None:
         elif "." in name and name.split(".", 1)[0] in JSON_ARGS:
             head, _, key = name.partition(".")
             which = JSON_ARGS[head]
+            if key.count(".") >= MAX_DEPTH:
+                raise CapplanError(f"{printable(name)[:60]}...: dotted key deeper than {MAX_DEPTH} levels")
             raw = value()
             try:
-                parsed: object = json.loads(raw)
+                parsed: object = _json(name, raw)
             except ValueError:
                 parsed = raw
             cmd.dotted.add(which)
@@ -188,9 +192,80 @@ def read_command(argv: list[str]) -> Command | None:
 
 def _integer(flag: str, raw: str, kind: str) -> int:
     try:
+        if len(raw.strip()) > MAX_INT_DIGITS + 1:
+            raise ValueError(raw)
         return human_int(raw) if kind == "human_int" else int(raw)
     except ValueError:
-        raise CapplanError(f"{flag} {printable(raw)}: not an integer") from None
+        raise CapplanError(
+            f"{flag} {printable(raw)[:40]}: not an integer of at most {MAX_INT_DIGITS} digits",
+            "give a count, e.g. 4096" + (" or 4k" if kind == "human_int" else ""),
+        ) from None
+
+
+def _json(flag: str, raw: str) -> object:
+    """A JSON value of the command line, bounded as capplan's readers bound JSON (nesting,
+    integer digits); ValueError when it is not JSON. Duplicate keys keep the last, as vLLM's
+    json.loads does."""
+    if raw.count("[") + raw.count("{") > MAX_DEPTH and json_depth(raw) > MAX_DEPTH:
+        raise CapplanError(f"{flag}: JSON nested deeper than {MAX_DEPTH} levels", "give a flat JSON object")
+    try:
+        return _BOUNDED_JSON.decode(raw)
+    except RecursionError:
+        raise CapplanError(f"{flag}: JSON nested too deeply", "give a flat JSON object") from None
+    except CapplanError as exc:
+        raise CapplanError(f"{printable(flag)[:60]}: {exc.message}", exc.hint) from None
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise CapplanError(f"an integer of {len(text)} digits (at most {MAX_INT_DIGITS})", "give a count")
+    return int(text)
+
+
+_BOUNDED_JSON = json.JSONDecoder(parse_int=_bounded_int)
+
+# What each JSON key capplan reads must hold, as vLLM's config classes type it: a wrong type
+# is refused by vLLM too, so it is refused here, naming the key, before anything starts.
+_KINDS: dict[str, str] = {
+    "cudagraph_mode": "mode",
+    "cudagraph_capture_sizes": "int_list",
+    "max_cudagraph_capture_size": "int",
+    "cudagraph_specialize_lora": "bool",
+    "cudagraph_mm_encoder": "bool",
+    "encoder_cudagraph_token_budgets": "int_list",
+    "encoder_cudagraph_max_vision_items_per_batch": "int",
+    "encoder_cudagraph_max_frames_per_batch": "int",
+    "num_speculative_tokens": "int",
+}
+_KIND_WORDS = {
+    "mode": "a cudagraph mode name or number",
+    "int_list": "a list of integers",
+    "int": "an integer",
+    "bool": "true or false",
+}
+
+
+def _typed(where: str, key: str, got: object) -> object:
+    """`got`, when it has the type vLLM gives `key` (null: vLLM's default); else CapplanError."""
+    kind = _KINDS[key]
+    if got is None:
+        return None
+
+    def is_int(v: object) -> bool:
+        return type(v) is int
+
+    ok = {
+        "mode": isinstance(got, str) or is_int(got),
+        "int_list": isinstance(got, list) and all(is_int(v) for v in got),
+        "int": is_int(got),
+        "bool": isinstance(got, bool),
+    }[kind]
+    if not ok:
+        raise CapplanError(
+            f"{where}: must be {_KIND_WORDS[kind]} (got {printable(json.dumps(got))[:40]})",
+            "vLLM refuses this value too; fix it in the command",
+        )
+    return got
 
 
 def _read_json(cmd: Command, which: str, data: dict, flag: str, dotted: bool = False) -> None:
@@ -199,13 +274,14 @@ def _read_json(cmd: Command, which: str, data: dict, flag: str, dotted: bool = F
 
     if which == "speculative":
         if "num_speculative_tokens" in data:
-            cmd.values["speculative.num_speculative_tokens"] = data["num_speculative_tokens"]
+            got = _typed(shown("num_speculative_tokens"), "num_speculative_tokens", data["num_speculative_tokens"])
+            cmd.values["speculative.num_speculative_tokens"] = got
             cmd.flags["speculative.num_speculative_tokens"] = shown("num_speculative_tokens")
         cmd.values.setdefault("speculative.present", True)
         return
     for key, setting in COMPILATION.items():
         if key in data:
-            got = data[key]
+            got = _typed(shown(key), key, data[key])
             if key == "cudagraph_capture_sizes" and isinstance(got, list):
                 got = sorted(set(got))
             if key == "encoder_cudagraph_token_budgets" and isinstance(got, list):

@@ -443,7 +443,9 @@ def _hook_record(state: Installed, runner_cls, release: Release) -> None:
                 state.recording_off = True
                 return result
             contract.check_attributes(entry, self)
-            rec = state.recorder = recorder.open_recorder(self.dp_rank, self.dp_size, header)
+            rec = state.recorder = recorder.open_recorder(
+                self.dp_rank, self.dp_size, header + recorder.layout_note(self.parallel_config)
+            )
             state.report.recorder = rec
             if rec is None:
                 return result

@@ -37,13 +37,15 @@ from capplan.files import open_stream
 ENV = "CAPPLAN_TRACE"
 ENV_MAX_MB = "CAPPLAN_TRACE_MAX_MB"
 DEFAULT_MAX_MB = 256
+LAYOUT_FIELDS = ("tensor_parallel_size", "pipeline_parallel_size")  # read back by capplan.batches.trace_layout
 WARMUP_PREFIXES = ("_warmup_", "_v2_mixed_warmup")  # request ids of vLLM's start-up warm-up steps
 
 
 def _is_trace(path: str) -> bool:
+    from capplan.files import file_head
+
     try:
-        with open(path, "rb") as handle:
-            return handle.read(16) == b"# capplan trace:"
+        return file_head(path, 16) == b"# capplan trace:"
     except OSError:
         return False
 
@@ -178,6 +180,13 @@ def max_trace_mb(value: str | None) -> float:
         )
         return DEFAULT_MAX_MB
     return number
+
+
+def layout_note(parallel_config: object) -> str:
+    """The engine's parallel sizes, for the trace's header (capplan calibrate-trace records
+    them in the calibration it fits: step times depend on them)."""
+    sizes = [(name, getattr(parallel_config, name, None)) for name in LAYOUT_FIELDS]
+    return "".join(f"; {name} {size}" for name, size in sizes if type(size) is int)
 
 
 def open_recorder(rank: int, dp_size: int, header: str) -> Recorder | None:

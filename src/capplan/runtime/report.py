@@ -147,7 +147,7 @@ class Report:
 
         problem = None
         if not self._owns(path):
-            problem = f"{path}: exists and is not a capplan report; refusing to replace it"
+            problem = f"{path}: exists and is not a capplan report (or not a regular file); refusing to replace it"
         else:
             problem = write_for_runtime(Path(path), json.dumps(self.to_json(), indent=2))
         if problem is not None:  # a report must never break the engine
@@ -155,12 +155,12 @@ class Report:
 
     def _owns(self, path: str) -> bool:
         """Whether the report may replace `path`: a new file, an empty one, or an earlier report
-        (never a file the command reads, such as a model's config.json)."""
+        (never a file the command reads, such as a model's config.json, and never a FIFO: a
+        report must not wait for a reader)."""
+        from capplan.files import file_head
+
         try:
-            with open(path, "rb") as handle:
-                head = handle.read(32)
-        except FileNotFoundError:
-            return True
+            head = file_head(path, 32)
         except OSError:
             return False
         return not head or head.startswith(b'{\n  "plan": ')

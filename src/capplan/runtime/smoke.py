@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capplan.errors import CapplanError
+from capplan.errors import CapplanError, printable
 from capplan.schemas.plan import Plan
 
 REQS_PER_BATCH = 8
@@ -50,6 +50,35 @@ def engine_kwargs(plan: Plan) -> dict:
             enable_lora=True, max_loras=spec.lora.max_loras, specialize_active_lora=spec.lora.specialize_active
         )
     return kwargs
+
+
+LLM_ARGS_ENV = "CAPPLAN_SMOKE_LLM_ARGS"
+
+
+def env_llm_args() -> dict:
+    """CAPPLAN_SMOKE_LLM_ARGS: a JSON object of `LLM(...)` keyword arguments (unset: none),
+    bounded like capplan's other JSON readers; CapplanError naming the variable otherwise."""
+    from capplan.files import json_value
+
+    raw = os.environ.get(LLM_ARGS_ENV, "")
+    if not raw.strip():
+        return {}
+    if len(raw) > 64 * 1024:
+        raise CapplanError(f"{LLM_ARGS_ENV}: {len(raw)} characters (at most 65536)", "pass only LLM keyword arguments")
+    try:
+        data = json_value(raw)
+    except ValueError as exc:
+        raise CapplanError(
+            f"{LLM_ARGS_ENV}: not JSON ({printable(str(exc))[:80]})",
+            'give a JSON object of LLM keyword arguments, e.g. {"max_model_len": 512}',
+        ) from None
+    if not isinstance(data, dict):
+        raise CapplanError(f"{LLM_ARGS_ENV}: must be a JSON object of LLM keyword arguments")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        size = data.get(name, 1)
+        if type(size) is not int or not 1 <= size <= 1024:
+            raise CapplanError(f"{LLM_ARGS_ENV}: {name} must be an integer from 1 to 1024")
+    return data
 
 
 def adapters_in(model_dir: Path) -> list[Path]:
@@ -86,7 +115,7 @@ def _worker(model_dir: Path, out: Path, plan_path: Path, eager: bool) -> None:
     kwargs = engine_kwargs(plan)
     if eager:
         kwargs.pop("compilation_config")
-    kwargs.update(json.loads(os.environ.get("CAPPLAN_SMOKE_LLM_ARGS", "{}")))
+    kwargs.update(env_llm_args())
     llm = LLM(model=str(model_dir / "base"), skip_tokenizer_init=True, seed=0, enforce_eager=eager, **kwargs)
     vocab = json.loads((model_dir / "base" / "config.json").read_text()).get("vocab_size", 1000)
     adapter_dirs = adapters_in(model_dir)
@@ -123,6 +152,7 @@ def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple
 
     plan = load_plan(plan_path)
     engine_kwargs(plan)  # fail early on what smoke cannot drive
+    env_llm_args()
     if not (model_dir / "base").is_dir():
         raise CapplanError(f"{model_dir}: expected the base model in {model_dir / 'base'}")
     if plan.spec.lora.enabled and not adapters_in(model_dir):

@@ -8,10 +8,12 @@ in each description.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from capplan.errors import printable
 from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of, runs_on
 
 
@@ -319,7 +321,7 @@ class Parallel(_Strict):
     )
 
 
-MAX_READY_LIST = 4096  # graph addresses in tiers.ready: more than any plan file holds graphs
+MAX_READY_LIST = 65536  # graph addresses in tiers.ready: more than any plan file holds graphs
 _ADDRESS = r"^(PIECEWISE|FULL):[1-9][0-9]{0,6}(x[1-9][0-9]{0,6})?@[0-9]{1,4}$"
 
 
@@ -351,6 +353,24 @@ class Tiers(_Strict):
             "(that step waits for it); while it is idle, one after another."
         ),
     )
+
+    @field_validator("ready", mode="before")
+    @classmethod
+    def _ready_form(cls, ready: object) -> object:
+        """Say what `ready` takes in words, instead of the two types it may have."""
+        said = 'name graph addresses (MODE:TOKENS[xREQUESTS]@CASE) or write "full_decode"'
+        if isinstance(ready, list):
+            if not ready:
+                raise ValueError(f"[] names no graph; {said}, or remove tiers")
+            if len(ready) > MAX_READY_LIST:
+                raise ValueError(f"lists {len(ready)} graphs (at most {MAX_READY_LIST}); write full_decode instead")
+            for i, item in enumerate(ready):
+                if not isinstance(item, str) or not re.fullmatch(_ADDRESS, item) or len(item) > 40:
+                    raise ValueError(f"[{i}] {printable(repr(item))[:50]} is not a graph address; {said}")
+            return ready
+        if ready != "full_decode":
+            raise ValueError(f"neither a list nor full_decode; {said}")
+        return ready
 
     @field_validator("ready")
     @classmethod
@@ -440,6 +460,11 @@ class Multimodal(_Strict):
             raise ValueError("token_budgets: [] lists no budget; leave it out for the model's own, or list them")
         if self.token_budgets is not None and len(set(self.token_budgets)) != len(self.token_budgets):
             raise ValueError("token_budgets lists a budget twice; list each once")
+        if explicit and self.token_budgets and self.max_vision_items_per_batch > min(self.token_budgets):
+            raise ValueError(
+                f"max_vision_items_per_batch ({self.max_vision_items_per_batch}) must be <= the smallest token "
+                f"budget ({min(self.token_budgets)}), as vLLM requires; lower it or raise the smallest budget"
+            )
         if self.video and self.max_frames_per_batch is None and self.max_frames_per_video == 0:
             raise ValueError("video with auto max_frames_per_batch needs max_frames_per_video (the model's)")
         return self
@@ -539,25 +564,9 @@ class Spec(_Strict):
     def _tiers_where_safe(self) -> Spec:
         if self.tiers is None:
             return self
-        if self.parallel.data_parallel_size > 1:
-            raise ValueError(
-                "tiers: deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they "
-                "would have to agree on which graphs exist at every step); remove tiers"
-            )
-        if self.speculative.num_speculative_tokens:
-            raise ValueError(
-                "tiers: deferred capture does not support speculative decoding (vLLM captures the drafter's "
-                "graphs together with the model's); remove tiers or num_speculative_tokens"
-            )
-        if self.cudagraph.mode is CudagraphMode.NONE:
-            raise ValueError("tiers: cudagraph mode NONE captures no graphs; remove tiers")
-        lacking = [v for v in runs_on(self.target.vllm) if not RELEASES[v].deferred_capture]
-        if lacking:
-            able = ", ".join(v for v, r in RELEASES.items() if r.deferred_capture)
-            raise ValueError(
-                f"tiers: deferred capture is not built for vLLM {lacking[0]}'s model runner (it is for {able}); "
-                'remove tiers, or target.vllm: "0.25"'
-            )
+        refusals = deferred_capture_refusals(self)
+        if refusals:
+            raise ValueError("tiers: " + "; ".join(f"{why}: {fix}" for why, fix in refusals))
         return self
 
     @model_validator(mode="after")
@@ -594,3 +603,49 @@ class Spec(_Strict):
     @property
     def decode_query_len(self) -> int:
         return 1 + self.speculative.num_speculative_tokens
+
+
+def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
+    """Why the runtime cannot defer captures for this deployment, each reason with its fix
+    (none: it can). The one rule for tiers: the spec, `optimize --ready-share` and the
+    runtime read it here."""
+    out: list[tuple[str, str]] = []
+    if spec.parallel.data_parallel_size > 1:
+        out.append(
+            (
+                "deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they would "
+                "have to agree on which graphs exist at every step)",
+                "remove tiers, or set data_parallel_size 1",
+            )
+        )
+    if spec.speculative.num_speculative_tokens:
+        out.append(
+            (
+                "deferred capture does not support speculative decoding (vLLM captures the drafter's graphs "
+                "together with the model's)",
+                "remove tiers or num_speculative_tokens",
+            )
+        )
+    if spec.cudagraph.mode is CudagraphMode.NONE:
+        out.append(("cudagraph mode NONE captures no graphs", "remove tiers"))
+    target = spec.target.vllm
+    lacking = [v for v in runs_on(target) if not RELEASES[v].deferred_capture]
+    if lacking:
+        able = ", ".join(v for v, r in RELEASES.items() if r.deferred_capture)
+        others = [v for v in lacking if v != target]
+        if target in ALIASES:
+            named = f"vLLM {target}'s model runners ({', '.join(lacking)})"
+        elif target in lacking:
+            named = f"vLLM {target}'s model runner" + (
+                f" (nor for {', '.join(others)}, which a plan for {target} also runs on)" if others else ""
+            )
+        else:
+            named = f"vLLM {', '.join(lacking)}, which a plan for {target} also runs on"
+        first = next(v for v, r in RELEASES.items() if r.deferred_capture)
+        out.append(
+            (
+                f"deferred capture is not built for {named} (it is for {able})",
+                f'remove tiers, or target.vllm: "{first}"',
+            )
+        )
+    return out

@@ -25,8 +25,10 @@ what was measured has no price, and whoever needs it says which point to
 measure.
 
 A calibration records what it was measured on (`identity`: the model, the
-GPU, vLLM and torch). Estimates for a spec that names another model or GPU
-are withheld (`Basis`).
+GPU, vLLM, torch and the parallel sizes). Estimates for a spec that names
+another model, GPU or parallel layout are withheld (`Basis`), and they read
+"not checked" unless every field that decides them was compared on both
+sides (`not_compared` says which those are).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Identity(_Strict):
     vllm: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
     torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
     tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
 
 
 class Calibration(_Strict):
@@ -168,6 +171,13 @@ def _identity_text(identity: Identity | None) -> str:
     if not parts:
         parts.append("an unrecorded model")
     parts.append(f"on {identity.gpu}" if identity.gpu else "GPU not recorded")
+    layout = [
+        f"{name} {size}"
+        for name, size in (("TP", identity.tensor_parallel_size), ("PP", identity.pipeline_parallel_size))
+        if size is not None
+    ]
+    if layout:
+        parts.append(" ".join(layout))
     if identity.vllm:
         parts.append(f"vLLM {identity.vllm}")
     return ", ".join(parts)
@@ -201,8 +211,43 @@ def _names_a_model(model: Model | None) -> bool:
     return model is not None and any(v is not None for v in model.__dict__.values())
 
 
+def not_compared(cal: Identity | None, spec: Spec) -> list[str]:
+    """What decides step times and graph memory but was not compared, because one side (or
+    both) does not give it. Compared are: the model (the same name on both sides, or the
+    architecture and parameter count on both), its dtype (on both, or implied by the same
+    name on both when neither gives one), the GPU, and the tensor- and pipeline-parallel
+    sizes. A calibration whose identity leaves any of them out, against a spec that leaves
+    any of them out, is "not checked"."""
+    ident = cal or Identity()
+    out = []
+    sm = spec.model if _names_a_model(spec.model) else None
+    cm = ident.model if _names_a_model(ident.model) else None
+    if sm is None:
+        out.append("the spec names no model")
+    elif cm is None:
+        out.append("the calibration does not record its model")
+    else:
+        same_name = sm.name is not None and sm.name == cm.name
+        shape = all(v is not None for v in (sm.architecture, sm.parameters, cm.architecture, cm.parameters))
+        if not (same_name or shape):
+            out.append("the model (needs the same name, or architecture and parameters, on both sides)")
+        if not ((sm.dtype and cm.dtype) or (same_name and not sm.dtype and not cm.dtype)):
+            out.append("the dtype (needs model.dtype on both sides)")
+    if not spec.target.gpu:
+        out.append("the spec names no GPU")
+    elif not ident.gpu:
+        out.append("the calibration does not record its GPU")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(spec.parallel, name) is None:
+            out.append(f"the spec does not set parallel.{name}")
+        elif getattr(ident, name) is None:
+            out.append(f"the calibration does not record its {name}")
+    return out
+
+
 def judge(cal: Calibration, spec: Spec) -> Basis:
-    """Whether a calibration's estimates apply to a spec's deployment."""
+    """Whether a calibration's estimates apply to a spec's deployment: withheld when a field
+    both give differs, "not checked" unless every deciding field was compared (not_compared)."""
     ident = cal.identity
     said = _identity_text(ident)
     problems = []
@@ -212,19 +257,15 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
         problems += model_differences(cal_model, spec_model)
     if spec.target.gpu and ident is not None and ident.gpu and _gpu_key(spec.target.gpu) != _gpu_key(ident.gpu):
         problems.append(f"GPU {ident.gpu} vs {spec.target.gpu}")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        want, have = getattr(spec.parallel, name), getattr(ident, name) if ident is not None else None
+        if want is not None and have is not None and want != have:
+            problems.append(f"{name} {have} vs {want}")
     if problems:
         return Basis(
             cal.name, False, f"uncalibrated: measured on {said}; differs from the spec ({'; '.join(problems)})"
         )
-    unchecked = []
-    if spec_model is None:
-        unchecked.append("the spec names no model")
-    elif cal_model is None:
-        unchecked.append("the calibration does not record its model")
-    if not spec.target.gpu:
-        unchecked.append("the spec names no GPU")
-    elif ident is None or not ident.gpu:
-        unchecked.append("the calibration does not record its GPU")
+    unchecked = not_compared(ident, spec)
     if unchecked:
         return Basis(
             cal.name, True, f"measured on {said}; not checked against this deployment ({', '.join(unchecked)})"

@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from capplan import releases
+from pydantic import ValidationError
+
 from capplan.errors import UsageError
+from capplan.loading import describe_validation_error
 from capplan.planner.compiler import compile_plan
 from capplan.planner.dispatch import Dispatcher
 from capplan.schemas.plan import Plan, address
-from capplan.schemas.spec import Spec, Tiers
+from capplan.schemas.spec import Spec, Tiers, deferred_capture_refusals
 from capplan.traffic.simulate import TraceBatch
 
 
@@ -49,17 +51,13 @@ def choose_ready(spec: Spec, traces: list[list[TraceBatch]], share: float) -> Re
     """The spec with tiers.ready naming the graphs that replay `share` of the trace's graph steps."""
     if not 0.0 < share <= 1.0:
         raise UsageError(f"--ready-share must be above 0 and at most 1 (got {share})")
-    if spec.parallel.data_parallel_size > 1 or len(traces) != 1:
-        raise UsageError(
-            "--ready-share: deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they "
-            "would have to agree on which graphs exist at every step)",
-            "choose capture sizes without --ready-share",
-        )
-    if not all(releases.RELEASES[v].deferred_capture for v in releases.runs_on(spec.target.vllm)):
-        raise UsageError(
-            f"--ready-share: deferred capture is not built for vLLM {spec.target.vllm}'s model runner",
-            'set target.vllm: "0.25" in the spec, or choose capture sizes without --ready-share',
-        )
+    refusals = deferred_capture_refusals(spec)
+    if refusals:
+        why, _ = refusals[0]
+        more = f" (and {len(refusals) - 1} more: {'; '.join(w for w, _ in refusals[1:])})" if len(refusals) > 1 else ""
+        raise UsageError(f"--ready-share: {why}{more}", "choose capture sizes without --ready-share")
+    if len(traces) != 1:
+        raise UsageError("--ready-share: pass one trace (deferred capture runs on one DP rank)")
     base = spec.model_copy(update={"tiers": None})
     plan = compile_plan(base, with_deviations=False)
     dispatcher = Dispatcher(plan)
@@ -85,7 +83,10 @@ def choose_ready(spec: Spec, traces: list[list[TraceBatch]], share: float) -> Re
         covered += count
     every = spec.tiers.every_steps if spec.tiers is not None else Tiers.model_fields["every_steps"].default
     ready = [address(plan.graphs[g].descriptor) for g in sorted(chosen)]
-    tiered = Spec.model_validate({**base.model_dump(), "tiers": {"ready": ready, "every_steps": every}})
+    try:
+        tiered = Spec.model_validate({**base.model_dump(), "tiers": {"ready": ready, "every_steps": every}})
+    except ValidationError as exc:  # the spec was valid without tiers; a limit of the ready list
+        raise UsageError(f"--ready-share: the chosen tiers: {describe_validation_error(exc, Spec)}") from None
     final = compile_plan(tiered)
     assert final.tiers is not None
     deferred = set(final.tiers.deferred)
@@ -106,6 +107,6 @@ def describe(choice: ReadyChoice) -> str:
     return (
         f"ready tier: {choice.ready} of {total} graphs ({choice.named} chosen by the trace, the rest the largest "
         f"of each mode and LoRA case) replay {choice.covered} of the trace's {choice.graph_steps} graph steps "
-        f"({choice.covered_share:.1%}; asked {choice.share:.0%}); {total - choice.ready} deferred. Rests on the "
+        f"({choice.covered_share:.1%}; asked {choice.share * 100:.4g}%); {total - choice.ready} deferred. Rests on the "
         "trace alone, no calibration"
     )
