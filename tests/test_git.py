@@ -53,8 +53,10 @@ def test_git_diff_shows_graphs_added_and_removed_per_mode_and_case(repo):
     setup = repo("capplan", "git-setup")
     assert "diff.capplan.command" in setup.stderr
     assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
-    # this capplan by its Python's absolute path: git finds it whatever PATH it runs with
-    assert repo("git", "config", "diff.capplan.command").stdout.strip() == f"{sys.executable} -m capplan git-diff --"
+    # this capplan by its Python's absolute path (outside the repository): git finds it whatever
+    # PATH it runs with, and falls back to a capplan on PATH once that Python is gone
+    value = repo("git", "config", "diff.capplan.command").stdout.strip()
+    assert value.startswith("sh -c ") and value.endswith(f" capplan {sys.executable}")
     repo("capplan", "git-setup")  # idempotent: the attribute line is not added twice
     assert (repo.path / ".gitattributes").read_text() == "*.plan.yaml diff=capplan\n"
     spec = repo.path / "configs" / "deploy.yaml"
@@ -200,3 +202,52 @@ def test_git_setup_refuses_when_a_folder_s_attributes_override_it_for_a_tracked_
                           text=True, timeout=20)  # fmt: skip
     assert proc.returncode == 1 and "overrides" in proc.stderr
     assert not (tmp_path / ".gitattributes").exists()
+
+
+def _venv_python(folder: Path) -> Path:
+    """A stand-in for a venv's python inside the repository (a link to this one, which keeps
+    its own name as sys.executable; VENV_ENV puts this capplan and its dependencies on its path)."""
+    folder.mkdir(parents=True)
+    python = folder / "python"
+    python.symlink_to(sys.executable)
+    return python
+
+
+def _venv_env() -> dict[str, str]:
+    import sysconfig
+
+    return {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), sysconfig.get_paths()["purelib"]])}
+
+
+def test_git_diff_survives_a_rebuilt_venv_and_says_how_to_repair_a_missing_one(repo):
+    """The driver names a venv inside the repository by a relative path: a venv removed and
+    built again in place needs no new git-setup; with none (and no capplan on PATH) git
+    prints one line saying what to run."""
+    python = _venv_python(repo.path / ".venv" / "bin")
+    subprocess.run([str(python), "-m", "capplan", "git-setup"], cwd=repo.path, env={**os.environ, **_venv_env(),
+                   "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}, check=True, capture_output=True)  # fmt: skip
+    value = repo("git", "config", "diff.capplan.command").stdout.strip()
+    assert value.endswith(" capplan ./.venv/bin/python"), value
+    spec = repo.path / "configs" / "deploy.yaml"
+    spec.write_text(SPEC.replace("max_loras: 4", "max_loras: 2"))
+    repo("capplan", "compile", "configs/deploy.yaml")
+    bare = {"PATH": "/usr/bin:/bin", **_venv_env()}  # no capplan on PATH
+
+    def git_diff(check=True):
+        env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", **bare}
+        return subprocess.run(
+            ["git", "diff", "--", "configs/deploy.plan.yaml"], cwd=repo.path, env=env, capture_output=True, text=True
+        )
+
+    assert "lora.max_loras: 4 -> 2" in git_diff().stdout
+    shutil.rmtree(repo.path / ".venv")
+    _venv_python(repo.path / ".venv" / "bin")  # rm -rf .venv && python3 -m venv .venv && pip install ...
+    assert "lora.max_loras: 4 -> 2" in git_diff().stdout
+    shutil.rmtree(repo.path / ".venv")
+    gone = git_diff()
+    assert gone.returncode != 0
+    said = [line for line in gone.stderr.splitlines() if line.startswith("capplan:")]
+    assert said == [
+        "capplan: the git diff driver's python ./.venv/bin/python is gone and no capplan is on PATH; run "
+        "capplan git-setup again from the environment that has capplan"
+    ], gone.stderr

@@ -158,8 +158,28 @@ def test_spec_refuses_tiers_where_they_cannot_be_safe():
         spec_from_data(tiered(parallel={"data_parallel_size": 2}), "s")
     with pytest.raises(SpecError, match="speculative decoding"):
         spec_from_data(tiered(speculative={"num_speculative_tokens": 1}), "s")
-    with pytest.raises(SpecError, match="not built for vLLM 0.31.0"):
+    with pytest.raises(SpecError, match=r"not built for vLLM 0.33's model runners \(0.31.0, 0.32.0, 0.33.0\)"):
         spec_from_data({**tiered(), "target": {"vllm": "0.33"}}, "s")
+    # an exact release is named as written, not as the first release of its group
+    with pytest.raises(SpecError, match=r"not built for vLLM 0.33.0's model runner \(nor for 0.32.0"):
+        spec_from_data({**tiered(), "target": {"vllm": "0.33.0"}}, "s")
+    # every reason at once, each with its fix
+    with pytest.raises(SpecError) as every:
+        spec_from_data(
+            {**tiered(), "target": {"vllm": "0.29.0"}, "parallel": {"data_parallel_size": 2},
+             "speculative": {"num_speculative_tokens": 1}},
+            "s",
+        )  # fmt: skip
+    message = every.value.message
+    assert "data_parallel_size 1" in message and "speculative decoding" in message and "0.29.0" in message
+    # the ready list's forms, in words
+    for ready, said in (
+        ([], r"tiers.ready: \[\] names no graph"),
+        ("full", "tiers.ready: neither a list nor full_decode"),
+        (["FULL:1@0x"], r"tiers.ready: \[0\] 'FULL:1@0x' is not a graph address"),
+    ):
+        with pytest.raises(SpecError, match=said):
+            spec_from_data(tiered(ready), "s")
     with pytest.raises(SpecError, match=r"tiers.ready\[0\]: FULL:999x999@0 is not a graph"):
         spec_from_data(tiered(["FULL:999x999@0"]), "s")
     for release in ("0.25.0", "0.25.1", "0.26.0"):

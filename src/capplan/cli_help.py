@@ -315,13 +315,19 @@ once). Then `git diff`, and `git log -p --ext-diff` / `git show --ext-diff`,
 print graphs added and removed per mode and LoRA case, dispatch and spec
 changes for every plan; `git diff --no-ext-diff` shows the raw lines. All
 or nothing: when either step fails, neither is left changed.
+
+The driver runs this capplan's Python: by a path relative to the repository
+when it lies inside it (a `.venv` rebuilt or a clone moved keeps working),
+else by its absolute path; once that Python is gone it runs `capplan` from
+PATH, and with none there `git diff` prints one line saying to run
+`capplan git-setup` again.
 """
 GitSetupCommand = Annotated[
     str | None,
     typer.Option(
         "--command",
-        help="How git runs capplan (default: this capplan, by its Python's absolute path, so git finds it "
-        "whatever PATH it runs with).",
+        help="How git runs capplan (default: this capplan's Python, relative to the repository when inside "
+        "it, so git finds it whatever PATH it runs with and a rebuilt venv keeps working).",
     ),
 ]
 

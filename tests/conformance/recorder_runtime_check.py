@@ -59,6 +59,7 @@ def main(trace: Path, out: Path) -> None:
         dp_rank=0,
         dp_size=1,
         decode_query_len=1,
+        parallel_config=SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1),
     )
 
     def step(counts: dict[str, int], **kwargs) -> object:

@@ -106,6 +106,10 @@ def test_trace_recorder_in_real_runner(version, tmp_path):
         {"num_reqs": 1, "num_tokens": 1, "max_query_len": 1},
     ]
     assert report["recorder"]["steps"] == 3 and report["recorder"]["overhead_us_per_step"] > 0
+    # the engine's parallel sizes in the header, read back for calibrate-trace
+    from capplan.batches import trace_layout
+
+    assert trace_layout(trace) == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1}
 
 
 @pytest.mark.conformance

@@ -23,11 +23,29 @@ class GitSetup:
     value: str
 
 
-def this_capplan() -> str:
-    """A command that runs this capplan wherever git runs it (another PATH, a GUI, CI)."""
+# The driver git runs (through its shell, from the top of the worktree, with the 7 diff
+# arguments after ours): this capplan's python while it exists, else a capplan on PATH, else
+# one line that says how to repair it. A venv rebuilt in place keeps working.
+_DRIVER = (
+    'py=$1; shift; if [ -x "$py" ]; then exec "$py" -m capplan git-diff -- "$@"; fi; '
+    'if command -v capplan >/dev/null 2>&1; then exec capplan git-diff -- "$@"; fi; '
+    'echo "capplan: the git diff driver\'s python $py is gone and no capplan is on PATH; run '
+    'capplan git-setup again from the environment that has capplan" >&2; exit 1'
+)
+
+
+def this_capplan(root: Path) -> str:
+    """The driver command for this capplan: its python by a path relative to the repository
+    when the python lies inside it (a rebuilt or moved clone keeps working), else by its
+    absolute path, falling back to `capplan` on PATH (another GUI, CI)."""
     import shlex
 
-    return f"{shlex.quote(sys.executable)} -m capplan"
+    python = os.path.abspath(sys.executable)  # not resolved: a venv's python is a link into the base
+    for top in {str(root), os.path.realpath(root)}:
+        if python.startswith(top.rstrip(os.sep) + os.sep):
+            python = "./" + os.path.relpath(python, top)
+            break
+    return f"sh -c {shlex.quote(_DRIVER)} capplan {shlex.quote(python)}"
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -55,10 +73,10 @@ def git_setup(command: str | None = None) -> GitSetup:
         if os.path.islink(attributes):
             raise CapplanError(f"{printable(str(attributes))}: is a symbolic link", "make it a regular file")
         current = read_text(attributes, ".gitattributes file", CapplanError, 1 << 20)
-    runs = command if command is not None else this_capplan()
-    if "\n" in runs or not runs.strip():
+    if command is not None and ("\n" in command or not command.strip()):
         raise UsageError("--command must be one line naming how to run capplan")
-    value = f"{runs} git-diff --"  # `--`: a plan named -h.plan.yaml is a path, not an option
+    # `--`: a plan named -h.plan.yaml is a path, not an option
+    value = f"{command} git-diff --" if command is not None else this_capplan(root)
     before = _git("config", "--local", "--get", "diff.capplan.command")
     had = before.stdout.removesuffix("\n") if before.returncode == 0 else None
     setting = _git("config", "--local", "diff.capplan.command", value)

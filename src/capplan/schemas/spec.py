@@ -307,7 +307,8 @@ class Parallel(_Strict):
         description=(
             "vLLM tensor_parallel_size. Changes no graph (every TP rank captures the plan's graphs; vLLM's "
             "sequence-parallel size filter needs enable_sp, which capplan does not plan); when given, the "
-            "engine must match it. Unset: not checked."
+            "engine must match it and a calibration's estimates must have been measured at it. Unset: "
+            "neither is checked (estimates read \"not checked\")."
         ),
     )
     pipeline_parallel_size: int | None = Field(
@@ -316,7 +317,8 @@ class Parallel(_Strict):
         le=MAX_DP_SIZE,
         description=(
             "vLLM pipeline_parallel_size. Changes no graph (every stage captures the plan's graphs); when "
-            "given, the engine must match it. Unset: not checked."
+            "given, the engine must match it and a calibration's estimates must have been measured at it. "
+            "Unset: neither is checked (estimates read \"not checked\")."
         ),
     )
 

@@ -213,36 +213,42 @@ def _names_a_model(model: Model | None) -> bool:
 
 def not_compared(cal: Identity | None, spec: Spec) -> list[str]:
     """What decides step times and graph memory but was not compared, because one side (or
-    both) does not give it. Compared are: the model (the same name on both sides, or the
-    architecture and parameter count on both), its dtype (on both, or implied by the same
-    name on both when neither gives one), the GPU, and the tensor- and pipeline-parallel
-    sizes. A calibration whose identity leaves any of them out, against a spec that leaves
-    any of them out, is "not checked"."""
+    both) does not give it, grouped by side. Compared are: the model (the same name on both
+    sides, or the architecture and parameter count on both), its dtype (on both, or implied
+    by the same name on both when neither gives one), the GPU, and the tensor- and
+    pipeline-parallel sizes. Anything missing makes an estimate "not checked"."""
     ident = cal or Identity()
-    out = []
+    spec_lacks: list[str] = []
+    cal_lacks: list[str] = []
+    apart: list[str] = []
     sm = spec.model if _names_a_model(spec.model) else None
     cm = ident.model if _names_a_model(ident.model) else None
     if sm is None:
-        out.append("the spec names no model")
-    elif cm is None:
-        out.append("the calibration does not record its model")
-    else:
+        spec_lacks.append("model")
+    if cm is None:
+        cal_lacks.append("model")
+    if sm is not None and cm is not None:
         same_name = sm.name is not None and sm.name == cm.name
         shape = all(v is not None for v in (sm.architecture, sm.parameters, cm.architecture, cm.parameters))
         if not (same_name or shape):
-            out.append("the model (needs the same name, or architecture and parameters, on both sides)")
+            apart.append("no model name, or architecture and parameters, on both sides")
         if not ((sm.dtype and cm.dtype) or (same_name and not sm.dtype and not cm.dtype)):
-            out.append("the dtype (needs model.dtype on both sides)")
+            (spec_lacks if not sm.dtype else cal_lacks).append("model.dtype")
     if not spec.target.gpu:
-        out.append("the spec names no GPU")
-    elif not ident.gpu:
-        out.append("the calibration does not record its GPU")
+        spec_lacks.append("target.gpu")
+    if not ident.gpu:
+        cal_lacks.append("gpu")
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(spec.parallel, name) is None:
-            out.append(f"the spec does not set parallel.{name}")
-        elif getattr(ident, name) is None:
-            out.append(f"the calibration does not record its {name}")
-    return out
+            spec_lacks.append(f"parallel.{name}")
+        if getattr(ident, name) is None:
+            cal_lacks.append(name)
+    out = []
+    if spec_lacks:
+        out.append(f"the spec does not give {', '.join(spec_lacks)}")
+    if cal_lacks:
+        out.append(f"the calibration does not record {', '.join(cal_lacks)}")
+    return out + apart
 
 
 def judge(cal: Calibration, spec: Spec) -> Basis:
@@ -268,7 +274,7 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
     unchecked = not_compared(ident, spec)
     if unchecked:
         return Basis(
-            cal.name, True, f"measured on {said}; not checked against this deployment ({', '.join(unchecked)})"
+            cal.name, True, f"measured on {said}; not checked against this deployment ({'; '.join(unchecked)})"
         )
     return Basis(cal.name, True, f"measured on {said}")
 
