@@ -65,9 +65,7 @@ def main(folder: Path) -> None:
     _ready_trace(folder / "ready.jsonl")
     _recorded_trace(folder / "recorded.jsonl")
     qwen = folder / "qwen3.plan.yaml"
-    subprocess.run(
-        [capplan, "compile", str(root / "configs" / "qwen3-8b-multilora.yaml"), "-o", str(qwen)], check=True
-    )
+    subprocess.run([capplan, "compile", str(root / "configs" / "qwen3-8b-multilora.yaml"), "-o", str(qwen)], check=True)
     for command in (
         f"capplan verify {folder}/largest.plan.yaml",
         f"capplan optimize {spec} {folder}/ready.jsonl --ready-share 0.9 -o {folder}/ready.yaml",

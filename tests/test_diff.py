@@ -41,7 +41,7 @@ def test_diff_counts_graphs_per_mode_and_case():
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
     d = diff_plans(old, new, load_cost_model())
     assert not d.equal
-    assert d.spec_changes == ["lora.specialize_active: False -> True"]
+    assert d.spec_changes == ["lora.specialize_active: false -> true"]
     assert d.graph_changes == [
         ("FULL", 1, 35, 0),
         ("FULL", 2, 35, 0),
@@ -51,7 +51,7 @@ def test_diff_counts_graphs_per_mode_and_case():
         ("PIECEWISE", 4, 51, 0),
     ]
     assert d.new_estimate.graphs - d.old_estimate.graphs == 258
-    assert d.headline().startswith("lora.specialize_active: False -> True: +258 graphs, +14 s capture")
+    assert d.headline().startswith("lora.specialize_active: false -> true: +258 graphs, +14 s capture")
     same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[])), load_cost_model())
     assert same.equal and same.headline() == "no changes"
 
@@ -296,12 +296,39 @@ def test_markdown_folds_long_lists_into_details_and_cuts_nothing():
 
 
 def test_markdown_folds_a_long_table_with_its_header():
-    from capplan.present.diff import SCREEN, _folded
+    from capplan.present.diff import SCREEN, _Budget, _folded
 
     rows = [f"| FULL | {i} | 1 | 0 |" for i in range(SCREEN + 5)]
     header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
-    out = _folded(rows, head=header)
+    out = _folded(rows, _Budget(), head=header)
     assert out.count(header[0]) == 2 and "<details><summary>5 more</summary>" in out
     assert [r for r in out if r.startswith("| FULL")] == rows
-    short = _folded(rows[: SCREEN + 1], head=header)
+    short = _folded(rows[: SCREEN + 1], _Budget(), head=header)
     assert "<details>" not in "".join(short) and len(short) == SCREEN + 4
+    # past the budget, the rest is counted and pointed at, never silently cut
+    tight = _folded(rows, _Budget(10 * (len(rows[0]) + 1)), head=header)
+    assert len([r for r in tight if r.startswith("| FULL")]) == 10
+    assert any("15 more not listed here" in line for line in tight)
+
+
+def test_the_optimized_plan_s_markdown_diff_fits_a_pull_request_comment(tmp_path):
+    """The README's optimize example: a headline of a line or two, no Python repr, and a
+    markdown diff far below the 65,536 characters of a comment; what it leaves out is
+    counted and pointed at."""
+    spec = tmp_path / "opt.yaml"
+    made = runner.invoke(
+        app,
+        ["optimize", str(ROOT / "configs" / "qwen3-8b-multilora.yaml"), str(ROOT / "examples" / "traces" / "chat.jsonl"),
+         "--max-graphs", "300", "-o", str(spec)],
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(app, ["compile", str(spec)]).exit_code == 0
+    old, new = str(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"), str(tmp_path / "opt.plan.yaml")
+    md = runner.invoke(app, ["diff", old, new, "--format", "markdown"]).stdout
+    headline = md.splitlines()[2]
+    assert len(headline) < 300 and headline.startswith("**capture sizes: +117 -35; cudagraph.lora_case_sizes changed")
+    assert len(md) < 20_000
+    assert "{'" not in md and "True" not in md and "None" not in md
+    assert "more not listed here" in md and "`capplan diff` (text or --json) lists every one" in md
+    text = runner.invoke(app, ["diff", old, new]).stdout
+    assert "cudagraph.lora_case_sizes: none -> case 0: 11, 16, 22..42 step 5" in text  # whole, in the text form

@@ -38,7 +38,7 @@ def test_another_model_of_a_similar_size_is_another_model(tmp_path):
 
 
 def test_an_empty_model_section_names_no_model(tmp_path):
-    assert "the spec names no model" in _estimate_line(tmp_path, {"model": {}})
+    assert "the spec does not give model" in _estimate_line(tmp_path, {"model": {}})
 
 
 @pytest.mark.parametrize("name", ["cal\u2028fake line", "evil\u202eliam", "a\x1b[31m"])

@@ -49,7 +49,7 @@ class PlanDiff:
         if self.equal:
             return "no changes"
         o, n = self.old_estimate, self.new_estimate
-        what = "; ".join(self.spec_changes[:3]) or "plan changed"
+        what = "; ".join(_brief(c) for c in self.spec_changes[:3]) or "plan changed"
         if len(self.spec_changes) > 3:
             what += f"; +{len(self.spec_changes) - 3} more"
         graphs = f"{signed(self.new_graphs - self.old_graphs)} graphs"
@@ -174,7 +174,9 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     for count in sorted(set(old.lora_dispatch_map) | set(new.lora_dispatch_map)):
         o, n = old.lora_dispatch_map.get(count), new.lora_dispatch_map.get(count)
         if o != n:
-            result.lora_map_changes.append(f"LoRA count {count}: {_case(o)} -> {_case(n)}")
+            was = "not scheduled" if o is None else f"case {o}"
+            now = "no longer scheduled" if n is None else f"case {n}"
+            result.lora_map_changes.append(f"LoRA count {count}: {was} -> {now}")
     result.encoder_changes = _encoder_changes(old, new)
     result.tier_changes = _tier_changes(old, new)
     if old.fixes != new.fixes:
@@ -189,14 +191,25 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
 
 
 SIZES_KEY = "cudagraph.capture_sizes"
+BRIEF = 70  # characters of one spec change in a headline
+
+
+def _brief(change: str) -> str:
+    """A spec change short enough for a headline: whole when short, else its setting and the
+    counts (`capture sizes: +117 -35`) or `changed` (the spec section lists it whole)."""
+    if len(change) <= BRIEF:
+        return change
+    key, _, rest = change.partition(": ")
+    import re
+
+    counts = re.match(r"\+(\d+) added.*, -(\d+) removed", rest)
+    if key == "capture sizes" and counts:
+        return f"capture sizes: +{counts.group(1)} -{counts.group(2)}"
+    return f"{key[:BRIEF]} changed"
 
 
 def _sizes(value: object, plan: Plan) -> str:
     return f"none ({len(plan.capture_sizes)} derived)" if value is None else f"{len(plan.capture_sizes)} listed"
-
-
-def _case(case: int | None) -> str:
-    return "not in the plan" if case is None else f"case {case}"
 
 
 def _dummy_changes(old: Plan, new: Plan) -> list[str]:
@@ -263,4 +276,18 @@ def _encoder_changes(old: Plan, new: Plan) -> list[str]:
 
 
 def _fmt(value: object) -> str:
-    return "none" if value is None else str(value)
+    """A spec value as the spec writes it (YAML's words, no Python repr): sizes as runs, a
+    case's sizes as `case N: runs`, anything else as compact JSON."""
+    import json
+
+    from capplan.planner.capture_sizes import compact
+
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(type(v) is int for v in value):
+        return compact(value)
+    if isinstance(value, list) and all(isinstance(v, dict) and set(v) == {"case", "sizes"} for v in value):
+        return "; ".join(f"case {v['case']}: {compact(v['sizes'])}" for v in value) or "[]"
+    return json.dumps(value, separators=(", ", ": "))

@@ -29,7 +29,7 @@ class GitSetup:
 _DRIVER = (
     'py=$1; shift; if [ -x "$py" ]; then exec "$py" -m capplan git-diff -- "$@"; fi; '
     'if command -v capplan >/dev/null 2>&1; then exec capplan git-diff -- "$@"; fi; '
-    'echo "capplan: the git diff driver\'s python $py is gone and no capplan is on PATH; run '
+    "echo \"capplan: the git diff driver's python $py is gone and no capplan is on PATH; run "
     'capplan git-setup again from the environment that has capplan" >&2; exit 1'
 )
 

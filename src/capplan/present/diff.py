@@ -59,19 +59,51 @@ def render_text(d: PlanDiff) -> str:
 
 
 SCREEN = 20  # markdown shows this many items of a list; the rest fold into <details>
+BUDGET = 16_000  # characters of listed items in one markdown diff: far below a comment's 65,536
+ITEM = 400  # characters of one listed item in markdown
 
 
-def _folded(lines: list[str], head: list[str] | None = None, fence: str = "") -> list[str]:
-    """Markdown lines that show the first SCREEN of `lines` and fold every other one into a
-    `<details>` block (nothing is cut: a pull request holds the whole diff). `head` repeats
-    a table's header inside the fold; `fence` wraps each part in a code block."""
+class _Budget:
+    """What is left of BUDGET as sections are listed: a section lists items while it lasts
+    (its first always, each cut at ITEM characters), then says how many it leaves to the text
+    and JSON forms, which list every one. Any pair of plans stays far below the 65,536
+    characters of a pull-request comment."""
+
+    def __init__(self, total: int = BUDGET) -> None:
+        self.left = total
+
+    def take(self, items: list[str]) -> tuple[list[str], int]:
+        kept: list[str] = []
+        for i, item in enumerate(items):
+            if len(item) > ITEM:
+                cut = item[: ITEM - 40]
+                item = cut + ("`" if cut.count("`") % 2 else "") + " ... (cut; the text form has it whole)"
+            if i and len(item) > self.left:
+                break
+            kept.append(item)
+            self.left -= len(item) + 1
+        return kept, len(items) - len(kept)
+
+
+def _folded(lines: list[str], budget: _Budget, head: list[str] | None = None, fence: str = "") -> list[str]:
+    """Markdown lines that show the first SCREEN of `lines` and fold the others the budget
+    allows into a `<details>` block; what the budget leaves out is counted, with where to find
+    it (`capplan diff` as text or --json lists every item). `head` repeats a table's header
+    inside the fold; `fence` wraps each part in a code block."""
+    lines, left_out = budget.take(lines)
+    tail = (
+        [f"<sub>{left_out} more not listed here, to keep the comment short: `capplan diff` (text or --json) "
+         "lists every one.</sub>", ""]
+        if left_out
+        else []
+    )  # fmt: skip
 
     def part(items: list[str]) -> list[str]:
         body = [*(head or []), *items]
         return [f"```{fence}", *body, "```"] if fence else body
 
     if len(lines) <= SCREEN + 1:  # "1 more" would hide no more than it shows
-        return [*part(lines), ""]
+        return [*part(lines), "", *tail]
     rest = lines[SCREEN:]
     return [
         *part(lines[:SCREEN]),
@@ -82,6 +114,7 @@ def _folded(lines: list[str], head: list[str] | None = None, fence: str = "") ->
         "",
         "</details>",
         "",
+        *tail,
     ]
 
 
@@ -120,14 +153,19 @@ def render_markdown(d: PlanDiff) -> str:
             f"<sub>Capture time and graph memory not estimated (calibration `{d.calibration}`: {d.basis}).</sub>",
             "",
         ]
+    budget = _Budget()
     if d.spec_changes:
-        lines += ["**Spec**", "", *_folded([f"- `{c}`" for c in d.spec_changes])]
+        lines += ["**Spec**", "", *_folded([f"- `{c}`" for c in d.spec_changes], budget)]
     if sizes(d):
-        lines += ["**Capture sizes** (as the spec now derives them)", ""] + [f"- {line}" for line in sizes(d)] + [""]
+        lines += [
+            "**Capture sizes** (as the spec now derives them)",
+            "",
+            *_folded([f"- {x}" for x in sizes(d)], budget),
+        ]
     if d.graph_changes:
         header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
         rows = [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes]
-        lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, head=header)]
+        lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, budget, head=header)]
     for title, items in (
         ("LoRA dispatch", d.lora_map_changes),
         ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", d.dummy_changes),
@@ -136,7 +174,7 @@ def render_markdown(d: PlanDiff) -> str:
         ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
     ):
         if items:
-            lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items])]
+            lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items], budget)]
     if d.fix_changes:
-        lines += ["**Fixes and deviations**", "", *_folded(d.fix_changes, fence="diff")]
+        lines += ["**Fixes and deviations**", "", *_folded(d.fix_changes, budget, fence="diff")]
     return "\n".join(lines)

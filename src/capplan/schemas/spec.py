@@ -308,7 +308,7 @@ class Parallel(_Strict):
             "vLLM tensor_parallel_size. Changes no graph (every TP rank captures the plan's graphs; vLLM's "
             "sequence-parallel size filter needs enable_sp, which capplan does not plan); when given, the "
             "engine must match it and a calibration's estimates must have been measured at it. Unset: "
-            "neither is checked (estimates read \"not checked\")."
+            'neither is checked (estimates read "not checked").'
         ),
     )
     pipeline_parallel_size: int | None = Field(
@@ -318,7 +318,7 @@ class Parallel(_Strict):
         description=(
             "vLLM pipeline_parallel_size. Changes no graph (every stage captures the plan's graphs); when "
             "given, the engine must match it and a calibration's estimates must have been measured at it. "
-            "Unset: neither is checked (estimates read \"not checked\")."
+            'Unset: neither is checked (estimates read "not checked").'
         ),
     )
 
