@@ -358,3 +358,98 @@ def test_verify_names_each_stand_in_that_cannot_replay_a_deferred_graph():
     broken = plan.model_copy(update={"tiers": plan.tiers.model_copy(update={"fallback": fallback})})
     messages = [v.message for v in verify_plan(broken, consistency=False).violations]
     assert any("which cannot replay its batches" in m for m in messages), messages
+
+
+# -- the plain-document loader: the same data as the full loader, or it steps aside ----------
+
+KEYS = st.one_of(st.text(max_size=6), st.integers(-5, 5), st.booleans(), st.none())
+DOCS = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=10),
+        st.sampled_from(["0256", "1:00", "0x1F", "1_000", "yes", "on", "~", ".inf", "-.NaN", "2026-12-01", "'q'"]),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(KEYS, inner, max_size=4)),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=DOCS,
+    flow=st.booleans(),
+    edit=st.tuples(
+        st.integers(0, 400),
+        st.sampled_from(
+            [
+                "",
+                ":",
+                "-",
+                "&a ",
+                "*a",
+                "!!str ",
+                "\n",
+                "{",
+                "'",
+                "  x: 1\n",
+                "x: 1\n",
+                "True",
+                "NULL",
+                " 1e3",
+                "+1",
+                "-0",
+                ".5",
+                "y: FALSE\n",
+            ]
+        ),
+    ),
+)
+def test_the_plain_document_path_reads_as_the_full_loader_or_steps_aside(doc, flow, edit):
+    import yaml as pyyaml
+
+    from capplan.files import _Loader, _plain_document
+
+    text = pyyaml.safe_dump(doc, default_flow_style=flow, allow_unicode=True)
+    at, insert = edit
+    text = text[:at] + insert + text[at:]
+    try:
+        full: object = ("ok", pyyaml.load(text, Loader=_Loader))  # noqa: S506 - capplan's safe loader
+    except (pyyaml.YAMLError, RecursionError) as exc:
+        full = ("error", type(exc).__name__)
+    plain, data = _plain_document(text)
+    if plain:
+        assert full[0] == "ok" and _same(full[1], data), (text, full, data)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, types included (NaN equal to NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)  # type: ignore[index]
+    return a == b
+
+
+SPELLINGS = ["True", "true", "TRUE", "False", "FALSE", "null", "Null", "NULL", "~", "", "1", "+1", "-0", "007", "1e3",
+             ".5", "1.0e+3", ".inf", "-.Inf", ".NaN", "0x1F", "1_000", "1:00", "yes", "no", "'q'", '"q"', "2026-12-01",
+             "3.14", "-12", "9" * 40, "[1, x]", "{a: 1}", "a b", "k: v"]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.sampled_from(SPELLINGS), min_size=1, max_size=6), as_list=st.booleans())
+def test_every_scalar_spelling_reads_as_the_full_loader_reads_it(tokens, as_list):
+    import yaml as pyyaml
+
+    from capplan.files import _Loader, _plain_document
+
+    text = "".join(f"- {t}\n" if as_list else f"k{i}: {t}\n" for i, t in enumerate(tokens))
+    try:
+        full: object = ("ok", pyyaml.load(text, Loader=_Loader))  # noqa: S506 - capplan's safe loader
+    except pyyaml.YAMLError:
+        full = ("error",)
+    plain, data = _plain_document(text)
+    if plain:
+        assert full[0] == "ok" and _same(full[1], data), (text, full, data)
