@@ -146,3 +146,26 @@ def test_the_release_table_moved_whole():
     assert [row.split(" | ")[0].strip("| ") for row in rows] == list(RELEASES)  # one row per supported release
     assert [row.split(" | ")[1] for row in rows] == [r.group for r in RELEASES.values()]
     assert "docs/vllm-releases.md#supported-vllm-releases" in README.read_text()
+
+
+# Release facts the design document states in prose, each tied to the rule of the table
+# (capplan.releases) it describes: the release it names must be the first with that rule.
+RELEASE_FACTS = {
+    r"MRV2 on 0.25 runs the encoder eager; from (\S+) it may": "encoder_graphs",
+    r"requests \(what (\S+)\+ does\) on every dummy path": "spreads_dummy_remainder",
+    r"mode \((\S+)\+ behaviour\); `verify` lists every eager token range": "per_mode_ranges",
+    r"Encoder graphs that skip tower/connector LoRA.\*\* From vLLM (\S+), MRV2": "encoder_graphs",
+}
+
+
+@pytest.mark.parametrize("pattern, rule", RELEASE_FACTS.items(), ids=RELEASE_FACTS.values())
+def test_release_facts_in_the_design_document_match_the_table(pattern, rule):
+    import re
+
+    from capplan.releases import RELEASES
+
+    text = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    found = re.search(pattern, text)
+    assert found, pattern
+    first = next(v for v, r in RELEASES.items() if getattr(r.rules, rule))
+    assert found.group(1).rstrip(",") == first, (rule, found.group(1), first)

@@ -57,7 +57,7 @@ def test_compilation_config_json_dotted_and_list_forms_are_read():
     ]
     tokens = read_command([*SERVE, "--max-num-batched-tokens", "8k"])
     assert contradictions(PLAN, tokens) == [
-        "--max-num-batched-tokens 8k: the plan has scheduler.max_num_batched_tokens 8192"
+        "--max-num-batched-tokens 8k (vLLM reads 8000): the plan has scheduler.max_num_batched_tokens 8192"
     ]
     assert contradictions(PLAN, read_command([*SERVE, "--max-num-batched-tokens", "8K"])) == []
 
@@ -113,9 +113,11 @@ def test_other_commands_are_run_as_given_with_a_note():
 
 
 def test_flags_formats_round_trip_through_the_reader():
-    serve = shlex.split(render(PLAN, "serve"))
-    python = shlex.split(render(PLAN, "python"))
+    serve = shlex.split(render(PLAN, "serve", "p.plan.yaml"))
+    python = shlex.split(render(PLAN, "python", "p.plan.yaml"))
     listed = json.loads(render(PLAN, "json"))
+    assert serve[0] == python[0] == "CAPPLAN_PLAN=p.plan.yaml"  # the line puts the plan in force
+    serve, python = serve[1:], python[1:]
     assert serve[3:] == python[5:] == listed
     for argv in (serve, python):
         cmd = read_command(argv)

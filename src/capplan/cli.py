@@ -331,7 +331,7 @@ def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve") -> None:
 
     if form not in ("serve", "python", "json"):
         raise UsageError(f"--format must be serve, python or json (got {form!r})")
-    typer.echo(render(load_plan(plan), form))
+    typer.echo(render(load_plan(plan), form, str(plan)))
 
 
 @app.command("calibrate", help=h.CALIBRATE_HELP)

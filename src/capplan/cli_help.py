@@ -394,9 +394,11 @@ FLAGS_HELP = """Print the vLLM arguments that match PLAN, for launching vLLM wit
 
 Scheduler limits, max_loras and the specialize switches, DP (and TP/PP when
 the spec names them), and a --compilation-config with the cudagraph mode and
-the plan's capture sizes. MODEL stands for your model. Speculative decoding
-needs your draft method: the line before says what to add. Then set
-CAPPLAN_PLAN=PLAN in the engine's environment to put the plan in force.
+the plan's capture sizes. The serve and python lines are whole shell lines:
+they start with CAPPLAN_PLAN=PLAN (what puts the plan in force in the engine's
+environment) and name the spec's model (MODEL when the spec names none).
+Speculative decoding needs your draft method: the line before says what to
+add. --format json lists the arguments alone; set CAPPLAN_PLAN yourself.
 """
 FlagsFormat = Annotated[
     str,

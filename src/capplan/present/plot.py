@@ -76,12 +76,19 @@ def _caption(text: str, x: float, y: float, size: float, width: float) -> tuple[
 
 
 def _panel(title: str, xs: list[str], ys: list[float], top: float, color: str, ylabel: str) -> list[str]:
-    out = [f'<text x="{PAD}" y="{top - 8}" font-size="13" font-weight="bold">{escape(title)}</text>']
     h = H - 2 * PAD
     peak = max(ys) if ys and max(ys) > 0 else 1.0
+    out = [
+        f'<text x="{PAD}" y="{top - 8}" font-size="13"><tspan font-weight="bold">{escape(title)}</tspan> '
+        f"({escape(ylabel)}, max {peak:g})</text>"
+    ]
     bw = (W - 2 * PAD) / max(len(xs), 1)
     out.append(f'<line x1="{PAD}" y1="{top + h}" x2="{W - PAD}" y2="{top + h}" stroke="#333"/>')
-    out.append(f'<text x="8" y="{top + 10}" font-size="10">{escape(ylabel)} (max {peak:g})</text>')
+    out.append(f'<line x1="{PAD}" y1="{top}" x2="{PAD}" y2="{top + h}" stroke="#333"/>')
+    for tick in _ticks(peak):  # the y-axis scale: a few round values, each with its grid line
+        y = top + h - h * tick / peak
+        out.append(f'<line x1="{PAD - 4}" y1="{y:.1f}" x2="{W - PAD}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{PAD - 6}" y="{y + 3:.1f}" font-size="9" text-anchor="end">{_tick_label(tick)}</text>')
     for i, (x, y) in enumerate(zip(xs, ys)):
         bh = max(h * y / peak, 1.0) if y > 0 else 0.0  # a bucket with steps stays visible
         fill = EAGER if x == "eager" else color
@@ -95,6 +102,23 @@ def _panel(title: str, xs: list[str], ys: list[float], top: float, color: str, y
             f'<text x="{centers[i]:.1f}" y="{top + h + 14}" font-size="9" text-anchor="middle">{escape(xs[i])}</text>'
         )
     return out
+
+
+def _ticks(peak: float) -> list[float]:
+    """Round values from 0 to at most `peak` for a y-axis: 1, 2 or 5 times a power of ten apart,
+    at most six of them."""
+    import math
+
+    raw = peak / 5
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(peak / step + 1e-9) + 1)]
+
+
+def _tick_label(value: float) -> str:
+    if value >= 1000 and value == int(value):
+        return f"{value / 1000:g}k"
+    return f"{value:g}"
 
 
 def _svg(panels: list[tuple[str, list[str], list[float], str, str]], caption: str) -> str:

@@ -135,8 +135,9 @@ def read_command(argv: list[str]) -> Command | None:
             if key == "scheduler.max_model_len" and raw in ("auto", "-1"):
                 cmd.unread.append(f"{name} {raw}")
             else:
-                cmd.values[key] = _integer(name, raw, kind)
-                cmd.flags[key] = f"{name} {raw}"
+                number = _integer(name, raw, kind)
+                cmd.values[key] = number
+                cmd.flags[key] = f"{name} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
             i += step
         elif name in SWITCHES or (name.startswith("--no-") and "--" + name[5:] in SWITCHES):
             on = not name.startswith("--no-")
@@ -387,9 +388,10 @@ def flags_for(plan: Plan) -> list[str]:
     return complete(plan, Command(["vllm", "serve", "MODEL"], 3))[0][3:]
 
 
-def render(plan: Plan, form: str) -> str:
+def render(plan: Plan, form: str, plan_path: str = "PLAN") -> str:
     """`capplan flags`: the arguments as `vllm serve`, `python -m ...api_server` or JSON (one
-    entry per argument, for manifests)."""
+    entry per argument, for manifests). The two command forms are whole shell lines: the
+    spec's model (MODEL when it names none) and CAPPLAN_PLAN, which puts the plan in force."""
     args = flags_for(plan)
     note = ""
     k = plan.spec.speculative.num_speculative_tokens
@@ -397,9 +399,11 @@ def render(plan: Plan, form: str) -> str:
         note = f'# and --speculative-config with your draft method and "num_speculative_tokens": {k}\n'
     if form == "json":
         return json.dumps(args, indent=2)
+    model = plan.spec.model.name if plan.spec.model is not None and plan.spec.model.name else "MODEL"
+    env = [f"CAPPLAN_PLAN={plan_path}"]
     if form == "python":
-        return note + shlex.join(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "MODEL", *args])
-    return note + shlex.join(["vllm", "serve", "MODEL", *args])
+        return note + shlex.join([*env, "python", "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args])
+    return note + shlex.join([*env, "vllm", "serve", model, *args])
 
 
 def prepare(plan: Plan, plan_path: str, argv: list[str]) -> tuple[list[str], list[str]]:

@@ -59,6 +59,7 @@ class Fix(str, enum.Enum):
 ALL_FIXES: tuple[Fix, ...] = (Fix.lora_slot, Fix.dummy_remainder, Fix.mixed_ranges, Fix.prune_unreachable)
 FIX_ORDER: tuple[Fix, ...] = (*ALL_FIXES, Fix.encoder_lora_eager)
 MAX_ENCODER_BUDGET = 1 << 22
+_FIRST_ENCODER_GRAPHS = next(v for v, r in RELEASES.items() if r.rules.encoder_graphs)  # from the table
 
 # Limits that reject absurd values with a clear message instead of letting a
 # typo (max_num_seqs: 2560000) build a plan of millions of lines.
@@ -419,7 +420,8 @@ class Multimodal(_Strict):
     )
     encoder_cudagraphs: bool = Field(
         False,
-        description="vLLM CompilationConfig.cudagraph_mm_encoder: CUDA graphs for the encoder (MRV2 from 0.31).",
+        description="vLLM CompilationConfig.cudagraph_mm_encoder: CUDA graphs for the encoder (MRV2 from "
+        f"{_FIRST_ENCODER_GRAPHS}, capplan.releases).",
     )
     token_budgets: list[Annotated[int, Field(ge=1, le=MAX_ENCODER_BUDGET)]] | None = Field(
         None,
