@@ -99,7 +99,7 @@ def test_speculative_plans_need_the_users_draft_method():
 def test_parallel_sizes_named_by_the_spec_are_checked_and_printed():
     plan = compile_plan(spec_from_data({"parallel": {"tensor_parallel_size": 2, "pipeline_parallel_size": 1}}, "p"))
     assert contradictions(plan, read_command([*SERVE, "-tp", "4"])) == [
-        "--tensor-parallel-size 4: the plan has parallel.tensor_parallel_size 2"
+        "-tp 4: the plan has parallel.tensor_parallel_size 2"
     ]
     assert "--tensor-parallel-size 2 --pipeline-parallel-size 1" in render(plan, "serve")
     # They change no graph: the same graphs and fingerprint as the spec without them.

@@ -453,3 +453,20 @@ def test_every_scalar_spelling_reads_as_the_full_loader_reads_it(tokens, as_list
     plain, data = _plain_document(text)
     if plain:
         assert full[0] == "ok" and _same(full[1], data), (text, full, data)
+
+
+def test_tiers_under_tensor_parallelism_are_refused_at_compile_and_at_the_dry_run(tmp_path):
+    from capplan.errors import SpecError
+    from capplan.loading import spec_from_data
+
+    with pytest.raises(SpecError, match=r"not built for tensor or pipeline parallelism \(tensor_parallel_size 2\)"):
+        spec_from_data(
+            {"target": {"vllm": "0.25"}, "parallel": {"tensor_parallel_size": 2}, "tiers": {"ready": "full_decode"}},
+            "s",
+        )
+    plan = ROOT / "examples" / "h200-tiny-llama-025-tiers.plan.yaml"
+    result = runner.invoke(
+        app, ["apply", "--runner", "mrv2", "--dry-run", str(plan), "--", "vllm", "serve", "M", "-tp", "2"]
+    )
+    assert result.exit_code == 1
+    assert "-tp 2: the plan defers graphs (spec tiers)" in _one_error_line(result)

@@ -137,7 +137,8 @@ def read_command(argv: list[str]) -> Command | None:
             else:
                 number = _integer(name, raw, kind)
                 cmd.values[key] = number
-                cmd.flags[key] = f"{name} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
+                written = token.partition("=")[0]  # as the user wrote it (-tp, not --tensor-parallel-size)
+                cmd.flags[key] = f"{written} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
             i += step
         elif name in SWITCHES or (name.startswith("--no-") and "--" + name[5:] in SWITCHES):
             on = not name.startswith("--no-")
@@ -341,6 +342,14 @@ def contradictions(plan: Plan, cmd: Command) -> list[str]:
             continue
         if have != want[key]:
             out.append(f"{cmd.flags[key]}: the plan has {key} {_short(want[key])}")
+    if plan.tiers is not None:
+        for key in ("parallel.tensor_parallel_size", "parallel.pipeline_parallel_size"):
+            size = cmd.values.get(key)
+            if isinstance(size, int) and size > 1 and key not in want:
+                out.append(
+                    f"{cmd.flags[key]}: the plan defers graphs (spec tiers), which capplan does not do under tensor "
+                    "or pipeline parallelism"
+                )
     k = plan.spec.speculative.num_speculative_tokens
     if k and "speculative.num_speculative_tokens" not in cmd.values:
         out.append(

@@ -632,6 +632,19 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
         )
     if spec.cudagraph.mode is CudagraphMode.NONE:
         out.append(("cudagraph mode NONE captures no graphs", "remove tiers"))
+    split = [
+        f"{name} {size}"
+        for name in ("tensor_parallel_size", "pipeline_parallel_size")
+        if (size := getattr(spec.parallel, name)) is not None and size > 1
+    ]
+    if split:
+        out.append(
+            (
+                f"deferred capture is not built for tensor or pipeline parallelism ({', '.join(split)}): every "
+                "rank would have to capture the same graph at the same step",
+                "remove tiers, or set both sizes to 1",
+            )
+        )
     target = spec.target.vllm
     lacking = [v for v in runs_on(target) if not RELEASES[v].deferred_capture]
     if lacking:
