@@ -94,8 +94,9 @@ def test_padding_fallback_only_when_asked_and_said_on_the_last_line(tmp_path):
     assert not out.exists()
     chosen = runner.invoke(app, [*args, "--padding-fallback"])
     assert chosen.exit_code == 0, chosen.output
-    last = chosen.stdout.strip().splitlines()[-1]
-    assert last.startswith("chosen by padded tokens, not step time (--padding-fallback)")
+    *_, fallback, last = chosen.stdout.strip().splitlines()
+    assert fallback.startswith("chosen by padded tokens, not step time (--padding-fallback)")
+    assert last.startswith("rests on the first 80% of the trace (800 steps); on the held-out last 20% (200 steps)")
     assert out.exists() and "# chosen by padded tokens" in out.read_text()
 
 

@@ -6,6 +6,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.analysis.verify import verify_plan
@@ -198,7 +200,7 @@ def test_optimize_and_simulate_cli(tmp_path):
     wrong = runner.invoke(app, ["optimize", str(small), str(trace), "--max-graphs", "40"])
     assert wrong.exit_code == 1 and "tokens, more than max_num_batched_tokens 128" in wrong.stderr
     out = runner.invoke(
-        app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "--plot", str(tmp_path / "curve.svg")]
+        app, ["optimize", str(spec), str(trace), "--max-graphs", "60", "--plot", str(tmp_path / "curve.svg")]
     )
     assert out.exit_code == 0, out.output
     assert "<- chosen" in out.stdout and (tmp_path / "s.optimized.yaml").exists()
@@ -210,7 +212,7 @@ def test_optimize_and_simulate_cli(tmp_path):
     )
     assert sim.exit_code == 0, sim.output
     data = json.loads(sim.stdout)
-    assert data["steps"] == 12000 and data["graphs"] <= 40
+    assert data["steps"] == 12000 and data["graphs"] <= 60
     assert (tmp_path / "sim.svg").exists()
     both = runner.invoke(app, ["optimize", str(spec), str(trace)])
     assert both.exit_code == 2 and "give exactly one budget" in both.stderr
@@ -286,3 +288,35 @@ def test_optimize_with_a_memory_budget():
     result = optimize(spec, trace, load_cost_model(), max_graph_memory=budget)
     assert result.point.graph_memory_gib <= budget and result.point.graphs < default.graphs
     assert "GiB graph memory" in result.budget and verify_plan(result.plan).ok
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.dictionaries(st.integers(1, 40), st.integers(1, 50), min_size=1, max_size=8),
+    extra=st.sets(st.integers(1, 40), max_size=6),
+    ratio=st.sampled_from([1.5, 2.0, 3.0]),
+    k=st.integers(1, 6),
+)
+def test_bounded_bucketing_matches_brute_force(weights, extra, ratio, k):
+    """Under a padding bound (no count, traced or not, pads past ratio times itself) the
+    exact bucketing equals the best of every subset of candidates that meets the bound."""
+    from itertools import combinations
+
+    from capplan.traffic.optimize import INF, Bucketing, worst_pad
+
+    top = 40
+    sizes = sorted(set(weights) | extra | {top})
+    solver = Bucketing({0: weights}, top, sizes=sizes, max_pad=ratio)
+    value, chosen = solver.best(k)
+
+    def padding(subset):
+        return sum(n * (min(s for s in subset if s >= t) - t) for t, n in weights.items())
+
+    best = INF
+    for r in range(1, min(k, len(sizes)) + 1):
+        for subset in combinations(sizes, r):
+            if top in subset and worst_pad(list(subset)) <= ratio:
+                best = min(best, padding(subset))
+    assert value == best
+    if best < INF:
+        assert top in chosen and worst_pad(chosen) <= ratio and padding(chosen) == best

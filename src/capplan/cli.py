@@ -233,21 +233,23 @@ def optimize_cmd(
     as_json: h.OptimizeAsJson = False,
     full_curve: h.OptimizeFullCurve = False,
     ready_share: h.OptimizeReadyShare = None,
+    max_pad_ratio: h.OptimizeMaxPadRatio = 2.0,
+    holdout: h.OptimizeHoldout = 0.2,
 ) -> None:
     from capplan.commands.traffic import OptimizeRequest, optimize
     from capplan.present.optimize import optimize_json, render_curve, written_lines
 
     request = OptimizeRequest(
         spec, traces, max_graphs, max_graph_memory, max_capture_seconds, max_slowdown, objective,
-        padding_fallback, output, plot, calibration, shared_sizes, ready_share,
+        padding_fallback, output, plot, calibration, shared_sizes, ready_share, max_pad_ratio, holdout,
     )  # fmt: skip
     outcome = optimize(request, _note)
     if as_json:
-        typer.echo(dumps(optimize_json(outcome.result, outcome.output, outcome.ready), indent=2))
+        typer.echo(dumps(optimize_json(outcome.result, outcome.output, outcome.ready, outcome.held_out), indent=2))
         return
     if outcome.result is not None:
         typer.echo(render_curve(outcome.result, full=full_curve))
-    _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready))
+    _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready, outcome.held_out))
 
 
 @app.command("diff", help=h.DIFF_HELP)

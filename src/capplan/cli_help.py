@@ -208,7 +208,12 @@ split across cases exactly (knapsack over each case's optimal curve).
 Under DP, pass one trace per rank: candidates are scored through DP sync.
 
 Exact: dynamic programming over the sorted token counts of the trace
-(optimal 1-D bucketing) for every number of sizes. Prints the trade-off
+(optimal 1-D bucketing) for every number of sizes, under a padding bound
+(--max-pad-ratio, default 2: no batch pads past twice its tokens, so a set
+fitted to one trace does not send tomorrow's 17-token batch to a 256-token
+graph). The choice is fitted on the first 80% of the trace's steps and scored
+on the last 20% (--holdout); the last line says what it rests on and how it
+did there. Prints the trade-off
 curve, writes a spec with explicit cudagraph.capture_sizes whose compiled
 plan verifies, and leaves everything else in the spec as it was.
 
@@ -282,6 +287,22 @@ OptimizeReadyShare = Annotated[
         help="Also choose the ready tier (spec tiers: graphs captured before the engine reports ready, the "
         "rest while it serves): the fewest graphs replaying this share of the trace's graph steps. Alone, "
         "without a budget, capture sizes stay as the spec has them.",
+    ),
+]
+OptimizeMaxPadRatio = Annotated[
+    float,
+    typer.Option(
+        "--max-pad-ratio",
+        help="No batch of n tokens, in the trace or not, may pad past this many times n (2: at most double). "
+        "Sizes the trace never hits are added where a gap would break it.",
+    ),
+]
+OptimizeHoldout = Annotated[
+    float,
+    typer.Option(
+        "--holdout",
+        help="Fit on the first part of the trace and score the choice on this last share of its steps, "
+        "against the default sizes (0: fit on all of it). One trace only; DP rank traces are fitted whole.",
     ),
 ]
 OptimizeFullCurve = Annotated[

@@ -82,6 +82,81 @@ class OptimizeRequest:
     calibration: Path | None = None
     shared_sizes: bool = False
     ready_share: float | None = None
+    max_pad_ratio: float | None = 2.0
+    holdout: float = 0.2
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The choice scored on the part of the trace it was not fitted on (the last `share` of
+    its steps), against the spec's default sizes on the same steps."""
+
+    share: float
+    fitted_steps: int
+    steps: int
+    padding: float
+    default_padding: float
+    eager: int
+    default_eager: int
+    worst_pad: float  # the most any batch, traced or not, pads by under the chosen sizes
+    max_pad: float | None
+
+    def line(self) -> str:
+        bound = f" (bound {self.max_pad:g}x)" if self.max_pad is not None else " (unbounded)"
+        return (
+            f"rests on the first {1 - self.share:.0%} of the trace ({self.fitted_steps} steps); on the held-out last "
+            f"{self.share:.0%} ({self.steps} steps): padding {self.padding:.2%} vs {self.default_padding:.2%} by "
+            f"default, {self.eager} eager steps vs {self.default_eager}; no batch pads past "
+            f"{self.worst_pad:.2f}x{bound}"
+            + (
+                "; it pads more than the default there: the sizes fit the first part closely (raise the budget, "
+                "or --shared-sizes)"
+                if self.padding > self.default_padding
+                else ""
+            )
+        )
+
+
+def split_in_time(trace: list, share: float) -> tuple[list, list]:
+    """(the first 1 - share of a trace's steps, the rest), a run of repeats cut where it falls."""
+    from capplan.traffic.simulate import TraceBatch
+
+    total = sum(item.count for item in trace)
+    cut = total - round(total * share)
+    first, rest, seen = [], [], 0
+    for item in trace:
+        if seen >= cut:
+            rest.append(item)
+        elif seen + item.count <= cut:
+            first.append(item)
+        else:
+            first.append(TraceBatch(item.batch, cut - seen))
+            rest.append(TraceBatch(item.batch, seen + item.count - cut))
+        seen += item.count
+    return first, rest
+
+
+def _held_out(result: Optimized, fit: list, held: list, share: float, max_pad: float | None) -> HeldOut:
+    from capplan.planner.compiler import compile_plan
+    from capplan.traffic.optimize import worst_pad
+    from capplan.traffic.simulate import simulate
+
+    top = result.default.capture_sizes[-1] if result.default.capture_sizes else 0
+    chosen = simulate(result.plan, held, leave_out_above=top).total
+    default = simulate(compile_plan(result.default.spec), held, leave_out_above=top).total
+    spec = result.spec
+    sets = [result.point.capture_sizes] + [e.sizes for e in spec.cudagraph.lora_case_sizes or []]
+    return HeldOut(
+        share=share,
+        fitted_steps=sum(item.count for item in fit),
+        steps=sum(item.count for item in held),
+        padding=chosen.padding_overhead,
+        default_padding=default.padding_overhead,
+        eager=chosen.eager_steps,
+        default_eager=default.eager_steps,
+        worst_pad=max(worst_pad(sizes) for sizes in sets),
+        max_pad=max_pad,
+    )
 
 
 @dataclass(frozen=True)
@@ -92,6 +167,7 @@ class OptimizeOutcome:
     result: Optimized | None
     output: Path
     ready: ReadyChoice | None = None
+    held_out: HeldOut | None = None  # None: --holdout 0, or DP rank traces
 
 
 def optimized_path(spec: Path) -> Path:
@@ -128,9 +204,21 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         _check_verifies(ready.plan, out)
         write_atomic(out, tiers_spec_text(r.spec, r.traces, ready), sources)
         return OptimizeOutcome(None, out, ready)
+    if not 0.0 <= r.holdout < 1.0:
+        raise UsageError(f"--holdout must be at least 0 and below 1 (got {r.holdout:g})")
+    fitted = [f.batches for f in files]
+    held: list | None = None
+    if r.holdout > 0 and len(files) == 1:
+        first, rest = split_in_time(files[0].batches, r.holdout)
+        if first and rest:
+            fitted, held = [first], rest
+        else:
+            notes(f"note: too short a trace to hold out {r.holdout:.0%} of it: fitted on all of it")
+    elif r.holdout > 0:
+        notes("note: DP rank traces: fitted on every step of each rank, nothing held out (ranks pad to one another)")
     result = choose(
         loaded,
-        [f.batches for f in files],
+        fitted,
         load_cost_model(r.calibration),
         max_graphs=r.max_graphs,
         max_graph_memory=r.max_graph_memory,
@@ -139,7 +227,9 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         shared_sizes=r.shared_sizes,
         objective=r.objective,
         padding_fallback=r.padding_fallback,
+        max_pad=r.max_pad_ratio,
     )
+    held_out = _held_out(result, fitted[0], held, r.holdout, r.max_pad_ratio) if held is not None else None
     tiered: ReadyChoice | None = None
     if r.ready_share is not None:
         tiered = choose_ready(result.spec, [f.batches for f in files], r.ready_share)
@@ -156,12 +246,14 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         )
         picture = plot_curve(r.plot, result.curve, result.point, r.max_graphs, caption)
     text = optimized_spec_text(r.spec, r.traces, result)
+    if held_out is not None:
+        text = f"# {printable(held_out.line())}\n" + text
     if tiered is not None:
         text = f"# {printable(describe(tiered))}\n" + text
     write_atomic(out, text, sources)
     if r.plot is not None and picture is not None:
         write_atomic(r.plot, picture, sources)
-    return OptimizeOutcome(result, out, tiered)
+    return OptimizeOutcome(result, out, tiered, held_out)
 
 
 def _check_verifies(plan, out: Path) -> None:

@@ -57,9 +57,12 @@ def render_curve(result: Optimized, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def written_lines(result: Optimized | None, output: Path, ready: ReadyChoice | None = None) -> list[str]:
-    """What optimize says after writing the spec: what was chosen against the default, and the
-    ready tier when one was chosen."""
+def written_lines(
+    result: Optimized | None, output: Path, ready: ReadyChoice | None = None, held_out: Any = None
+) -> list[str]:
+    """What optimize says after writing the spec: what was chosen against the default, the
+    ready tier when one was chosen, and last what the choice rests on and how it did on the
+    held-out part of the trace."""
     if result is None:
         assert ready is not None
         return [f"wrote {printable(str(output))}: {describe(ready)}; its plan verifies"]
@@ -77,10 +80,14 @@ def written_lines(result: Optimized | None, output: Path, ready: ReadyChoice | N
         lines.append(f"chosen by padded tokens, not step time (--padding-fallback): {printable(result.fallback)}")
     if ready is not None:
         lines.append(printable(describe(ready)))
+    if held_out is not None:
+        lines.append(printable(held_out.line()))
     return lines
 
 
-def optimize_json(result: Optimized | None, output: Path, ready: ReadyChoice | None = None) -> dict[str, Any]:
+def optimize_json(
+    result: Optimized | None, output: Path, ready: ReadyChoice | None = None, held_out: Any = None
+) -> dict[str, Any]:
     """`optimize --json`: the curve, the choice and the default, the ready tier, and where the
     spec went (the curve's keys are null when only the ready tier was chosen)."""
     tiers = None
@@ -108,4 +115,5 @@ def optimize_json(result: Optimized | None, output: Path, ready: ReadyChoice | N
         "chosen": result.point.to_json(),
         "default": result.default.to_json(),
         "curve": [c.to_json() for c in result.curve],
+        "held_out": None if held_out is None else {k: v for k, v in held_out.__dict__.items()},
     }

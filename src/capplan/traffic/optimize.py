@@ -84,7 +84,16 @@ class Bucketing:
     (so each DP layer's argmin is monotone); an unknown price is infinite.
     """
 
-    def __init__(self, weights: dict, top: int, price=None, eager=None, sizes: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        weights: dict,
+        top: int,
+        price=None,
+        eager=None,
+        sizes: list[int] | None = None,
+        max_pad: float | None = None,
+    ) -> None:
+        self.max_pad = max_pad  # no batch of n tokens pads past max_pad * n (None: unbounded)
         counts = {t for w in weights.values() for t in w}
         self.sizes = sorted(set(sizes) if sizes is not None else counts | {top})
         if counts and max(counts) > top:
@@ -138,9 +147,18 @@ class Bucketing:
                 self.tail[j] = acc
         self.layers: list[list[float]] = []
         self.parents: list[list[int]] = []
+        # first[j]: the smallest i whose bucket (sizes[i-1], sizes[j-1]] meets the padding bound
+        self.first = [0] * (m + 1)
+        if max_pad is not None:
+            floors = [max_pad * ((self.sizes[i - 1] if i else 0) + 1) for i in range(m)]
+            for j in range(1, m + 1):
+                self.first[j] = min(bisect.bisect_left(floors, self.sizes[j - 1]), j - 1)
 
     def cost(self, i: int, j: int) -> float:
-        """Cost when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j)."""
+        """Cost when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j);
+        infinite when the smallest of those counts, traced or not, would pad past max_pad."""
+        if self.max_pad is not None and self.sizes[j - 1] > self.max_pad * ((self.sizes[i - 1] if i else 0) + 1):
+            return INF
         total = 0.0
         for w, g in zip(self.w, self.g):
             steps = w[j] - w[i]
@@ -165,18 +183,31 @@ class Bucketing:
 
     def _fill(self, prev, cur, par, lo: int, hi: int, opt_lo: int, opt_hi: int) -> None:
         # cur[j] = min over i < j of prev[i] + cost(i, j); argmin monotone in j (Monge cost).
+        last = max((i for i, v in enumerate(prev) if v < INF), default=-1)  # the last reachable i
         stack = [(lo, hi, opt_lo, opt_hi)]
         while stack:
             lo, hi, opt_lo, opt_hi = stack.pop()
             if lo > hi:
                 continue
             mid = (lo + hi) // 2
-            best, arg = INF, opt_lo
-            for i in range(opt_lo, min(mid - 1, opt_hi) + 1):
+            if self.first[mid] > last:
+                # every bucket ending here starts past what k-1 sizes reach under the padding
+                # bound, and so does every later one (first only grows): all unreachable
+                for j in range(mid, hi + 1):
+                    cur[j], par[j] = INF, opt_lo
+                stack.append((lo, mid - 1, opt_lo, opt_hi))
+                continue
+            start = max(opt_lo, self.first[mid])  # below it every bucket breaks the padding bound
+            best, arg = INF, start
+            for i in range(start, min(mid - 1, opt_hi) + 1):
                 v = prev[i] + self.cost(i, mid)
                 if v < best:
                     best, arg = v, i
             cur[mid], par[mid] = best, arg
+            if best == INF:  # no argmin to narrow the search by (unpriced sizes)
+                stack.append((lo, mid - 1, opt_lo, opt_hi))
+                stack.append((mid + 1, hi, opt_lo, opt_hi))
+                continue
             stack.append((lo, mid - 1, opt_lo, arg))
             stack.append((mid + 1, hi, arg, opt_hi))
 
@@ -240,6 +271,16 @@ class Optimized:
     fallback: str | None = None  # why the padding objective was used instead of step time
 
 
+def worst_pad(sizes: list[int]) -> float:
+    """The most any batch, traced or not, pads by with these sizes: the size above a gap over
+    the smallest count it serves (batches above the largest size run eager: no padding)."""
+    out, prev = 1.0, 0
+    for size in sorted(sizes):
+        out = max(out, size / (prev + 1))
+        prev = size
+    return out
+
+
 def with_sizes(spec: Spec, sizes: list[int]) -> Spec:
     data = spec.model_dump(mode="json")
     data["cudagraph"]["capture_sizes"] = sizes
@@ -261,11 +302,21 @@ class Objective:
     """
 
     def __init__(
-        self, spec: Spec, traces: list[list[TraceBatch]], top: int, plan: Plan, cost: CostModel, name: str
+        self,
+        spec: Spec,
+        traces: list[list[TraceBatch]],
+        top: int,
+        plan: Plan,
+        cost: CostModel,
+        name: str,
+        max_pad: float | None = None,
     ) -> None:
         from capplan.planner.dispatch import Dispatcher, derive_uniform
 
         trace = [item for t in traces for item in t]
+        self.max_pad = max_pad
+        # sizes the trace never hits, so a padding bound can always be met: vLLM's own defaults
+        self.fillers = set(plan.capture_sizes) if max_pad is not None else set()
         self.traces = traces
         self.top = top
         self.cost = cost
@@ -316,7 +367,8 @@ class Objective:
             for c in cases:
                 for t, w in self.per_case.get(c, {}).items():
                     merged[t] = merged.get(t, 0) + w
-            return Bucketing({0: merged}, top)
+            candidates = sorted(set(merged) | {top} | {f for f in self.fillers if f <= top})
+            return Bucketing({0: merged}, top, sizes=candidates, max_pad=self.max_pad)
         groups = {g: w for c in cases for g, w in self.groups.get(c, {}).items()}
         counts = {t for w in groups.values() for t in w}
         sizes = []
@@ -328,7 +380,7 @@ class Objective:
             sizes.append(top)  # required of every case (cudagraph.lora_case_sizes); priced infinite if unknown
         if not sizes:
             return None
-        return Bucketing(groups, top, self.price, self.eager if open_top else None, sizes)
+        return Bucketing(groups, top, self.price, self.eager if open_top else None, sizes, self.max_pad)
 
     def score(self, plan: Plan) -> Simulation:
         """The trace replayed through a compiled plan: padded tokens and predicted step time."""
@@ -392,8 +444,12 @@ def optimize(
     objective: str | None = None,
     padding_fallback: bool = False,
     max_points: int = 400,
+    max_pad: float | None = None,
 ) -> Optimized:
-    """Choose capture sizes. `trace`: one trace, or one per DP rank (a list of traces)."""
+    """Choose capture sizes. `trace`: one trace, or one per DP rank (a list of traces).
+    `max_pad`: no batch of n tokens, traced or not, pads past max_pad * n (None: unbounded)."""
+    if max_pad is not None and not 1.0 <= max_pad <= 1e6:
+        raise UsageError(f"--max-pad-ratio must be at least 1 (got {max_pad:g})", "2 lets a batch at most double")
     traces: list[list[TraceBatch]] = trace if trace and isinstance(trace[0], list) else [trace]  # type: ignore[list-item]
     budget = Budget(max_graphs, max_graph_memory, max_capture_seconds, max_slowdown)
     given = [b for b in (max_graphs, max_graph_memory, max_capture_seconds, max_slowdown) if b is not None]
@@ -434,12 +490,12 @@ def optimize(
     else:
         budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
     try:
-        return _optimize(spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label())
+        return _optimize(spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label(), max_pad)
     except Unpriced as exc:
         if not padding_fallback or max_slowdown is not None:
             offer = "" if padding_fallback or max_slowdown is not None else FALLBACK_HINT
             raise UsageError(exc.message, MEASURE_HINT + offer) from None
-        result = _optimize(spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label())
+        result = _optimize(spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label(), max_pad)
         return Optimized(**{**result.__dict__, "fallback": exc.message})
 
 
@@ -458,11 +514,12 @@ def _optimize(
     objective: str,
     max_points: int,
     basis: str,
+    max_pad: float | None = None,
 ) -> Optimized:
     default_sizes, top = resolve_capture_sizes(spec)
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
-    goal = Objective(spec, traces, top, default_plan, cost, objective)
+    goal = Objective(spec, traces, top, default_plan, cost, objective, max_pad)
     goal.default_sim = goal.score(default_plan)
     default = _point(default_plan, cost, default_sizes, spec, goal, goal.default_sim)  # its slowdown bound: 0
     per_case = (
@@ -478,12 +535,17 @@ def _optimize(
     feasible = [p for p in curve if budget.fits(p)]
     if not feasible:
         if not curve:
+            bound = f" (or none meets the padding bound of {max_pad:g}x)" if max_pad is not None else ""
             raise Unpriced(
-                f"no capture size can be priced for this trace: the default plan's replay needs "
+                f"no capture size can be priced for this trace{bound}: the default plan's replay needs "
                 f"{_points_text(list(default.unpriced)) or 'prices the calibration lacks'}"
             )
         graphs = min(p.graphs for p in curve)
-        raise UsageError(f"no capture set fits {budget.text}: the smallest needs {graphs} graphs", "raise the budget")
+        bound = f" with no batch padding past {max_pad:g}x" if max_pad is not None else ""
+        raise UsageError(
+            f"no capture set fits {budget.text}{bound}: the smallest needs {graphs} graphs",
+            "raise the budget" + (", or --max-pad-ratio" if bound else ""),
+        )
     if objective == "step-time":
         priced = [p for p in feasible if p.step_seconds is not None]
         if budget.max_slowdown is not None:
@@ -584,11 +646,15 @@ def _per_case_curve(
             return []
         for k in range(1, min(len(solver.sizes), max_points) + 1):
             value, sizes = solver.best(k)
+            if value == INF:
+                continue  # no set of k sizes meets the padding bound (or can be priced)
             if opts and value >= opts[-1][1]:
                 break
             opts.append((graphs_for(c, sizes), value, sizes))
             if goal.steps is None and value == 0:
                 break
+        if not opts:
+            return []  # no size set of this case meets the padding bound
         options[c] = opts
     total = sum(o[-1][0] for o in options.values())
     floor = sum(o[0][0] for o in options.values())
