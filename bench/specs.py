@@ -18,6 +18,6 @@ EXTREME = {
     "cudagraph": {"mode": "FULL_AND_PIECEWISE", "max_capture_size": 1024},
     "lora": {"enabled": True, "max_loras": 32, "specialize_active": True},
     "speculative": {"num_speculative_tokens": 3},
-    "parallel": {"data_parallel_size": 8},
+    "parallel": {"data_parallel_size": 8, "moe": True},
 }
 SPECS = {"small": SMALL, "typical": TYPICAL, "extreme": EXTREME}

@@ -175,7 +175,7 @@ def test_every_rank_s_output_is_checked(fake_vllm, tmp_path):
     import yaml
 
     spec = tmp_path / "dp.yaml"
-    spec.write_text(yaml.safe_dump({"parallel": {"data_parallel_size": 2}}))
+    spec.write_text(yaml.safe_dump({"parallel": {"data_parallel_size": 2, "moe": True}}))
     plan = tmp_path / "p1.plan.yaml"
     assert subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)]).returncode == 0
     before = plan.read_bytes()

@@ -24,7 +24,7 @@ VALID = {
     },
     "lora": {"enabled": True, "max_loras": 3, "specialize": True, "specialize_active": True},
     "speculative": {"num_speculative_tokens": 1},
-    "parallel": {"data_parallel_size": 2},
+    "parallel": {"data_parallel_size": 2, "moe": True},
     "fixes": ["lora_slot", "dummy_remainder", "mixed_ranges"],
 }
 WEIRD = st.one_of(

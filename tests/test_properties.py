@@ -37,7 +37,7 @@ def specs(draw, fixes=None):
                 "specialize_active": draw(st.booleans()),
             },
             "speculative": {"num_speculative_tokens": draw(st.integers(0, 4))},
-            "parallel": {"data_parallel_size": draw(st.sampled_from([1, 2, 4]))},
+            "parallel": {"data_parallel_size": draw(st.sampled_from([1, 2, 4])), "moe": True},
             "fixes": fixes
             if fixes is not None
             else draw(st.lists(st.sampled_from(["lora_slot", "dummy_remainder", "mixed_ranges"]), unique=True)),

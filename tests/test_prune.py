@@ -23,7 +23,7 @@ SPECS = {
     ),
     "DP 2": dict(
         scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64},
-        parallel={"data_parallel_size": 2},
+        parallel={"data_parallel_size": 2, "moe": True},
         lora={"enabled": True, "max_loras": 4, "specialize_active": True},
     ),
     "no slot fix": dict(

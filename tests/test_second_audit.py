@@ -50,7 +50,7 @@ def test_names_with_unicode_controls_are_refused(tmp_path, name):
 
 
 def test_line_order_alignment_is_run_length_and_equals_expanding_the_counts():
-    plan = compile_plan(make_spec(lora={"enabled": True, "max_loras": 2}, parallel={"data_parallel_size": 2}))
+    plan = compile_plan(make_spec(lora={"enabled": True, "max_loras": 2}, parallel={"data_parallel_size": 2, "moe": True}))
     rng = random.Random(3)
     for _ in range(20):
         traces = []
@@ -73,7 +73,7 @@ def test_line_order_alignment_is_run_length_and_equals_expanding_the_counts():
 
 
 def _dp_plan(tmp_path) -> Path:
-    (tmp_path / "dp.yaml").write_text(yaml.safe_dump({"parallel": {"data_parallel_size": 2}}))
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump({"parallel": {"data_parallel_size": 2, "moe": True}}))
     plan = tmp_path / "dp.plan.yaml"
     assert runner.invoke(app, ["compile", str(tmp_path / "dp.yaml"), "-o", str(plan)]).exit_code == 0
     return plan

@@ -154,8 +154,8 @@ def test_verify_fails_on_a_fallback_of_another_mode_a_deferred_anchor_and_a_loop
 
 
 def test_spec_refuses_tiers_where_they_cannot_be_safe():
-    with pytest.raises(SpecError, match="needs data_parallel_size 1"):
-        spec_from_data(tiered(parallel={"data_parallel_size": 2}), "s")
+    with pytest.raises(SpecError, match="needs DP ranks that do not pad to one another"):
+        spec_from_data(tiered(parallel={"data_parallel_size": 2, "moe": True}), "s")
     with pytest.raises(SpecError, match="speculative decoding"):
         spec_from_data(tiered(speculative={"num_speculative_tokens": 1}), "s")
     with pytest.raises(SpecError, match=r"not built for vLLM 0.33's model runners \(0.31.0, 0.32.0, 0.33.0\)"):
@@ -166,12 +166,12 @@ def test_spec_refuses_tiers_where_they_cannot_be_safe():
     # every reason at once, each with its fix
     with pytest.raises(SpecError) as every:
         spec_from_data(
-            {**tiered(), "target": {"vllm": "0.29.0"}, "parallel": {"data_parallel_size": 2},
+            {**tiered(), "target": {"vllm": "0.29.0"}, "parallel": {"data_parallel_size": 2, "moe": True},
              "speculative": {"num_speculative_tokens": 1}},
             "s",
         )  # fmt: skip
     message = every.value.message
-    assert "data_parallel_size 1" in message and "speculative decoding" in message and "0.29.0" in message
+    assert "DP ranks that do not pad" in message and "speculative decoding" in message and "0.29.0" in message
     # the ready list's forms, in words
     for ready, said in (
         ([], r"tiers.ready: \[\] names no graph"),
@@ -310,11 +310,11 @@ def test_optimize_ready_share_refusals_write_nothing(tmp_path, args, fragment):
 def test_optimize_ready_share_refuses_a_dp_spec(tmp_path):
     spec = tmp_path / "dp.yaml"
     served = yaml.safe_load((ROOT / "examples" / "served" / "llama0.9b.yaml").read_text())
-    spec.write_text(yaml.safe_dump({**served, "parallel": {"data_parallel_size": 2}}))
+    spec.write_text(yaml.safe_dump({**served, "parallel": {"data_parallel_size": 2, "moe": True}}))
     trace = tmp_path / "t.jsonl"
     trace.write_text((ROOT / "examples" / "served" / "trace-a.jsonl").read_text())
     result = runner.invoke(app, ["optimize", str(spec), str(trace), "--ready-share", "0.9"])
-    assert result.exit_code == 2 and "deferred capture needs data_parallel_size 1" in result.output
+    assert result.exit_code == 2 and "deferred capture needs DP ranks that do not pad to one another" in result.output
     assert not (tmp_path / "dp.optimized.yaml").exists()
 
 

@@ -16,7 +16,7 @@ SPEC = dict(
     scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 1024},
     lora={"enabled": True, "max_loras": 4, "specialize_active": True},
     speculative={"num_speculative_tokens": 1},
-    parallel={"data_parallel_size": 2},
+    parallel={"data_parallel_size": 2, "moe": True},
 )
 
 

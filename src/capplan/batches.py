@@ -205,7 +205,7 @@ def parse_batch(item: object) -> TraceBatch:
 
 def read_rank_traces(paths: list[Path], spec: Spec) -> list[BatchFile]:
     """One trace, or one per DP rank (as many as the spec's data_parallel_size)."""
-    size = spec.parallel.data_parallel_size
+    size = spec.parallel.synced_size
     if len(paths) > 1 and len(paths) != size:
         raise UsageError(
             f"{len(paths)} traces for a plan of data_parallel_size {size}",

@@ -59,7 +59,7 @@ SPEC = {
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256, "max_model_len": 512},
     "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
     "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
-    "parallel": {"data_parallel_size": 2},
+    "parallel": {"data_parallel_size": 2, "moe": True},
 }
 MAX_LORAS = 4
 # The runner passes max_query_len to DP sync from 0.28 (None with a prefill in the batch).

@@ -31,7 +31,7 @@ def _spec(
         "cudagraph": {"mode": mode, "capture_sizes": sizes, "max_capture_size": max_size, "performance_mode": perf},
         "lora": lora or {"enabled": False},
         "speculative": {"num_speculative_tokens": spec_tokens},
-        "parallel": {"data_parallel_size": dp},
+        "parallel": {"data_parallel_size": dp, "moe": True},
         "target": {"runner": "mrv2", "blackwell": blackwell},
     }
 

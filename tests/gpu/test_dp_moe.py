@@ -33,7 +33,7 @@ target: {{runner: mrv2, vllm: "{version}"}}
 scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048, max_model_len: 512}}
 cudagraph: {{mode: FULL_AND_PIECEWISE}}
 lora: {{enabled: true, max_loras: {max_loras}, specialize: true, specialize_active: true}}
-parallel: {{data_parallel_size: 2}}
+parallel: {{data_parallel_size: 2, moe: true}}
 """
 
 

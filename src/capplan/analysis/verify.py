@@ -320,7 +320,7 @@ def _sample(descs: list[Descriptor]) -> str:
 
 def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     spec = plan.spec
-    size = spec.parallel.data_parallel_size
+    size = spec.parallel.synced_size
     if plan.dp.data_parallel_size != size:
         report.add("consistency", f"dp.data_parallel_size {plan.dp.data_parallel_size} != spec {size}")
     dql, seqs = plan.decode_query_len, spec.scheduler.max_num_seqs

@@ -62,7 +62,7 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
         for line in said:
             notes(line)
         return Applied(0, shlex.join(command))
-    check_run_outputs(r.plan, command, r.report, r.trace, loaded.dp.data_parallel_size)
+    check_run_outputs(r.plan, command, r.report, r.trace, loaded.spec.parallel.data_parallel_size)
     env = check_environment(command, dict(os.environ), loaded.spec.target.vllm)
     env["CAPPLAN_PLAN"] = str(r.plan.resolve())
     if r.report is not None:

@@ -81,7 +81,7 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         dispatch=build_ranges(by_mode, cases, ids, per_mode),
         dummy_runs=dummy_runs(spec, [d.num_tokens for d in ordered if d.num_reqs is None]),
         dp=DPPolicy.trusted(
-            data_parallel_size=spec.parallel.data_parallel_size,
+            data_parallel_size=spec.parallel.synced_size,
             sync=DP_SYNC,
             lora_agreement="local",
             padded_tokens_lora_invariant=lora_invariant,

@@ -42,7 +42,7 @@ def dummy_runs(spec: Spec, mixed_graph_tokens: list[int]) -> list[DummyRun]:
             plan=token_runs(tokens, reqs, vllm_spreads or spec.has(Fix.dummy_remainder)),
         )
     ]
-    if spec.parallel.data_parallel_size > 1 and mixed_graph_tokens:
+    if spec.parallel.synced_size > 1 and mixed_graph_tokens:
         top = max(mixed_graph_tokens)
         runs.append(DummyRun.trusted(run="dp_idle", tokens=top, vllm=[(1, top)], plan=[(1, top)]))
     return runs

@@ -30,7 +30,7 @@ def spec_data(spec: Spec) -> dict[str, Any]:
         data["model"] = {k: v for k, v in data["model"].items() if v is not None}
     if data["target"].get("gpu", 0) is None:
         data["target"].pop("gpu")
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "moe"):
         if data["parallel"].get(name, 0) is None:
             data["parallel"].pop(name)
     return data
@@ -61,6 +61,6 @@ def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> 
     for section in FINGERPRINT_IGNORE_SECTIONS:
         data.pop(section, None)
     data["resolved"] = {"capture_sizes": capture_sizes, "lora_capture_cases": lora_cases}
-    if "prune_unreachable" in data["fixes"] and spec.parallel.data_parallel_size > 1:
+    if "prune_unreachable" in data["fixes"] and spec.parallel.synced_size > 1:
         data["resolved"]["dp_dummy_case_at_every_size"] = True  # pruning keeps it only under DP
     return sha256(data)

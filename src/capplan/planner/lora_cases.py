@@ -94,7 +94,7 @@ def reachable_cases(spec: Spec, dispatch_map: dict[int, int], max_requests: int)
     lora = spec.lora
     most = lora.max_loras + 1 if spec.has(Fix.lora_slot) else lora.max_loras
     out = {0} | {dispatch_map[n] for n in range(1, min(max_requests, most) + 1)}
-    if spec.parallel.data_parallel_size > 1:
+    if spec.parallel.synced_size > 1:
         out.add(dispatch_map.get(lora.max_loras + 1, max(dispatch_map.values())))
     return out
 

@@ -61,7 +61,12 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         f"{name}",
         f"  target: vLLM {plan.target['vllm']} ({plan.target['runner']}), mode "
         f"{spec.cudagraph.mode.value}, decode_query_len {plan.decode_query_len}, "
-        f"DP {spec.parallel.data_parallel_size}",
+        f"DP {spec.parallel.data_parallel_size}"
+        + (
+            " (dense: independent engines, DP 1 each)"
+            if spec.parallel.synced_size < spec.parallel.data_parallel_size
+            else ""
+        ),
         "  LoRA: "
         + (
             f"max_loras {lora.max_loras}, specialize {str(lora.specialize).lower()}, "
@@ -112,10 +117,16 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         lines.append("")
     lines += _tier_lines(plan)
     dp = plan.dp
-    lines.append(
-        f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
-        f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
-    )
+    if plan.spec.parallel.synced_size < plan.spec.parallel.data_parallel_size:
+        lines.append(
+            f"DP: {plan.spec.parallel.data_parallel_size} independent engines of a dense model (vLLM sets "
+            "data_parallel_size 1 in each); no rank pads to another, each runs this DP 1 plan."
+        )
+    else:
+        lines.append(
+            f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
+            f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,7 @@ def plan_settings(plan: Plan) -> dict[str, object]:
         "lora_capture_cases (resolved)": plan.lora_capture_cases,
         "speculative.num_speculative_tokens": spec.speculative.num_speculative_tokens,
         "parallel.data_parallel_size": spec.parallel.data_parallel_size,
+        **({"parallel.moe": spec.parallel.moe} if spec.parallel.data_parallel_size > 1 else {}),
         **{
             f"parallel.{name}": getattr(spec.parallel, name)
             for name in ("tensor_parallel_size", "pipeline_parallel_size")
@@ -62,6 +63,15 @@ def _multimodal_plan(plan: Plan) -> dict[str, object]:
     return out
 
 
+def _same(key: str, want: object, have: object, ours: dict[str, object]) -> bool:
+    """Whether the engine's value is the plan's. A dense model's DP ranks are engines of their
+    own: vLLM sets data_parallel_size 1 inside each (EngineCoreProc.run_engine_core), so there
+    a dense plan's size reads 1; the process that starts them sees the launch's size."""
+    if key == "parallel.data_parallel_size" and ours.get("parallel.moe") is False and have == 1:
+        return True
+    return want == have
+
+
 def _short(value: object) -> str:
     text = str(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -78,7 +88,7 @@ def differences(plan: Plan, manager) -> list[str]:
             continue  # irrelevant without LoRA
         if key == "scheduler.max_model_len" and have is None:
             continue  # not visible from this manager
-        if want != have:
+        if not _same(key, want, have, ours):
             out.append(f"{key}: plan {_short(want)}, engine {_short(have)}")
     return out
 
@@ -114,6 +124,7 @@ def config_settings(cfg) -> dict[str, object]:
         "lora.specialize_active": bool(getattr(lora, "specialize_active_lora", False)),
         "speculative.num_speculative_tokens": getattr(spec, "num_speculative_tokens", None) or 0,
         "parallel.data_parallel_size": cfg.parallel_config.data_parallel_size,
+        "parallel.moe": bool(getattr(model, "is_moe", False)),
         "parallel.tensor_parallel_size": getattr(cfg.parallel_config, "tensor_parallel_size", None),
         "parallel.pipeline_parallel_size": getattr(cfg.parallel_config, "pipeline_parallel_size", None),
         "multimodal.tower_connector_lora": bool(getattr(lora, "enable_tower_connector_lora", False)),
@@ -134,7 +145,7 @@ def config_problem(plan: Plan, plan_path: str, cfg) -> str | None:
         want = ours[key]
         if key == "lora.specialize" and not ours["lora.enabled"]:
             continue
-        if want != have:
+        if not _same(key, want, have, ours):
             diffs.append(f"{key}: plan {_short(want)}, engine {_short(have)}")
     if not diffs:
         return None

@@ -186,7 +186,7 @@ def _hook_init_candidates(state: Installed, manager_cls, entry) -> None:
                 self._candidates[(n, row.lora_case)] = cands
         self._lora_dispatch_map = dict(plan.lora_dispatch_map)
         self._max_lora_case = max(plan.lora_dispatch_map.values(), default=0)
-        state.report.dp_rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0)
+        state.report.dp_rank = launch_rank(self.vllm_config.parallel_config)
         state.report.planned(vllm_planned_count=len(vllm_planned))
         dp_size = self.vllm_config.parallel_config.data_parallel_size
         where = f", DP rank {state.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
@@ -407,6 +407,13 @@ def _hook_dp_sync(state: Installed, manager_cls, runner_mod, release: Release) -
     dp_utils.sync_cudagraph_and_dp_padding = sync_cudagraph_and_dp_padding
 
 
+def launch_rank(parallel_config) -> int:
+    """This engine's DP rank in the launch: `data_parallel_index`, which vLLM sets for every
+    engine (a dense model's independent engines all hold data_parallel_rank 0)."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    return int(index) if type(index) is int else int(getattr(parallel_config, "data_parallel_rank", 0) or 0)
+
+
 def _tensor_parallel_rank() -> int:
     """This worker's tensor-parallel rank (0 when vLLM has no TP group here)."""
     try:
@@ -444,7 +451,9 @@ def _hook_record(state: Installed, runner_cls, release: Release) -> None:
                 return result
             contract.check_attributes(entry, self)
             rec = state.recorder = recorder.open_recorder(
-                self.dp_rank, self.dp_size, header + recorder.layout_note(self.parallel_config)
+                launch_rank(self.parallel_config),
+                state.plan.spec.parallel.data_parallel_size,  # the launch's: a dense model's engines hold 1
+                header + recorder.layout_note(self.parallel_config),
             )
             state.report.recorder = rec
             if rec is None:

@@ -301,6 +301,22 @@ class Parallel(_Strict):
     """vLLM's ParallelConfig, as far as it shapes graphs and dispatch."""
 
     data_parallel_size: int = Field(1, ge=1, le=MAX_DP_SIZE, description="vLLM data_parallel_size.")
+    moe: bool | None = Field(
+        None,
+        description=(
+            "Whether the model is a mixture of experts (vLLM ModelConfig.is_moe); required when "
+            "data_parallel_size > 1. vLLM keeps the DP ranks of an MoE model in lockstep (they pad to one "
+            "another's token counts: DP sync) and runs those of a dense model as independent engines, each "
+            "with data_parallel_size 1, so a dense model's plan is its DP 1 plan."
+        ),
+    )
+
+    @property
+    def synced_size(self) -> int:
+        """The DP ranks that pad to one another: data_parallel_size for an MoE model, 1 for a
+        dense one (vLLM's independent engines)."""
+        return self.data_parallel_size if self.moe else 1
+
     tensor_parallel_size: int | None = Field(
         None,
         ge=1,
@@ -553,7 +569,7 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _case_sizes_need_one_rank(self) -> Spec:
         if self.cudagraph.lora_case_sizes is not None:
-            if self.parallel.data_parallel_size > 1:
+            if self.parallel.synced_size > 1:
                 raise ValueError(
                     "cudagraph.lora_case_sizes needs data_parallel_size 1: DP ranks with different "
                     "LoRA cases must pad to the same size (failure class 7); remove it"
@@ -562,6 +578,16 @@ class Spec(_Strict):
                 raise ValueError("cudagraph.lora_case_sizes needs lora.enabled; remove it")
         # That each listed case is one of the spec's LoRA capture cases is a planning rule:
         # capplan.loading checks it (capplan.planner.lora_cases), schemas import no planner code.
+        return self
+
+    @model_validator(mode="after")
+    def _dp_says_moe(self) -> Spec:
+        if self.parallel.data_parallel_size > 1 and self.parallel.moe is None:
+            raise ValueError(
+                "parallel.moe: say whether the model is a mixture of experts (vLLM runs a dense model's DP ranks "
+                "as independent engines of data_parallel_size 1; only MoE ranks pad to one another); set "
+                "moe: true or moe: false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -614,11 +640,11 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
     (none: it can). The one rule for tiers: the spec, `optimize --ready-share` and the
     runtime read it here."""
     out: list[tuple[str, str]] = []
-    if spec.parallel.data_parallel_size > 1:
+    if spec.parallel.synced_size > 1:
         out.append(
             (
-                "deferred capture needs data_parallel_size 1 (DP ranks pad to the same graph, so they would "
-                "have to agree on which graphs exist at every step)",
+                "deferred capture needs DP ranks that do not pad to one another (an MoE model's ranks pad to the "
+                "same graph, so they would have to agree on which graphs exist at every step)",
                 "remove tiers, or set data_parallel_size 1",
             )
         )

@@ -525,7 +525,7 @@ def _optimize(
     per_case = (
         not shared_sizes
         and spec.lora.enabled
-        and spec.parallel.data_parallel_size == 1
+        and spec.parallel.synced_size == 1
         and len(default_plan.lora_capture_cases) > 1
     )
     if per_case:
