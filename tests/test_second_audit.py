@@ -50,7 +50,9 @@ def test_names_with_unicode_controls_are_refused(tmp_path, name):
 
 
 def test_line_order_alignment_is_run_length_and_equals_expanding_the_counts():
-    plan = compile_plan(make_spec(lora={"enabled": True, "max_loras": 2}, parallel={"data_parallel_size": 2, "moe": True}))
+    plan = compile_plan(
+        make_spec(lora={"enabled": True, "max_loras": 2}, parallel={"data_parallel_size": 2, "moe": True})
+    )
     rng = random.Random(3)
     for _ in range(20):
         traces = []

@@ -25,7 +25,6 @@ from capplan.runtime.engine_check import _same, plan_settings
 from capplan.runtime.mrv2 import launch_rank
 from capplan.runtime.versions import detect_release
 
-
 LORA = {"enabled": True, "max_loras": 4, "specialize_active": True}
 
 
