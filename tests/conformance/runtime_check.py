@@ -155,7 +155,7 @@ def _config_fields_exist() -> list[str]:
             "cudagraph_specialize_lora",
         ],
         LoRAConfig: ["max_loras", "specialize_active_lora"],
-        ModelConfig: ["max_model_len"],
+        ModelConfig: ["max_model_len", "is_moe"],
         SpeculativeConfig: ["num_speculative_tokens"],
         ParallelConfig: ["data_parallel_size"],
     }

@@ -299,7 +299,8 @@ def build_manager(spec: dict, notes: list[str] | None = None) -> SimpleNamespace
 
     # VllmConfig._set_cudagraph_sizes, unbound, on a namespace "self".
     fake_self = SimpleNamespace(
-        model_config=SimpleNamespace(enforce_eager=False),
+        # ModelConfig.is_moe: the spec says it (DP ranks of an MoE model pad to one another)
+        model_config=SimpleNamespace(enforce_eager=False, is_moe=bool(spec["parallel"].get("moe"))),
         compilation_config=compilation_config,
         scheduler_config=sched,
         parallel_config=parallel_config,
