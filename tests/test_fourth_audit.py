@@ -235,7 +235,7 @@ ODD = st.one_of(
 )
 
 
-@SETTINGS
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(PLAN_PATHS), value=ODD)
 def test_plan_files_with_a_value_of_another_type_fail_closed(tmp_path_factory, path, value):
     import copy
