@@ -449,7 +449,9 @@ def optimize(
     """Choose capture sizes. `trace`: one trace, or one per DP rank (a list of traces).
     `max_pad`: no batch of n tokens, traced or not, pads past max_pad * n (None: unbounded)."""
     if max_pad is not None and not 1.0 <= max_pad <= 1e6:
-        raise UsageError(f"--max-pad-ratio must be from 1 to 1000000 (got {max_pad:g})", "2 lets a batch at most double")
+        raise UsageError(
+            f"--max-pad-ratio must be from 1 to 1000000 (got {max_pad:g})", "2 lets a batch at most double"
+        )
     traces: list[list[TraceBatch]] = trace if trace and isinstance(trace[0], list) else [trace]  # type: ignore[list-item]
     budget = Budget(max_graphs, max_graph_memory, max_capture_seconds, max_slowdown)
     given = [b for b in (max_graphs, max_graph_memory, max_capture_seconds, max_slowdown) if b is not None]
