@@ -92,6 +92,10 @@ class Release:
     """Under VLLM_USE_BREAKABLE_CUDAGRAPH=1 (set by the user, or by vLLM itself for a few
     architectures) mixed PIECEWISE graphs pad requests too: graphs no rule here plans, so
     the runtime refuses the setting on this release."""
+    profiling_capture: bool = False
+    """vLLM's memory profiling captures the plan's graphs once before the real capture, on a
+    throwaway manager and pool (a sample of the FULL graphs, every PIECEWISE one), to estimate
+    CUDA-graph memory; the manager's `_capture_mem_samples` is a list while it does."""
     deferred_capture: bool = False
     """The runtime can capture graphs while this release serves (spec `tiers`): its capture
     path, LoRA mapping and engine idle loop were read for it and run under `vllm serve`."""
@@ -110,11 +114,11 @@ RELEASES: dict[str, Release] = {
         Release("0.27.0", B, "2.13.0", DISPATCH, HASH),
         Release("0.27.1", B, "2.13.0", DISPATCH, HASH),
         Release("0.28.0", C, "2.13.0", DISPATCH_MQL, HASH),
-        Release("0.29.0", D, "2.13.0", DISPATCH_MQL, HASH),
-        Release("0.30.0", D, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
-        Release("0.31.0", E, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
-        Release("0.32.0", F, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED),
-        Release("0.33.0", F, "2.14.0", DISPATCH_UBATCH, HASH_VERSIONED),
+        Release("0.29.0", D, "2.13.0", DISPATCH_MQL, HASH, profiling_capture=True),
+        Release("0.30.0", D, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
+        Release("0.31.0", E, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
+        Release("0.32.0", F, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
+        Release("0.33.0", F, "2.14.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
     )
 }
 

@@ -273,6 +273,14 @@ def main(out: Path, variant: str = "") -> None:
         report["manager_state_present"] = True
     except contract.IncompatibleVllm as exc:
         report["manager_state_present"] = str(exc)
+    # From 0.29 vLLM's memory profiling captures on a manager whose profiling mark is a list;
+    # a manager built for serving has it None (the capture hook tells the two passes apart by it).
+    try:
+        contract.check_attributes(contract.entry(f"{contract.MANAGER}.capture", RELEASE), manager)
+        report["capture_state_present"] = True
+    except contract.IncompatibleVllm as exc:
+        report["capture_state_present"] = str(exc)
+    report["profiling_mark"] = repr(getattr(manager, contract.PROFILING_MARK, "absent"))
     # The early check reads the config the manager was built from (the oracle's stands in
     # for VllmConfig; vLLM's real class is checked for the property the check reads).
     config = manager.vllm_config

@@ -40,6 +40,8 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     # The runtime contract holds on this release, and the early (pre-spawn) check reads its config.
     assert report["contract_problems"] == [] and report["contract_entries"] >= 10
     assert report["manager_state_present"] is True and report["config_fields_exist"] == []
+    assert report["capture_state_present"] is True
+    assert report["profiling_mark"] == ("None" if RELEASES[version].profiling_capture else "'absent'")
     assert report["early_check_same_engine"] is None and report["uses_v2_runner_attribute"] is True
     assert "scheduler.max_num_seqs: plan 16, engine 17" in report["early_check_other_engine"]
     assert "Refused before the engine started" in report["early_check_other_engine"]

@@ -18,6 +18,13 @@ def render_report(data: dict[str, Any]) -> str:
         f"(vLLM alone would capture {data['vllm_would_capture']}), "
         f"{data['capture_seconds']:.1f} s, graph memory {data['graph_memory_gib']} GiB"
     )
+    prof = data.get("profiling_capture")
+    if prof is not None:
+        modes = ", ".join(f"{n} {m}" for m, n in prof["by_mode"].items()) or "none"
+        lines.append(
+            f"  vLLM's memory profiling first captured {prof['graphs']} of the plan's graphs ({modes}; "
+            f"{prof['seconds']:.1f} s) and discarded them; not counted above"
+        )
     d = data["dispatch"]
     lines.append(f"  dispatch: {d['calls']} calls, {d['graph_hits']} graph replays, {d['eager']} eager")
     if data["dp"] is not None:

@@ -40,6 +40,14 @@ def _has_encoder_graphs(release: Release) -> bool:
     return release.rules.encoder_graphs
 
 
+def _profiles_graphs(release: Release) -> bool:
+    return release.profiling_capture
+
+
+def _captures_once(release: Release) -> bool:
+    return not release.profiling_capture
+
+
 def _defers(release: Release) -> bool:
     return release.deferred_capture
 
@@ -70,6 +78,7 @@ MANAGER_STATE = (
     "lora_capture_cases",
     "decode_query_len",
 )
+PROFILING_MARK = "_capture_mem_samples"  # a list while vLLM's memory profiling captures, None otherwise
 RECORDED_STATE = ("lora_config", "dp_rank", "dp_size", "decode_query_len", "parallel_config")
 DUMMY_BATCH_FIELDS = (
     "num_scheduled_tokens",
@@ -93,7 +102,22 @@ CONTRACT: tuple[Hook, ...] = (
         "dispatch every step through the plan's table (classes 6, 8)",
         ("_graphs_captured",),
     ),
-    Hook(f"{MANAGER}.capture", ("self",), "time capture and count graphs for the report", prefix=True),
+    Hook(
+        f"{MANAGER}.capture",
+        ("self",),
+        "time capture and count graphs for the report",
+        prefix=True,
+        applies=_captures_once,
+    ),
+    Hook(
+        f"{MANAGER}.capture",
+        ("self",),
+        "time capture and count graphs for the report; tell vLLM's memory-profiling capture (graphs it "
+        "discards) from the real one",
+        (PROFILING_MARK,),
+        prefix=True,
+        applies=_profiles_graphs,
+    ),
     Hook(
         f"{RUNNER}:get_num_active_loras_for_dispatch",
         ("lora_config", "lora_state", "req_ids", "dummy_run"),

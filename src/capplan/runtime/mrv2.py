@@ -190,11 +190,12 @@ def _hook_init_candidates(state: Installed, manager_cls, entry) -> None:
         state.report.planned(vllm_planned_count=len(vllm_planned))
         dp_size = self.vllm_config.parallel_config.data_parallel_size
         where = f", DP rank {state.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
-        print(
-            f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
-            f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}",
-            file=sys.stderr,
-        )
+        if not state.in_force:  # once: from 0.29 vLLM's memory profiling builds a manager of its own first
+            print(
+                f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
+                f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}",
+                file=sys.stderr,
+            )
         state.in_force = True
 
     manager_cls._init_candidates = _init_candidates
@@ -270,8 +271,23 @@ def _hook_capture(state: Installed, manager_cls, release: Release) -> None:
     """Time the capture and measure graph memory for the report; refuse to capture a
     list the plan did not install (fail closed)."""
     original = manager_cls.capture
+    entry = contract.entry(f"{contract.MANAGER}.capture", release)
 
     def capture(self, *args, **kwargs):
+        contract.check_attributes(entry, self)
+        if release.profiling_capture and getattr(self, contract.PROFILING_MARK) is not None:
+            # vLLM's memory profiling: a sample of the plan's graphs, on a manager and pool it
+            # then discards. Counted apart; the real capture follows on a new manager.
+            if not state.in_force:
+                raise PlanNotInForce(
+                    f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "
+                    "(its graph manager was built another way); refusing, nothing was captured"
+                )
+            state.report.profiling_started()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                state.report.profiling_finished(self)
         if not state.in_force:  # the plan's capture list never replaced vLLM's: fail closed
             raise PlanNotInForce(
                 f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "

@@ -30,6 +30,8 @@ class Report:
         self.capture_seconds = 0.0
         self.graph_memory_bytes: int | None = None
         self.captured: Counter[tuple[str, int]] = Counter()
+        self.profiled: Counter[str] = Counter()  # graphs vLLM's memory profiling captured and discarded, per mode
+        self.profiling_seconds: float | None = None
         self._t0 = 0.0
         self._free0: int | None = None
         self._finished = False
@@ -66,6 +68,16 @@ class Report:
         self._t0 = time.perf_counter()
         self._free0 = _free_memory()
 
+    def profiling_started(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def profiling_finished(self, manager) -> None:
+        """vLLM's memory-profiling capture ended: the graphs it captured (a sample of the FULL
+        ones, every PIECEWISE one; all discarded) are counted apart from the real capture."""
+        self.profiling_seconds = (self.profiling_seconds or 0.0) + time.perf_counter() - self._t0
+        for mode, n in _captured(manager).items():
+            self.profiled[mode[0]] += n
+
     def capture_finished(self, manager) -> None:
         self._capture_finished(manager)
         self.write()
@@ -90,12 +102,7 @@ class Report:
         free1 = _free_memory()
         if self._free0 is not None and free1 is not None:
             self.graph_memory_bytes = self._free0 - free1
-        # FULL graphs are objects in manager.graphs; PIECEWISE ones live in the
-        # compiled model, so count the descriptors capture walked through.
-        for descs in manager._capture_descs.values():
-            for d in descs:
-                if d.cg_mode.name == "PIECEWISE" or d in manager.graphs:
-                    self.captured[(d.cg_mode.name, d.num_active_loras)] += 1
+        self.captured.update(_captured(manager))
 
     def deferred_captured(self, desc) -> None:
         """One deferred graph captured while serving."""
@@ -124,6 +131,13 @@ class Report:
                 "graph_hits": sum(self.hits.values()),
                 "eager": self.eager,
                 "hits_by_graph": {str(k): v for k, v in sorted(self.hits.items())},
+            },
+            "profiling_capture": None
+            if self.profiling_seconds is None
+            else {
+                "graphs": sum(self.profiled.values()),
+                "by_mode": dict(sorted(self.profiled.items())),
+                "seconds": round(self.profiling_seconds, 3),
             },
             "dp": None if self.dp is None else self.dp.to_json(),
             "trace": None if self.recorder is None else self.recorder.to_json(),
@@ -224,6 +238,18 @@ class DPCounters:
             "audited_steps": self.audited,
             "token_disagreements": self.disagreements if self.audited else None,
         }
+
+
+def _captured(manager) -> Counter[tuple[str, int]]:
+    """The graphs a capture call left on vLLM's manager, per (mode, LoRA case). FULL graphs are
+    objects in manager.graphs; PIECEWISE ones live in the compiled model, so the descriptors
+    capture walked through count."""
+    out: Counter[tuple[str, int]] = Counter()
+    for descs in manager._capture_descs.values():
+        for d in descs:
+            if d.cg_mode.name == "PIECEWISE" or d in manager.graphs:
+                out[(d.cg_mode.name, d.num_active_loras)] += 1
+    return out
 
 
 def _free_memory() -> int | None:
