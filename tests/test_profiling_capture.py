@@ -79,3 +79,40 @@ def test_the_capture_hook_reads_the_profiling_mark_only_where_the_release_has_it
         (capture,) = [h for h in contract.entries(release) if h.target == f"{contract.MANAGER}.capture"]
         assert (contract.PROFILING_MARK in capture.attributes) == release.profiling_capture
     assert [v for v, r in RELEASES.items() if r.profiling_capture] == ["0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+
+
+def test_the_report_flusher_outlives_a_failed_refresh(tmp_path, monkeypatch, capsys):
+    """A refresh that raises (anything, not only a counter resized mid-copy) is said once on
+    stderr and retried: the file keeps up with the engine."""
+    import json
+    import time
+
+    out = tmp_path / "report.json"
+    monkeypatch.setenv("CAPPLAN_REPORT", str(out))
+    plan = load_plan(PLAN)
+    report = Report(plan, str(PLAN))
+    report.planned(1)
+    real, failures = report.write, []
+
+    def flaky() -> None:
+        if len(failures) < 2 and report._flusher is not None:
+            failures.append(1)
+            raise ValueError("simulated")
+        real()
+
+    report.capture_started()
+    report.capture_finished(Manager(plan_descs(plan), None))
+    monkeypatch.setattr(report, "write", flaky)
+    try:
+        for _ in range(3):
+            report.eager += 1
+            report._dirty = True
+            time.sleep(1.2)
+        deadline = time.monotonic() + 5
+        while json.loads(out.read_text())["dispatch"]["eager"] != 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads(out.read_text())["dispatch"]["eager"] == 3
+    finally:
+        report._finished = True
+    err = capsys.readouterr().err
+    assert err.count("the report could not be refreshed (ValueError: simulated)") == 1

@@ -1,6 +1,6 @@
 """The plan in force under `vllm serve` on the installed release, against vLLM alone, in one run.
 
-    python tests/gpu/release_run.py WORK_DIR OUT.json
+    python tests/gpu/release_run.py WORK_DIR OUT.json [--together]
 
 The release is the one installed (`vllm`'s package metadata); the plan targets it exactly. Servers
 (vLLM's OpenAI server, default multiprocessing: the engine core in its own process) on a tiny
@@ -16,7 +16,9 @@ then, together:
 - mismatch:  a plan for max_loras 2 on this max_loras 3 server, timed from launch to exit;
 - v1:        CAPPLAN_PLAN on a server forced to vLLM's V1 runner.
 The servers of the second group get a fixed KV cache (`--kv-cache-memory-bytes`), so that none of
-them measures the others' memory. Outputs are compared request by request; where two differ,
+them measures the others' memory. With --together every server starts at once, each with a fixed KV
+cache (releases before 0.29, whose memory profiling captures no graphs; the graph memory the
+report measures then includes the other servers' allocations). Outputs are compared request by request; where two differ,
 the reference's top-2 logprob margin at the first differing token tells a bf16 near-tie from a
 real error.
 """
@@ -121,6 +123,7 @@ def serve(
         try:
             result["ready_s"] = round(wait_ready(port, proc, limit=420), 1)
             result["outputs"] = run_groups(port)
+            time.sleep(3)  # the report file is kept at most a second behind: let it catch up
         except Exception as exc:  # noqa: BLE001 - keep what the other servers measured
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["outputs"] = {}
@@ -210,8 +213,11 @@ def main() -> None:
     dummy = compile_plan(work, "dummy", release, 3, DUMMY)
     results: dict = {"release": release, "requests_per_group": GROUP, "near_tie_below": NEAR_TIE}
     t0 = time.perf_counter()
-    results["planned"] = serve("planned", model, work, True, plan, MAIN, False)
+    together = "--together" in sys.argv  # every server at once, each with a fixed KV cache (no profiling capture)
+    if not together:
+        results["planned"] = serve("planned", model, work, True, plan, MAIN, False)
     jobs = {
+        **({"planned": lambda: serve("planned", model, work, True, plan, MAIN, True)} if together else {}),
         "reference": lambda: serve("reference", model, work, False, None, MAIN, True),
         "vanilla": lambda: serve("vanilla", model, work, True, None, MAIN, True),
         "dummy": lambda: serve("dummy", model, work, True, dummy, DUMMY, True),

@@ -88,6 +88,7 @@ class Report:
             self._flusher.start()
 
     def _flush_loop(self) -> None:
+        said = False
         while not self._finished:
             time.sleep(1.0)
             if self._dirty:
@@ -96,6 +97,12 @@ class Report:
                     self.write()
                 except RuntimeError:  # a counter changed size while copied; next second
                     self._dirty = True
+                except Exception as exc:  # noqa: BLE001 - the flusher must outlive any one failure
+                    self._dirty = True
+                    if not said:
+                        said = True
+                        print(f"capplan: the report could not be refreshed ({type(exc).__name__}: {exc}); "
+                              "retrying every second", file=sys.stderr)  # fmt: skip
 
     def _capture_finished(self, manager) -> None:
         self.capture_seconds = time.perf_counter() - self._t0
