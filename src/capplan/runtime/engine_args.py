@@ -21,6 +21,7 @@ from pathlib import Path
 from capplan.errors import CapplanError, printable
 from capplan.files import json_depth
 from capplan.limits import MAX_DEPTH, MAX_INT_DIGITS
+from capplan.runtime.vllm_cli import Resolved
 from capplan.schemas.plan import Plan
 
 SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -86,6 +87,7 @@ class Command:
     json_at: dict[str, int] = field(default_factory=dict)  # "compilation"/"speculative" -> index of its JSON
     dotted: set[str] = field(default_factory=set)  # JSON args given as dotted keys
     unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
+    resolved: Resolved | None = None  # vLLM's own reading of the command, when vLLM was importable
 
 
 def server_start(argv: list[str]) -> int | None:
@@ -189,6 +191,79 @@ def read_command(argv: list[str]) -> Command | None:
             i += 2  # another flag with its value (--port 8000)
         else:
             i += 1
+    return cmd
+
+
+# EngineArgs field -> (plan setting, the flag that sets it), as vLLM's parser resolves them.
+RESOLVED: dict[str, tuple[str, str]] = {
+    "max_num_seqs": ("scheduler.max_num_seqs", "--max-num-seqs"),
+    "max_num_batched_tokens": ("scheduler.max_num_batched_tokens", "--max-num-batched-tokens"),
+    "max_model_len": ("scheduler.max_model_len", "--max-model-len"),
+    "max_loras": ("lora.max_loras", "--max-loras"),
+    "data_parallel_size": ("parallel.data_parallel_size", "--data-parallel-size"),
+    "tensor_parallel_size": ("parallel.tensor_parallel_size", "--tensor-parallel-size"),
+    "pipeline_parallel_size": ("parallel.pipeline_parallel_size", "--pipeline-parallel-size"),
+    "max_cudagraph_capture_size": ("cudagraph.max_capture_size", "--max-cudagraph-capture-size"),
+    "cudagraph_capture_sizes": ("cudagraph.capture_sizes", SIZES_FLAG),
+    "enable_lora": ("lora.enabled", "--enable-lora"),
+    "specialize_active_lora": ("lora.specialize_active", "--specialize-active-lora"),
+    "enable_tower_connector_lora": ("multimodal.tower_connector_lora", "--enable-tower-connector-lora"),
+    "enforce_eager": ("enforce_eager", "--enforce-eager"),
+}
+
+
+def read_resolved(argv: list[str], resolved: Resolved) -> Command:
+    """The plan settings the operator gave, as vLLM's own parser resolved the command (a
+    `--config` file included): only what the operator gave counts, each named by its flag and,
+    for a value from the file, the file."""
+    start = server_start(argv)
+    assert start is not None
+    cmd = Command(list(argv), start)
+    try:  # where the command's own JSON sits, for complete() to merge into it
+        syntax = read_command(argv)
+    except CapplanError:
+        syntax = None
+    if syntax is not None:
+        cmd.json_at, cmd.dotted = syntax.json_at, syntax.dotted
+    config = next((a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
+                   if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")), None)  # fmt: skip
+
+    def where(dest: str) -> str:
+        return f" (in --config {printable(config or '?')})" if dest in resolved.from_config else ""
+
+    for dest, (key, flag) in RESOLVED.items():
+        if dest not in resolved.given:
+            continue
+        value = resolved.values.get(dest)
+        if key == "scheduler.max_model_len" and (not isinstance(value, int) or value < 0):
+            cmd.unread.append(f"{flag} {value}")  # vLLM takes it from the model
+            continue
+        if key == "cudagraph.capture_sizes" and isinstance(value, list):
+            value = sorted(set(value))
+        cmd.values[key] = value
+        cmd.flags[key] = f"{flag} {_short(value)}{where(dest)}"
+    cc_where = where("compilation_config")
+    for name in resolved.compilation_given() & set(COMPILATION):
+        value = resolved.compilation.get(name)
+        if value is None:
+            continue
+        if name in ("cudagraph_capture_sizes", "encoder_cudagraph_token_budgets") and isinstance(value, list):
+            value = sorted(set(value)) if name == "cudagraph_capture_sizes" else sorted(value)
+        cmd.values[COMPILATION[name]] = value
+        cmd.flags[COMPILATION[name]] = f"--compilation-config {name} {_short(value)}{cc_where}"
+    level = resolved.values.get("optimization_level")
+    if "optimization_level" in resolved.given and str(level) in ("0", "O0") and "cudagraph.mode" not in cmd.values:
+        cmd.values["cudagraph.mode"] = "NONE"  # vLLM's -O0 turns CUDA graphs off unless a mode is given
+        cmd.flags["cudagraph.mode"] = f"-O0 (vLLM's optimization level 0: no CUDA graphs){where('optimization_level')}"
+    if "speculative_config" in resolved.given and resolved.speculative is not None:
+        cmd.values["speculative.present"] = True
+        k = resolved.speculative.get("num_speculative_tokens")
+        if k is not None:
+            cmd.values["speculative.num_speculative_tokens"] = k
+            cmd.flags["speculative.num_speculative_tokens"] = (
+                f"--speculative-config num_speculative_tokens {k}{where('speculative_config')}"
+            )
+    cmd.resolved = resolved
     return cmd
 
 
@@ -379,6 +454,15 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
     if "cudagraph.max_capture_size" in cmd.values:
         missing.pop("cudagraph_capture_sizes", None)  # vLLM derives the sizes from the ceiling given
     merged: list[str] = []  # keys put into the command's own --compilation-config JSON
+    given = cmd.resolved.json_keys.get("compilation_config", []) if cmd.resolved is not None else []
+    from_file = cmd.resolved is not None and "compilation_config" in cmd.resolved.from_config
+    if missing and (from_file or len(given) > 1 or (given and not (cmd.json_at or cmd.dotted))):
+        # vLLM keeps the last compilation config it is given: one more would replace the operator's
+        raise CapplanError(
+            f"the plan needs {', '.join(f'{k} {_short(v)}' for k, v in missing.items())} in the compilation config, "
+            "which the command gives " + ("in its --config file" if from_file else "more than once"),
+            "add them where the command sets its compilation config (capplan never replaces it)",
+        )
     if missing and "compilation" in cmd.json_at:
         at = cmd.json_at["compilation"]
         head, eq, text = argv[at].partition("=") if argv[at].startswith("-") else ("", "", argv[at])
@@ -415,14 +499,48 @@ def render(plan: Plan, form: str, plan_path: str = "PLAN") -> str:
     return note + shlex.join([*env, "vllm", "serve", model, *args])
 
 
-def prepare(plan: Plan, plan_path: str, argv: list[str]) -> tuple[list[str], list[str]]:
+def parser_args(argv: list[str]) -> list[str]:
+    """The arguments vLLM's server parser reads from a server command (`vllm serve`'s model first)."""
+    name = Path(argv[0]).name
+    if name == "vllm":
+        return argv[2:]
+    at = argv.index("-m")
+    rest = argv[at + 2 :]
+    return rest[1:] if argv[at + 1] == "vllm.entrypoints.cli.main" else rest
+
+
+def prepare(
+    plan: Plan, plan_path: str, argv: list[str], python: str | None = None, resolution: dict | None = None
+) -> tuple[list[str], list[str]]:
     """`capplan apply`'s launch: (the command to run, the lines to tell the user). CapplanError,
-    before anything starts, when a flag contradicts the plan."""
-    cmd = read_command(argv)
-    if cmd is None:
+    before anything starts, when a value the command gives (on its line or in its --config
+    file) contradicts the plan. The command is read by vLLM's own parser, run with `python`
+    (default: the command's interpreter), where vLLM is importable; by capplan's reader else."""
+    import os
+    import sys
+
+    from capplan.runtime.launch import target_python
+    from capplan.runtime.vllm_cli import resolution_of, resolve
+
+    if server_start(argv) is None:
         return argv, [
             "capplan: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` command: its flags "
             "are not read here (each engine still checks the plan before it captures)"
+        ]
+    python = python or target_python(argv) or sys.executable
+    if resolution is not None:  # read earlier, with others, by resolve_lines
+        resolved: Resolved | None = resolution_of(resolution)
+    else:
+        resolved = resolve(python, parser_args(argv), dict(os.environ))
+    reader: list[str] = []
+    if resolved is not None:
+        cmd = read_resolved(argv, resolved)
+    else:
+        cmd = read_command(argv)
+        assert cmd is not None
+        reader = [
+            f"capplan: vLLM is not importable for {printable(python)}: the flags were read by capplan's own reader"
+            + (", which does not read --config files" if any(u.startswith("--config") for u in cmd.unread) else "")
         ]
     problems = contradictions(plan, cmd)
     if problems:
@@ -431,7 +549,7 @@ def prepare(plan: Plan, plan_path: str, argv: list[str]) -> tuple[list[str], lis
             "change the flag, or the spec and recompile; `capplan flags PLAN` prints the matching arguments",
         )
     full, added = complete(plan, cmd)
-    lines = [f"capplan: added from the plan: {shlex.join(added)}"] if added else []
+    lines = [*reader, f"capplan: added from the plan: {shlex.join(added)}"] if added else list(reader)
     if cmd.unread:
         lines.append(f"capplan: not read here, checked by the engine: {shlex.join(cmd.unread)}")
     return full, lines

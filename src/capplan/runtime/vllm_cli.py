@@ -1,0 +1,194 @@
+"""A vLLM server command line as vLLM itself reads it: its argument parser and `EngineArgs`,
+run in the command's own Python, where `capplan apply` finds vLLM installed.
+
+vLLM's parser accepts more spellings than any second reader keeps up with: `_` for `-` in
+flag names, unambiguous prefixes, `-O0`/`-O 0`/`--optimization-level=0`, a flag given twice
+(the last wins), two `-cc` objects, dotted and `+` list keys, and a `--config` YAML file whose
+values come before the command line's. So where vLLM is importable, capplan asks it: the values
+it resolves, which of them the operator gave (on the command line or in the file), and, for the
+JSON configs, which keys. `engine_args` compares those with the plan and adds a setting only
+where the operator gave nothing. capplan's own reader stays for where vLLM is absent
+(`apply --dry-run` on a laptop), and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+
+from capplan.errors import CapplanError, printable
+
+# Runs in the command's Python. Reads {"lines": [[...], ...]} (each the engine arguments of one
+# command, `vllm serve`'s model first when given) on stdin; prints {"unavailable": why} when
+# vLLM's parser cannot be imported there, else {"results": [...]}, one per line: {"refused":
+# line} when vLLM's parser refuses it, else the resolution.
+RESOLVER = r"""
+import argparse, contextlib, io, json, sys
+
+req = json.load(sys.stdin)
+try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.entrypoints.cli import serve as serve_cli
+        from vllm.engine.arg_utils import EngineArgs
+except Exception as exc:
+    print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}"[:300]}))
+    raise SystemExit(0)
+
+JSON_DESTS = ("compilation_config", "speculative_config")
+raw = {}
+
+
+def make(record, suppress):
+    p = serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    for a in p._actions:
+        if suppress and a.dest != "help":
+            a.default = argparse.SUPPRESS
+        if record and a.dest in JSON_DESTS and callable(a.type):
+            def typed(val, orig=a.type, dest=a.dest):
+                try:
+                    got = json.loads(val)
+                except Exception:
+                    got = None
+                raw.setdefault(dest, []).append(sorted(got) if isinstance(got, dict) else None)
+                return orig(val)
+            a.type = typed
+    if suppress:
+        p._defaults.clear()
+    return p
+
+
+def parse(p, args):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            return p.parse_args(args), None
+    except SystemExit:
+        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        return None, (lines[-1] if lines else "vLLM's argument parser refused the command")
+
+
+def plain(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    name = getattr(v, "name", None)
+    return name if isinstance(name, str) else str(v)
+
+
+def one(args):
+    raw.clear()
+    ns, refused = parse(make(True, False), args)
+    if refused:
+        return {"refused": refused}
+    return resolution(args, ns)
+
+
+def resolution(args, ns):
+    given_ns, _ = parse(make(False, True), args)
+    cli_args, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "--config":
+            skip = True
+            continue
+        if a.startswith("--config="):
+            continue
+        cli_args.append(a)
+    cli_ns, _ = parse(make(False, True), cli_args)
+    given = sorted(vars(given_ns)) if given_ns is not None else []
+    on_cli = set(vars(cli_ns)) if cli_ns is not None else set()
+    ea = EngineArgs.from_cli_args(ns)
+    cc = ea.compilation_config
+    sc = ea.speculative_config
+
+
+    def get(o, k):
+        return o.get(k) if isinstance(o, dict) else getattr(o, k, None)
+
+
+    names = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_lora", "max_loras",
+             "specialize_active_lora", "data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size",
+             "enforce_eager", "enable_tower_connector_lora", "optimization_level", "cudagraph_capture_sizes",
+             "max_cudagraph_capture_size")
+    keys = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_specialize_lora",
+            "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
+            "encoder_cudagraph_max_frames_per_batch", "mode")
+    return {
+        "values": {n: plain(getattr(ea, n, None)) for n in names},
+        "compilation": {k: plain(get(cc, k)) for k in keys},
+        "speculative": None if sc is None else {"num_speculative_tokens": plain(get(sc, "num_speculative_tokens"))},
+        "given": given,
+        "from_config": sorted(set(given) - on_cli),
+        "json_keys": {d: list(raw.get(d, [])) for d in JSON_DESTS},
+    }
+
+
+print(json.dumps({"results": [one(args) for args in req["lines"]]}))
+"""
+
+
+@dataclass
+class Resolved:
+    """What vLLM's parser made of a command: values, which the operator gave, and where."""
+
+    values: dict[str, object]
+    compilation: dict[str, object]
+    speculative: dict[str, object] | None
+    given: set[str]
+    from_config: set[str]
+    json_keys: dict[str, list[list[str] | None]] = field(default_factory=dict)
+
+    def compilation_given(self) -> set[str]:
+        """The compilation-config keys the operator gave, in any `-cc`, dotted key or file."""
+        return {k for obj in self.json_keys.get("compilation_config", []) if obj for k in obj}
+
+
+def resolve(python: str, args: list[str], env: dict[str, str]) -> Resolved | None:
+    """vLLM's reading of the engine arguments `args`, run with `python`; None when vLLM's
+    parser is not importable there. CapplanError when vLLM's parser refuses them."""
+    results = resolve_lines(python, [args], env)
+    return None if results is None else resolution_of(results[0])
+
+
+def resolve_lines(python: str, lines: list[list[str]], env: dict[str, str]) -> list[dict] | None:
+    """vLLM's reading of each command's engine arguments, in one run of `python` (vLLM is
+    imported once); None when vLLM's parser is not importable there."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", RESOLVER],
+            input=json.dumps({"lines": lines}),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+    if not isinstance(data, dict) or "results" not in data:
+        return None
+    return list(data["results"])
+
+
+def resolution_of(data: dict) -> Resolved:
+    """One command's resolution; CapplanError when vLLM's parser refused it."""
+    if "refused" in data:
+        raise CapplanError(
+            f"vLLM's argument parser refuses the command: {printable(str(data['refused']))[:300]}",
+            "fix the command: vLLM would not start with it",
+        )
+    return Resolved(
+        data["values"],
+        data["compilation"],
+        data["speculative"],
+        set(data["given"]),
+        set(data["from_config"]),
+        data["json_keys"],
+    )

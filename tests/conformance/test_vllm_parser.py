@@ -1,0 +1,82 @@
+"""`capplan apply` reads a launch line with vLLM's own argument parser where vLLM is importable:
+every spelling vLLM accepts, a --config file, repeated flags and -O levels are resolved by vLLM,
+compared with the plan, and nothing the operator gave is overridden. Run against the parsers of
+0.25.0, 0.29.0 and 0.33.0 (the oracle's vLLM sources on CPU)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from capplan.errors import CapplanError
+from capplan.planfile import load_plan
+from capplan.runtime.engine_args import parser_args, prepare
+from capplan.runtime.vllm_cli import resolve_lines
+from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"  # max_num_seqs 256, 8192 tokens, max_loras 8
+VERSIONS = ("0.25.0", "0.29.0", "0.33.0")
+
+# (engine arguments after `vllm serve M`, a config file's text or None, the verdict: a substring of
+# the refusal, or "ok" and a substring of what capplan adds)
+CORPUS = [
+    (["--config", "{cfg}"], "max_loras: 4\nmax_num_seqs: 256\n", "--max-loras 4 (in --config"),
+    (["--config", "{cfg}"], "max_num_seqs: 256\nmax_loras: 8\n", ("ok", "--max-num-batched-tokens 8192")),
+    (["--max_loras", "4"], None, "--max-loras 4: the plan has lora.max_loras 8"),
+    (["--max-num-seq", "16"], None, "--max-num-seqs 16: the plan has scheduler.max_num_seqs 256"),
+    (["--enforce-eag"], None, "--enforce-eager runs no CUDA graph"),
+    (["--max-num-seqs", "256", "--max-num-seqs", "16"], None, "--max-num-seqs 16"),
+    (["--max-num-seqs", "16", "--max-num-seqs", "256"], None, ("ok", "--max-loras 8")),
+    (["--max-num-batched-tokens", "8k"], None, "--max-num-batched-tokens 8000"),
+    (["--max-num-batched-tokens", "8K"], None, ("ok", "--max-loras 8")),
+    (["-cc", '{"cudagraph_mode": "full_and_piecewise"}'], None, ("ok", "cudagraph_capture_sizes (in -cc)")),
+    (["-cc", '{"cudagraph_mode": "PIECEWISE"}'], None, "cudagraph_mode PIECEWISE: the plan has cudagraph.mode"),
+    (["--bogus-flag", "1"], None, "vLLM's argument parser refuses the command"),
+    (["--config", "{cfg}"], "compilation_config:\n  cudagraph_mode: FULL_AND_PIECEWISE\n", "in its --config file"),
+]
+
+
+def _env(version: str, tmp_path: Path) -> dict[str, str]:
+    # vLLM recognizes a CPU build by its package version ("+cpu"); the oracle's sources carry no
+    # package metadata, so the test gives them one (0.25.0 has no other way to pick the CPU platform).
+    info = tmp_path / "meta" / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    path = os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, tmp_path / "meta")))
+    return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatch):
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    for key, value in _env(version, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    plan = load_plan(PLAN)
+    python = str(ORACLE_DIR / "venv" / "bin" / "python")
+    failures = []
+    argvs = []
+    for i, (args, config, _) in enumerate(CORPUS):
+        cfg = tmp_path / f"vllm{i}.yaml"
+        if config is not None:
+            cfg.write_text(config)
+        argvs.append(["vllm", "serve", "M", *(a.replace("{cfg}", str(cfg)) for a in args)])
+    results = resolve_lines(python, [parser_args(a) for a in argvs], dict(os.environ))  # vLLM imported once
+    assert results is not None, "vLLM's parser did not import in the oracle"
+    for argv, result, (args, config, verdict) in zip(argvs, results, CORPUS, strict=True):
+        try:
+            full, lines = prepare(plan, "p.plan.yaml", argv, python=python, resolution=result)
+        except CapplanError as exc:
+            got = exc.one_line()
+            if isinstance(verdict, tuple) or verdict not in got:
+                failures.append(f"{args}: refused: {got}")
+            continue
+        said = " ".join(lines)
+        if not isinstance(verdict, tuple) or verdict[1] not in said or "own reader" in said:
+            failures.append(f"{args}: accepted ({said}), expected {verdict}")
+        if config is not None and "--max-num-seqs" in full[len(argv) :]:
+            failures.append(f"{args}: a value the --config file gives was added again: {full[len(argv) :]}")
+    assert failures == []
