@@ -533,11 +533,10 @@ def prepare(
     else:
         resolved = resolve(python, parser_args(argv), dict(os.environ))
     reader: list[str] = []
-    if resolved is not None:
-        cmd = read_resolved(argv, resolved)
-    else:
-        cmd = read_command(argv)
-        assert cmd is not None
+    own = None if resolved is not None else read_command(argv)
+    cmd = read_resolved(argv, resolved) if resolved is not None else own
+    assert cmd is not None  # a server command (server_start above)
+    if own is not None:
         reader = [
             f"capplan: vLLM is not importable for {printable(python)}: the flags were read by capplan's own reader"
             + (", which does not read --config files" if any(u.startswith("--config") for u in cmd.unread) else "")
