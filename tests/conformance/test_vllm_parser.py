@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from capplan.errors import CapplanError
 from capplan.planfile import load_plan
@@ -80,3 +82,34 @@ def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatc
         if config is not None and "--max-num-seqs" in full[len(argv) :]:
             failures.append(f"{args}: a value the --config file gives was added again: {full[len(argv) :]}")
     assert failures == []
+
+
+_WORDS = st.sampled_from(
+    ["--max-num-seqs", "--max_loras", "-O", "-O0", "-O3", "--config", "-cc", "-cc.cudagraph_mode", "-sc",
+     "--enforce-eager", "--no-enable-lora", "--max-model-len", "auto", "-1", "8k", "9" * 40, "4_096", "{", "[1,",
+     '{"cudagraph_mode": 2}', '{"cudagraph_capture_sizes": [1, "a"]}', "--max-num", "--", "é", "\x00x",
+     "--tensor-parallel-size", "0", "--speculative-config", '{"num_speculative_tokens": "2"}']
+)  # fmt: skip
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.lists(st.one_of(_WORDS, st.text(max_size=12)), max_size=6), min_size=25, max_size=25))
+def test_any_launch_line_gets_a_verdict_in_one_line(lines):
+    """Generated launch lines through vLLM 0.33.0's parser: each is accepted or refused in one
+    line (a CapplanError), never a traceback."""
+    version = "0.33.0"
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = _env(version, Path(tmp))
+        argvs = [["vllm", "serve", "M", *line] for line in lines]
+        results = resolve_lines(str(ORACLE_DIR / "venv" / "bin" / "python"), [parser_args(a) for a in argvs], env)
+        assert results is not None and len(results) == len(argvs)
+        plan = load_plan(PLAN)
+        for argv, result in zip(argvs, results, strict=True):
+            try:
+                prepare(plan, "p.plan.yaml", argv, python="python", resolution=result)
+            except CapplanError as exc:
+                assert "\n" not in exc.one_line()

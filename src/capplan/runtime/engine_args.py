@@ -538,7 +538,8 @@ def prepare(
     assert cmd is not None  # a server command (server_start above)
     if own is not None:
         reader = [
-            f"capplan: vLLM is not importable for {printable(python)}: the flags were read by capplan's own reader"
+            f"capplan: vLLM's argument parser could not be run with {printable(python)} (vLLM is not importable "
+            "there): the flags were read by capplan's own reader"
             + (", which does not read --config files" if any(u.startswith("--config") for u in cmd.unread) else "")
         ]
     problems = contradictions(plan, cmd)

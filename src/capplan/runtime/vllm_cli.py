@@ -82,10 +82,13 @@ def plain(v):
 
 def one(args):
     raw.clear()
-    ns, refused = parse(make(True, False), args)
-    if refused:
-        return {"refused": refused}
-    return resolution(args, ns)
+    try:
+        ns, refused = parse(make(True, False), args)
+        if refused:
+            return {"refused": refused}
+        return resolution(args, ns)
+    except Exception as exc:  # vLLM's own classes refuse a value: so would vLLM
+        return {"refused": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def resolution(args, ns):
