@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from capplan.errors import CapplanError
 from capplan.planfile import load_plan
-from capplan.runtime.engine_args import parser_args, prepare
-from capplan.runtime.vllm_cli import resolve_lines
+from capplan.runtime.engine_args import prepare, read_with_vllm
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +37,12 @@ CORPUS = [
     (["-cc", '{"cudagraph_mode": "PIECEWISE"}'], None, "cudagraph_mode PIECEWISE: the plan has cudagraph.mode"),
     (["--bogus-flag", "1"], None, "vLLM's argument parser refuses the command"),
     (["--config", "{cfg}"], "compilation_config:\n  cudagraph_mode: FULL_AND_PIECEWISE\n", "in its --config file"),
+    (["--spec-method", "ngram", "--spec-tokens", "3"], None, "--spec-tokens 3: the plan has speculative"),
+    (["-O1"], None, "cudagraph mode PIECEWISE): the plan has cudagraph.mode FULL_AND_PIECEWISE"),
+    (["-O", "3"], None, ("ok", "--max-loras 8")),
+    (["-cc", '{"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1k}'], None, "cudagraph_mode FULL:"),
+    (["--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, "does not merge into"),
+    (["-cc", "{}", "-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, ("ok", "(in -cc)")),
 ]
 
 
@@ -66,7 +71,7 @@ def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatc
         if config is not None:
             cfg.write_text(config)
         argvs.append(["vllm", "serve", "M", *(a.replace("{cfg}", str(cfg)) for a in args)])
-    results = resolve_lines(python, [parser_args(a) for a in argvs], dict(os.environ))  # vLLM imported once
+    results = read_with_vllm(python, argvs, dict(os.environ))  # vLLM imported once
     assert results is not None, "vLLM's parser did not import in the oracle"
     for argv, result, (args, config, verdict) in zip(argvs, results, CORPUS, strict=True):
         try:
@@ -105,7 +110,7 @@ def test_any_launch_line_gets_a_verdict_in_one_line(lines):
     with tempfile.TemporaryDirectory() as tmp:
         env = _env(version, Path(tmp))
         argvs = [["vllm", "serve", "M", *line] for line in lines]
-        results = resolve_lines(str(ORACLE_DIR / "venv" / "bin" / "python"), [parser_args(a) for a in argvs], env)
+        results = read_with_vllm(str(ORACLE_DIR / "venv" / "bin" / "python"), argvs, env)
         assert results is not None and len(results) == len(argvs)
         plan = load_plan(PLAN)
         for argv, result in zip(argvs, results, strict=True):

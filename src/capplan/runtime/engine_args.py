@@ -194,22 +194,27 @@ def read_command(argv: list[str]) -> Command | None:
     return cmd
 
 
-# EngineArgs field -> (plan setting, the flag that sets it), as vLLM's parser resolves them.
+def _dest(flag: str) -> str:
+    """The EngineArgs field a flag sets: vLLM names each after its flag."""
+    return flag[2:].replace("-", "_")
+
+
+# EngineArgs field -> (plan setting, the flag that sets it), from the tables above.
 RESOLVED: dict[str, tuple[str, str]] = {
-    "max_num_seqs": ("scheduler.max_num_seqs", "--max-num-seqs"),
-    "max_num_batched_tokens": ("scheduler.max_num_batched_tokens", "--max-num-batched-tokens"),
-    "max_model_len": ("scheduler.max_model_len", "--max-model-len"),
-    "max_loras": ("lora.max_loras", "--max-loras"),
-    "data_parallel_size": ("parallel.data_parallel_size", "--data-parallel-size"),
-    "tensor_parallel_size": ("parallel.tensor_parallel_size", "--tensor-parallel-size"),
-    "pipeline_parallel_size": ("parallel.pipeline_parallel_size", "--pipeline-parallel-size"),
-    "max_cudagraph_capture_size": ("cudagraph.max_capture_size", "--max-cudagraph-capture-size"),
-    "cudagraph_capture_sizes": ("cudagraph.capture_sizes", SIZES_FLAG),
-    "enable_lora": ("lora.enabled", "--enable-lora"),
-    "specialize_active_lora": ("lora.specialize_active", "--specialize-active-lora"),
-    "enable_tower_connector_lora": ("multimodal.tower_connector_lora", "--enable-tower-connector-lora"),
-    "enforce_eager": ("enforce_eager", "--enforce-eager"),
+    **{_dest(flag): (key, flag) for flag, (key, _) in SCALARS.items()},
+    **{_dest(flag): (key, flag) for flag, key in SWITCHES.items()},
+    _dest(SIZES_FLAG): ("cudagraph.capture_sizes", SIZES_FLAG),
 }
+
+
+def read_with_vllm(python: str, argvs: list[list[str]], env: dict[str, str]) -> list[dict] | None:
+    """vLLM's own reading of server commands (one run of `python`, vLLM imported once); None
+    when vLLM is not importable there. Each result goes to `prepare(..., resolution=)`."""
+    from capplan.runtime.vllm_cli import resolve_lines
+
+    keys = (*COMPILATION, "mode")
+    fields = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
+    return resolve_lines(python, [parser_args(a) for a in argvs], env, fields, keys)
 
 
 def read_resolved(argv: list[str], resolved: Resolved) -> Command:
@@ -252,9 +257,19 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
         cmd.values[COMPILATION[name]] = value
         cmd.flags[COMPILATION[name]] = f"--compilation-config {name} {_short(value)}{cc_where}"
     level = resolved.values.get("optimization_level")
-    if "optimization_level" in resolved.given and str(level) in ("0", "O0") and "cudagraph.mode" not in cmd.values:
-        cmd.values["cudagraph.mode"] = "NONE"  # vLLM's -O0 turns CUDA graphs off unless a mode is given
-        cmd.flags["cudagraph.mode"] = f"-O0 (vLLM's optimization level 0: no CUDA graphs){where('optimization_level')}"
+    if "optimization_level" in resolved.given and resolved.level_mode and "cudagraph.mode" not in cmd.values:
+        # an -O level sets the cudagraph mode where none is given: the operator's choice, as vLLM reads it
+        cmd.values["cudagraph.mode"] = resolved.level_mode
+        cmd.flags["cudagraph.mode"] = (
+            f"-O{str(level).lstrip('O')} (vLLM's optimization level: cudagraph mode {resolved.level_mode})"
+            + where("optimization_level")
+        )
+    if "spec_tokens" in resolved.given or "spec_method" in resolved.given:
+        cmd.values["speculative.present"] = True
+        k = resolved.values.get("spec_tokens")
+        if k is not None:
+            cmd.values["speculative.num_speculative_tokens"] = k
+            cmd.flags["speculative.num_speculative_tokens"] = f"--spec-tokens {k}{where('spec_tokens')}"
     if "speculative_config" in resolved.given and resolved.speculative is not None:
         cmd.values["speculative.present"] = True
         k = resolved.speculative.get("num_speculative_tokens")
@@ -263,6 +278,8 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
             cmd.flags["speculative.num_speculative_tokens"] = (
                 f"--speculative-config num_speculative_tokens {k}{where('speculative_config')}"
             )
+    if any(a.startswith("--config=") for a in argv):
+        cmd.unread.append("--config=FILE (vLLM reads a config file only as `--config FILE`: it ignores this one)")
     cmd.resolved = resolved
     return cmd
 
@@ -456,11 +473,14 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
     merged: list[str] = []  # keys put into the command's own --compilation-config JSON
     given = cmd.resolved.json_keys.get("compilation_config", []) if cmd.resolved is not None else []
     from_file = cmd.resolved is not None and "compilation_config" in cmd.resolved.from_config
-    if missing and (from_file or len(given) > 1 or (given and not (cmd.json_at or cmd.dotted))):
-        # vLLM keeps the last compilation config it is given: one more would replace the operator's
+    here = "compilation" in cmd.json_at or "compilation" in cmd.dotted  # capplan's reader found it on the line
+    if missing and (from_file or (given and not here)):
+        # vLLM keeps the last compilation config it is given: one more would replace the operator's, so
+        # capplan merges only into the last JSON object (or the dotted keys) it finds on the line
         raise CapplanError(
             f"the plan needs {', '.join(f'{k} {_short(v)}' for k, v in missing.items())} in the compilation config, "
-            "which the command gives " + ("in its --config file" if from_file else "more than once"),
+            "which the command gives "
+            + ("in its --config file" if from_file else "in a spelling capplan does not merge into"),
             "add them where the command sets its compilation config (capplan never replaces it)",
         )
     if missing and "compilation" in cmd.json_at:
@@ -520,7 +540,7 @@ def prepare(
     import sys
 
     from capplan.runtime.launch import target_python
-    from capplan.runtime.vllm_cli import resolution_of, resolve
+    from capplan.runtime.vllm_cli import resolution_of
 
     if server_start(argv) is None:
         return argv, [
@@ -528,10 +548,10 @@ def prepare(
             "are not read here (each engine still checks the plan before it captures)"
         ]
     python = python or target_python(argv) or sys.executable
-    if resolution is not None:  # read earlier, with others, by resolve_lines
-        resolved: Resolved | None = resolution_of(resolution)
-    else:
-        resolved = resolve(python, parser_args(argv), dict(os.environ))
+    if resolution is None:
+        results = read_with_vllm(python, [argv], dict(os.environ))
+        resolution = None if results is None else results[0]
+    resolved = None if resolution is None else resolution_of(resolution)
     reader: list[str] = []
     own = None if resolved is not None else read_command(argv)
     cmd = read_resolved(argv, resolved) if resolved is not None else own

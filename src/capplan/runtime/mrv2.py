@@ -197,6 +197,7 @@ def _hook_init_candidates(state: Installed, manager_cls, entry) -> None:
                 file=sys.stderr,
             )
         state.in_force = True
+        self._capplan_plan = plan_path  # this manager's capture list is the plan's (checked by capture)
 
     manager_cls._init_candidates = _init_candidates
 
@@ -278,7 +279,7 @@ def _hook_capture(state: Installed, manager_cls, release: Release) -> None:
         if release.profiling_capture and getattr(self, contract.PROFILING_MARK) is not None:
             # vLLM's memory profiling: a sample of the plan's graphs, on a manager and pool it
             # then discards. Counted apart; the real capture follows on a new manager.
-            if not state.in_force:
+            if getattr(self, "_capplan_plan", None) is None:
                 raise PlanNotInForce(
                     f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "
                     "(its graph manager was built another way); refusing, nothing was captured"
@@ -288,7 +289,7 @@ def _hook_capture(state: Installed, manager_cls, release: Release) -> None:
                 return original(self, *args, **kwargs)
             finally:
                 state.report.profiling_finished(self)
-        if not state.in_force:  # the plan's capture list never replaced vLLM's: fail closed
+        if getattr(self, "_capplan_plan", None) is None:  # this manager's list is not the plan's: fail closed
             raise PlanNotInForce(
                 f"capplan: vLLM is about to capture CUDA graphs without the plan {state.plan_path} installed "
                 "(its graph manager was built another way); refusing, nothing was captured"

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capplan.errors import CapplanError, printable
 
-# Runs in the command's Python. Reads {"lines": [[...], ...]} (each the engine arguments of one
-# command, `vllm serve`'s model first when given) on stdin; prints {"unavailable": why} when
+# Runs in the command's Python. Reads {"lines": [[...], ...], "fields": [...], "keys": [...]}
+# on stdin: each line the engine arguments of one command (`vllm serve`'s model first when
+# given), the EngineArgs fields and compilation-config keys to report; prints {"unavailable": why} when
 # vLLM's parser cannot be imported there, else {"results": [...]}, one per line: {"refused":
 # line} when vLLM's parser refuses it, else the resolution.
 RESOLVER = r"""
@@ -37,6 +39,14 @@ except Exception as exc:
     raise SystemExit(0)
 
 JSON_DESTS = ("compilation_config", "speculative_config")
+try:
+    from vllm.engine.arg_utils import _expand_json_human_readable_numbers as expand
+except ImportError:
+    expand = None
+try:  # the cudagraph mode each -O level implies where no mode is given
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG as LEVELS
+except ImportError:
+    LEVELS = {}
 raw = {}
 
 
@@ -47,8 +57,8 @@ def make(record, suppress):
             a.default = argparse.SUPPRESS
         if record and a.dest in JSON_DESTS and callable(a.type):
             def typed(val, orig=a.type, dest=a.dest):
-                try:
-                    got = json.loads(val)
+                try:  # the keys as vLLM reads them (1k and the like expanded first, where vLLM does)
+                    got = json.loads(expand(val) if expand is not None else val)
                 except Exception:
                     got = None
                 raw.setdefault(dest, []).append(sorted(got) if isinstance(got, dict) else None)
@@ -116,15 +126,14 @@ def resolution(args, ns):
         return o.get(k) if isinstance(o, dict) else getattr(o, k, None)
 
 
-    names = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_lora", "max_loras",
-             "specialize_active_lora", "data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size",
-             "enforce_eager", "enable_tower_connector_lora", "optimization_level", "cudagraph_capture_sizes",
-             "max_cudagraph_capture_size")
-    keys = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_specialize_lora",
-            "cudagraph_mm_encoder", "encoder_cudagraph_token_budgets", "encoder_cudagraph_max_vision_items_per_batch",
-            "encoder_cudagraph_max_frames_per_batch", "mode")
+    names, keys = req["fields"], req["keys"]
+    given_level = str(plain(getattr(ea, "optimization_level", None)))  # "1", "O1" or the enum until vLLM converts it
+    level = next(
+        (v for k, v in LEVELS.items() if given_level in (str(getattr(k, "value", k)), getattr(k, "name", ""))), {}
+    )
     return {
         "values": {n: plain(getattr(ea, n, None)) for n in names},
+        "level_mode": plain(level.get("compilation_config", {}).get("cudagraph_mode")),
         "compilation": {k: plain(get(cc, k)) for k in keys},
         "speculative": None if sc is None else {"num_speculative_tokens": plain(get(sc, "num_speculative_tokens"))},
         "given": given,
@@ -142,6 +151,7 @@ class Resolved:
     """What vLLM's parser made of a command: values, which the operator gave, and where."""
 
     values: dict[str, object]
+    level_mode: str | None  # the cudagraph mode vLLM's -O level implies where no mode is given
     compilation: dict[str, object]
     speculative: dict[str, object] | None
     given: set[str]
@@ -153,20 +163,16 @@ class Resolved:
         return {k for obj in self.json_keys.get("compilation_config", []) if obj for k in obj}
 
 
-def resolve(python: str, args: list[str], env: dict[str, str]) -> Resolved | None:
-    """vLLM's reading of the engine arguments `args`, run with `python`; None when vLLM's
-    parser is not importable there. CapplanError when vLLM's parser refuses them."""
-    results = resolve_lines(python, [args], env)
-    return None if results is None else resolution_of(results[0])
-
-
-def resolve_lines(python: str, lines: list[list[str]], env: dict[str, str]) -> list[dict] | None:
-    """vLLM's reading of each command's engine arguments, in one run of `python` (vLLM is
-    imported once); None when vLLM's parser is not importable there."""
+def resolve_lines(
+    python: str, lines: list[list[str]], env: dict[str, str], fields: Sequence[str], keys: Sequence[str]
+) -> list[dict] | None:
+    """vLLM's reading of each command's engine arguments (the EngineArgs `fields` and the
+    compilation-config `keys` it resolves), in one run of `python` (vLLM is imported once);
+    None when vLLM's parser is not importable there. `resolution_of` reads each result."""
     try:
         proc = subprocess.run(
             [python, "-c", RESOLVER],
-            input=json.dumps({"lines": lines}),
+            input=json.dumps({"lines": lines, "fields": list(fields), "keys": list(keys)}),
             capture_output=True,
             text=True,
             env=env,
@@ -189,6 +195,7 @@ def resolution_of(data: dict) -> Resolved:
         )
     return Resolved(
         data["values"],
+        data.get("level_mode"),
         data["compilation"],
         data["speculative"],
         set(data["given"]),
