@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,8 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
     from capplan.runtime.engine_args import prepare
     from capplan.runtime.launch import check_environment, run_child
 
+    if sys.stderr.isatty():  # a person waits for one import of vLLM; a log gets only the verdict
+        notes("capplan: reading the command with vLLM's own argument parser (one import of vLLM, some seconds)...")
     command, said = prepare(loaded, str(r.plan), r.command)  # a flag against the plan: refused here, at once
     if r.dry_run:
         for line in said:
