@@ -43,6 +43,19 @@ CORPUS = [
     (["-cc", '{"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1k}'], None, "cudagraph_mode FULL:"),
     (["--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, "does not merge into"),
     (["-cc", "{}", "-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, ("ok", "(in -cc)")),
+    # one line per pinned setting, against the plan
+    (["-dp", "2"], None, "--data-parallel-size 2: the plan has parallel.data_parallel_size 1"),
+    (["--max-model-len", "16384"], None, "--max-model-len 16384: the plan has scheduler.max_model_len 32768"),
+    (["--max-model-len", "32k"], None, "--max-model-len 32000"),
+    (["--max-model-len", "32K"], None, ("ok", "--max-loras 8")),
+    (["--no-enable-lora"], None, "the plan has lora.enabled"),
+    (["--no-specialize-active-lora"], None, "the plan has lora.specialize_active"),
+    (["--cudagraph-capture-sizes", "1", "2", "4"], None, "the plan has cudagraph.capture_sizes"),
+    (["-cc.cudagraph_specialize_lora=false"], None, "the plan has lora.specialize"),
+    (["--max-cudagraph-capture-size", "8"], None, "the plan's largest graph is"),
+    (["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'], None, "speculative"),
+    (["--config", "{cfg}"], "max_num_batched_tokens: 4096\n", "4096 (in --config"),
+    (["--config", "{cfg}"], "enable_lora: true\nmax_loras: 8\n", ("ok", "--max-num-seqs 256")),
 ]
 
 
@@ -64,8 +77,8 @@ def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatc
         monkeypatch.setenv(key, value)
     plan = load_plan(PLAN)
     python = str(ORACLE_DIR / "venv" / "bin" / "python")
-    failures = []
-    argvs = []
+    failures: list[str] = []
+    argvs, completed = [], []
     for i, (args, config, _) in enumerate(CORPUS):
         cfg = tmp_path / f"vllm{i}.yaml"
         if config is not None:
@@ -84,8 +97,20 @@ def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatc
         said = " ".join(lines)
         if not isinstance(verdict, tuple) or verdict[1] not in said or "own reader" in said:
             failures.append(f"{args}: accepted ({said}), expected {verdict}")
-        if config is not None and "--max-num-seqs" in full[len(argv) :]:
+        if config is not None and "max_num_seqs" in config and "--max-num-seqs" in full[len(argv) :]:
             failures.append(f"{args}: a value the --config file gives was added again: {full[len(argv) :]}")
+        completed.append(full)
+    # Every completed command is one vLLM's parser accepts, consistent with the plan, with nothing left to add.
+    again = read_with_vllm(python, completed, dict(os.environ))
+    assert again is not None
+    for full, result in zip(completed, again, strict=True):
+        try:
+            _, lines = prepare(plan, "p.plan.yaml", full, python=python, resolution=result)
+        except CapplanError as exc:
+            failures.append(f"completed {full[3:]}: refused: {exc.one_line()}")
+            continue
+        if any("added from the plan" in line for line in lines):
+            failures.append(f"completed {full[3:]}: still incomplete: {lines}")
     assert failures == []
 
 

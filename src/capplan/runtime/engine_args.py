@@ -426,11 +426,11 @@ def contradictions(plan: Plan, cmd: Command) -> list[str]:
             if have and want["cudagraph.mode"] != "NONE":
                 out.append(f"--enforce-eager runs no CUDA graph, the plan cudagraph.mode {want['cudagraph.mode']}")
             continue
-        if key == "speculative.present" or key not in want:
-            continue
-        if key == "cudagraph.max_capture_size":
+        if key == "cudagraph.max_capture_size":  # not a plan value of its own: the plan's largest graph
             if have != plan.max_capture_size:
                 out.append(f"{cmd.flags[key]}: the plan's largest graph is {plan.max_capture_size} tokens")
+            continue
+        if key == "speculative.present" or key not in want:
             continue
         if have != want[key]:
             out.append(f"{cmd.flags[key]}: the plan has {key} {_short(want[key])}")
