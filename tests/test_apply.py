@@ -134,7 +134,7 @@ def test_report_and_trace_cannot_share_a_file(fake_vllm, tmp_path):
 
 
 def test_a_script_with_an_env_dash_s_shebang_is_understood(tmp_path):
-    from capplan.runtime.launch import target_python
+    from capplan.launcher.launch import target_python
 
     script = tmp_path / "serve"
     script.write_text("#!/usr/bin/env -S python3 -u\nprint('hi')\n")

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from capplan.analysis.diff import diff_plans
+from capplan.analysis.diff import GraphDelta, NoLongerScheduled, SpecChange, diff_plans
 from capplan.cli import app
 from capplan.loading import load_cost_model
 from capplan.planner import compile_plan
-from capplan.present.diff import render_text
+from capplan.present.diff import diff_json, dispatch_lines, dummy_lines, fix_lines, headline, render_text
 from tests.conftest import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +41,8 @@ def test_diff_counts_graphs_per_mode_and_case():
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
     d = diff_plans(old, new, load_cost_model())
     assert not d.equal
-    assert d.spec_changes == ["lora.specialize_active: false -> true"]
-    assert d.graph_changes == [
+    assert d.spec_changes == (SpecChange("lora.specialize_active", False, True),)
+    assert [(g.cg_mode, g.lora_case, g.added_count, g.removed_count) for g in d.graph_changes] == [
         ("FULL", 1, 35, 0),
         ("FULL", 2, 35, 0),
         ("FULL", 4, 35, 0),
@@ -50,10 +50,10 @@ def test_diff_counts_graphs_per_mode_and_case():
         ("PIECEWISE", 2, 51, 0),
         ("PIECEWISE", 4, 51, 0),
     ]
-    assert d.new_estimate.graphs - d.old_estimate.graphs == 258
-    assert d.headline().startswith("lora.specialize_active: false -> true: +258 graphs, +14 s capture")
+    assert d.cost.new.graphs - d.cost.old.graphs == 258 == d.cost.graphs
+    assert headline(d).startswith("lora.specialize_active: false -> true: +258 graphs, +14 s capture")
     same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[])), load_cost_model())
-    assert same.equal and same.headline() == "no changes"
+    assert same.equal and headline(same) == "no changes"
 
 
 def test_diff_reports_dispatch_region_changes():
@@ -68,14 +68,14 @@ def test_diff_reports_dispatch_region_changes():
         compile_plan(make_spec(**spec, fixes=["mixed_ranges"])),
         load_cost_model(),
     )
-    assert "mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE:4" not in d.dispatch_changes
+    lines = dispatch_lines(d)
+    assert "mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE:4" not in lines
     assert any(
-        line.startswith("mixed batches of 1 token count(s) (3; LoRA case 0): eager -> PIECEWISE:4")
-        for line in d.dispatch_changes
-    ), d.dispatch_changes
+        line.startswith("mixed batches of 1 token count(s) (3; LoRA case 0): eager -> PIECEWISE:4") for line in lines
+    ), lines
     assert (
         "+ mixed_ranges: dispatch: mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE"
-        in d.fix_changes
+        in fix_lines(d)
     )
 
 
@@ -143,11 +143,13 @@ def test_diff_names_kept_graphs_whose_warm_up_batch_changed():
     old = compile_plan(spec)
     new = compile_plan(spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 68})}))
     result = diff_plans(old, new, load_cost_model(None))
-    assert all(removed == 0 for _, _, _, removed in result.graph_changes)
+    assert all(not g.removed for g in result.graph_changes)
     kept = {g.descriptor: g.dummy for g in old.graphs}
     changed = [g for g in new.graphs if g.descriptor in kept and kept[g.descriptor] != g.dummy]
     assert changed and len(result.dummy_changes) == len(changed)
-    assert result.dummy_changes[0].startswith(f"{changed[0].descriptor.cg_mode}:")
+    assert [c.graph for c in result.dummy_changes] == [g.descriptor for g in changed]
+    assert result.dummy_changes[0].new_tokens == tuple(changed[0].dummy.tokens)
+    assert dummy_lines(result)[0].startswith(f"{changed[0].descriptor.cg_mode}:")
     text = render_text(result)
     assert "warm-up (graphs kept, captured from another dummy batch or kernel grid):" in text
     assert f"... and {len(changed) - 8} more" in text  # the text form samples, the JSON form lists all
@@ -168,8 +170,10 @@ def test_diff_names_a_kept_graph_whose_kernel_grid_alone_changed():
     spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
     lora = spec.lora.model_copy(update={"specialize_active": not spec.lora.specialize_active})
     result = diff_plans(compile_plan(spec), compile_plan(spec.model_copy(update={"lora": lora})), load_cost_model(None))
-    grid_only = [line for line in result.dummy_changes if "kernel grid" in line and "adapters" not in line]
+    grid_only = [line for line in dummy_lines(result) if "kernel grid" in line and "adapters" not in line]
     assert grid_only, result.dummy_changes[:3]
+    records = [c for c in result.dummy_changes if c.old_lora_ids == c.new_lora_ids]
+    assert records and all(c.old_kernel_grid != c.new_kernel_grid for c in records)
     before, after = grid_only[0].split(": dummy ", 1)[1].split(" -> ")
     assert before.split(", kernel grid")[0] == after.split(", kernel grid")[0]  # same batch, other grid
 
@@ -183,7 +187,7 @@ def test_dispatch_changes_are_listed_in_batch_order():
 
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
     smaller = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 50})})
-    lines = diff_plans(compile_plan(spec), compile_plan(smaller), load_cost_model(None)).dispatch_changes
+    lines = dispatch_lines(diff_plans(compile_plan(spec), compile_plan(smaller), load_cost_model(None)))
     firsts: dict[str, list[int]] = {}
     for line in lines:
         kind = line.split(" batches", 1)[0]
@@ -209,29 +213,33 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
     """max_num_seqs 128 -> 96: no dispatch change for a batch of more than 96 requests (dispatch
     refuses such a batch on the new plan); the batches only the old spec made are listed apart,
     marked as no longer scheduled, and batches neither spec makes are not listed at all."""
-    import re
 
     from capplan.loading import load_spec
 
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
     old, new = compile_plan(_seqs(spec, 128)), compile_plan(_seqs(spec, 96))
     d = diff_plans(old, new, load_cost_model(None))
-    for line in d.dispatch_changes:
-        if line.startswith("uniform-decode"):
-            assert int(re.search(r"\((\d+)", line).group(1)) <= 96, line
+    for change in d.dispatch_changes:
+        if change.batch_kind == "uniform-decode":
+            assert change.token_runs[0][0] <= 96, change
     assert d.dispatch_changes  # mixed batches of 193.. tokens still fit 96 requests
-    assert d.dispatch_unscheduled == [
-        "uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): replayed FULL in the old plan; "
-        "the new spec never makes them (97 requests, more than max_num_seqs 96)"
-    ]
+    assert d.dispatch_unscheduled == (
+        NoLongerScheduled(
+            "uniform-decode", ((97, 128),), tuple(old.lora_capture_cases), True, "FULL",
+            "97 requests, more than max_num_seqs 96",
+        ),
+    )  # fmt: skip
     text = render_text(d)
     assert "FULL:104 -> PIECEWISE:104" not in text
-    assert "  * no longer scheduled: uniform-decode batches of 32 token count(s) (97..128;" in text
-    assert d.to_json()["dispatch_no_longer_scheduled"] == d.dispatch_unscheduled
+    assert "  * no longer scheduled: uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): replayed " \
+        "FULL in the old plan; the new spec never makes them (97 requests, more than max_num_seqs 96)" in text  # fmt: skip
+    (unscheduled,) = diff_json(d)["dispatch_no_longer_scheduled"]
+    assert unscheduled["token_runs"] == [[97, 128]] and unscheduled["token_count"] == 32
+    assert unscheduled["reason"] == "97 requests, more than max_num_seqs 96" and unscheduled["old_mode"] == "FULL"
     back = diff_plans(new, old, load_cost_model(None))
-    assert back.dispatch_unscheduled == []
+    assert back.dispatch_unscheduled == ()
     assert "uniform-decode batches of 8 token count(s) (97..104; all LoRA cases): not scheduled -> FULL:104" in (
-        back.dispatch_changes
+        dispatch_lines(back)
     )
     monkeypatch.chdir(tmp_path)
     for name, seqs in (("old", 128), ("new", 96)):
@@ -261,8 +269,10 @@ def test_capture_sizes_are_listed_as_sizes_added_and_removed(tmp_path, monkeypat
     md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
     assert "- `capture sizes: +0 added, -1 removed (120)`" in md
     data = json.loads(runner.invoke(app, ["diff", "--spec", "new.yaml", "old.yaml", "--format", "json"]).stdout)
-    assert data["capture_sizes"] == {"added": [120], "removed": []}
-    assert data["spec_changes"] == ["capture sizes: +1 added (120), -0 removed"]
+    assert data["capture_sizes"] == {"added": [120], "removed": [], "old_count": 34, "new_count": 35}
+    (change,) = data["spec_changes"]
+    assert change["key"] == "cudagraph.capture_sizes" and change["old"] == sizes and change["new"] is None
+    assert change["text"] == "capture sizes: +1 added (120), -0 removed"
     # sizes the spec derives move with max_num_seqs: listed apart from the spec's own changes
     Path("fewer.yaml").write_text(text.replace("max_num_seqs: 128", "max_num_seqs: 96"))
     out = runner.invoke(app, ["diff", "--spec", "old.yaml", "fewer.yaml"]).stdout
@@ -280,18 +290,19 @@ def test_markdown_folds_long_lists_into_details_and_cuts_nothing():
 
     spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
     result = diff_plans(compile_plan(spec), compile_plan(_seqs(spec, 68)), load_cost_model(None))
-    assert len(result.dummy_changes) > SCREEN + 1
+    lines = dummy_lines(result)
+    assert len(lines) > SCREEN + 1
     md = render_markdown(result)
     assert "... and" not in md and " more\n" not in md.replace("more</summary>", "")
-    rest = len(result.dummy_changes) - SCREEN
+    rest = len(lines) - SCREEN
     assert f"<details><summary>{rest} more</summary>\n\n" in md
-    for line in result.dummy_changes:
+    for line in lines:
         assert f"- {line}\n" in md
     assert md.count("<details>") == md.count("</details>")
     opened = md.index(f"<summary>{rest} more</summary>")
     closed = md.index("</details>", opened)
-    assert all(f"- {line}" in md[opened:closed] for line in result.dummy_changes[SCREEN:])
-    assert not any(f"- {line}" in md[opened:closed] for line in result.dummy_changes[:SCREEN])
+    assert all(f"- {line}" in md[opened:closed] for line in lines[SCREEN:])
+    assert not any(f"- {line}" in md[opened:closed] for line in lines[:SCREEN])
     assert re.search(r"</details>\n", md)
 
 
@@ -332,3 +343,123 @@ def test_the_optimized_plan_s_markdown_diff_fits_a_pull_request_comment(tmp_path
     assert "more not listed here" in md and "`capplan diff` (text or --json) lists every one" in md
     text = runner.invoke(app, ["diff", old, new]).stdout
     assert "* cudagraph.lora_case_sizes: none -> case 0: " in text  # whole, in the text form
+
+
+# -- the diff is records: data in typed fields, text rendered from them ------------------------------
+
+
+def test_a_diff_of_two_compiled_plans_is_graph_delta_records():
+    old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[]))
+    new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
+    d = diff_plans(old, new, load_cost_model())
+    assert all(isinstance(g, GraphDelta) for g in d.graph_changes)
+    added = [x for x in new.descriptors if x not in set(old.descriptors)]
+    for g in d.graph_changes:
+        assert g.added == tuple(x for x in added if (x.cg_mode, x.num_active_loras) == (g.cg_mode, g.lora_case))
+        assert g.removed == () and g.removed_count == 0
+    assert sum(g.added_count for g in d.graph_changes) == len(added) == d.cost.graphs == 258
+    assert d.added_sample == tuple(added[:8]) and d.removed_sample == ()
+    data = diff_json(d)
+    assert [(r["cg_mode"], r["lora_case"], r["added"], r["removed"]) for r in data["graphs"]] == [
+        (g.cg_mode, g.lora_case, g.added_count, g.removed_count) for g in d.graph_changes
+    ]
+    assert data["graphs"][0]["added_graphs"][0] == f"FULL:{d.graph_changes[0].added[0].num_tokens}x" + (
+        f"{d.graph_changes[0].added[0].num_reqs}@1"
+    )
+    assert data["estimate"]["delta"]["graphs"] == 258
+
+
+def test_text_rendered_from_records_equals_the_golden(spec_pair):
+    """The records of the golden's pair of plans render to the golden text and markdown."""
+    from capplan.planfile import load_plan
+    from capplan.present.diff import render_markdown
+
+    for name in ("old", "new"):
+        assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
+    d = diff_plans(load_plan(Path("old.plan.yaml")), load_plan(Path("new.plan.yaml")), load_cost_model(), "old.plan.yaml", "new.plan.yaml")  # fmt: skip
+    assert render_text(d) == (GOLDEN / "diff_max_loras_4_to_8.txt").read_text()
+    assert render_markdown(d) == (GOLDEN / "diff_max_loras_4_to_8.md").read_text()
+    assert json.dumps(diff_json(d), indent=2) + "\n" == (GOLDEN / "diff_max_loras_4_to_8.json").read_text()
+    from capplan.analysis.diff import LoraCountChange
+
+    assert d.lora_map_changes[0] == LoraCountChange(5, 5, 8)
+    assert d.spec_changes == (SpecChange("lora.max_loras", 4, 8),)
+
+
+def test_dispatch_records_render_as_the_planner_s_region_lines():
+    """The records say what `planner.regions` says: the same lines, in the same order."""
+    from functools import partial
+
+    from capplan.loading import load_spec
+    from capplan.planner.dispatch import beyond_spec
+    from capplan.planner.regions import no_longer_scheduled, target_changes
+    from capplan.present.diff import unscheduled_text
+
+    spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
+    for a, b in ((128, 96), (96, 128), (256, 50)):
+        old, new = compile_plan(_seqs(spec, a)), compile_plan(_seqs(spec, b))
+        d = diff_plans(old, new, load_cost_model(None))
+        refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
+        assert dispatch_lines(d) == target_changes(old, new, exact_sizes=True, refusals=refusals)
+        assert [unscheduled_text(c) for c in d.dispatch_unscheduled] == no_longer_scheduled(old, new, refusals)
+        for change in d.dispatch_changes:
+            assert change.token_count == sum(hi - lo + 1 for lo, hi in change.token_runs)
+
+
+def test_every_json_record_holds_its_sentence_and_typed_fields():
+    """Each list of the JSON form is records whose `text` is the line the text form prints."""
+    from capplan.loading import load_spec
+    from capplan.present.diff import encoder_lines, lora_map_lines, spec_lines, tier_lines
+
+    pairs = []
+    for config in ("mixtral-dp2-lora", "qwen3-8b-multilora", "vl-tower-lora", "h200-tiny-llama-025-tiers"):
+        spec = load_spec(ROOT / "configs" / f"{config}.yaml")
+        pairs.append((compile_plan(spec), compile_plan(_seqs(spec, max(1, spec.scheduler.max_num_seqs // 2)))))
+    tiny = ROOT / "examples" / "h200-tiny-llama-025"
+    from capplan.planfile import load_plan
+
+    pairs.append((load_plan(Path(f"{tiny}.plan.yaml")), load_plan(Path(f"{tiny}-tiers.plan.yaml"))))
+    vl = load_spec(ROOT / "configs" / "vl-tower-lora.yaml")
+    pairs.append((compile_plan(vl), compile_plan(vl.model_copy(update={"fixes": []}))))
+    seen: set[str] = set()
+    for old, new in pairs:
+        d = diff_plans(old, new, load_cost_model(None))
+        data = json.loads(json.dumps(diff_json(d)))
+        for key, lines in (
+            ("spec_changes", spec_lines(d)),
+            ("dummy_changes", dummy_lines(d)),
+            ("dispatch_changes", dispatch_lines(d)),
+            ("lora_dispatch_changes", lora_map_lines(d)),
+            ("encoder_changes", encoder_lines(d)),
+            ("tier_changes", tier_lines(d)),
+            ("fix_changes", fix_lines(d)),
+        ):
+            assert [r["text"] for r in data[key]] == lines, key
+            assert all(isinstance(r, dict) and len(r) > 1 for r in data[key])
+            seen |= {key for r in data[key]}
+    assert seen >= {"spec_changes", "dummy_changes", "dispatch_changes", "encoder_changes", "tier_changes"}
+
+
+def test_records_round_trip_through_json_for_random_spec_pairs():
+    """Hypothesis: for any two specs, the JSON form's typed fields agree with the records."""
+    from hypothesis import given, settings
+
+    from tests.test_properties import specs
+
+    @settings(max_examples=25, deadline=None)
+    @given(specs(), specs())
+    def check(a, b):
+        d = diff_plans(compile_plan(a), compile_plan(b), load_cost_model())
+        data = diff_json(d)
+        assert data["equal"] is d.equal
+        assert [r["key"] for r in data["spec_changes"]] == [c.key for c in d.spec_changes]
+        assert [(r["added"], r["removed"]) for r in data["graphs"]] == [
+            (g.added_count, g.removed_count) for g in d.graph_changes
+        ]
+        assert sum(r["added"] - r["removed"] for r in data["graphs"]) == d.cost.graphs
+        assert data["capture_sizes"]["added"] == list(d.capture_sizes.added)
+        for r in data["dispatch_changes"]:
+            assert r["token_count"] == sum(hi - lo + 1 for lo, hi in r["token_runs"])
+        assert render_text(d).startswith(f"capplan diff old -> new: {data['headline']}")
+
+    check()

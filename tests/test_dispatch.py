@@ -100,7 +100,7 @@ def test_explain_says_why():
 
 
 def test_smoke_batches_hold_exactly_k_adapters_plus_base():
-    from capplan.runtime.smoke import assign_adapters
+    from capplan.offline.smoke import assign_adapters
 
     for k in range(0, 5):
         for base in (False, True):

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capplan.errors import CapplanError
+from capplan.launcher.cmdline import human_int, read_command
+from capplan.launcher.engine_args import complete, contradictions, prepare, render
 from capplan.loading import spec_from_data
 from capplan.planfile.read import load_plan
 from capplan.planner import compile_plan
-from capplan.runtime.engine_args import complete, contradictions, human_int, prepare, read_command, render
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_PATH = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"  # max_loras 8, specialize_active

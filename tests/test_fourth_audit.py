@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.cli import app
+from capplan.present.verify import violation_message
 from capplan.traffic.cost import DEFAULT_CALIBRATION, judge
 from tests.conftest import make_spec
 
@@ -72,7 +73,7 @@ def test_a_model_named_by_one_field_is_not_checked(model):
 
 
 def test_a_calibration_naming_only_its_model_against_a_spec_of_architecture_and_size():
-    from capplan.traffic.cost import Calibration
+    from capplan.schemas.calibration import Calibration
 
     cal = Calibration(
         name="x",
@@ -280,7 +281,7 @@ def test_a_report_or_trace_path_naming_a_fifo_is_refused_without_waiting(tmp_pat
 
 def test_llm_args_variable_is_read_like_the_other_readers(monkeypatch):
     from capplan.errors import CapplanError
-    from capplan.runtime.smoke import env_llm_args
+    from capplan.offline.smoke import env_llm_args
 
     for value in ("[" * 5000 + "]" * 5000, "not json", "[1]", '{"tensor_parallel_size": "8"}', '{"a": 1, "a": 2}'):
         monkeypatch.setenv("CAPPLAN_SMOKE_LLM_ARGS", value)
@@ -356,7 +357,7 @@ def test_verify_names_each_stand_in_that_cannot_replay_a_deferred_graph():
     )  # a graph of another mode cannot stand in
     fallback = {**plan.tiers.fallback, gid: other}
     broken = plan.model_copy(update={"tiers": plan.tiers.model_copy(update={"fallback": fallback})})
-    messages = [v.message for v in verify_plan(broken, consistency=False).violations]
+    messages = [violation_message(v) for v in verify_plan(broken, consistency=False).violations]
     assert any("which cannot replay its batches" in m for m in messages), messages
 
 

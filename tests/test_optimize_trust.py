@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from capplan.cli import app
 from capplan.errors import UsageError
 from capplan.planner import Batch, Dispatcher, compile_plan
-from capplan.traffic.cost import Calibration, StepTime, fit_cost_model
+from capplan.schemas.calibration import Calibration, StepTime
+from capplan.traffic.cost import fit_cost_model
 from capplan.traffic.optimize import optimize
 from capplan.traffic.simulate import TraceBatch, simulate
 from tests.conftest import make_spec

@@ -212,3 +212,98 @@ def test_a_plan_of_no_graphs_loads(tmp_path):
     path = tmp_path / "x.plan.yaml"
     path.write_text(render_plan(plan, "x.yaml"))
     assert load_plan(path).graphs == []
+
+
+# -- the loader's difference is a record: where the file differs, what it has, what it should --------
+
+
+def test_first_difference_is_a_record_with_the_same_line():
+    from capplan.planfile.compare import LoadDifference
+
+    data = plan_file_data(compile_plan(SPEC))
+    edited = yaml.safe_load(yaml.safe_dump(data))
+    edited["graphs"][3]["grid"] = 2
+    found = first_difference(edited, data)
+    assert found == LoadDifference("graphs[3] (PIECEWISE:32@3).grid", "value", 3, 2)
+    assert found.text() == str(found) == "graphs[3] (PIECEWISE:32@3).grid: the file says 2, its spec compiles to 3"
+    edited["graphs"][3]["grid"] = True  # types count: true is not 1
+    assert first_difference(edited, data) == LoadDifference("graphs[3] (PIECEWISE:32@3).grid", "value", 3, True)
+    del edited["graphs"][3]["grid"]
+    assert first_difference(edited, data) == LoadDifference("graphs[3] (PIECEWISE:32@3).grid", "missing", 3)
+    assert first_difference(edited, data).text() == "graphs[3] (PIECEWISE:32@3).grid: is missing"
+    swapped = yaml.safe_load(yaml.safe_dump(data))
+    swapped["graphs"][0], swapped["graphs"][1] = swapped["graphs"][1], swapped["graphs"][0]
+    moved = first_difference(swapped, data)
+    assert moved is not None and (moved.path, moved.kind) == ("graphs[0]", "graph")
+    assert (moved.actual, moved.expected) == (data["graphs"][1]["graph"], data["graphs"][0]["graph"])
+    assert first_difference({**data, "notes": 1}, data) == LoadDifference("notes", "unknown_key", actual=1)
+    assert first_difference([], data) == LoadDifference("the file", "type", "mapping", [])
+    short = {**data, "graphs": data["graphs"][:-1]}
+    assert first_difference(short, data) == LoadDifference(
+        "graphs", "length", len(data["graphs"]), len(short["graphs"])
+    )
+    assert first_difference(short, data).text() == (
+        f"graphs: the file lists {len(short['graphs'])}, its spec compiles to {len(data['graphs'])}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "tests" / "data" / "bad").glob("plan-*.plan.yaml")))
+def test_a_bad_plan_is_refused_with_the_line_of_its_difference(name):
+    """The loader's refusal is the record's own line, whatever the file."""
+    from capplan.errors import CapplanError
+    from capplan.files import read_yaml
+    from capplan.planfile import plan_from_data
+
+    path = ROOT / "tests" / "data" / "bad" / name
+    try:
+        plan, found = plan_from_data(read_yaml(path, "plan", PlanError), str(path))
+    except CapplanError:
+        return  # refused before any comparison (YAML, format, spec)
+    assert found is not None
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    assert info.value.message == f"{path}: {found.text()} (edited by hand, or written by another capplan version)"
+
+
+def test_spec_or_plan_is_decided_in_one_place(tmp_path):
+    """document_kind decides; the loaders raise typed errors saying what the file is, and diff
+    names the mix-up from them."""
+    from typer.testing import CliRunner
+
+    from capplan.cli import app
+    from capplan.errors import SpecError
+    from capplan.loading import (
+        PlanGivenForSpec,
+        SpecGivenForPlan,
+        document_kind,
+        load_spec,
+        wrong_document,
+    )
+
+    data = plan_file_data(compile_plan(SPEC))
+    assert document_kind(data) == "plan"
+    assert document_kind({"lora": {"enabled": True}}) == document_kind({"scheduler": {}}) == "spec"
+    assert document_kind({"format_version": 2}) is None and document_kind([]) is None and document_kind({}) is None
+    spec_file, plan_file = tmp_path / "s.yaml", tmp_path / "s.plan.yaml"
+    spec_file.write_text("lora: {enabled: true}\n")
+    plan_file.write_text(render_plan(compile_plan(SPEC), "x.yaml"))
+    with pytest.raises(SpecGivenForPlan) as as_plan:
+        load_plan(spec_file)
+    assert isinstance(as_plan.value, PlanError) and wrong_document(as_plan.value) == "spec"
+    assert "not a capplan plan (no format_version) but a spec" in as_plan.value.message
+    with pytest.raises(PlanGivenForSpec) as as_spec:
+        load_spec(plan_file)
+    assert isinstance(as_spec.value, SpecError) and wrong_document(as_spec.value) == "plan"
+    assert as_spec.value.message.endswith("this is a capture plan, not a spec")
+    other = tmp_path / "other.yaml"
+    other.write_text("graphs: 1\n")
+    with pytest.raises(PlanError) as neither:
+        load_plan(other)
+    assert wrong_document(neither.value) is None
+    runner = CliRunner()
+    both = runner.invoke(app, ["diff", str(spec_file), str(spec_file)])
+    assert both.exit_code == 1 and f"{spec_file} is a spec, not a plan" in both.stderr
+    plans = runner.invoke(app, ["diff", "--spec", str(plan_file), str(plan_file)])
+    assert plans.exit_code == 1 and f"{plan_file} is a plan, not a spec" in plans.stderr
+    mixed = runner.invoke(app, ["diff", str(spec_file), str(plan_file)])
+    assert mixed.exit_code == 1 and f"{spec_file} is a spec and {plan_file} a plan" in mixed.stderr

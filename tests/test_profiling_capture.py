@@ -10,7 +10,8 @@ from pathlib import Path
 from capplan.planfile import load_plan
 from capplan.present.report import render_report
 from capplan.releases import RELEASES
-from capplan.runtime import contract
+from capplan.runtime import registry
+from capplan.runtime.hooks.manager import PROFILING_MARK
 from capplan.runtime.report import Report
 
 PLAN = Path(__file__).resolve().parents[1] / "examples" / "qwen3-8b-multilora.plan.yaml"
@@ -76,8 +77,8 @@ def test_a_release_without_profiling_capture_reports_none():
 
 def test_the_capture_hook_reads_the_profiling_mark_only_where_the_release_has_it():
     for release in RELEASES.values():
-        (capture,) = [h for h in contract.entries(release) if h.target == f"{contract.MANAGER}.capture"]
-        assert (contract.PROFILING_MARK in capture.attributes) == release.profiling_capture
+        (capture,) = [h for h in registry.entries(release) if h.name == "manager.capture"]
+        assert (PROFILING_MARK in capture.attributes) == release.profiling_capture
     assert [v for v, r in RELEASES.items() if r.profiling_capture] == ["0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
 
 

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 from capplan.batches import read_batches
 from capplan.cli import app
 from capplan.errors import InputError
+from capplan.offline.calibrate import case_batches, decode_sizes, engines
 from capplan.planner import Batch, Dispatcher, compile_plan
-from capplan.runtime.calibrate import case_batches, decode_sizes, engines
 from capplan.runtime.recorder import Recorder, trace_path
-from capplan.traffic.cost import Calibration, Price, StepModel, StepTime, fit_cost_model
+from capplan.schemas.calibration import Calibration, StepTime
+from capplan.traffic.cost import Price, StepModel, fit_cost_model
 from capplan.traffic.optimize import optimize
 from capplan.traffic.simulate import TraceBatch, simulate
 from tests.conftest import make_spec
@@ -481,8 +482,8 @@ def test_calibrate_records_the_model_it_measured(tmp_path):
     the safetensors headers), read without torch; it validates as a calibration identity."""
     import struct
 
-    from capplan.runtime.calibrate import model_identity
-    from capplan.traffic.cost import Identity
+    from capplan.offline.calibrate import model_identity
+    from capplan.schemas.calibration import Identity
 
     base = tmp_path / "llama-tiny" / "base"
     base.mkdir(parents=True)

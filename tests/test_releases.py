@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from capplan.releases import ALIASES, GROUPS, RELEASES, TARGETS, Rules, release_of, rules_of, runs_on
-from capplan.runtime.versions import detect_release, release_problem
+from capplan.releases import ALIASES, GROUPS, RELEASES, TARGETS, Rules, release_of, release_problem, rules_of, runs_on
+from capplan.runtime.versions import detect_release
 
 ROOT = Path(__file__).resolve().parents[1]
 ON_PYPI = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
@@ -138,7 +138,7 @@ def test_breakable_graphs_are_refused_where_they_change_the_graphs(monkeypatch, 
     import types
 
     from capplan.planner import compile_plan
-    from capplan.runtime.mrv2 import breakable_problem
+    from capplan.runtime.hooks.config import breakable_problem
     from tests.conftest import make_spec
 
     fake = types.ModuleType("vllm")

@@ -113,7 +113,7 @@ def test_the_plugin_stops_the_engine_with_one_line_by_the_refusal_type(plugin, m
 
 def test_the_contract_refusal_stops_the_engine_with_its_own_line(plugin, monkeypatch):
     import capplan.runtime.mrv2 as mrv2
-    from capplan.runtime.contract import IncompatibleVllm
+    from capplan.runtime.hooking import IncompatibleVllm
 
     module, _ = plugin
 

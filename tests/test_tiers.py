@@ -27,6 +27,7 @@ from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.dispatch import compatible
 from capplan.planner.lora_cases import kernel_slots
 from capplan.planner.tiers import anchors, chain, replayed
+from capplan.present.verify import violation_message
 from capplan.releases import RELEASES, runs_on
 from capplan.schemas.plan import address
 
@@ -132,7 +133,7 @@ def test_verify_fails_when_a_fallback_under_provisions_the_lora_grid():
     report = verify_plan(bad, consistency=False)
     kinds = {v.kind for v in report.violations}
     assert kinds == {"lora_grid"}, report.violations
-    assert "PIECEWISE:8@4 -> PIECEWISE:16@1" in report.violations[0].message
+    assert "PIECEWISE:8@4 -> PIECEWISE:16@1" in violation_message(report.violations[0])
     assert verify_plan(plan, consistency=False).ok
 
 
@@ -142,14 +143,14 @@ def test_verify_fails_on_a_fallback_of_another_mode_a_deferred_anchor_and_a_loop
     other_mode = _mutated(plan, by_address["PIECEWISE:8@0"], by_address["FULL:16x16@0"])
     assert {v.kind for v in verify_plan(other_mode, consistency=False).violations} == {"tiers"}
     smaller = _mutated(plan, by_address["PIECEWISE:16@0"], by_address["PIECEWISE:8@0"])  # a loop 8 <-> 16
-    messages = [v.message for v in verify_plan(smaller, consistency=False).violations]
+    messages = [violation_message(v) for v in verify_plan(smaller, consistency=False).violations]
     assert any("loop" in m for m in messages), messages
     top = by_address["PIECEWISE:64@0"]
     tiers = plan.tiers.model_copy(
         update={"deferred": sorted([*plan.tiers.deferred, top]), "fallback": {**plan.tiers.fallback, top: top}}
     )
     anchor_deferred = plan.model_copy(update={"tiers": tiers})
-    messages = [v.message for v in verify_plan(anchor_deferred, consistency=False).violations]
+    messages = [violation_message(v) for v in verify_plan(anchor_deferred, consistency=False).violations]
     assert any("largest of its mode and LoRA case but deferred" in m for m in messages), messages
 
 
@@ -332,8 +333,11 @@ def test_diff_lists_moves_between_tiers(tmp_path):
             app, ["diff", str(tmp_path / "c.plan.yaml"), str(tmp_path / "a.plan.yaml"), "--format", "json"]
         ).output
     )
-    assert data["tier_changes"][0].startswith("deferred capture on: ")
-    assert any(c.startswith("tiers.ready: none -> ") for c in data["spec_changes"])
+    assert data["tier_changes"][0]["text"].startswith("deferred capture on: ")
+    assert data["tier_changes"][0]["type"] == "switch" and data["tier_changes"][0]["on"] is True
+    assert any(
+        c["key"] == "tiers.ready" and c["text"].startswith("tiers.ready: none -> ") for c in data["spec_changes"]
+    )
 
 
 def test_ready_choice_covers_the_share_it_claims():

@@ -4,10 +4,11 @@ import pytest
 from hypothesis import given, settings
 from typer.testing import CliRunner
 
-from capplan.analysis.verify import verify_plan
+from capplan.analysis.verify import AboveLargestGraph, verify_plan
 from capplan.cli import app
 from capplan.planfile import render_plan
 from capplan.planner import compile_plan
+from capplan.present.verify import eager_text, violation_line, violation_message
 from capplan.schemas.plan import Plan
 from tests.conftest import make_spec
 from tests.test_properties import specs
@@ -49,8 +50,9 @@ def plan():
 
 def test_compiled_plan_verifies(plan):
     report = verify_plan(plan)
-    assert report.ok, [v.line() for v in report.violations]
-    assert report.eager_regions == ["all batches of 65..1024 tokens run eager (above the largest graph)"]
+    assert report.ok, [violation_line(v) for v in report.violations]
+    assert report.eager_regions == [AboveLargestGraph(65, 1024)]
+    assert eager_text(report.eager_regions[0]) == "all batches of 65..1024 tokens run eager (above the largest graph)"
 
 
 def test_exact_vllm_plans_show_their_failure_classes():
@@ -76,7 +78,7 @@ def test_dropped_graph_is_a_coverage_hole(plan):
     assert [v.kind for v in report.violations] == ["coverage", "consistency", "dp"]
     assert (
         "LoRA case 0: mixed batches, 4 token count(s) (5..8) run eager although a captured PIECEWISE"
-        in report.violations[0].message
+        in violation_message(report.violations[0])
     )
 
 
@@ -132,7 +134,7 @@ def test_dummy_over_max_model_len_is_caught():
     )
     report = verify_plan(plan)
     assert {v.kind for v in report.violations} == {"dummy_length"}
-    assert "dummy request of 128 tokens exceeds max_model_len 100" in report.violations[0].message
+    assert "dummy request of 128 tokens exceeds max_model_len 100" in violation_message(report.violations[0])
 
 
 def test_desynced_dp_is_rejected(plan):
@@ -147,8 +149,8 @@ def test_desynced_dp_is_rejected(plan):
     assert {v.kind for v in report.violations} == {"dp", "consistency"}
     assert any(
         v.kind == "dp"
-        and "pads to 8 on a rank with LoRA case 0" in v.message
-        and "pads to 16 on one with case 5" in v.message
+        and "pads to 8 on a rank with LoRA case 0" in violation_message(v)
+        and "pads to 16 on one with case 5" in violation_message(v)
         for v in report.violations
     )
     single = compile_plan(make_spec(**{**SPEC, "parallel": {"data_parallel_size": 1}}))
@@ -160,7 +162,7 @@ def test_hand_edit_is_caught(plan):
         data["stats"]["total"]["graphs"] += 1
 
     report = verify_plan(mutate(plan, edit))
-    assert [v.line() for v in report.violations] == [
+    assert [violation_line(v) for v in report.violations] == [
         "[consistency] stats differs from what the embedded spec compiles to"
     ]
 
@@ -185,4 +187,118 @@ def test_verify_passes_on_every_fixed_plan(spec):
     report = verify_plan(compile_plan(spec))
     # A dummy longer than max_model_len is the one thing the planner cannot
     # fix by itself: the spec asks for graphs no valid request fits.
-    assert {v.kind for v in report.violations} <= {"dummy_length"}, [v.line() for v in report.violations]
+    assert {v.kind for v in report.violations} <= {"dummy_length"}, [violation_line(v) for v in report.violations]
+
+
+# -- violations are records: their failure class, kind and fields, and the sentence rendered from them
+
+
+def test_a_dropped_graph_yields_a_coverage_hole_record(plan):
+    from capplan.analysis.verify import FAILURE_CLASSES, CoverageHole
+
+    mutated = mutate(
+        plan,
+        lambda d: drop_graph(
+            d, lambda desc: desc["cg_mode"] == "PIECEWISE" and desc["num_tokens"] == 8 and desc["num_active_loras"] == 0
+        ),
+    )
+    hole = verify_plan(mutated, consistency=False).violations[0]
+    assert hole == CoverageHole("mixed", 0, (0,), False, ((5, 8),), "PIECEWISE")
+    assert hole.failure_class == FAILURE_CLASSES["coverage"] and hole.failure_class.number == 8
+    assert hole.failure_class.label == "8: coverage hole" and hole.token_count == 4
+    assert violation_message(hole) == (
+        "LoRA case 0: mixed batches, 4 token count(s) (5..8) run eager although a captured PIECEWISE graph could "
+        "serve them"
+    )
+
+
+def test_exact_vllm_plan_yields_short_kernel_grid_records_of_class_6():
+    from capplan.analysis.verify import ShortKernelGrid
+
+    report = verify_plan(compile_plan(make_spec(**SPEC, fixes=[])))
+    assert report.violations and all(isinstance(v, ShortKernelGrid) for v in report.violations)
+    first = report.violations[0]
+    assert isinstance(first, ShortKernelGrid)
+    assert (first.kind, first.failure_class.number, first.failure_class.name) == (
+        "lora_grid",
+        6,
+        "no-LoRA slot not counted",
+    )
+    assert first.graphs and all(d.num_active_loras == first.lora_case for d in first.graphs)
+    assert first.slots > first.kernel_grid
+    assert violation_line(first).startswith(f"[lora_grid] LoRA case {first.lora_case}: {len(first.graphs)} graph(s) (")
+
+
+def test_broken_dummy_ids_name_the_graph_and_the_ids(plan):
+    from capplan.analysis.verify import BadAdapterIds
+
+    def stray(data):
+        g = next(g for g in data["graphs"] if g["descriptor"]["num_active_loras"] == 2)
+        g["dummy"]["lora_ids"] = [1, 99]
+
+    mutated = mutate(plan, stray)
+    (bad,) = [v for v in verify_plan(mutated, consistency=False).violations if isinstance(v, BadAdapterIds)]
+    target = next(g.descriptor for g in mutated.graphs if g.descriptor.num_active_loras == 2)
+    assert (bad.graph, bad.lora_ids, bad.max_loras) == (target, (1, 99), 4)
+    assert bad.failure_class.number == 2
+
+
+def test_verify_json_carries_records(tmp_path):
+    import json
+
+    bad = tmp_path / "bad.plan.yaml"
+    bad.write_text(render_plan(compile_plan(make_spec(**SPEC, fixes=[])), "capplan compile bad.yaml"))
+    result = CliRunner().invoke(app, ["verify", str(bad), "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert set(data) == {"ok", "violations", "eager_regions", "checked"} and data["ok"] is False
+    v = data["violations"][0]
+    assert v["type"] == "short_kernel_grid" and v["kind"] == "lora_grid"
+    assert (v["failure_class"], v["class_number"], v["class_name"]) == (
+        "6: no-LoRA slot not counted",
+        6,
+        "no-LoRA slot not counted",
+    )
+    assert isinstance(v["lora_case"], int) and isinstance(v["kernel_grid"], int) and isinstance(v["slots"], int)
+    assert all(isinstance(g, str) and "@" in g for g in v["graphs"])
+    assert result.stderr.splitlines()[0] == f"violation: [lora_grid] {v['message']}"
+    (region,) = data["eager_regions"]
+    assert region == {
+        "type": "above_largest_graph",
+        "lo": 65,
+        "hi": 1024,
+        "text": "all batches of 65..1024 tokens run eager (above the largest graph)",
+    }
+
+
+def test_every_violation_type_has_a_failure_class_and_a_message():
+    """Each Violation subclass names a kind of FAILURE_CLASSES, a JSON `type` of its own, and
+    fields that do not collide with the keys every JSON violation has."""
+    import dataclasses
+
+    from capplan.analysis import verify
+
+    types = [
+        t
+        for t in vars(verify).values()
+        if isinstance(t, type) and issubclass(t, verify.Violation) and t is not verify.Violation
+    ]
+    assert len(types) > 25 and len({t.code for t in types}) == len(types)
+    fixed = {"type", "kind", "failure_class", "class_number", "class_name", "message", "token_count"}
+    for t in types:
+        assert t.kind in verify.FAILURE_CLASSES, t
+        assert not {f.name for f in dataclasses.fields(t)} & fixed, t
+
+
+@settings(max_examples=30, deadline=None)
+@given(specs())
+def test_verify_messages_render_from_records(spec):
+    """Every violation's JSON record holds the same sentence the text form prints."""
+    from capplan.present.verify import verify_json, verify_lines
+
+    report = verify_plan(compile_plan(spec))
+    data = verify_json(report)
+    _, err = verify_lines(report, "p", False)
+    assert err == [f"violation: [{v['kind']}] {v['message']}" for v in data["violations"]]
+    out, _ = verify_lines(report, "p", False)
+    assert [f"eager: {r['text']}" for r in data["eager_regions"]] == [line for line in out if line.startswith("eager")]

@@ -263,11 +263,11 @@ def diff_cmd(
     plot: h.DiffPlot = None,
 ) -> None:
     from capplan.commands.diff import diff
-    from capplan.present.diff import render_markdown, render_text
+    from capplan.present.diff import diff_json, render_markdown, render_text
 
     result = diff(old, new, fmt, specs, calibration, plot)
     if fmt == "json":
-        typer.echo(dumps(result.to_json(), indent=2))
+        typer.echo(dumps(diff_json(result), indent=2))
     elif fmt == "markdown":
         sys.stdout.write(render_markdown(result))
     else:
@@ -328,8 +328,8 @@ def apply_cmd(
 @app.command("flags", help=h.FLAGS_HELP)
 @_errors_to_exit
 def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve") -> None:
+    from capplan.launcher.engine_args import render
     from capplan.planfile.read import load_plan
-    from capplan.runtime.engine_args import render
 
     if form not in ("serve", "python", "json"):
         raise UsageError(f"--format must be serve, python or json (got {form!r})")

@@ -10,7 +10,7 @@ and exits with its `exit_code`:
 
 The runtime (the vLLM plugin) raises an EngineRefusal: the engine process stops with
 its line (exit status 1) before any graph is captured. The contract check's
-`runtime.contract.IncompatibleVllm` is the one refusal defined beside its table.
+`runtime.hooking.IncompatibleVllm` is the one refusal defined beside its table.
 """
 
 from __future__ import annotations

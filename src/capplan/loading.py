@@ -10,74 +10,46 @@ schemas cannot make since they import no planner code."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from capplan.errors import InputError, SpecError, printable
+from capplan.errors import CapplanError, InputError, PlanError, SpecError, printable
 from capplan.schemas.spec import Spec
+from capplan.schemas.validation import describe_validation_error
+
+DocumentKind = Literal["spec", "plan"]
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the model found by walking `loc` (minus its last element)."""
-    current: type[BaseModel] | None = model
-    for part in loc[:-1]:
-        if current is None or not isinstance(part, str) or part not in current.model_fields:
-            return []
-        annotation = current.model_fields[part].annotation
-        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return sorted(current.model_fields) if current is not None else []
+def document_kind(data: object) -> DocumentKind | None:
+    """What a YAML document is, decided here alone: a capture plan (it has `format_version`
+    and `graphs`), a spec (no `format_version`, and a spec's `scheduler` or `lora` section),
+    or None (neither: each loader says why it refuses it)."""
+    if not isinstance(data, dict):
+        return None
+    if "format_version" in data:
+        return "plan" if "graphs" in data else None
+    return "spec" if "scheduler" in data or "lora" in data else None
 
 
-def _scalar(value: object) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
+class WrongDocument(CapplanError):
+    """A spec given where a plan is expected, or a plan where a spec is: `found` says which
+    (so `diff` names the mix-up without reading the message)."""
+
+    found: DocumentKind
 
 
-def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
-    """First error as `path.to.field: what is wrong (got X)`, plus how many more."""
-    errors = exc.errors(include_url=False)
-    err = errors[0]
-    loc = tuple(err["loc"])
-    path = ".".join(p if isinstance(p, str) and p.isidentifier() else repr(p) for p in loc)
-    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
-    if kind == "extra_forbidden":
-        known = _allowed_keys(model, loc)
-        what = "unknown key" + (f"; known keys: {', '.join(known)}" if known else "")
-        value = None
-        got = ""
-    else:
-        messages = {
-            "greater_than_equal": f"must be >= {ctx.get('ge')}",
-            "greater_than": f"must be > {ctx.get('gt')}",
-            "less_than": f"must be < {ctx.get('lt')}",
-            "string_pattern_mismatch": "must hold no control characters (line breaks, escapes)",
-            "less_than_equal": f"must be <= {ctx.get('le')}",
-            "missing": "is required",
-            "int_type": "must be an integer",
-            "int_parsing": "must be an integer",
-            "int_from_float": "must be an integer",
-            "bool_parsing": "must be true or false",
-            "bool_type": "must be true or false",
-            "string_type": "must be a string",
-            "list_type": "must be a list",
-            "model_type": "must be a mapping of keys to values",
-            "dict_type": "must be a mapping of keys to values",
-            "too_long": f"has too many items (at most {ctx.get('max_length')})",
-        }
-        what = messages.get(kind) or err["msg"].removeprefix("Value error, ")
-        if kind == "literal_error":
-            what = "must be " + str(ctx.get("expected", "")).replace("'", '"')
-        if kind == "is_instance_of" and ctx.get("class") == "Fix":
-            from capplan.schemas.spec import Fix
+class PlanGivenForSpec(WrongDocument, SpecError):
+    found: DocumentKind = "plan"
 
-            what = "must be one of " + ", ".join(f.value for f in Fix)
-        elif kind == "enum":
-            what = "must be one of " + str(ctx.get("expected", "")).replace("'", "")
-        if kind in ("finite_number", "float_type", "float_parsing"):
-            what = "must be a finite number"
-        got = f" (got {value!r})" if _scalar(value) and kind != "missing" else ""
-    more = f" [+{len(errors) - 1} more]" if len(errors) > 1 else ""
-    head = f"{path}: " if path else ""
-    return f"{head}{what}{got}{more}"
+
+class SpecGivenForPlan(WrongDocument, PlanError):
+    found: DocumentKind = "spec"
+
+
+def wrong_document(exc: CapplanError) -> DocumentKind | None:
+    """What the refused file is when a loader refused it as the wrong kind of document, else None."""
+    return exc.found if isinstance(exc, WrongDocument) else None
 
 
 def spec_from_data(data: object, source: str) -> Spec:
@@ -86,8 +58,8 @@ def spec_from_data(data: object, source: str) -> Spec:
         raise SpecError(f"{source}: the spec is empty", "write its sections (or {} for every default)")
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a spec must be a YAML mapping (got {type(data).__name__})")
-    if "format_version" in data and "graphs" in data:
-        raise SpecError(
+    if document_kind(data) == "plan":
+        raise PlanGivenForSpec(
             f"{source}: this is a capture plan, not a spec", "give the spec it was compiled from; its header names it"
         )
     try:
@@ -128,7 +100,8 @@ def load_spec(path: Path) -> Spec:
 def load_calibration(path: Path | None = None):
     """A calibration file (default: the shipped H200 one), validated."""
     from capplan.files import read_yaml
-    from capplan.traffic.cost import DEFAULT_CALIBRATION, Calibration
+    from capplan.schemas.calibration import Calibration
+    from capplan.traffic.cost import DEFAULT_CALIBRATION
 
     path = Path(path) if path else DEFAULT_CALIBRATION
     data = read_yaml(path, "calibration", InputError)

@@ -21,7 +21,7 @@ release and runs on every release it covers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,104 @@ E = replace(D, group="E", max_num_seqs_size=True)
 F = replace(E, group="F", encoder_packing_defers=True)
 GROUPS = (A, B, C, D, E, F)
 
-# `ModelCudaGraphManager.dispatch` and `VllmConfig.compute_hash`: the hooked functions whose
-# parameters changed between supported releases (the others are fixed in runtime/contract.py).
-DISPATCH = ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras")
-DISPATCH_MQL = (*DISPATCH, "max_query_len")
-DISPATCH_UBATCH = (*DISPATCH_MQL, "num_ubatches")
-HASH = ("self",)
-HASH_VERSIONED = ("self", "include_version")
+# The vLLM functions the runtime hooks or calls, and the parameters it binds by name on each
+# release (runtime/registry.py: each hook's entry names one of these targets; the release's
+# row holds the signature). A signature ending in "..." only has to be a prefix of the live
+# one: vLLM may add parameters after it, which capplan neither reads nor passes.
+MANAGER = "vllm.v1.worker.gpu.cudagraph_utils:ModelCudaGraphManager"
+RUNNER = "vllm.v1.worker.gpu.model_runner"
+MORE = "..."
+SIGNATURES_A: dict[str, tuple[str, ...]] = {
+    f"{MANAGER}._init_candidates": ("self",),
+    f"{MANAGER}.dispatch": ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras"),
+    f"{MANAGER}.capture": (
+        "self",
+        "model",
+        "model_state",
+        "input_buffers",
+        "intermediate_tensors",
+        "block_tables",
+        "attn_groups",
+        "kv_cache_config",
+        "has_lora",
+        "use_aux_hidden_state_outputs",
+        "lora_capture_hook",
+        "progress_bar_desc",
+    ),  # fmt: skip
+    f"{RUNNER}:get_num_active_loras_for_dispatch": ("lora_config", "lora_state", "req_ids", "dummy_run"),
+    f"{RUNNER}:create_lora_capture_hook": ("lora_config", "runner"),
+    "vllm.v1.worker.gpu.input_batch:InputBatch.make_dummy": ("num_reqs", "num_tokens", "input_buffers"),
+    f"{RUNNER}:GPUModelRunner._dummy_run": (
+        "self",
+        "num_tokens",
+        "args",
+        "skip_attn",
+        "uniform_decode",
+        "skip_eplb",
+        "is_profile",
+        "kwargs",
+    ),  # fmt: skip
+    f"{RUNNER}:GPUModelRunner.maybe_dummy_run_with_lora": (
+        "self",
+        "lora_config",
+        "num_scheduled_tokens",
+        "num_sampled_tokens",
+        "remove_lora",
+        "num_active_loras",
+        MORE,
+    ),  # fmt: skip
+    f"{RUNNER}:GPUModelRunner.execute_model": ("self", "scheduler_output", "intermediate_tensors", "dummy_run", MORE),
+    f"{RUNNER}:GPUModelRunner.sample_tokens": ("self", "grammar_output"),
+    "vllm.config:VllmConfig.compute_hash": ("self",),
+    "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp": (
+        "cudagraph_manager",
+        "num_reqs",
+        "num_tokens",
+        "uniform_token_count",
+        "dp_size",
+        "dp_rank",
+        MORE,
+    ),  # fmt: skip
+    "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding": (
+        "cudagraph_manager",
+        "desired_batch_desc",
+        "num_tokens",
+        "num_reqs",
+        "uniform_token_count",
+        "dp_size",
+        "dp_rank",
+        MORE,
+    ),  # fmt: skip
+    "vllm.v1.worker.encoder_cudagraph:EncoderCudaGraphManager.capture": ("self", "graph_pool"),
+    "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output": ("self",),
+    "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.get_output": ("self",),
+    "vllm.utils.gpu_sync_debug:gpu_sync_allowed": ("first_only",),
+    "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables": ("self", "num_reqs"),
+    "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping": ("self", "mapping"),
+    "vllm.v1.engine.core:EngineCoreProc._process_input_queue": ("self",),
+    "vllm.v1.worker.gpu.cudagraph_utils:graph_capture": ("device", MORE),
+    "vllm.engine.arg_utils:EngineArgs.create_engine_config": ("self", MORE),
+    "vllm.v1.worker.gpu_worker:Worker.init_device": ("self",),
+}
+# What changed, release by release: dispatch and the DP step took max_query_len (0.28.0),
+# dispatch num_ubatches (0.30.0); capture took pcp_manager before has_lora (0.29.0); compute_hash took
+# include_version (0.30.0).
+_DP_STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
+SIGNATURES_C = {
+    **SIGNATURES_A,
+    f"{MANAGER}.dispatch": (*SIGNATURES_A[f"{MANAGER}.dispatch"], "max_query_len"),
+    _DP_STEP: (*SIGNATURES_A[_DP_STEP][:-1], "max_query_len", MORE),
+}
+_CAPTURE = SIGNATURES_A[f"{MANAGER}.capture"]
+SIGNATURES_D = {
+    **SIGNATURES_C,
+    f"{MANAGER}.capture": (*_CAPTURE[:8], "pcp_manager", *_CAPTURE[8:]),
+}
+SIGNATURES_D2 = {
+    **SIGNATURES_D,
+    f"{MANAGER}.dispatch": (*SIGNATURES_C[f"{MANAGER}.dispatch"], "num_ubatches"),
+    "vllm.config:VllmConfig.compute_hash": ("self", "include_version"),
+}
 
 
 @dataclass(frozen=True)
@@ -86,8 +177,8 @@ class Release:
     version: str
     rules: Rules
     torch: str
-    dispatch: tuple[str, ...]
-    compute_hash: tuple[str, ...]
+    signatures: dict[str, tuple[str, ...]] = field(compare=False, repr=False)
+    """Each hooked vLLM function's parameters on this release (ending in MORE: a prefix)."""
     breakable_pads_requests: bool = False
     """Under VLLM_USE_BREAKABLE_CUDAGRAPH=1 (set by the user, or by vLLM itself for a few
     architectures) mixed PIECEWISE graphs pad requests too: graphs no rule here plans, so
@@ -108,17 +199,17 @@ class Release:
 RELEASES: dict[str, Release] = {
     r.version: r
     for r in (
-        Release("0.25.0", A, "2.11.0", DISPATCH, HASH, deferred_capture=True),
-        Release("0.25.1", A, "2.11.0", DISPATCH, HASH, deferred_capture=True),
-        Release("0.26.0", A, "2.11.0", DISPATCH, HASH, breakable_pads_requests=True, deferred_capture=True),
-        Release("0.27.0", B, "2.13.0", DISPATCH, HASH),
-        Release("0.27.1", B, "2.13.0", DISPATCH, HASH),
-        Release("0.28.0", C, "2.13.0", DISPATCH_MQL, HASH),
-        Release("0.29.0", D, "2.13.0", DISPATCH_MQL, HASH, profiling_capture=True),
-        Release("0.30.0", D, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
-        Release("0.31.0", E, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
-        Release("0.32.0", F, "2.13.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
-        Release("0.33.0", F, "2.14.0", DISPATCH_UBATCH, HASH_VERSIONED, profiling_capture=True),
+        Release("0.25.0", A, "2.11.0", SIGNATURES_A, deferred_capture=True),
+        Release("0.25.1", A, "2.11.0", SIGNATURES_A, deferred_capture=True),
+        Release("0.26.0", A, "2.11.0", SIGNATURES_A, breakable_pads_requests=True, deferred_capture=True),
+        Release("0.27.0", B, "2.13.0", SIGNATURES_A),
+        Release("0.27.1", B, "2.13.0", SIGNATURES_A),
+        Release("0.28.0", C, "2.13.0", SIGNATURES_C),
+        Release("0.29.0", D, "2.13.0", SIGNATURES_D, profiling_capture=True),
+        Release("0.30.0", D, "2.13.0", SIGNATURES_D2, profiling_capture=True),
+        Release("0.31.0", E, "2.13.0", SIGNATURES_D2, profiling_capture=True),
+        Release("0.32.0", F, "2.13.0", SIGNATURES_D2, profiling_capture=True),
+        Release("0.33.0", F, "2.14.0", SIGNATURES_D2, profiling_capture=True),
     )
 }
 
@@ -162,3 +253,21 @@ def installed_release(version: str) -> Release | None:
     """The supported release a `vllm.__version__` string names (a local build suffix such as
     +cu130 ignored), or None."""
     return RELEASES.get(version.split("+", 1)[0])
+
+
+SUPPORTED = "vLLM " + ", ".join(RELEASES)
+
+
+def release_problem(target: str, version: str) -> tuple[str, str] | None:
+    """(why, fix) when a plan compiled for `target.vllm: target` cannot run on vLLM `version`; None
+    when it can."""
+    release = installed_release(version)
+    if release is None:
+        return f"vLLM {version} is not supported by capplan", f"install one of {SUPPORTED}"
+    if release.version in runs_on(target):
+        return None
+    return (
+        f"the plan was compiled for vLLM {target} (runs on {', '.join(runs_on(target))}), "
+        f"not for vLLM {version}, which plans differently",
+        f'recompile it with target.vllm: "{release.version}"',
+    )

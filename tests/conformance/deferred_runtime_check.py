@@ -13,7 +13,10 @@ be captured, compatible with the batch, and its LoRA kernel grid must cover the 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import queue
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +35,7 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
-from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime import registry  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
 RELEASE = detect_release(vllm.__version__)
@@ -49,12 +52,18 @@ DISPATCHER: Dispatcher
 seen_lock_held: list[bool] = []
 
 
-def fake_capture(self, *args, **kwargs):
+VLLM_CAPTURE = cg.ModelCudaGraphManager.capture
+
+
+@functools.wraps(VLLM_CAPTURE)  # vLLM's signature, which capplan checks and binds by name
+def fake_capture(*args, **kwargs):
     """Records what vLLM's capture would capture, and warms each graph's LoRA state through
     the hook it is given, as vLLM's create_forward_fn does."""
+    arguments = inspect.signature(VLLM_CAPTURE).bind(*args, **kwargs).arguments
+    self = arguments["self"]
     descs = [d for descs in self._capture_descs.values() for d in descs]
     captures.append(descs)
-    hook = kwargs.get("lora_capture_hook")
+    hook = arguments.get("lora_capture_hook")
     for d in descs:
         if hook is not None:
             hook(d.num_active_loras, d.num_reqs or min(d.num_tokens, 16), d.num_tokens)
@@ -80,12 +89,19 @@ def fake_step(self, scheduler_output, intermediate_tensors=None, dummy_run=False
 
 
 def fake_get_output(self):
-    seen_lock_held.append(mrv2.installed().deferred.lock.locked())
+    seen_lock_held.append(registry.installed().deferred.lock.locked())
     return "output"
 
 
-def fake_input_queue(self):
-    return "waited for input"
+class WouldBlock(Exception):
+    """vLLM's loop waited for input: what it does when no capture is pending, or while asleep."""
+
+
+class Inputs(queue.Queue):
+    def get(self, block=True, timeout=None):
+        if block and self.empty():
+            raise WouldBlock
+        return super().get(block, timeout)
 
 
 def address_of(plan, desc) -> int:
@@ -146,8 +162,7 @@ def main(out: Path) -> None:
     cg.ModelCudaGraphManager.capture = fake_capture
     runner_mod.GPUModelRunner.execute_model = fake_step
     async_utils.AsyncOutput.get_output = fake_get_output
-    EngineCoreProc._process_input_queue = fake_input_queue
-    state = mrv2.install(plan, "deferred.plan.yaml")
+    state = registry.install(plan, "deferred.plan.yaml")
     deferred = state.deferred
     manager = model_manager(spec.model_dump(mode="json"))
     # Start-up: vLLM's capture_model calls capture once; only the ready graphs are captured.
@@ -204,11 +219,9 @@ def main(out: Path) -> None:
         states, checked, problems = states + 1, checked + n, problems + p
         return [result]
 
-    import queue
-
     handled: list = []
-    inputs: queue.Queue = queue.Queue()
-    inputs.put(("UTILITY", "add_lora"))  # a request that brings no work: handled, then capture goes on
+    inputs = Inputs()
+    inputs.put(("UTILITY", "add_lora"))  # a request that brings no work: vLLM's loop handles it
     aborts: queue.Queue = queue.Queue()
     aborts.put(["a stale abort"])
     sleeping = [True]
@@ -221,14 +234,39 @@ def main(out: Path) -> None:
         collective_rpc=collective_rpc,
         _handle_client_request=lambda kind, request: handled.append((kind, request)),
         _notify_idle_state_callbacks=lambda: None,
+        process_input_queue_block=True,
     )
-    EngineCoreProc._process_input_queue(core)
+
+    def turn() -> str:
+        """One turn of vLLM's busy loop: the hooked (real) _process_input_queue."""
+        try:
+            EngineCoreProc._process_input_queue(core)
+            return "returned"
+        except WouldBlock:
+            return "blocked"
+
+    # Asleep: no capture; vLLM's loop handles the request, then waits for input as usual.
+    report["asleep_blocks_as_vllm"] = turn() == "blocked" and core.process_input_queue_block is True
     report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(plan.tiers.deferred) - 2
+    report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
     sleeping[0] = False
-    report["idle_loop_returns_original"] = EngineCoreProc._process_input_queue(core) == "waited for input"
+    turns = []
+    while deferred.pending and len(turns) < 1000:
+        if len(turns) == 2:
+            inputs.put(("UTILITY", "list_loras"))  # input first: handled by vLLM's pass, no capture that turn
+            before_rpc = len(calls)
+            turns.append(turn())
+            report["input_turn_no_capture"] = len(calls) == before_rpc
+            continue
+        turns.append(turn())
+    # Every turn returns while graphs are pending; the turn that captures the last one goes on
+    # into vLLM's own blocking wait for input.
+    report["idle_turns_never_block"] = set(turns[:-1]) == {"returned"} and turns[-1] == "blocked"
+    report["idle_loop_handled_utility_request"] &= handled[-1] == ("UTILITY", "list_loras")
     report["aborts_queue_drained_as_vllm"] = aborts.empty()
     report["idle_rpc_calls"] = len(calls)
-    report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
+    # Nothing pending: vLLM's own blocking wait is back, its setting restored.
+    report["idle_loop_returns_original"] = turn() == "blocked" and core.process_input_queue_block is True
     report["pending_after_idle"] = len(deferred.pending)
     report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
     captured_order = [address_of(plan, c[0]) for c in captures[1:]]
@@ -246,7 +284,8 @@ def main(out: Path) -> None:
     report["block_tables_zeroed"] = int(tables.input_block_tables[0].abs().sum()) == 0
     # Busy engine: the loop leaves at once.
     core.has_work = lambda: True
-    report["busy_loop_calls_no_rpc"] = EngineCoreProc._process_input_queue(core) == "waited for input"
+    before_rpc = len(calls)
+    report["busy_loop_calls_no_rpc"] = turn() == "returned" and len(calls) == before_rpc
     report["states_checked"] = states
     report["batches_checked"] = checked
     report["problems"] = problems[:10]

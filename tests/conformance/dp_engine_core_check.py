@@ -21,9 +21,9 @@ from vllm.config import ParallelConfig
 
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
-from capplan.runtime.engine_check import _same, plan_settings
-from capplan.runtime.mrv2 import launch_rank
+from capplan.runtime.hooks.dp import launch_rank
 from capplan.runtime.versions import detect_release
+from capplan.settings import BY_NAME, engine_values
 
 LORA = {"enabled": True, "max_loras": 4, "specialize_active": True}
 
@@ -66,13 +66,13 @@ def main(out: Path) -> None:
                 "dp",
             )
         )  # fmt: skip
-        ours = plan_settings(plan)
+        ours = engine_values(plan)
         results["moe" if moe else "dense"] = {
             "engine": built["engine"],
             "engine_dp_size": pc.data_parallel_size,
             "plan_dp_size": plan.dp.data_parallel_size,
             "graphs": len(plan.graphs),
-            "check_dp": _same("parallel.data_parallel_size", ours["parallel.data_parallel_size"], pc.data_parallel_size, ours),
+            "check_dp": BY_NAME["parallel.data_parallel_size"].same(plan, pc.data_parallel_size),
             "check_moe": ours["parallel.moe"] == moe,
             "launch_rank": launch_rank(pc),
         }  # fmt: skip

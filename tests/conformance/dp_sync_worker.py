@@ -101,7 +101,7 @@ def main() -> None:
     result: dict = {"rank": rank}
     try:
         if mode == "noplan" and rank == 1:
-            mrv2.install_dp_guard()
+            mrv2.install_guard()
         else:
             mrv2.install(compile_plan(spec), "dp.plan.yaml")
         engine = SPEC if not (mode == "mismatch" and rank == 1) else {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}}
@@ -124,7 +124,7 @@ def main() -> None:
         desc, _ = runner_mod.dispatch_cg_and_sync_dp(manager, reqs, tokens, uniform, 2, rank, **kwargs)
         steps.append([desc.cg_mode.name, desc.num_tokens, loras])
         if line is not None:  # what the recorder writes after a real step
-            trace.append({**line, "dp_step": mrv2.installed().dp_step})
+            trace.append({**line, "dp_step": mrv2.installed().step.dp_step})
     report = mrv2.installed().report.to_json()
     result.update(steps=steps, report=report, trace=trace, spec=SPEC)
     out.write_text(json.dumps(result))

@@ -22,7 +22,6 @@ import vllm_oracle  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import Batch, Dispatcher, compile_plan  # noqa: E402
-from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
@@ -118,7 +117,7 @@ def dummy_run_layout(num_tokens: int, max_num_reqs: int) -> dict:
 
 
 def _config_fields_exist() -> list[str]:
-    """The fields engine_check.config_settings reads, looked up on vLLM's real config classes;
+    """The fields capplan.settings reads off VllmConfig, looked up on vLLM's real config classes;
     returns the missing ones."""
     import dataclasses
 
@@ -193,12 +192,24 @@ def main(out: Path, variant: str = "") -> None:
     )
     report["dummy_plan_layout"] = [list(r) for r in profile.plan]
 
-    from capplan.runtime import contract
+    from capplan.runtime import registry
+    from capplan.runtime.hooking import MARK, resolve
 
-    # The contract, against vLLM's own functions (before capplan replaces them).
-    report["contract_problems"] = contract.check_all(RELEASE)
-    report["contract_entries"] = len(contract.entries(RELEASE))
-    mrv2.install(plan, "runtime.plan.yaml")
+    # The registry, against vLLM's own functions (before capplan replaces them).
+    report["contract_problems"] = registry.check_all(RELEASE)
+    report["contract_entries"] = len(registry.entries(RELEASE))
+    # Installed from the table less one entry (the compile-cache key's): that function is
+    # vLLM's own afterwards, and every other entry that applies is in place, marked.
+    removed = next(h for h in registry.REGISTRY if h.name == "config.compute_hash")
+    untouched = resolve(removed.target)
+    table = tuple(h for h in registry.REGISTRY if h is not removed)
+    state = registry.install(plan, "runtime.plan.yaml", env={}, table=table)
+    report["removed_entry_untouched"] = resolve(removed.target) is untouched
+    need = registry.Need(RELEASE, plan, {})
+    placed = {h.at or h.target for h in registry.selected(need, table) if h.install is not None}
+    report["hooks_installed"] = len(placed)
+    report["hooks_marked"] = sorted(p for p in placed if getattr(resolve(p), MARK, None) is not None)
+    report["hooks_unmarked"] = sorted(placed - set(report["hooks_marked"]))
     # The same dummy run with the plan in force (the hook is per process: any plan with
     # dummy_remainder installs it; from 0.27 vLLM already spreads and nothing is hooked).
     hooked = dummy_run_layout(profile.tokens, 100)
@@ -222,7 +233,7 @@ def main(out: Path, variant: str = "") -> None:
     mismatches = 0
     checked = 0
     expected_eager = 0
-    counters = mrv2.installed().report
+    counters = state.report
     for r in range(1, 17):
         for t in range(r, 80):
             for k in range(0, min(r, 4) + 1):
@@ -264,23 +275,27 @@ def main(out: Path, variant: str = "") -> None:
     report["case5_tokens"] = len(token) == graph.descriptor.num_tokens
     report["case5_requests"] = sorted(r.lora_int_id for r in reqs)
 
-    # The contract: every hooked function's signature, and the manager's private state.
-    from capplan.runtime import contract
+    # The registry: the manager's private state, as the hooks rely on it.
     from capplan.runtime.engine_check import config_problem
+    from capplan.runtime.hooking import IncompatibleVllm, check_attributes
+    from capplan.runtime.hooks.manager import PROFILING_MARK
+
+    def entry(name: str):
+        return next(h for h in registry.entries(RELEASE) if h.name == name)
 
     try:
-        contract.check_attributes(contract.CONTRACT[0], manager)
+        check_attributes(entry("manager.init_candidates"), manager)
         report["manager_state_present"] = True
-    except contract.IncompatibleVllm as exc:
+    except IncompatibleVllm as exc:
         report["manager_state_present"] = str(exc)
     # From 0.29 vLLM's memory profiling captures on a manager whose profiling mark is a list;
     # a manager built for serving has it None (the capture hook tells the two passes apart by it).
     try:
-        contract.check_attributes(contract.entry(f"{contract.MANAGER}.capture", RELEASE), manager)
+        check_attributes(entry("manager.capture"), manager)
         report["capture_state_present"] = True
-    except contract.IncompatibleVllm as exc:
+    except IncompatibleVllm as exc:
         report["capture_state_present"] = str(exc)
-    report["profiling_mark"] = repr(getattr(manager, contract.PROFILING_MARK, "absent"))
+    report["profiling_mark"] = repr(getattr(manager, PROFILING_MARK, "absent"))
     # The early check reads the config the manager was built from (the oracle's stands in
     # for VllmConfig; vLLM's real class is checked for the property the check reads).
     config = manager.vllm_config
@@ -299,7 +314,7 @@ def main(out: Path, variant: str = "") -> None:
     report["early_check_other_engine"] = config_problem(plan, "runtime.plan.yaml", config)
     config.scheduler_config.max_num_seqs -= 1
     # Breakable CUDA graphs, read through the release's own vllm.envs.
-    from capplan.runtime.mrv2 import breakable_problem
+    from capplan.runtime.hooks.config import breakable_problem
 
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)

@@ -39,6 +39,9 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert "Nothing was captured" in report["mismatch_error"]
     # The runtime contract holds on this release, and the early (pre-spawn) check reads its config.
     assert report["contract_problems"] == [] and report["contract_entries"] >= 10
+    # Removing a registry entry removes its hook; every entry that applies is installed.
+    assert report["removed_entry_untouched"] is True
+    assert report["hooks_installed"] >= 8 and report["hooks_unmarked"] == []
     assert report["manager_state_present"] is True and report["config_fields_exist"] == []
     assert report["capture_state_present"] is True
     assert report["profiling_mark"] == ("None" if RELEASES[version].profiling_capture else "'absent'")
@@ -132,6 +135,9 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]
     assert report["idle_loop_handled_utility_request"] and report["asleep_no_capture"]
+    # The idle loop is vLLM's own: it never blocks while a capture is pending and the core is
+    # awake, blocks as before while asleep or once none is pending, and input comes first.
+    assert report["asleep_blocks_as_vllm"] and report["idle_turns_never_block"] and report["input_turn_no_capture"]
     assert report["aborts_queue_drained_as_vllm"] and report["startup_used_vllm_hook"]
     # Deferred LoRA graphs set the punica mapping only, slot i read as adapter i + 1, and leave
     # the live slot table as it was with the last mapping forgotten; dummy rows point at block 0.

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capplan.errors import CapplanError
+from capplan.launcher.cmdline import read_with_vllm
+from capplan.launcher.engine_args import prepare
 from capplan.planfile import load_plan
-from capplan.runtime.engine_args import prepare, read_with_vllm
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -43,7 +43,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    from capplan.runtime.smoke import assign_adapters
+    from capplan.offline.smoke import assign_adapters
 
     t0 = time.perf_counter()
     llm = LLM(

@@ -14,57 +14,424 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 from capplan.planner.dispatch import compatible
 from capplan.planner.lora_cases import kernel_grid, reachable_cases, slots_by_case
-from capplan.schemas.plan import Descriptor, Plan, address
+from capplan.schemas.plan import Descriptor, Plan
 
-CLASSES = {
-    "structure": "plan tables reference graphs that cannot serve them",
-    "coverage": "8: coverage hole",
-    "lora_kernels": "1: LoRA kernels missing from a graph",
-    "lora_ids": "2: LoRA graph warmed without a valid adapter mapping",
-    "lora_case": "3: graph warmed with the wrong active-LoRA count",
-    "lora_grid": "6: no-LoRA slot not counted",
-    "dummy_length": "5: dummy request too long",
-    "dp": "7: DP ranks can disagree",
-    "encoder_lora": "11: encoder graphs skip tower/connector LoRA",
-    "tiers": "deferred capture: a state where a batch has no valid graph",
-    "consistency": "hand edit: plan does not match its spec",
+
+@dataclass(frozen=True)
+class FailureClass:
+    """One of docs/design.md's failure classes (`number`), or a check of its own (None)."""
+
+    number: int | None
+    name: str
+
+    @property
+    def label(self) -> str:
+        """`8: coverage hole`, or the name alone."""
+        return self.name if self.number is None else f"{self.number}: {self.name}"
+
+
+FAILURE_CLASSES: dict[str, FailureClass] = {
+    "structure": FailureClass(None, "plan tables reference graphs that cannot serve them"),
+    "coverage": FailureClass(8, "coverage hole"),
+    "lora_kernels": FailureClass(1, "LoRA kernels missing from a graph"),
+    "lora_ids": FailureClass(2, "LoRA graph warmed without a valid adapter mapping"),
+    "lora_case": FailureClass(3, "graph warmed with the wrong active-LoRA count"),
+    "lora_grid": FailureClass(6, "no-LoRA slot not counted"),
+    "dummy_length": FailureClass(5, "dummy request too long"),
+    "dp": FailureClass(7, "DP ranks can disagree"),
+    "encoder_lora": FailureClass(11, "encoder graphs skip tower/connector LoRA"),
+    "tiers": FailureClass(None, "deferred capture: a state where a batch has no valid graph"),
+    "consistency": FailureClass(None, "hand edit: plan does not match its spec"),
 }
+CLASSES = {kind: c.label for kind, c in FAILURE_CLASSES.items()}  # kind -> `8: coverage hole`
+
+BatchKind = Literal["mixed", "uniform-decode"]
+Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str
-    message: str
+    """A failure the plan has: its `kind` (a key of FAILURE_CLASSES, so its failure class)
+    and, per subclass, the graphs, tokens and cases involved. `code` names the subclass in
+    JSON; `present.verify.violation_message` renders the sentence `capplan verify` prints."""
 
-    def line(self) -> str:
-        return f"[{self.kind}] {self.message}"
+    kind: ClassVar[str]
+    code: ClassVar[str]
+
+    @property
+    def failure_class(self) -> FailureClass:
+        return FAILURE_CLASSES[self.kind]
+
+
+# -- structure: tables that reference graphs that cannot serve them ------------------------------
+
+
+@dataclass(frozen=True)
+class GraphMisplaced(Violation):
+    kind = "structure"
+    code = "graph_misplaced"
+    graph_id: int
+    position: int
+
+
+@dataclass(frozen=True)
+class MalformedRange(Violation):
+    """A dispatch range naming graph ids the plan does not have, or with lo > hi (no ids)."""
+
+    kind = "structure"
+    code = "malformed_range"
+    lora_case: int
+    lo: int
+    hi: int
+    unknown_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CandidateCannotHold(Violation):
+    kind = "structure"
+    code = "candidate_cannot_hold"
+    lora_case: int
+    lo: int
+    hi: int
+    graph: Descriptor
+
+
+@dataclass(frozen=True)
+class RangesOverlap(Violation):
+    kind = "structure"
+    code = "ranges_overlap"
+    lora_case: int
+    first: Span
+    second: Span
+
+
+@dataclass(frozen=True)
+class DummyLayoutMismatch(Violation):
+    kind = "structure"
+    code = "dummy_layout"
+    graph: Descriptor
+    dummy_reqs: int
+    dummy_tokens: int
+    reqs: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class DummyMaxQueryLen(Violation):
+    kind = "structure"
+    code = "dummy_max_query_len"
+    graph: Descriptor
+    max_query_len: int
+    longest: int
+
+
+@dataclass(frozen=True)
+class KernelGridMismatch(Violation):
+    kind = "structure"
+    code = "kernel_grid"
+    graph: Descriptor
+    kernel_grid: int | None
+    expected: int
+
+
+@dataclass(frozen=True)
+class TiersMalformed(Violation):
+    """tiers.deferred lists a graph twice or one the plan lacks (`field` deferred), or
+    tiers.fallback does not name one graph per deferred graph (`field` fallback)."""
+
+    kind = "structure"
+    code = "tiers_malformed"
+    field: Literal["deferred", "fallback"]
+
+
+# -- 8: coverage -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoverageHole(Violation):
+    """Batches of a kind (more than `served` requests; 0: any) that run eager in these LoRA
+    cases (`every_case`: all the plan captures) although a captured `cg_mode` graph could
+    serve them."""
+
+    kind = "coverage"
+    code = "coverage_hole"
+    batch_kind: BatchKind
+    served: int
+    lora_cases: tuple[int, ...]
+    every_case: bool
+    token_runs: tuple[Span, ...]
+    cg_mode: str
+
+    @property
+    def token_count(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.token_runs)
+
+
+# -- 5: dummy length ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DummyTooLong(Violation):
+    """A graph's dummy request longer than `limit` (max_model_len, or the graph's max_query_len)."""
+
+    kind = "dummy_length"
+    code = "dummy_too_long"
+    graph: Descriptor
+    longest: int
+    limit: Literal["max_model_len", "max_query_len"]
+    limit_tokens: int
+
+
+@dataclass(frozen=True)
+class DummyRunTooLong(Violation):
+    """vLLM's profile or DP-idle dummy run holds a request longer than max_model_len; `fix`:
+    what avoids it (`max_capture_size`: keep the largest PIECEWISE graph at most
+    max_model_len; `dummy_remainder`: turn that fix on; `limits`: raise max_num_seqs or
+    max_model_len)."""
+
+    kind = "dummy_length"
+    code = "dummy_run_too_long"
+    run: str
+    tokens: int
+    longest: int
+    max_model_len: int
+    fix: Literal["max_capture_size", "dummy_remainder", "limits"]
+
+
+@dataclass(frozen=True)
+class PiledRemainder(Violation):
+    """`count` dummy batches pile the token remainder on one request; the worst is `graph`'s."""
+
+    kind = "dummy_length"
+    code = "piled_remainder"
+    count: int
+    graph: Descriptor
+    longest: int
+    even: int
+
+
+# -- 1, 2, 3: LoRA warm-up -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoraOffGraphCarriesLora(Violation):
+    kind = "lora_case"
+    code = "lora_off_graph_carries_lora"
+    graph: Descriptor
+
+
+@dataclass(frozen=True)
+class NoLoraGraphWarmed(Violation):
+    kind = "lora_case"
+    code = "no_lora_graph_warmed"
+    graph: Descriptor
+    adapters: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class WrongAdapterCount(Violation):
+    kind = "lora_case"
+    code = "wrong_adapter_count"
+    graph: Descriptor
+    warmed: int
+    needed: int
+
+
+@dataclass(frozen=True)
+class BadAdapterIds(Violation):
+    kind = "lora_ids"
+    code = "bad_adapter_ids"
+    graph: Descriptor
+    lora_ids: tuple[int, ...]
+    max_loras: int
+
+
+@dataclass(frozen=True)
+class KernelsShortCircuit(Violation):
+    """Every dummy request of a LoRA graph is -1: the kernels are not recorded."""
+
+    kind = "lora_kernels"
+    code = "kernels_short_circuit"
+    graph: Descriptor
+
+
+# -- 6: kernel grids -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShortKernelGrid(Violation):
+    """Graphs of a LoRA case whose kernel grid is smaller than the `slots` an `example` batch
+    dispatched to them brings."""
+
+    kind = "lora_grid"
+    code = "short_kernel_grid"
+    lora_case: int
+    graphs: tuple[Descriptor, ...]
+    kernel_grid: int
+    slots: int
+    example: str
+
+
+@dataclass(frozen=True)
+class ShortFallbackGrid(Violation):
+    """Deferred graphs (each with its stand-in) that fall back to a graph whose kernel grid
+    is smaller than the `slots` their batches bring."""
+
+    kind = "lora_grid"
+    code = "short_fallback_grid"
+    kernel_grid: int
+    slots: int
+    fallbacks: tuple[tuple[Descriptor, Descriptor], ...]
+
+
+# -- 7: DP agreement -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DpDisagreement(Violation):
+    """An agreed batch of `tokens` that pads to `low_padded` on one rank (its LoRA case and
+    request count) and `high_padded` on another; padded == tokens: runs eager."""
+
+    kind = "dp"
+    code = "dp_disagreement"
+    batch_kind: BatchKind
+    tokens: int
+    low_case: int
+    low_reqs: int
+    low_padded: int
+    high_case: int
+    high_reqs: int
+    high_padded: int
+
+
+@dataclass(frozen=True)
+class DpMoreDisagreements(Violation):
+    """How many more token counts DP ranks can disagree on than are listed."""
+
+    kind = "dp"
+    code = "dp_more"
+    count: int
+
+
+# -- consistency: the plan against its spec ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DpSizeMismatch(Violation):
+    kind = "consistency"
+    code = "dp_size"
+    plan_size: int
+    spec_size: int
+
+
+@dataclass(frozen=True)
+class DpInvariantMismatch(Violation):
+    kind = "consistency"
+    code = "dp_invariant"
+    plan_says: bool
+    tables_say: bool
+
+
+@dataclass(frozen=True)
+class SpecHashMismatch(Violation):
+    kind = "consistency"
+    code = "spec_hash"
+
+
+@dataclass(frozen=True)
+class FieldDiffers(Violation):
+    """A plan field that is not what the embedded spec compiles to."""
+
+    kind = "consistency"
+    code = "field_differs"
+    field: str
+
+
+# -- 11: encoder ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncoderLoraSkipped(Violation):
+    kind = "encoder_lora"
+    code = "encoder_lora_skipped"
+    budgets: tuple[int, ...]
+
+
+# -- tiers ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnchorDeferred(Violation):
+    """The largest graph of its mode and LoRA case is deferred: nothing to fall back on."""
+
+    kind = "tiers"
+    code = "anchor_deferred"
+    graph: Descriptor
+
+
+@dataclass(frozen=True)
+class FallbackLoop(Violation):
+    kind = "tiers"
+    code = "fallback_loop"
+    graph: Descriptor
+
+
+@dataclass(frozen=True)
+class FallbackCannotReplay(Violation):
+    kind = "tiers"
+    code = "fallback_cannot_replay"
+    graph: Descriptor
+    fallback: Descriptor
+
+
+# -- eager regions: batches no captured graph can hold (reported, not violations) ----------------
+
+
+@dataclass(frozen=True)
+class EagerRegion:
+    """Batches of a kind (more than `served` requests; 0: any) that run eager in these LoRA
+    cases because no captured graph can hold them."""
+
+    code: ClassVar[str] = "eager_region"
+    batch_kind: BatchKind
+    served: int
+    lora_cases: tuple[int, ...]
+    every_case: bool
+    token_runs: tuple[Span, ...]
+
+    @property
+    def token_count(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.token_runs)
+
+
+@dataclass(frozen=True)
+class AboveLargestGraph:
+    """Every batch of lo..hi tokens runs eager: above the largest graph."""
+
+    code: ClassVar[str] = "above_largest_graph"
+    lo: int
+    hi: int
+
+
+Eager = EagerRegion | AboveLargestGraph
 
 
 @dataclass
 class VerifyReport:
     violations: list[Violation] = field(default_factory=list)
-    eager_regions: list[str] = field(default_factory=list)
+    eager_regions: list[Eager] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
-    def add(self, kind: str, message: str) -> None:
-        self.violations.append(Violation(kind, message))
-
-    def to_json(self) -> dict:
-        return {
-            "ok": self.ok,
-            "violations": [
-                {"kind": v.kind, "failure_class": CLASSES[v.kind], "message": v.message} for v in self.violations
-            ],
-            "eager_regions": self.eager_regions,
-            "checked": self.checked,
-        }
+    def add(self, violation: Violation) -> None:
+        self.violations.append(violation)
 
 
 def _cap(d: Descriptor) -> float:
@@ -81,33 +448,23 @@ class _Tables:
         n = len(self.descs)
         for g_index, graph in enumerate(plan.graphs):
             if graph.id != g_index:
-                report.add("structure", f"graph #{graph.id} is listed at position {g_index}")
+                report.add(GraphMisplaced(graph.id, g_index))
         for row in plan.dispatch:
             bad = [i for i in row.candidates if not 0 <= i < n]
             if bad or row.lo > row.hi:
-                report.add(
-                    "structure",
-                    f"dispatch range case {row.lora_case} tokens {row.lo}..{row.hi} "
-                    f"is malformed (unknown graph ids {bad})"
-                    if bad
-                    else f"dispatch range case {row.lora_case} has lo {row.lo} > hi {row.hi}",
-                )
+                report.add(MalformedRange(row.lora_case, row.lo, row.hi, tuple(bad)))
                 continue
             for i in row.candidates:
                 d = self.descs[i]
                 if d.num_active_loras != row.lora_case or d.num_tokens < row.hi:
-                    report.add(
-                        "structure",
-                        f"case {row.lora_case} tokens {row.lo}..{row.hi} lists graph "
-                        f"{address(d)} that cannot hold them",
-                    )
+                    report.add(CandidateCannotHold(row.lora_case, row.lo, row.hi, d))
             self.rows.setdefault(row.lora_case, []).append(row)
         for case, rows in self.rows.items():
             rows.sort(key=lambda r: r.lo)
             self.los[case] = [r.lo for r in rows]
             for a, b in zip(rows, rows[1:]):
                 if b.lo <= a.hi:
-                    report.add("structure", f"case {case}: dispatch ranges {a.lo}..{a.hi} and {b.lo}..{b.hi} overlap")
+                    report.add(RangesOverlap(case, (a.lo, a.hi), (b.lo, b.hi)))
 
     def row_at(self, case: int, tokens: int):
         rows = self.rows.get(case, [])
@@ -130,16 +487,6 @@ def _padded(tables: _Tables, case: int, tokens: int, uniform: int | None, reqs: 
         if _serves(d, uniform, reqs):
             return d.num_tokens
     return tokens  # eager: no padding
-
-
-def _span(lo: int, hi: int) -> str:
-    return f"{lo}" if lo == hi else f"{lo}..{hi}"
-
-
-def _cases(cases: list[int], all_cases: list[int]) -> str:
-    if len(all_cases) > 1 and cases == all_cases:
-        return "all LoRA cases"
-    return ("LoRA case " if len(cases) == 1 else "LoRA cases ") + ", ".join(map(str, cases))
 
 
 def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
@@ -184,21 +531,18 @@ def _check_coverage(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
                     spans.append([t, hi])
     all_cases = list(plan.lora_capture_cases)
     for (hole, kind, served, mode), by_case in sorted(found.items()):
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple[Span, ...], list[int]] = {}
         for case, spans in by_case.items():
-            groups.setdefault(tuple(map(tuple, spans)), []).append(case)
+            groups.setdefault(tuple((lo, hi) for lo, hi in spans), []).append(case)
         for shared, cases in groups.items():
-            spans = [list(span) for span in shared]
-            count = sum(hi - lo + 1 for lo, hi in spans)
-            listed = ", ".join(_span(lo, hi) for lo, hi in spans[:8]) + (", ..." if len(spans) > 8 else "")
-            who = f"{kind} batches" + (f" of more than {served} requests" if served else "")
-            where = f"{_cases(cases, all_cases)}: {who}, {count} token count(s) ({listed})"
+            every = len(all_cases) > 1 and cases == all_cases
+            batch_kind: BatchKind = "mixed" if kind == "mixed" else "uniform-decode"
             if hole:
-                report.add("coverage", f"{where} run eager although a captured {mode} graph could serve them")
+                report.add(CoverageHole(batch_kind, served, tuple(cases), every, shared, mode))
             else:
-                report.eager_regions.append(f"{where} run eager (no captured graph can hold them)")
+                report.eager_regions.append(EagerRegion(batch_kind, served, tuple(cases), every, shared))
     if top < budget:
-        report.eager_regions.append(f"all batches of {top + 1}..{budget} tokens run eager (above the largest graph)")
+        report.eager_regions.append(AboveLargestGraph(top + 1, budget))
     report.checked["dispatch_ranges"] = len(plan.dispatch)
 
 
@@ -211,12 +555,7 @@ def _check_encoder(plan: Plan, report: VerifyReport) -> None:
         return
     report.checked["encoder graphs"] = len(enc.budgets)
     if enc.budgets and mm.tower_connector_lora and plan.spec.lora.specialize_active:
-        report.add(
-            "encoder_lora",
-            f"{len(enc.budgets)} encoder graph(s) {', '.join(f'ENCODER:{b}' for b in enc.budgets)} are captured "
-            "with tower/connector LoRA on and specialize_active_lora: the LoRA kernels launch with 0 active "
-            "adapters at capture, so vision requests with an adapter get base-tower outputs (fix: encoder_lora_eager)",
-        )
+        report.add(EncoderLoraSkipped(tuple(enc.budgets)))
 
 
 def _check_graphs(plan: Plan, report: VerifyReport) -> None:
@@ -225,104 +564,73 @@ def _check_graphs(plan: Plan, report: VerifyReport) -> None:
     seqs, model_len = spec.scheduler.max_num_seqs, spec.scheduler.max_model_len
     slots_needed = slots_by_case(plan.spec, plan.lora_dispatch_key == "kernel_slots", plan.lora_dispatch_map)
     short_grids: dict[tuple, list[Descriptor]] = {}
-    piled: list[tuple[str, int, int]] = []
+    piled: list[tuple[Descriptor, int, int]] = []
     for g in plan.graphs:
         d, dummy = g.descriptor, g.dummy
-        name = f"graph {address(d)}"
         reqs = d.num_reqs or min(d.num_tokens, seqs)
         tokens = [t for count, t in dummy.tokens for _ in range(count)]
         if dummy.num_reqs != reqs or len(tokens) != reqs or sum(tokens) != d.num_tokens or min(tokens, default=0) < 1:
-            report.add(
-                "structure",
-                f"{name}: dummy layout of {len(tokens)} requests / {sum(tokens)} tokens "
-                f"does not capture {reqs} requests / {d.num_tokens} tokens",
-            )
+            report.add(DummyLayoutMismatch(d, len(tokens), sum(tokens), reqs, d.num_tokens))
             continue
         longest = max(tokens)
         if dummy.max_query_len != longest:
-            report.add("structure", f"{name}: dummy max_query_len {dummy.max_query_len} != longest request {longest}")
+            report.add(DummyMaxQueryLen(d, dummy.max_query_len, longest))
         even = -(-d.num_tokens // reqs)
         if longest > model_len:
-            report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds max_model_len {model_len}")
+            report.add(DummyTooLong(d, longest, "max_model_len", model_len))
         elif longest > even:
-            piled.append((address(d), longest, even))
+            piled.append((d, longest, even))
         if d.max_query_len is not None and longest > d.max_query_len:
-            report.add("dummy_length", f"{name}: dummy request of {longest} tokens exceeds the graph's max_query_len")
+            report.add(DummyTooLong(d, longest, "max_query_len", d.max_query_len))
         if not lora.enabled:
             if dummy.lora_ids is not None or d.num_active_loras:
-                report.add("lora_case", f"{name}: LoRA is off but the graph carries a LoRA case or dummy adapters")
+                report.add(LoraOffGraphCarriesLora(d))
             continue
         ids = dummy.lora_ids or []
         rows = set(ids[:reqs])  # the ids the dummy requests get, cycled
         if not rows or any(i != -1 and not 1 <= i <= lora.max_loras for i in ids):
-            report.add("lora_ids", f"{name}: dummy adapter ids {ids} are not -1 or 1..{lora.max_loras}")
+            report.add(BadAdapterIds(d, tuple(ids), lora.max_loras))
             continue
         real = {i for i in rows if i != -1}
         if d.num_active_loras == 0:
             if real:
-                report.add("lora_case", f"{name}: a no-LoRA graph is warmed with adapters {sorted(real)}")
+                report.add(NoLoraGraphWarmed(d, tuple(sorted(real))))
         elif not real:
-            report.add(
-                "lora_kernels",
-                f"{name}: every dummy request is -1, so the LoRA kernels "
-                "short-circuit and are not recorded in the graph",
-            )
+            report.add(KernelsShortCircuit(d))
             continue
         elif len(real) != min(d.num_active_loras, lora.max_loras, reqs):
-            report.add(
-                "lora_case",
-                f"{name}: warmed with {len(real)} adapters, the case needs "
-                f"{min(d.num_active_loras, lora.max_loras, reqs)}",
-            )
+            report.add(WrongAdapterCount(d, len(real), min(d.num_active_loras, lora.max_loras, reqs)))
         grid = kernel_grid(ids, reqs, spec)
         if dummy.kernel_grid != grid:
-            report.add("structure", f"{name}: kernel_grid {dummy.kernel_grid} does not follow from its dummy ({grid})")
+            report.add(KernelGridMismatch(d, dummy.kernel_grid, grid))
         need = slots_needed.get(d.num_active_loras, [])
         idx = bisect.bisect_right([s for s, _ in need], reqs) - 1
         if idx >= 0 and need[idx][0] > grid:
             slots, example = need[idx]
             short_grids.setdefault((d.num_active_loras, grid, slots, example), []).append(d)
     for (case, grid, slots, example), descs in sorted(short_grids.items()):
-        report.add(
-            "lora_grid",
-            f"LoRA case {case}: {len(descs)} graph(s) ({_sample(descs)}) record a kernel grid "
-            f"of {grid} but serve {example} ({slots} kernel slots): an adapter is skipped",
-        )
+        report.add(ShortKernelGrid(case, tuple(descs), grid, slots, example))
     for run in plan.dummy_runs:
         if run.longest > model_len:
-            fix = (
-                "a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
-                f"(cudagraph.max_capture_size) at most {model_len}"
+            fix: Literal["max_capture_size", "dummy_remainder", "limits"] = (
+                "max_capture_size"
                 if run.run == "dp_idle"
-                else "turn on the dummy_remainder fix"
+                else "dummy_remainder"
                 if run.vllm_longest == run.longest and not plan.spec.rules.spreads_dummy_remainder
-                else "raise max_num_seqs or max_model_len"
+                else "limits"
             )
-            report.add(
-                "dummy_length",
-                f"{run.run} dummy run of {run.tokens} tokens: a request of {run.longest} "
-                f"tokens exceeds max_model_len {model_len} ({fix})",
-            )
+            report.add(DummyRunTooLong(run.run, run.tokens, run.longest, model_len, fix))
     if piled:
         worst = max(piled, key=lambda p: p[1] - p[2])
-        report.add(
-            "dummy_length",
-            f"{len(piled)} dummy batch(es) pile the token remainder on one request "
-            f"(worst: graph {worst[0]}, {worst[1]} tokens where an even split needs {worst[2]})",
-        )
+        report.add(PiledRemainder(len(piled), *worst))
     report.checked["graphs"] = len(plan.graphs)
-
-
-def _sample(descs: list[Descriptor]) -> str:
-    labels = [address(d) for d in descs[:4]]
-    return ", ".join(labels) + (", ..." if len(descs) > 4 else "")
 
 
 def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
     spec = plan.spec
     size = spec.parallel.synced_size
     if plan.dp.data_parallel_size != size:
-        report.add("consistency", f"dp.data_parallel_size {plan.dp.data_parallel_size} != spec {size}")
+        report.add(DpSizeMismatch(plan.dp.data_parallel_size, size))
     dql, seqs = plan.decode_query_len, spec.scheduler.max_num_seqs
     cases = plan.lora_capture_cases
     points = sorted(
@@ -356,27 +664,18 @@ def _check_dp(plan: Plan, tables: _Tables, report: VerifyReport) -> None:
                     lora_dependent = True
     invariant = not lora_dependent
     if plan.dp.padded_tokens_lora_invariant != invariant:
-        report.add(
-            "consistency",
-            f"dp.padded_tokens_lora_invariant says {plan.dp.padded_tokens_lora_invariant}, the tables say {invariant}",
-        )
+        report.add(DpInvariantMismatch(plan.dp.padded_tokens_lora_invariant, invariant))
     if size > 1:
         for tokens, uniform, padded in disagreements[:20]:
-            kind = "mixed" if uniform is None else "uniform-decode"
+            kind: BatchKind = "mixed" if uniform is None else "uniform-decode"
             values = sorted(set(padded.values()))
             (c1, r1), (c2, r2) = (
                 next(k for k, v in padded.items() if v == values[0]),
                 next(k for k, v in padded.items() if v == values[-1]),
             )
-            side = lambda v, tokens=tokens: "runs eager" if v == tokens else f"pads to {v}"
-            report.add(
-                "dp",
-                f"an agreed {kind} batch of {tokens} tokens {side(values[0])} on a rank with LoRA "
-                f"case {c1} and {r1} request(s) but {side(values[-1])} on one with case {c2} "
-                f"and {r2}",
-            )
+            report.add(DpDisagreement(kind, tokens, c1, r1, values[0], c2, r2, values[-1]))
         if len(disagreements) > 20:
-            report.add("dp", f"... and {len(disagreements) - 20} more token counts where DP ranks can disagree")
+            report.add(DpMoreDisagreements(len(disagreements) - 20))
     report.checked["dp_points"] = len(points)
 
 
@@ -393,20 +692,16 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
     n = len(plan.graphs)
     deferred = set(tiers.deferred)
     if len(deferred) != len(tiers.deferred) or not deferred <= set(range(n)):
-        report.add("structure", "tiers.deferred lists a graph twice or a graph the plan does not have")
+        report.add(TiersMalformed("deferred"))
         return
     if set(tiers.fallback) != deferred or not set(tiers.fallback.values()) <= set(range(n)):
-        report.add("structure", "tiers.fallback does not name exactly one graph of the plan per deferred graph")
+        report.add(TiersMalformed("fallback"))
         return
     needs_by_case = slots_by_case(plan.spec, plan.lora_dispatch_key == "kernel_slots", plan.lora_dispatch_map)
     lora_on = plan.spec.lora.enabled
     for a in sorted(anchors(plan.graphs) & deferred):
-        report.add(
-            "tiers",
-            f"graph {address(plan.descriptors[a])} is the largest of its mode and LoRA case but deferred: its "
-            "batches have no captured graph to fall back on (and vLLM sizes the FULL output buffer by it)",
-        )
-    short: dict[tuple[int, int], list[str]] = {}
+        report.add(AnchorDeferred(plan.descriptors[a]))
+    short: dict[tuple[int, int], list[tuple[Descriptor, Descriptor]]] = {}
     states = 0
     # Every graph after G in G's chain must replay G's batches. The rest of G's chain is the
     # chain of G's fallback, so what its graphs share (StandIns) is summed once per graph and
@@ -433,7 +728,7 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
         g = plan.graphs[gid]
         rest = rest_of(gid)
         if rest is None:
-            report.add("tiers", f"graph {address(g.descriptor)}: its fallbacks loop or end in a deferred graph")
+            report.add(FallbackLoop(g.descriptor))
             continue
         needs = needed_slots(needs_by_case, g.descriptor, plan.spec) if lora_on else 0
         if lora_on and g.dummy.kernel_grid is not None:
@@ -449,20 +744,11 @@ def _check_tiers(plan: Plan, report: VerifyReport) -> None:
             if can_stand_in(f.descriptor, g.descriptor, grid, needs):
                 continue
             if can_stand_in(f.descriptor, g.descriptor, None if grid is None else 1 << 30, 0):
-                short.setdefault((needs, grid or 0), []).append(f"{address(g.descriptor)} -> {address(f.descriptor)}")
+                short.setdefault((needs, grid or 0), []).append((g.descriptor, f.descriptor))
             else:
-                report.add(
-                    "tiers",
-                    f"graph {address(g.descriptor)} falls back to {address(f.descriptor)}, which cannot replay its "
-                    "batches (mode, decode shape, tokens or requests)",
-                )
+                report.add(FallbackCannotReplay(g.descriptor, f.descriptor))
     for (needs, grid), pairs in sorted(short.items()):
-        report.add(
-            "lora_grid",
-            f"{len(pairs)} deferred graph(s) fall back to a graph whose kernel grid ({grid}) is smaller than the "
-            f"{needs} adapter slots their batches bring ({', '.join(pairs[:3])}{', ...' if len(pairs) > 3 else ''}): "
-            "until captured, an adapter is skipped",
-        )
+        report.add(ShortFallbackGrid(grid, needs, tuple(pairs)))
     report.checked["deferred_fallbacks"] = states
 
 
@@ -471,14 +757,14 @@ def _check_consistency(plan: Plan, report: VerifyReport) -> None:
     from capplan.planner.hashing import spec_hash
 
     if plan.spec_hash != spec_hash(plan.spec):
-        report.add("consistency", "spec_hash does not match the embedded spec")
+        report.add(SpecHashMismatch())
     expected = compile_plan(plan.spec)
     for name in type(plan).model_fields:
         if getattr(expected, name) != getattr(plan, name):
-            report.add("consistency", f"{name} differs from what the embedded spec compiles to")
+            report.add(FieldDiffers(name))
 
 
-def eager_regions(plan: Plan) -> list[str]:
+def eager_records(plan: Plan) -> list[Eager]:
     """The batches no graph of the plan serves, as verify reports them (its coverage check
     alone: show and its picture need no other)."""
     report = VerifyReport()

@@ -46,7 +46,7 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
     if r.runner != "mrv2":
         raise UsageError(f"--runner must be mrv2 (got {r.runner!r})")
     if r.smoke is not None:
-        from capplan.runtime.smoke import run_smoke
+        from capplan.offline.smoke import run_smoke
 
         if r.command:
             raise UsageError("--smoke runs its own engines: give no command")
@@ -55,8 +55,8 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
     if not r.command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(r.plan)  # refuse a bad plan before starting anything
-    from capplan.runtime.engine_args import prepare
-    from capplan.runtime.launch import check_environment, run_child
+    from capplan.launcher.engine_args import prepare
+    from capplan.launcher.launch import check_environment, run_child
 
     if sys.stderr.isatty():  # a person waits for one import of vLLM; a log gets only the verdict
         notes("capplan: reading the command with vLLM's own argument parser (one import of vLLM, some seconds)...")

@@ -23,7 +23,7 @@ def calibrate(spec: Path, model: Path, output: Path, name: str | None = None) ->
     """Measure capture cost and step times through vLLM on this machine's GPU."""
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_spec
-    from capplan.runtime.calibrate import calibrate as measure
+    from capplan.offline.calibrate import calibrate as measure
 
     check_output(output, (spec,))
     loaded = load_spec(spec)
@@ -193,7 +193,7 @@ def _calibration_yaml(data: dict[str, Any]) -> str:
     """The calibration's YAML, once it is known to load: a failure here is capplan's bug, said as one."""
     import yaml
 
-    from capplan.traffic.cost import Calibration
+    from capplan.schemas.calibration import Calibration
 
     Calibration.model_validate(data)
     return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120))

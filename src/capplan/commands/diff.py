@@ -22,11 +22,12 @@ def diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None, 
         result, a, b = _diff(old, new, fmt, specs, calibration)
         if plot is not None:
             from capplan.files import write_atomic
+            from capplan.present.diff import headline
             from capplan.present.picture import diff_grids
             from capplan.present.plot import plot_plan
 
             grids, legend = diff_grids(a, b)
-            caption = f"capplan diff {old.name} -> {new.name}: {result.headline()}"
+            caption = f"capplan diff {old.name} -> {new.name}: {headline(result)}"
             write_atomic(plot, plot_plan(plot, grids, caption, legend), inputs(old, new, calibration))
     except UsageError as exc:
         exc.exit_code = 1
@@ -62,14 +63,11 @@ def _mixup(old: Path, new: Path, a: Plan | CapplanError, b: Plan | CapplanError,
     """The error to raise when a side did not load: the likely mix-ups (specs without
     --spec, plans with it, or one of each) said as such, else the side's own error."""
     from capplan.files import shown
+    from capplan.loading import wrong_document
 
     def kind(side: Plan | CapplanError) -> str:
         if isinstance(side, CapplanError):
-            if "but a spec" in side.message:
-                return "spec"
-            if "this is a capture plan, not a spec" in side.message:
-                return "plan"
-            return "error"
+            return wrong_document(side) or "error"
         return "plan" if not specs else "spec"
 
     kinds = (kind(a), kind(b))

@@ -261,6 +261,7 @@ def _check_verifies(plan, out: Path) -> None:
     from capplan.analysis.verify import verify_plan
     from capplan.planfile.compare import size_problem
     from capplan.planfile.write import plan_file_data, render_plan
+    from capplan.present.verify import violation_line
 
     data = plan_file_data(plan)
     problem = size_problem(render_plan(plan, out.name, None, data), data)
@@ -272,7 +273,7 @@ def _check_verifies(plan, out: Path) -> None:
     report = verify_plan(plan)
     if not report.ok:
         raise CapplanError(
-            f"the optimized plan does not verify: {report.violations[0].line()}",
+            f"the optimized plan does not verify: {violation_line(report.violations[0])}",
             "please report this; nothing was written",
         )
 

@@ -3,14 +3,57 @@ asks and the one the loader asks, in one place."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from capplan.errors import CapplanError, PlanError, printable
 from capplan.limits import MAX_FILE_BYTES, MAX_ITEMS
 
 
-def plan_difference(actual: dict[str, Any], expected: dict[str, Any]) -> str | None:
+@dataclass(frozen=True)
+class LoadDifference:
+    """Where a plan file first differs from what its spec compiles to: `path` (`graphs[3]
+    (FULL:8x8@1).grid`; `the file` for the whole document), what differs (`kind`), and the
+    values the file has (`actual`) and its spec compiles to (`expected`):
+
+    - `type`: not the `expected` shape (`mapping` or `list`);
+    - `missing`: a key the file lacks (`expected` its value); `unknown_key`: one it should
+      not have (`actual` its value);
+    - `graph`: another graph at this place of a list (`actual`, `expected`: the graphs' names);
+    - `length`: a list of `actual` items where the spec compiles to `expected`;
+    - `value`: another value (types included: `true` is not `1`).
+    """
+
+    path: str
+    kind: Literal["type", "missing", "unknown_key", "graph", "length", "value"]
+    expected: object = None
+    actual: object = None
+
+    def text(self) -> str:
+        """The one line the loader and `compile --check` print: `graphs[3] (FULL:8x8@1).grid:
+        the file says 3, its spec compiles to 4`."""
+        if self.kind == "type":
+            return f"{self.path}: must be a {self.expected}"
+        if self.kind == "missing":
+            return f"{self.path}: is missing"
+        if self.kind == "unknown_key":
+            return f"{self.path}: unknown key"
+        if self.kind == "graph":
+            said = printable(repr(self.actual))[:60]
+            return f"{self.path}: the file has graph {said} where its spec compiles to {self.expected!r}"
+        if self.kind == "length":
+            return f"{self.path}: the file lists {self.actual}, its spec compiles to {self.expected}"
+        said, wanted = printable(repr(self.actual)), repr(self.expected)
+        if max(len(said), len(wanted)) > 40:
+            return f"{self.path}: differs from what its spec compiles to"
+        return f"{self.path}: the file says {said}, its spec compiles to {wanted}"
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def plan_difference(actual: dict[str, Any], expected: dict[str, Any]) -> LoadDifference | None:
     """first_difference of a plan file's content and what its spec compiles to, leaving out
     the one informational field when it names fewer releases: the releases `target.vllm` lists
     grow as capplan proves more, and the plan means the same. A list naming a release the plan
@@ -24,20 +67,20 @@ def plan_difference(actual: dict[str, Any], expected: dict[str, Any]) -> str | N
     return first_difference(actual, expected)
 
 
-def first_difference(actual: object, expected: object, where: str = "") -> str | None:
+def first_difference(actual: object, expected: object, where: str = "") -> LoadDifference | None:
     """Where `actual` first differs from `expected`, types included (`true` is not
-    `1`): `graphs[3] (FULL:8x8@1).grid: the file says 3, its spec compiles to 4`; None
-    when equal."""
+    `1`): `graphs[3] (FULL:8x8@1).grid: the file says 3, its spec compiles to 4` as a
+    record; None when equal."""
     label = where.rstrip(".") or "the file"
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
-            return f"{label}: must be a mapping"
+            return LoadDifference(label, "type", "mapping", actual)
         for key in expected:
             if key not in actual:
-                return f"{where}{key}: is missing"
+                return LoadDifference(f"{where}{key}", "missing", expected[key])
         for key in actual:
             if key not in expected:
-                return f"{where}{printable(str(key))[:40]}: unknown key"
+                return LoadDifference(f"{where}{printable(str(key))[:40]}", "unknown_key", actual=actual[key])
         # The embedded spec first: when it changed, that is the news, not what follows from it.
         for key, value in sorted(expected.items(), key=lambda item: item[0] != "spec"):
             found = first_difference(actual[key], value, f"{where}{key}.")
@@ -46,24 +89,20 @@ def first_difference(actual: object, expected: object, where: str = "") -> str |
         return None
     if isinstance(expected, list):
         if not isinstance(actual, list):
-            return f"{label}: must be a list"
+            return LoadDifference(label, "type", "list", actual)
         for i, (a, e) in enumerate(zip(actual, expected)):
             name = f" ({e['graph']})" if isinstance(e, dict) and "graph" in e else ""
             if name and isinstance(a, dict) and a.get("graph") != e["graph"]:
                 # another graph at this place: that is the news, not the keys the two differ in
-                said = printable(repr(a.get("graph")))[:60]
-                return f"{label}[{i}]: the file has graph {said} where its spec compiles to {e['graph']!r}"
+                return LoadDifference(f"{label}[{i}]", "graph", e["graph"], a.get("graph"))
             found = first_difference(a, e, f"{label}[{i}]{name}.")
             if found is not None:
                 return found
         if len(actual) != len(expected):
-            return f"{label}: the file lists {len(actual)}, its spec compiles to {len(expected)}"
+            return LoadDifference(label, "length", len(expected), len(actual))
         return None
     if type(actual) is not type(expected) or actual != expected:
-        said, wanted = printable(repr(actual)), repr(expected)
-        if max(len(said), len(wanted)) > 40:
-            return f"{label}: differs from what its spec compiles to"
-        return f"{label}: the file says {said}, its spec compiles to {wanted}"
+        return LoadDifference(label, "value", expected, actual)
     return None
 
 
@@ -98,4 +137,4 @@ def stale_reason(plan_path: Path, expected: dict[str, Any]) -> str | None:
     if not isinstance(current, dict) or version != expected["format_version"] or type(version) is not int:
         return f"{plan_path} is format {version!r}, this capplan writes format {expected['format_version']}"
     found = plan_difference(current, expected)
-    return None if found is None else f"{plan_path}: {found}"
+    return None if found is None else f"{plan_path}: {found.text()}"

@@ -12,11 +12,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from capplan.errors import PlanError
-from capplan.loading import describe_validation_error
-from capplan.planfile.compare import plan_difference
+from capplan.loading import SpecGivenForPlan, document_kind
+from capplan.planfile.compare import LoadDifference, plan_difference
 from capplan.planner.spec_checks import capacity_problem, case_sizes_problem, tiers_problem
 from capplan.schemas.plan import FORMAT_VERSION, Plan
 from capplan.schemas.spec import Spec
+from capplan.schemas.validation import describe_validation_error
 
 
 def load_plan(path: Path) -> Plan:
@@ -35,24 +36,27 @@ def load_plan(path: Path) -> Plan:
     plan, problem = plan_from_data(data, str(path))
     if problem is not None:
         raise PlanError(
-            f"{path}: {problem} (edited by hand, or written by another capplan version)",
+            f"{path}: {problem.text()} (edited by hand, or written by another capplan version)",
             "regenerate it with capplan compile SPEC",
         )
     return plan
 
 
-def plan_from_data(data: object, source: str) -> tuple[Plan, str | None]:
+def plan_from_data(data: object, source: str) -> tuple[Plan, LoadDifference | None]:
     """(the plan the data's spec compiles to, None when the data is exactly that plan's
-    file content, else what differs first). PlanError when the data is not a plan of
-    this format or its spec is invalid."""
+    file content, else where it differs first). PlanError when the data is not a plan of
+    this format or its spec is invalid (SpecGivenForPlan when it is a spec)."""
     from capplan.planfile.write import plan_file_data
     from capplan.planner.compiler import compile_plan
 
     if not isinstance(data, dict):
         raise PlanError(f"{source}: a plan must be a YAML mapping (got {type(data).__name__})")
     if "format_version" not in data:
-        hint = "compile it first: capplan compile SPEC" if "scheduler" in data or "lora" in data else None
-        raise PlanError(f"{source}: not a capplan plan (no format_version)" + (" but a spec" if hint else ""), hint)
+        if document_kind(data) == "spec":
+            raise SpecGivenForPlan(
+                f"{source}: not a capplan plan (no format_version) but a spec", "compile it first: capplan compile SPEC"
+            )
+        raise PlanError(f"{source}: not a capplan plan (no format_version)")
     version = data["format_version"]
     if type(version) is not int:
         raise PlanError(

@@ -103,29 +103,78 @@ def _add(runs: dict[int, list[list[int]]], case: int, n: int) -> None:
         case_runs.append([n, n])
 
 
-def _lines(
-    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]],
-    all_cases: list[int],
-    tail: Callable[[str, str, str], str],
-) -> list[str]:
-    lines = []
-    # By batch kind, then by the smallest batch the line covers (not by the targets' text).
+Runs = dict[tuple[str, str, str], dict[int, list[list[int]]]]
+"""(batch kind, old target, new target) -> LoRA case -> runs of token counts."""
+
+
+def regions(
+    runs: Runs, all_cases: list[int]
+) -> Iterator[tuple[tuple[str, str, str], tuple[tuple[int, int], ...], tuple[int, ...], bool]]:
+    """(key, token runs, LoRA cases, every case) per line: by batch kind, then by the smallest
+    batch the line covers (not by the targets' text); cases with the same runs share a line."""
     ordered = sorted(runs.items(), key=lambda item: (item[0][0], min(r[0][0] for r in item[1].values()), item[0]))
-    for (kind, a, b), by_case in ordered:
-        groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+    for key, by_case in ordered:
+        groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
         for case, case_runs in by_case.items():
-            groups.setdefault(tuple(map(tuple, case_runs)), []).append(case)
+            groups.setdefault(tuple((lo, hi) for lo, hi in case_runs), []).append(case)
         for token_runs, cases in groups.items():
-            count = sum(hi - lo + 1 for lo, hi in token_runs)
-            sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
-            more = ", ..." if len(token_runs) > 6 else ""
-            where = (
-                "all LoRA cases"
-                if cases == all_cases and len(all_cases) > 1
-                else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
-            )
-            lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {tail(kind, a, b)}")
+            yield key, token_runs, tuple(cases), cases == all_cases and len(all_cases) > 1
+
+
+def _lines(runs: Runs, all_cases: list[int], tail: Callable[[str, str, str], str]) -> list[str]:
+    lines = []
+    for (kind, a, b), token_runs, cases, every in regions(runs, all_cases):
+        count = sum(hi - lo + 1 for lo, hi in token_runs)
+        sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
+        more = ", ..." if len(token_runs) > 6 else ""
+        where = (
+            "all LoRA cases" if every else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
+        )
+        lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {tail(kind, a, b)}")
     return lines
+
+
+def shared_cases(old: Tables, new: Tables) -> list[int]:
+    return sorted(set(old.lora_capture_cases) & set(new.lora_capture_cases))
+
+
+def target_runs(
+    old: Tables,
+    new: Tables,
+    *,
+    exact_sizes: bool = False,
+    reachable: Callable[[int], set[int]] | None = None,
+    refusals: tuple[Refusal, Refusal] | None = None,
+) -> Runs:
+    """What `target_changes` lists, as runs (its docstring says which)."""
+    runs: Runs = {}
+    for kind, case, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals):
+        if new_no is not None:
+            continue
+        if not exact_sizes:
+            a, b = _shape(a), _shape(b)
+        if old_no is not None:
+            a = NOT_SCHEDULED
+        if a == b:
+            continue
+        _add(runs.setdefault((kind, a, b), {}), case, n)
+    return runs
+
+
+def unscheduled_runs(
+    old: Tables,
+    new: Tables,
+    refusals: tuple[Refusal, Refusal],
+    reachable: Callable[[int], set[int]] | None = None,
+) -> tuple[Runs, dict[tuple[str, str], str]]:
+    """What `no_longer_scheduled` lists, as runs, and why the new deployment never makes each."""
+    runs: Runs = {}
+    why: dict[tuple[str, str], str] = {}
+    for kind, case, n, a, _, old_no, new_no in _walk(old, new, reachable, refusals):
+        if old_no is None and new_no is not None:
+            why.setdefault((kind, _shape(a)), new_no)
+            _add(runs.setdefault((kind, _shape(a), ""), {}), case, n)
+    return runs, why
 
 
 def target_changes(
@@ -147,19 +196,8 @@ def target_changes(
     batches the new deployment schedules are compared; one only it schedules
     was "not scheduled" before (`no_longer_scheduled` lists the other way round).
     """
-    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
-    for kind, case, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals):
-        if new_no is not None:
-            continue
-        if not exact_sizes:
-            a, b = _shape(a), _shape(b)
-        if old_no is not None:
-            a = NOT_SCHEDULED
-        if a == b:
-            continue
-        _add(runs.setdefault((kind, a, b), {}), case, n)
-    shared = sorted(set(old.lora_capture_cases) & set(new.lora_capture_cases))
-    return _lines(runs, shared, lambda kind, a, b: f"{a} -> {b}")
+    runs = target_runs(old, new, exact_sizes=exact_sizes, reachable=reachable, refusals=refusals)
+    return _lines(runs, shared_cases(old, new), lambda kind, a, b: f"{a} -> {b}")
 
 
 def no_longer_scheduled(
@@ -170,13 +208,8 @@ def no_longer_scheduled(
 ) -> list[str]:
     """The batches only the old deployment schedules: one line per batch kind and the mode the
     old plan replayed them with, saying why the new deployment never makes them."""
-    runs: dict[tuple[str, str, str], dict[int, list[list[int]]]] = {}
-    why: dict[tuple[str, str], str] = {}
-    for kind, case, n, a, _, old_no, new_no in _walk(old, new, reachable, refusals):
-        if old_no is None and new_no is not None:
-            why.setdefault((kind, _shape(a)), new_no)
-            _add(runs.setdefault((kind, _shape(a), ""), {}), case, n)
-    shared = sorted(set(old.lora_capture_cases) & set(new.lora_capture_cases))
+    runs, why = unscheduled_runs(old, new, refusals, reachable)
+    shared = shared_cases(old, new)
     return _lines(
         runs,
         shared,

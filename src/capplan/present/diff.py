@@ -1,9 +1,245 @@
-"""`capplan diff` as text (terminal, git) and as markdown (a pull request); the JSON
-form is the PlanDiff's own `to_json`."""
+"""`capplan diff` from its records (`analysis.diff.PlanDiff`): as text (terminal, git), as
+markdown (a pull request) and as JSON (every record with its typed fields and its `text`,
+the sentence the text form prints for it)."""
 
 from __future__ import annotations
 
-from capplan.analysis.diff import PlanDiff, signed
+import json
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from capplan.analysis.diff import (
+    SIZES_KEY,
+    CaptureSizesChange,
+    DeferredSwitch,
+    DeviationChange,
+    DispatchChange,
+    DummyChange,
+    EncoderChange,
+    FixChange,
+    FixesChange,
+    GraphDelta,
+    LoraCountChange,
+    LoraKeyChange,
+    LoraMapChange,
+    NoLongerScheduled,
+    PlanDiff,
+    SpecChange,
+    TierChange,
+    TierMove,
+    TierTotals,
+)
+from capplan.planner.capture_sizes import compact
+from capplan.present.jsondoc import record_value
+from capplan.schemas.plan import address
+from capplan.traffic.cost import Estimate
+
+
+def signed(value: float, fmt: str = "d") -> str:
+    """`value` with its sign (`+3`, `-0.25`)."""
+    return f"{value:+{fmt}}" if fmt != "d" else f"{int(value):+d}"
+
+
+# -- one record, one sentence ----------------------------------------------------------------
+
+
+def capture_sizes_change(sizes: CaptureSizesChange) -> str:
+    """`+1 added (120), -2 removed (8..16 step 8)`: the sizes themselves, as runs."""
+    added, removed = list(sizes.added), list(sizes.removed)
+    return (
+        f"+{len(added)} added"
+        + (f" ({compact(added)})" if added else "")
+        + f", -{len(removed)} removed"
+        + (f" ({compact(removed)})" if removed else "")
+    )
+
+
+def spec_change_text(change: SpecChange, sizes: CaptureSizesChange) -> str:
+    """`lora.max_loras: 4 -> 8`; the spec's capture_sizes as the sizes added and removed (a
+    one-size change in a list of dozens reads as the whole list), or as counts when the
+    sizes are the same."""
+    k = change.key
+    if k == SIZES_KEY and sizes.changed:
+        return f"capture sizes: {capture_sizes_change(sizes)}"
+    if k == SIZES_KEY:
+        return f"{k}: {_sizes(change.old, sizes.old_count)} -> {_sizes(change.new, sizes.new_count)} (the same sizes)"
+    return f"{k}: {_fmt(change.old)} -> {_fmt(change.new)}"
+
+
+def _sizes(value: object, count: int) -> str:
+    return f"none ({count} derived)" if value is None else f"{count} listed"
+
+
+def graph_delta_text(delta: GraphDelta) -> str:
+    return f"{delta.cg_mode} case {delta.lora_case}: +{delta.added_count} -{delta.removed_count}"
+
+
+def dummy_change_text(change: DummyChange) -> str:
+    """`GRAPH: dummy [[runs]] -> [[runs]]`, with the adapter ids and the kernel grid where they
+    changed."""
+    ids = change.old_lora_ids != change.new_lora_ids
+    grid = change.old_kernel_grid != change.new_kernel_grid
+
+    def shown(tokens: tuple[tuple[int, int], ...], lora_ids: tuple[int, ...] | None, kernel_grid: int | None) -> str:
+        return (
+            f"{[list(run) for run in tokens]}"
+            + (f", adapters {None if lora_ids is None else list(lora_ids)}" if ids else "")
+            + (f", kernel grid {kernel_grid}" if grid else "")
+        )
+
+    before = shown(change.old_tokens, change.old_lora_ids, change.old_kernel_grid)
+    after = shown(change.new_tokens, change.new_lora_ids, change.new_kernel_grid)
+    return f"{address(change.graph)}: dummy {before} -> {after}"
+
+
+def _region(change: DispatchChange | NoLongerScheduled) -> str:
+    """`mixed batches of 3 token count(s) (3, 5..6; LoRA case 0)`, as `planner.regions` writes it."""
+    runs = change.token_runs
+    sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in runs[:6])
+    more = ", ..." if len(runs) > 6 else ""
+    cases = change.lora_cases
+    where = (
+        "all LoRA cases"
+        if change.every_case
+        else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
+    )
+    return f"{change.batch_kind} batches of {change.token_count} token count(s) ({sample}{more}; {where})"
+
+
+def dispatch_change_text(change: DispatchChange) -> str:
+    return f"{_region(change)}: {change.old_target} -> {change.new_target}"
+
+
+def unscheduled_text(change: NoLongerScheduled) -> str:
+    tail = f"replayed {change.old_mode} in the old plan; the new spec never makes them ({change.reason})"
+    return f"{_region(change)}: {tail}"
+
+
+def lora_map_text(change: LoraMapChange) -> str:
+    if isinstance(change, LoraKeyChange):
+        return f"LoRA dispatch by {change.old} -> {change.new}"
+    was = "not scheduled" if change.old_case is None else f"case {change.old_case}"
+    now = "no longer scheduled" if change.new_case is None else f"case {change.new_case}"
+    return f"LoRA count {change.count}: {was} -> {now}"
+
+
+ENCODER_LABELS = {
+    "graphs": "graphs",
+    "max_items": "max items",
+    "max_frames": "max frames",
+    "tower_connector_lora": "tower/connector LoRA",
+}
+
+
+def encoder_change_text(change: EncoderChange) -> str:
+    def shown(value: tuple[int, ...] | int | bool | None) -> str:
+        if change.setting == "graphs":
+            if value is None:
+                return "none (no multimodal encoder)"
+            assert isinstance(value, tuple)
+            return ", ".join(f"ENCODER:{b}" for b in value) or "none (eager)"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return _fmt(value)
+
+    return f"{ENCODER_LABELS[change.setting]}: {shown(change.old)} -> {shown(change.new)}"
+
+
+def tier_change_text(change: TierChange) -> str:
+    if isinstance(change, DeferredSwitch):
+        counts = f"{change.ready} ready, {change.deferred} deferred"
+        if change.on:
+            return f"deferred capture on: {counts} (was every graph ready)"
+        return f"deferred capture off: every graph ready (was {counts})"
+    if isinstance(change, TierTotals):
+        return (
+            f"{change.old_ready} ready, {change.old_deferred} deferred -> "
+            f"{change.new_ready} ready, {change.new_deferred} deferred"
+        )
+    return f"{address(change.graph)}: {change.old_tier} -> {change.new_tier}"
+
+
+def fix_change_text(change: FixChange) -> str:
+    if isinstance(change, FixesChange):
+        return f"fixes: {list(change.old)} -> {list(change.new)}"
+    return f"{'+' if change.added else '-'} {change.fix}: {change.change}"
+
+
+def _fmt(value: object) -> str:
+    """A spec value as the spec writes it (YAML's words, no Python repr): sizes as runs, a
+    case's sizes as `case N: runs`, anything else as compact JSON."""
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(type(v) is int for v in value):
+        return compact(value)
+    if isinstance(value, list) and all(isinstance(v, dict) and set(v) == {"case", "sizes"} for v in value):
+        return "; ".join(f"case {v['case']}: {compact(v['sizes'])}" for v in value) or "[]"
+    return json.dumps(value, separators=(", ", ": "))
+
+
+# -- the diff's lines, as the text and markdown forms list them ----------------------------------
+
+
+def spec_lines(d: PlanDiff) -> list[str]:
+    return [spec_change_text(c, d.capture_sizes) for c in d.spec_changes]
+
+
+def dummy_lines(d: PlanDiff) -> list[str]:
+    return [dummy_change_text(c) for c in d.dummy_changes]
+
+
+def dispatch_lines(d: PlanDiff) -> list[str]:
+    return [dispatch_change_text(c) for c in d.dispatch_changes]
+
+
+def lora_map_lines(d: PlanDiff) -> list[str]:
+    return [lora_map_text(c) for c in d.lora_map_changes]
+
+
+def encoder_lines(d: PlanDiff) -> list[str]:
+    return [encoder_change_text(c) for c in d.encoder_changes]
+
+
+def tier_lines(d: PlanDiff) -> list[str]:
+    return [tier_change_text(c) for c in d.tier_changes]
+
+
+def fix_lines(d: PlanDiff) -> list[str]:
+    return [fix_change_text(c) for c in d.fix_changes]
+
+
+BRIEF = 70  # characters of one spec change in a headline
+
+
+def _brief(change: SpecChange, d: PlanDiff) -> str:
+    """A spec change short enough for a headline: whole when short, else its setting and the
+    counts (`capture sizes: +117 -35`) or `changed` (the spec section lists it whole)."""
+    text = spec_change_text(change, d.capture_sizes)
+    if len(text) <= BRIEF:
+        return text
+    if change.key == SIZES_KEY and d.capture_sizes.changed:
+        return f"capture sizes: +{len(d.capture_sizes.added)} -{len(d.capture_sizes.removed)}"
+    return f"{text.partition(': ')[0][:BRIEF]} changed"
+
+
+def headline(d: PlanDiff) -> str:
+    """`lora.max_loras: 4 -> 8: +10 graphs, +1 s capture, +0.02 GiB graph memory (estimated)`."""
+    if d.equal:
+        return "no changes"
+    o, n = d.cost.old, d.cost.new
+    what = "; ".join(_brief(c, d) for c in d.spec_changes[:3]) or "plan changed"
+    if len(d.spec_changes) > 3:
+        what += f"; +{len(d.spec_changes) - 3} more"
+    graphs = f"{signed(d.cost.graphs)} graphs"
+    if o is None or n is None:
+        return f"{what}: {graphs} (capture time and graph memory not estimated)"
+    seconds = signed(n.capture_seconds - o.capture_seconds, ".0f")
+    return (
+        f"{what}: {graphs}, {seconds} s "
+        f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
+    )
 
 
 def _sample(items: list[str], shown: int = 8) -> list[str]:
@@ -14,41 +250,41 @@ def _sample(items: list[str], shown: int = 8) -> list[str]:
 def sizes(d: PlanDiff) -> list[str]:
     """The capture sizes added and removed, when the spec's own line does not already say so
     (a changed max_num_seqs or max_capture_size moves the sizes vLLM derives)."""
-    changed = d.capture_sizes_added or d.capture_sizes_removed
-    return [d.capture_sizes_change()] if changed and not d.sizes_in_spec_changes else []
+    return [capture_sizes_change(d.capture_sizes)] if d.capture_sizes.changed and not d.sizes_in_spec_changes else []
 
 
 def unscheduled(d: PlanDiff) -> list[str]:
     """Batches only the old spec schedules, marked as removed."""
-    return [f"no longer scheduled: {line}" for line in d.dispatch_unscheduled]
+    return [f"no longer scheduled: {unscheduled_text(c)}" for c in d.dispatch_unscheduled]
 
 
 def render_text(d: PlanDiff) -> str:
-    lines = [f"capplan diff {d.old_name} -> {d.new_name}: {d.headline()}"]
+    lines = [f"capplan diff {d.old_name} -> {d.new_name}: {headline(d)}"]
     if d.equal:
         return lines[0] + "\n"
-    o, n = d.old_estimate, d.new_estimate
+    c = d.cost
+    o, n = c.old, c.new
     if o is None or n is None:
         lines.append(
-            f"  estimate: none; {d.old_graphs} -> {d.new_graphs} graphs (calibration {d.calibration}: {d.basis})"
+            f"  estimate: none; {c.old_graphs} -> {c.new_graphs} graphs (calibration {c.calibration}: {c.basis})"
         )
     else:
-        lines.append(f"  estimate ({d.calibration}: {d.basis}): {o.text()}  ->  {n.text()}")
+        lines.append(f"  estimate ({c.calibration}: {c.basis}): {o.text()}  ->  {n.text()}")
     sections = [
-        ("spec", d.spec_changes),
+        ("spec", spec_lines(d)),
         ("capture sizes (as the spec now derives them)", sizes(d)),
         (
             "graphs",
-            [f"{m} case {c}: +{a} -{r}" for m, c, a, r in d.graph_changes]
-            + ([f"added e.g. {', '.join(d.added_sample)}"] if d.added_sample else [])
-            + ([f"removed e.g. {', '.join(d.removed_sample)}"] if d.removed_sample else []),
+            [graph_delta_text(g) for g in d.graph_changes]
+            + ([f"added e.g. {', '.join(map(address, d.added_sample))}"] if d.added_sample else [])
+            + ([f"removed e.g. {', '.join(map(address, d.removed_sample))}"] if d.removed_sample else []),
         ),
-        ("LoRA dispatch", d.lora_map_changes),
-        ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(d.dummy_changes)),
-        ("encoder", d.encoder_changes),
-        ("tiers (ready: captured before the engine reports ready; deferred: while it serves)", d.tier_changes),
-        ("dispatch (what a batch replays)", d.dispatch_changes + unscheduled(d)),
-        ("fixes and deviations", d.fix_changes),
+        ("LoRA dispatch", lora_map_lines(d)),
+        ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(dummy_lines(d))),
+        ("encoder", encoder_lines(d)),
+        ("tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
+        ("dispatch (what a batch replays)", dispatch_lines(d) + unscheduled(d)),
+        ("fixes and deviations", fix_lines(d)),
     ]
     for title, items in sections:
         if items:
@@ -128,14 +364,15 @@ def _code(name: str) -> str:
 
 
 def render_markdown(d: PlanDiff) -> str:
-    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{d.headline()}**", ""]
+    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{headline(d)}**", ""]
     if d.equal:
         return "\n".join(lines)
-    o, n = d.old_estimate, d.new_estimate
+    c = d.cost
+    o, n = c.old, c.new
     lines += [
         "| | old | new | change |",
         "|---|---:|---:|---:|",
-        f"| graphs | {d.old_graphs} | {d.new_graphs} | {signed(d.new_graphs - d.old_graphs)} |",
+        f"| graphs | {c.old_graphs} | {c.new_graphs} | {signed(c.graphs)} |",
     ]
     if o is not None and n is not None:
         lines += [
@@ -144,18 +381,18 @@ def render_markdown(d: PlanDiff) -> str:
             f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
             f"{signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
             "",
-            f"<sub>Estimates from calibration `{d.calibration}`: {d.basis}.</sub>",
+            f"<sub>Estimates from calibration `{c.calibration}`: {c.basis}.</sub>",
             "",
         ]
     else:
         lines += [
             "",
-            f"<sub>Capture time and graph memory not estimated (calibration `{d.calibration}`: {d.basis}).</sub>",
+            f"<sub>Capture time and graph memory not estimated (calibration `{c.calibration}`: {c.basis}).</sub>",
             "",
         ]
     budget = _Budget()
     if d.spec_changes:
-        lines += ["**Spec**", "", *_folded([f"- `{c}`" for c in d.spec_changes], budget)]
+        lines += ["**Spec**", "", *_folded([f"- `{line}`" for line in spec_lines(d)], budget)]
     if sizes(d):
         lines += [
             "**Capture sizes** (as the spec now derives them)",
@@ -164,17 +401,99 @@ def render_markdown(d: PlanDiff) -> str:
         ]
     if d.graph_changes:
         header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
-        rows = [f"| {m} | {c} | {a} | {r} |" for m, c, a, r in d.graph_changes]
+        rows = [f"| {g.cg_mode} | {g.lora_case} | {g.added_count} | {g.removed_count} |" for g in d.graph_changes]
         lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, budget, head=header)]
     for title, items in (
-        ("LoRA dispatch", d.lora_map_changes),
-        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", d.dummy_changes),
-        ("Encoder", d.encoder_changes),
-        ("Tiers (ready: captured before the engine reports ready; deferred: while it serves)", d.tier_changes),
-        ("Dispatch changes", d.dispatch_changes + unscheduled(d)),
+        ("LoRA dispatch", lora_map_lines(d)),
+        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", dummy_lines(d)),
+        ("Encoder", encoder_lines(d)),
+        ("Tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
+        ("Dispatch changes", dispatch_lines(d) + unscheduled(d)),
     ):
         if items:
             lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items], budget)]
     if d.fix_changes:
-        lines += ["**Fixes and deviations**", "", *_folded(d.fix_changes, budget, fence="diff")]
+        lines += ["**Fixes and deviations**", "", *_folded(fix_lines(d), budget, fence="diff")]
     return "\n".join(lines)
+
+
+# -- JSON: every record with its typed fields and its sentence ---------------------------------
+
+
+def _record(record: object, text: str, kind: str | None = None) -> dict[str, Any]:
+    """A record's fields (and `type`, where a list holds records of several kinds), then `text`."""
+    assert is_dataclass(record)
+    out: dict[str, Any] = {} if kind is None else {"type": kind}
+    out.update({f.name: record_value(getattr(record, f.name)) for f in fields(record)})
+    if isinstance(record, (DispatchChange, NoLongerScheduled)):
+        out["token_count"] = record.token_count
+    out["text"] = text
+    return out
+
+
+def _estimate(e: Estimate | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {
+        "graphs": e.graphs,
+        "capture_seconds": round(e.capture_seconds, 2),
+        "graph_memory_gib": round(e.graph_memory_gib, 3),
+    }
+
+
+RECORD_TYPES: dict[type, str] = {
+    LoraKeyChange: "key",
+    LoraCountChange: "count",
+    DeferredSwitch: "switch",
+    TierTotals: "totals",
+    TierMove: "move",
+    FixesChange: "fixes",
+    DeviationChange: "deviation",
+}
+
+
+def diff_json(d: PlanDiff) -> dict[str, Any]:
+    """`capplan diff --format json` (docs/cli.md, "JSON output", lists every field)."""
+    c = d.cost
+    seconds, memory = c.capture_seconds, c.graph_memory_gib
+    return {
+        "old": d.old_name,
+        "new": d.new_name,
+        "equal": d.equal,
+        "headline": headline(d),
+        "spec_changes": [_record(s, spec_change_text(s, d.capture_sizes)) for s in d.spec_changes],
+        "capture_sizes": {
+            "added": list(d.capture_sizes.added),
+            "removed": list(d.capture_sizes.removed),
+            "old_count": d.capture_sizes.old_count,
+            "new_count": d.capture_sizes.new_count,
+        },
+        "graphs": [
+            {
+                "cg_mode": g.cg_mode,
+                "lora_case": g.lora_case,
+                "added": g.added_count,
+                "removed": g.removed_count,
+                "added_graphs": record_value(g.added),
+                "removed_graphs": record_value(g.removed),
+                "text": graph_delta_text(g),
+            }
+            for g in d.graph_changes
+        ],
+        "dummy_changes": [_record(x, dummy_change_text(x)) for x in d.dummy_changes],
+        "dispatch_changes": [_record(x, dispatch_change_text(x)) for x in d.dispatch_changes],
+        "dispatch_no_longer_scheduled": [_record(x, unscheduled_text(x)) for x in d.dispatch_unscheduled],
+        "lora_dispatch_changes": [_record(x, lora_map_text(x), RECORD_TYPES[type(x)]) for x in d.lora_map_changes],
+        "encoder_changes": [_record(x, encoder_change_text(x)) for x in d.encoder_changes],
+        "tier_changes": [_record(x, tier_change_text(x), RECORD_TYPES[type(x)]) for x in d.tier_changes],
+        "fix_changes": [_record(x, fix_change_text(x), RECORD_TYPES[type(x)]) for x in d.fix_changes],
+        "estimate": {
+            "old": _estimate(c.old),
+            "new": _estimate(c.new),
+            "calibration": c.calibration,
+            "basis": c.basis,
+            "delta": None
+            if seconds is None or memory is None
+            else {"graphs": c.graphs, "capture_seconds": round(seconds, 2), "graph_memory_gib": round(memory, 3)},
+        },
+    }

@@ -59,7 +59,7 @@ def diff_grids(old: Plan, new: Plan) -> tuple[list, dict]:
 
 def eager_note(plan: Plan) -> str:
     """The token ranges that run eager, as verify reports them (at most three)."""
-    from capplan.analysis.verify import eager_regions
+    from capplan.present.verify import eager_regions
 
     regions = eager_regions(plan)
     if not regions:

@@ -195,10 +195,11 @@ def _cases(cases: list[int], every: list[int]) -> str:
 
 def _eager(plan: Plan) -> list[str]:
     """The batches no graph serves, as verify reports them."""
-    from capplan.analysis.verify import eager_regions
+    from capplan.analysis.verify import eager_records
+    from capplan.present.verify import eager_text
 
-    regions = eager_regions(plan)
-    return [f"  {region}" for region in regions] or ["  none: every reachable batch replays a graph"]
+    regions = eager_records(plan)
+    return [f"  {eager_text(region)}" for region in regions] or ["  none: every reachable batch replays a graph"]
 
 
 def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:

@@ -16,6 +16,8 @@ rank fails at start instead of hanging.
 
 from __future__ import annotations
 
+from typing import Any
+
 from capplan.runtime.engine_check import PlanMismatch
 from capplan.schemas.plan import Plan
 
@@ -54,7 +56,7 @@ def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = 
     )
 
 
-def check_same_plan(identity: str, problem: str | None = None, group=None, rank_label: str = "") -> None:
+def check_same_plan(identity: str, problem: str | None = None, group: Any = None, rank_label: str = "") -> None:
     """All-gather (identity, problem) and raise PlanMismatch on every rank unless all agree and none objects."""
     import torch.distributed as dist
 

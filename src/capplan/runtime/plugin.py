@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ENV = "CAPPLAN_PLAN"
+from capplan.envvars import PLAN as ENV
 
 
 def register() -> None:
@@ -47,8 +47,8 @@ def register() -> None:
 
 def _guard_only() -> None:
     try:
-        from capplan.runtime.mrv2 import install_dp_guard
+        from capplan.runtime.mrv2 import install_guard
 
-        install_dp_guard()
+        install_guard()
     except Exception:  # noqa: BLE001 - without a plan, capplan must never break a vLLM it cannot hook
         return

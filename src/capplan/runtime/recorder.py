@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from capplan.files import open_stream
 
@@ -70,7 +71,7 @@ class Recorder:
         self.seconds = 0.0  # time spent in step(), for the report
         self.written = 0
         self.stopped: str | None = None
-        self._pending: list[tuple] = []
+        self._pending: list[tuple[Any, ...]] = []
         self._lock = threading.Lock()
         self._file = open_stream(path, _is_trace, "a capplan trace")  # replaces only an earlier trace
         self._write(f"# {header}\n")
@@ -100,9 +101,9 @@ class Recorder:
         self.seconds += time.perf_counter() - (now if started is None else started)
 
     @staticmethod
-    def _line(step: tuple) -> str:
+    def _line(step: tuple[Any, ...]) -> str:
         num_reqs, num_tokens, max_query_len, adapters, base, has_prefill, t, dp_step = step
-        line: dict = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
+        line: dict[str, Any] = {"num_reqs": num_reqs, "num_tokens": num_tokens, "max_query_len": max_query_len}
         if adapters:
             line["num_active_loras"] = adapters
             if base:
@@ -154,7 +155,7 @@ class Recorder:
         except OSError:
             pass
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "steps": self.steps,

@@ -10,9 +10,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from capplan.schemas.plan import Plan
+
+if TYPE_CHECKING:
+    from capplan.runtime.recorder import Recorder
+
+
+class Section(Protocol):
+    """A part of the report another module keeps (deferred capture)."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class Report:
@@ -37,17 +46,17 @@ class Report:
         self._finished = False
         self._dirty = False
         self._flusher = None
-        self.graph_ids: dict = {}  # vLLM descriptor -> plan graph id
+        self.graph_ids: dict[Any, int] = {}  # vLLM descriptor -> plan graph id
         self.dp: DPCounters | None = None
         self.dp_rank = 0
-        self.recorder = None  # capplan.runtime.recorder.Recorder, when CAPPLAN_TRACE is set
-        self.deferred: Any = None  # capplan.runtime.deferred.Deferred, when the plan defers graphs
+        self.recorder: Recorder | None = None  # when CAPPLAN_TRACE is set
+        self.deferred: Section | None = None  # capplan.runtime.deferred.capture, when the plan defers graphs
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
         multiprocessing.util.Finalize(self, self.finish, exitpriority=100)
 
-    def count(self, desc) -> None:
+    def count(self, desc: Any) -> None:
         """One forward pass about to run with this vLLM descriptor."""
         graph_id = self.graph_ids.get(desc, -1) if desc.cg_mode.name != "NONE" else -1
         if graph_id >= 0:
@@ -56,7 +65,7 @@ class Report:
             self.eager += 1
         self._dirty = True
 
-    def dp_step(self, rank: int, size: int, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
+    def dp_step(self, rank: int, size: int, num_tokens: int, desired: Any, synced: Any, disagreed: bool | None) -> None:
         if self.dp is None:
             self.dp = DPCounters(rank, size)
         self.dp.step(num_tokens, desired, synced, disagreed)
@@ -71,14 +80,14 @@ class Report:
     def profiling_started(self) -> None:
         self._t0 = time.perf_counter()
 
-    def profiling_finished(self, manager) -> None:
+    def profiling_finished(self, manager: Any) -> None:
         """vLLM's memory-profiling capture ended: the graphs it captured (a sample of the FULL
         ones, every PIECEWISE one; all discarded) are counted apart from the real capture."""
         self.profiling_seconds = (self.profiling_seconds or 0.0) + time.perf_counter() - self._t0
         for mode, n in _captured(manager).items():
             self.profiled[mode[0]] += n
 
-    def capture_finished(self, manager) -> None:
+    def capture_finished(self, manager: Any) -> None:
         self._capture_finished(manager)
         self.write()
         if self.path() and self._flusher is None:
@@ -104,19 +113,19 @@ class Report:
                         print(f"capplan: the report could not be refreshed ({type(exc).__name__}: {exc}); "
                               "retrying every second", file=sys.stderr)  # fmt: skip
 
-    def _capture_finished(self, manager) -> None:
+    def _capture_finished(self, manager: Any) -> None:
         self.capture_seconds = time.perf_counter() - self._t0
         free1 = _free_memory()
         if self._free0 is not None and free1 is not None:
             self.graph_memory_bytes = self._free0 - free1
         self.captured.update(_captured(manager))
 
-    def deferred_captured(self, desc) -> None:
+    def deferred_captured(self, desc: Any) -> None:
         """One deferred graph captured while serving."""
         self.captured[(desc.cg_mode.name, desc.num_active_loras)] += 1
         self._dirty = True
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         planned = Counter((g.descriptor.cg_mode, g.descriptor.num_active_loras) for g in self.plan.graphs)
         rows = [
             {"cg_mode": m, "lora_case": c, "planned": n, "captured": self.captured.get((m, c), 0)}
@@ -213,7 +222,7 @@ class DPCounters:
         self.audited = 0
         self.disagreements = 0
 
-    def step(self, num_tokens: int, desired, synced, disagreed: bool | None) -> None:
+    def step(self, num_tokens: int, desired: Any, synced: Any, disagreed: bool | None) -> None:
         if disagreed is not None:
             self.audited += 1
             self.disagreements += disagreed
@@ -231,7 +240,7 @@ class DPCounters:
         else:
             self.own_size += 1
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "size": self.size,
@@ -247,7 +256,7 @@ class DPCounters:
         }
 
 
-def _captured(manager) -> Counter[tuple[str, int]]:
+def _captured(manager: Any) -> Counter[tuple[str, int]]:
     """The graphs a capture call left on vLLM's manager, per (mode, LoRA case). FULL graphs are
     objects in manager.graphs; PIECEWISE ones live in the compiled model, so the descriptors
     capture walked through count."""
@@ -264,7 +273,7 @@ def _free_memory() -> int | None:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.mem_get_info()[0]
+            return int(torch.cuda.mem_get_info()[0])
     except Exception:  # noqa: BLE001 - a report must never break the engine
         return None
     return None

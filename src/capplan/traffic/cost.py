@@ -38,52 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from capplan.errors import InputError
+from capplan.schemas.calibration import Calibration, Identity, StepTime
 from capplan.schemas.plan import Plan
-from capplan.schemas.spec import PRINTABLE, Model, Spec
+from capplan.schemas.spec import Model, Spec
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent.parent / "data" / "h200-vllm025.yaml"
-
-
-class _Strict(BaseModel):
-    # Finite numbers only, no booleans or strings for numbers: a calibration is measured data.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class CalibrationRun(_Strict):
-    label: str = Field(max_length=500, pattern=PRINTABLE)
-    no_lora_graphs: int = Field(ge=0, le=10_000_000)
-    lora_graphs: int = Field(ge=0, le=10_000_000)
-    max_tokens: int = Field(ge=1, le=1 << 24)  # the largest graph's tokens: its workspace stays in the graph pool
-    capture_seconds: float = Field(ge=0, le=1e6)
-    graph_memory_gib: float = Field(ge=0, le=1e5)
-
-
-class StepTime(_Strict):
-    mode: Literal["graph", "piecewise", "eager"]
-    case: int = Field(ge=0, le=1 << 16)
-    tokens: int = Field(ge=1, le=1 << 24)
-    ms: float = Field(gt=0, le=1e6)  # a step of over 1000 s is no measurement
-
-
-class Identity(_Strict):
-    """What a calibration was measured on."""
-
-    model: Model | None = None
-    gpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
-    vllm: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
-    torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
-    tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
-    pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
-
-
-class Calibration(_Strict):
-    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
-    identity: Identity | None = None
-    runs: list[CalibrationRun] = Field(default_factory=list, max_length=10_000)
-    step_times: list[StepTime] = Field(default_factory=list, max_length=100_000)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from capplan.errors import UsageError
-from capplan.loading import describe_validation_error
 from capplan.planner.compiler import compile_plan
 from capplan.planner.dispatch import Dispatcher
 from capplan.schemas.plan import Plan, address
 from capplan.schemas.spec import Spec, Tiers, deferred_capture_refusals
+from capplan.schemas.validation import describe_validation_error
 from capplan.traffic.simulate import TraceBatch
 
 

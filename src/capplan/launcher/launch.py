@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
 
 from capplan.errors import CapplanError, printable
 from capplan.install_hints import pip_install
@@ -106,7 +107,7 @@ def check_environment(command: list[str], env: dict[str, str], target: str | Non
             pip_install(python=where),
         )
     if target is not None and version != "-":
-        from capplan.runtime.versions import release_problem
+        from capplan.releases import release_problem
 
         problem = release_problem(target, version)
         if problem:
@@ -124,7 +125,7 @@ def run_child(command: list[str], env: dict[str, str]) -> int:
     except OSError as exc:
         raise CapplanError(f"{printable(command[0])}: cannot run ({exc.strerror})") from None
 
-    def forward(signum, frame):  # noqa: ARG001 - signal handler signature
+    def forward(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 - signal handler signature
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}

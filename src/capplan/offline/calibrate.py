@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from capplan.errors import CapplanError
 from capplan.schemas.plan import Plan
@@ -95,24 +96,21 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
+    from capplan.offline.smoke import adapters_in, engine_kwargs, env_llm_args
     from capplan.planfile import load_plan
-    from capplan.runtime.mrv2 import installed
-    from capplan.runtime.smoke import adapters_in, engine_kwargs, env_llm_args
 
     plan = load_plan(plan_path)
     kwargs = engine_kwargs(plan)
     kwargs.update(env_llm_args())
     llm = LLM(model=str(model_dir / "base"), skip_tokenizer_init=True, seed=0, **kwargs)
-    # With vLLM's default multiprocessing the engine core (which captures) is another
-    # process: its report reaches this one through CAPPLAN_REPORT, written after capture.
-    report = None
+    # The plugin writes its report to CAPPLAN_REPORT as soon as capture ends, in the process
+    # that captured: with vLLM's default multiprocessing that is the engine core, another
+    # process, so the report reaches this one through the file (the plugin is not imported here).
+    report: dict[str, Any] | None = None
     report_path = Path(os.environ["CAPPLAN_REPORT"])
     if report_path.exists():
         report = json.loads(report_path.read_text())
-    state = installed()
-    if (report is None or report.get("graph_memory_gib") is None) and state is not None:
-        report = state.report.to_json()
-    rows = []
+    rows: list[dict[str, Any]] = []
     if measure:
         adapters = [LoRARequest(p.name, i, str(p)) for i, p in enumerate(adapters_in(model_dir), 1)]
         sizes = decode_sizes(load_plan(sizes_of))  # the sizes of the spec's own plan
@@ -130,7 +128,7 @@ def _child(plan_path: Path, model_dir: Path, measure: str, out: Path, sizes_of: 
     write_atomic(out, json.dumps({"report": report, "steps": rows}), handle_signals=False)
 
 
-def _timed(llm, prompts: list, loras: list, tokens: int) -> float:
+def _timed(llm: Any, prompts: list[dict[str, list[int]]], loras: list[Any], tokens: int) -> float:
     """Best wall time of generating `tokens` tokens for every prompt together."""
     from vllm import SamplingParams
 
@@ -143,7 +141,7 @@ def _timed(llm, prompts: list, loras: list, tokens: int) -> float:
     return best
 
 
-def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = None) -> tuple[str, dict]:
+def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = None) -> tuple[str, dict[str, Any]]:
     """Run the three engines; return (calibration YAML text, summary)."""
     import importlib.util
 
@@ -151,9 +149,9 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
 
     from capplan.files import write_atomic
     from capplan.install_hints import pip_install
+    from capplan.offline.smoke import adapters_in, engine_kwargs, env_llm_args
     from capplan.planfile import plan_file_data, render_plan
     from capplan.planner.compiler import compile_plan
-    from capplan.runtime.smoke import adapters_in, engine_kwargs, env_llm_args
 
     if importlib.util.find_spec("vllm") is None:
         raise CapplanError(
@@ -191,7 +189,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
                 [
                     sys.executable,
                     "-m",
-                    "capplan.runtime.calibrate",
+                    "capplan.offline.calibrate",
                     str(plan_path),
                     str(model_dir),
                     measure or "",
@@ -225,7 +223,7 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     gpu = versions.get("gpu", "GPU").replace("NVIDIA ", "").replace(" ", "-").lower()
     name = name or f"{gpu}-vllm{versions.get('vllm', '')}-{model_dir.name}"
     llm_args = env_llm_args()
-    identity: dict = {"model": model_identity(model_dir / "base")}
+    identity: dict[str, Any] = {"model": model_identity(model_dir / "base")}
     identity.update({k: versions[k] for k in ("gpu", "vllm", "torch") if versions.get(k)})
     identity["tensor_parallel_size"] = llm_args.get("tensor_parallel_size", 1)
     identity["pipeline_parallel_size"] = llm_args.get("pipeline_parallel_size", 1)
@@ -242,10 +240,10 @@ def calibrate(spec: Spec, spec_name: str, model_dir: Path, name: str | None = No
     return text, data
 
 
-def model_identity(base: Path) -> dict:
+def model_identity(base: Path) -> dict[str, Any]:
     """What a calibration records of its model: from the Hugging Face config.json and the
     safetensors headers (the parameter count), read without torch."""
-    out: dict = {"name": base.parent.name if base.name == "base" else base.name}
+    out: dict[str, Any] = {"name": base.parent.name if base.name == "base" else base.name}
     try:
         config = json.loads((base / "config.json").read_text())
     except (OSError, ValueError):
@@ -256,7 +254,7 @@ def model_identity(base: Path) -> dict:
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         out["architecture"] = archs[0]
     nested = config.get("text_config")
-    text: dict = nested if isinstance(nested, dict) else config
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
     for key, field in (("hidden_size", "hidden_size"), ("num_hidden_layers", "num_layers")):
         value = text.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -285,7 +283,7 @@ def model_identity(base: Path) -> dict:
     return out
 
 
-def _run_engine(command: list[str], env: dict) -> tuple[int, list[str]]:
+def _run_engine(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     """Run one engine process, passing capplan's own lines through as progress; (exit code,
     the last lines of its stderr)."""
     from collections import deque
@@ -300,7 +298,7 @@ def _run_engine(command: list[str], env: dict) -> tuple[int, list[str]]:
     return proc.wait(), list(tail)
 
 
-def _versions() -> dict:
+def _versions() -> dict[str, str]:
     """vLLM, torch and GPU names, asked of the Python that runs the engines."""
     probe = (
         "import json, torch, importlib.metadata as m\n"
@@ -309,7 +307,8 @@ def _versions() -> dict:
     )
     try:
         proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-        return json.loads(proc.stdout)
+        versions: dict[str, str] = json.loads(proc.stdout)  # the probe prints one object of strings
+        return versions
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return {}
 

@@ -6,9 +6,9 @@ flag names, unambiguous prefixes, `-O0`/`-O 0`/`--optimization-level=0`, a flag 
 (the last wins), two `-cc` objects, dotted and `+` list keys, and a `--config` YAML file whose
 values come before the command line's. So where vLLM is importable, capplan asks it: the values
 it resolves, which of them the operator gave (on the command line or in the file), and, for the
-JSON configs, which keys. `engine_args` compares those with the plan and adds a setting only
-where the operator gave nothing. capplan's own reader stays for where vLLM is absent
-(`apply --dry-run` on a laptop), and says so.
+JSON configs, which keys. `cmdline` reads those as the plan's settings; `engine_args` compares
+them with the plan and adds a setting only where the operator gave nothing. capplan's own
+reader stays for where vLLM is absent (`apply --dry-run` on a laptop), and says so.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from capplan.errors import CapplanError, printable
 
@@ -165,7 +166,7 @@ class Resolved:
 
 def resolve_lines(
     python: str, lines: list[list[str]], env: dict[str, str], fields: Sequence[str], keys: Sequence[str]
-) -> list[dict] | None:
+) -> list[dict[str, Any]] | None:
     """vLLM's reading of each command's engine arguments (the EngineArgs `fields` and the
     compilation-config `keys` it resolves), in one run of `python` (vLLM is imported once);
     None when vLLM's parser is not importable there. `resolution_of` reads each result."""
@@ -186,7 +187,7 @@ def resolve_lines(
     return list(data["results"])
 
 
-def resolution_of(data: dict) -> Resolved:
+def resolution_of(data: dict[str, Any]) -> Resolved:
     """One command's resolution; CapplanError when vLLM's parser refused it."""
     if "refused" in data:
         raise CapplanError(

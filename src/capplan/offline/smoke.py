@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, TypeVar
 
 from capplan.errors import CapplanError, printable
 from capplan.schemas.plan import Plan
@@ -26,8 +27,10 @@ from capplan.schemas.plan import Plan
 REQS_PER_BATCH = 8
 MAX_TOKENS = 8
 
+T = TypeVar("T")
 
-def engine_kwargs(plan: Plan) -> dict:
+
+def engine_kwargs(plan: Plan) -> dict[str, Any]:
     """LLM(...) keywords that make the engine match the plan's fingerprint."""
     spec = plan.spec
     if spec.speculative.num_speculative_tokens or spec.parallel.data_parallel_size > 1:
@@ -35,7 +38,7 @@ def engine_kwargs(plan: Plan) -> dict:
             "--smoke drives single-rank engines without speculative decoding",
             "smoke-test a copy of the spec with those set to 0 and 1",
         )
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         max_num_seqs=spec.scheduler.max_num_seqs,
         max_num_batched_tokens=spec.scheduler.max_num_batched_tokens,
         max_model_len=spec.scheduler.max_model_len,
@@ -55,7 +58,7 @@ def engine_kwargs(plan: Plan) -> dict:
 LLM_ARGS_ENV = "CAPPLAN_SMOKE_LLM_ARGS"
 
 
-def env_llm_args() -> dict:
+def env_llm_args() -> dict[str, Any]:
     """CAPPLAN_SMOKE_LLM_ARGS: a JSON object of `LLM(...)` keyword arguments (unset: none),
     bounded like capplan's other JSON readers; CapplanError naming the variable otherwise."""
     from capplan.files import json_value
@@ -90,11 +93,11 @@ def batches(max_loras: int, num_adapters: int) -> list[tuple[int, bool]]:
     return [(k, base) for k in range(1, top + 1) for base in (True, False)] + [(0, True)]
 
 
-def assign_adapters(adapters: list, k: int, base: bool, num_reqs: int) -> list:
+def assign_adapters(adapters: list[T], k: int, base: bool, num_reqs: int) -> list[T | None]:
     """Per request: one of the first k adapters in turn, or None (base model) for
     every other request when `base`; so the batch holds exactly k distinct adapters
     (num_reqs >= 2k) plus the no-adapter slot when `base` is on."""
-    loras: list = []
+    loras: list[T | None] = []
     used = 0
     for j in range(num_reqs):
         if k == 0 or (base and j % 2 == 1):
@@ -170,7 +173,7 @@ def run_smoke(plan_path: Path, model_dir: Path, tolerance: float = 0.1) -> tuple
                 [
                     sys.executable,
                     "-m",
-                    "capplan.runtime.smoke",
+                    "capplan.offline.smoke",
                     str(model_dir),
                     str(out),
                     str(plan_path),

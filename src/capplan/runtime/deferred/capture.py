@@ -41,29 +41,42 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from capplan.errors import EngineRefusal
 from capplan.planner.tiers import replayed
+from capplan.runtime.hooking import Call, Hook, PlanNotInForce, check_attributes
+from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.schemas.plan import address
 
+if TYPE_CHECKING:
+    from capplan.runtime.context import Engine
 
-class Deferred:
-    """The deferred-capture state of one worker process."""
+DUMMY_TABLES_HOOK = Hook(
+    "deferred.dummy_tables",
+    "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables",
+    "the dummy rows are zeroed first (the null block, as at start-up), so a warm-up never reads or updates "
+    "a live request's blocks or state",
+    attributes=("input_block_tables",),
+)
 
-    def __init__(self, state: Any) -> None:
-        plan = state.plan
+
+class DeferredCapture:
+    """The deferred-capture state of one worker process, and its captures."""
+
+    def __init__(self, engine: Engine) -> None:
+        plan = engine.plan
         assert plan.tiers is not None
-        self.state = state
+        self.engine = engine
         self.tiers = plan.tiers
         self.pending: list[int] = list(plan.tiers.deferred)
         self.captured: set[int] = set(range(len(plan.graphs))) - set(self.pending)
         self.ready_ids = sorted(self.captured)
         self.lock = threading.Lock()
         self.active = False  # set once the ready graphs are captured
-        self.manager: Any = None
+        self.manager: Any = None  # vLLM's ModelCudaGraphManager that captured the ready graphs
         self.capture_fn: Any = None  # vLLM's ModelCudaGraphManager.capture
-        self.args: tuple = ()
-        self.kwargs: dict = {}
+        self.call: Call | None = None  # the start-up capture's arguments, bound by name
         self.runner: Any = None
         self.block_tables: Any = None  # vLLM's BlockTables, from the start-up capture's arguments
         self.reserve: Any = None  # one held block: the estimate for the graphs still pending
@@ -72,7 +85,7 @@ class Deferred:
         self.reserve_shortfall = False  # a capture took more than its share: less could be held again
         self.steps = 0
         self.fallback_steps = 0
-        self.captures: list[dict] = []
+        self.captures: list[dict[str, Any]] = []
         self.memory_bytes = 0
         self.longest_step_pause = 0.0
         self.longest_idle_capture = 0.0
@@ -86,17 +99,25 @@ class Deferred:
         return replayed(self.tiers, graph_id, self.captured)
 
     # -- start-up -------------------------------------------------------------------------
-    def ready_descs(self, vllm_descs: list) -> dict:
-        out: dict = {}
+    def ready_only(self, manager: Any) -> None:
+        """Before the start-up capture: the manager's capture list becomes the ready graphs."""
+        if manager.tp_size > 1 or not (manager.is_first_pp_rank and manager.is_last_pp_rank):
+            raise PlanNotInForce(
+                f"capplan: {self.engine.plan_path} defers graphs (spec tiers), which capplan does not do under "
+                "tensor or pipeline parallelism yet; refusing before any graph is captured (remove tiers from "
+                "the spec and recompile)"
+            )
+        ready: dict[Any, list[Any]] = {}
         for gid in self.ready_ids:  # plan order: PIECEWISE then FULL, largest first
-            desc = vllm_descs[gid]
-            out.setdefault(desc.cg_mode, []).append(desc)
-        return out
+            desc = self.engine.vllm_descs[gid]
+            ready.setdefault(desc.cg_mode, []).append(desc)
+        manager._capture_descs = ready
 
-    def started(self, manager, capture_fn, args: tuple, kwargs: dict, ready_bytes: int | None) -> None:
+    def started(self, manager: Any, capture_fn: Any, call: Call, ready_bytes: int | None) -> None:
         """The ready graphs are captured: keep what a later capture needs, hold back its memory."""
-        self.manager, self.capture_fn, self.args, self.kwargs = manager, capture_fn, args, dict(kwargs)
-        self.block_tables = kwargs.get("block_tables", args[4] if len(args) > 4 else None)
+        self.manager, self.capture_fn, self.call = manager, capture_fn, call.copy()
+        self.block_tables = call["block_tables"]
+        check_attributes(DUMMY_TABLES_HOOK, self.block_tables)
         if self.pending and ready_bytes:
             import torch
 
@@ -106,10 +127,8 @@ class Deferred:
                 self.reserve = torch.empty(self.reserve_bytes, dtype=torch.uint8, device=manager.device)
             except torch.OutOfMemoryError:
                 self.reserve = None
-                from capplan.errors import EngineRefusal
-
                 raise EngineRefusal(
-                    f"capplan: {self.state.plan_path}: not enough GPU memory left to hold back "
+                    f"capplan: {self.engine.plan_path}: not enough GPU memory left to hold back "
                     f"{self.reserve_bytes / 2**30:.2f} GiB for its {len(self.pending)} deferred graphs; refusing "
                     "to start (lower --gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
                 ) from None
@@ -121,7 +140,7 @@ class Deferred:
         )
 
     # -- capture --------------------------------------------------------------------------
-    def before_step(self, runner) -> None:
+    def before_step(self, runner: Any) -> None:
         """Called as a real model-runner step starts: capture one deferred graph before every
         every_steps-th step, between steps only."""
         if not self.pending or not self.active:
@@ -148,10 +167,11 @@ class Deferred:
         from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
         cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
-        state = self.state
+        engine = self.engine
         gid = self.pending[0]
-        desc = state.vllm_descs[gid]
+        desc = engine.vllm_descs[gid]
         manager = self.manager
+        assert self.call is not None
         with self.lock, gpu_sync_allowed():
             started = time.perf_counter()
             # The warm-up pass really runs: its dummy block-table rows are the persistent ones,
@@ -165,14 +185,14 @@ class Deferred:
             free0 = torch.cuda.mem_get_info()[0] if cuda else 0
             kept = manager._capture_descs
             manager._capture_descs = {desc.cg_mode: [desc]}
-            kwargs = dict(self.kwargs)
-            if kwargs.get("lora_capture_hook") is not None:
-                kwargs["lora_capture_hook"] = self._lora_hook()
+            call = self.call.copy()
+            if call["lora_capture_hook"] is not None:
+                call["lora_capture_hook"] = self._lora_hook()
             try:
-                self.capture_fn(manager, *self.args, **kwargs)
+                call.run(self.capture_fn)
             except Exception as exc:
                 raise RuntimeError(
-                    f"capplan: deferred capture of graph {address(state.plan.graphs[gid].descriptor)} failed "
+                    f"capplan: deferred capture of graph {address(engine.plan.graphs[gid].descriptor)} failed "
                     f"({type(exc).__name__}: {exc}); the engine stops rather than serve from a graph pool in an "
                     "unknown state"
                 ) from exc
@@ -196,13 +216,13 @@ class Deferred:
         self.memory_bytes += max(used, 0)
         self.captures.append(
             {
-                "graph": address(state.plan.graphs[gid].descriptor),
+                "graph": address(engine.plan.graphs[gid].descriptor),
                 "seconds": round(seconds, 4),
                 "trigger": trigger,
                 "memory_mib": round(used / 2**20, 2),
             }
         )
-        state.report.deferred_captured(desc)
+        engine.report.deferred_captured(desc)
         if not self.pending:
             print(
                 f"capplan: all {len(self.captures)} deferred graphs captured "
@@ -212,24 +232,18 @@ class Deferred:
             )
         return seconds
 
-    def _lora_hook(self):
+    def _lora_hook(self) -> Any:
         """Warm a LoRA graph with the plan's dummy mapping set on the punica wrapper only:
         no adapter is loaded, activated or evicted. The wrapper maps adapter ids to slots
         through lora_index_to_id; for the capture it reads slot i as adapter i + 1 (the
         plan's dummy ids are 1..max_loras), and the next step maps its own batch again."""
         from vllm.lora.layers import LoRAMapping
 
-        runner, layouts, plan_path = self.runner, self.state.layouts, self.state.plan_path
-        manager = runner.lora_manager._adapter_manager
+        engine = self.engine
+        manager = self.runner.lora_manager._adapter_manager
 
         def hook(num_active_loras: int, num_reqs: int, num_tokens: int) -> None:
-            layout = layouts.get((num_tokens, num_reqs, num_active_loras))
-            if layout is None:
-                raise RuntimeError(
-                    f"capplan: no dummy layout in {plan_path} for a {num_tokens}-token, "
-                    f"{num_reqs}-request graph of LoRA case {num_active_loras}"
-                )
-            prompt, token = dummy_mapping(layout, num_reqs)
+            prompt, token = dummy_mapping(layout_for(engine, num_active_loras, num_reqs, num_tokens), num_reqs)
             live = manager.lora_index_to_id
             manager.lora_index_to_id = list(range(1, len(live) + 1))
             try:
@@ -240,12 +254,12 @@ class Deferred:
 
         return hook
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ready": len(self.ready_ids),
             "deferred": len(self.tiers.deferred),
             "captured": len(self.captures),
-            "pending": [address(self.state.plan.graphs[g].descriptor) for g in self.pending],
+            "pending": [address(self.engine.plan.graphs[g].descriptor) for g in self.pending],
             "every_steps": self.tiers.every_steps,
             "steps_seen": self.steps,
             "fallback_steps": self.fallback_steps,
@@ -257,14 +271,3 @@ class Deferred:
             "graph_memory_gib": round(self.memory_bytes / 2**30, 4),
             "captures": self.captures,
         }
-
-
-def dummy_mapping(layout, num_reqs: int):
-    """A graph's dummy LoRA mapping as vLLM's prompt and token mappings (numpy arrays): adapter
-    ids cycled over the requests, 0 for "no adapter" (-1 once vLLM converts it for the kernels)."""
-    import numpy as np
-
-    per_req = np.array([t for count, t in layout.tokens for _ in range(count)], dtype=np.int32)
-    ids = layout.lora_ids or [-1]
-    prompt = np.array([max(ids[i % len(ids)], 0) for i in range(num_reqs)], dtype=np.int32)
-    return prompt, np.repeat(prompt, per_req)

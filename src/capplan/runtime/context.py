@@ -1,0 +1,93 @@
+"""The context capplan's hooks share in one engine or worker process.
+
+`Engine` is built once per process by `registry.install` and given to every installer:
+the plan, vLLM's descriptors for its graphs, the report. `Step` holds what one
+model-runner step's hooks tell each other (what vLLM told its dispatcher, the LoRA count,
+the DP step), written by the hook that learns it and read by the ones after it in the
+same step.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from capplan.planner.dispatch import Dispatcher
+from capplan.releases import Release
+from capplan.runtime.hooking import Call
+from capplan.runtime.recorder import Recorder
+from capplan.runtime.report import Report
+from capplan.schemas.plan import DummyLayout, Plan
+
+
+class Deferral(Protocol):
+    """What the other hooks ask of deferred capture (capplan.runtime.deferred.capture)."""
+
+    active: bool  # the ready graphs are captured
+    pending: list[int]
+    lock: threading.Lock
+    runner: Any
+
+    def resolve(self, graph_id: int) -> int: ...
+    def ready_only(self, manager: Any) -> None: ...
+    def started(self, manager: Any, capture_fn: Any, call: Call, ready_bytes: int | None) -> None: ...
+    def before_step(self, runner: Any) -> None: ...
+    def capture_idle(self) -> int: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Step:
+    """One model-runner step, as its hooks see it."""
+
+    inside: bool = False  # within vLLM's dispatch-and-DP-sync call: the step wrapper counts what runs
+    has_prefill: bool | None = None  # what vLLM told its dispatcher (releases with max_query_len)
+    lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted
+    dp_step: int = -1  # steps through DP sync so far, idle and warm-up steps too (alike on every rank)
+
+    def start(self) -> None:
+        self.has_prefill = self.lora = None
+
+
+@dataclass
+class Recording:
+    """The trace recorder's state in this process (CAPPLAN_TRACE)."""
+
+    recorder: Recorder | None = None
+    off: bool = False  # a tensor-parallel worker other than rank 0: it records nothing
+
+
+@dataclass
+class Engine:
+    """Everything capplan's hooks share in one process."""
+
+    plan: Plan
+    plan_path: str
+    release: Release
+    dispatcher: Dispatcher
+    report: Report
+    desc_cls: Any  # vLLM's BatchExecutionDescriptor
+    vllm_descs: list[Any]  # the plan's graphs as vLLM descriptors, in plan order
+    layouts: dict[tuple[int, int, int], DummyLayout]  # (tokens, requests, LoRA case) -> the graph's dummy batch
+    step: Step = field(default_factory=Step)
+    recording: Recording = field(default_factory=Recording)
+    deferred: Deferral | None = None  # spec tiers: the graphs captured while serving
+    in_force: bool = False  # set once the plan's capture list is installed
+    lora_state_checked: bool = False
+
+
+def layouts_of(plan: Plan) -> dict[tuple[int, int, int], DummyLayout]:
+    return {(g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy for g in plan.graphs}
+
+
+_CURRENT: list[Engine] = []  # this process's, once installed
+
+
+def current() -> Engine | None:
+    """This process's context, or None before the plan is installed (or without one)."""
+    return _CURRENT[0] if _CURRENT else None
+
+
+def adopt(engine: Engine) -> None:
+    _CURRENT[:] = [engine]

@@ -1,0 +1,203 @@
+"""Deferred capture's entries in the registry (spec tiers; releases with `deferred_capture`).
+
+- `GPUModelRunner.execute_model`: as a real step starts, before its inputs are prepared,
+  one deferred graph before every `every_steps`-th step (between steps only:
+  `sample_tokens` clears the state `execute_model` sets).
+- `AsyncOutput.get_output`, `AsyncPoolingOutput.get_output`: the async output thread
+  never waits on the GPU while a graph is captured (CUDA's global capture mode fails
+  another thread's event waits): both take the capture lock.
+- `EngineCoreProc._process_input_queue`, in the engine core process: while the core is
+  idle, every worker captures one graph per turn through `collective_rpc`. The loop is
+  vLLM's own: while graphs are pending and the core is awake, capplan sets the core's
+  `process_input_queue_block` off (vLLM's non-blocking mode, as its elastic-EP
+  reconfiguration does), so vLLM's loop makes one pass and its busy loop comes back for
+  the next capture; once none is pending, or while the core sleeps, vLLM blocks as before.
+- `graph_capture`: every capture on one CUDA stream. vLLM's makes a new stream per call,
+  which costs nothing when it captures everything in one call at start; but the caching
+  allocator keeps blocks per stream, so each later call would start a fresh segment of the
+  graph pool instead of reusing it (measured: 34 MiB per deferred graph on a 2-layer model).
+- Relied on, not replaced: `sample_tokens` and the runner's step state, `gpu_sync_allowed`
+  (a capture synchronizes the device between steps, allowed under VLLM_GPU_SYNC_CHECK),
+  `BlockTables.get_dummy_block_tables` (the dummy rows, zeroed before a capture), and
+  `LoRAModelManager._set_adapter_mapping` (a LoRA graph's dummy mapping).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from capplan.releases import RUNNER, Release
+from capplan.runtime.context import Engine, current
+from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK
+from capplan.runtime.hooking import Hook, Need, binder, check_attributes
+
+SAMPLING = Hook(
+    "deferred.sampling",
+    f"{RUNNER}:GPUModelRunner.sample_tokens",
+    "deferred capture between steps only: execute_model sets execute_model_state, sample_tokens clears it",
+    attributes=("execute_model_state", "parallel_config"),
+)
+LORA_MAPPING = Hook(
+    "deferred.lora_mapping",
+    "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping",
+    "warm a LoRA graph with the plan's dummy mapping, no adapter loaded or evicted (classes 1, 3, 6)",
+    attributes=("lora_index_to_id", "_last_mapping"),
+)
+
+
+def capture_when_idle(_worker: object = None) -> int:
+    """Run in each worker by the engine core's `collective_rpc` while it is idle: capture one
+    deferred graph; return how many are still pending (0 when none, or no plan defers)."""
+    engine = current()
+    if engine is None or engine.deferred is None:
+        return 0
+    return engine.deferred.capture_idle()
+
+
+def _step(engine: Engine, hook: Hook, original: Any) -> Any:
+    deferred = engine.deferred
+    assert deferred is not None
+    bind = binder(original)
+    checked: list[bool] = []
+
+    @functools.wraps(original)
+    def execute_model(*args: Any, **kwargs: Any) -> Any:
+        call = bind(args, kwargs)
+        if not call["dummy_run"] and deferred.pending:
+            runner = call["self"]
+            if not checked:
+                check_attributes(SAMPLING, runner)
+                if runner.lora_config:
+                    check_attributes(LORA_MAPPING, runner.lora_manager._adapter_manager)
+                checked.append(True)
+            deferred.before_step(runner)
+        return original(*args, **kwargs)
+
+    return execute_model
+
+
+def _locked(engine: Engine, hook: Hook, original: Any) -> Any:
+    """`original` run under the capture lock: never while a graph is being captured."""
+    deferred = engine.deferred
+    assert deferred is not None
+    lock = deferred.lock
+
+    @functools.wraps(original)
+    def get_output(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return original(*args, **kwargs)
+
+    return get_output
+
+
+def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
+    assert engine.plan.tiers is not None
+    pending = [len(engine.plan.tiers.deferred)]  # as the workers last reported
+    blocking: dict[int, bool] = {}  # the core's own process_input_queue_block while graphs are pending
+    bind = binder(original)
+
+    @functools.wraps(original)
+    def _process_input_queue(*args: Any, **kwargs: Any) -> Any:
+        core = bind(args, kwargs)["self"]
+        if pending[0]:
+            if not blocking:
+                check_attributes(hook, core)
+                blocking[id(core)] = core.process_input_queue_block
+                print(f"capplan: engine idle: capturing deferred graphs ({pending[0]} pending)", file=sys.stderr)
+            idle = not core.has_work() and core.is_running() and not core.is_sleeping()
+            if idle and core.input_queue.empty():  # input first: vLLM's pass below handles it
+                pending[0] = max(core.collective_rpc(capture_when_idle), default=0)
+            keep_turning = pending[0] and not core.is_sleeping()
+            core.process_input_queue_block = False if keep_turning else blocking.get(id(core), True)
+        return original(*args, **kwargs)
+
+    return _process_input_queue
+
+
+def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
+    import torch
+    from vllm.distributed.parallel_state import GraphCaptureContext, get_pp_group, get_tp_group
+
+    contexts: dict[str, Any] = {}
+    bind = binder(original)
+
+    @contextlib.contextmanager
+    def graph_capture(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        device = bind(args, kwargs)["device"]
+        context = contexts.get(str(device))
+        if context is None:
+            context = contexts[str(device)] = GraphCaptureContext(torch.cuda.Stream(device=device))
+        with get_tp_group().graph_capture(context), get_pp_group().graph_capture(context):
+            yield context
+
+    return graph_capture
+
+
+def _defers(release: Release) -> bool:
+    return release.deferred_capture
+
+
+def _tiers(need: Need) -> bool:
+    return need.plan.tiers is not None
+
+
+HOOKS = tuple(
+    replace(h, releases=_defers, when=_tiers)
+    for h in (
+        Hook(
+            "deferred.step",
+            f"{RUNNER}:GPUModelRunner.execute_model",
+            "deferred capture as a step starts, between steps only",
+            _step,
+            reads=("self", "dummy_run"),
+        ),
+        SAMPLING,
+        Hook(
+            "deferred.output",
+            "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
+            "the async output thread never waits on the GPU while a graph is captured",
+            _locked,
+        ),
+        Hook(
+            "deferred.pooling_output",
+            "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.get_output",
+            "the async output thread never waits on the GPU while a graph is captured",
+            _locked,
+        ),
+        Hook(
+            "deferred.sync_allowed",
+            "vllm.utils.gpu_sync_debug:gpu_sync_allowed",
+            "a capture synchronizes the device between steps: allowed under VLLM_GPU_SYNC_CHECK",
+        ),
+        DUMMY_TABLES_HOOK,
+        LORA_MAPPING,
+        Hook(
+            "deferred.one_stream",
+            "vllm.v1.worker.gpu.cudagraph_utils:graph_capture",
+            "every capture on one stream, so later captures reuse the graph pool's segments (the body capplan "
+            "runs instead: the TP and PP groups' graph_capture on that stream)",
+            _one_capture_stream,
+            reads=("device",),
+        ),
+        Hook(
+            "deferred.idle",
+            "vllm.v1.engine.core:EngineCoreProc._process_input_queue",
+            "capture while the engine core is idle, in every worker through collective_rpc, by vLLM's own loop",
+            _idle_loop,
+            attributes=(
+                "input_queue",
+                "has_work",
+                "is_running",
+                "is_sleeping",
+                "collective_rpc",
+                "process_input_queue_block",
+            ),
+            reads=("self",),
+        ),
+    )
+)

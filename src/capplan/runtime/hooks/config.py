@@ -1,0 +1,111 @@
+"""Hooks on vLLM's configuration: the plan checked where the config becomes final, the
+plan's fingerprint in the compile-cache key, and the V1 runner refused.
+
+- `EngineArgs.create_engine_config`: in the process that starts the engine (the API
+  server, or the script that builds LLM), a mismatched plan or an engine on vLLM's V1
+  runner stops the launch before any process is spawned or weight loaded (class 10).
+- `VllmConfig.compute_hash`: mixes in the plan fingerprint, so the torch.compile cache is
+  never shared between different plans (class 9).
+- `Worker.init_device`: fails closed when vLLM put the engine on its V1 model runner,
+  where none of the hooks apply and the engine would serve without the plan (class 10).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any
+
+from capplan.releases import Release
+from capplan.runtime.context import Engine
+from capplan.runtime.engine_check import config_problem
+from capplan.runtime.hooking import Hook, PlanNotInForce, check_attributes
+from capplan.schemas.plan import Plan
+
+
+def v1_runner_message(plan_path: str) -> str:
+    return (
+        f"capplan: vLLM chose its V1 model runner for this engine, where the plan {plan_path} cannot be in "
+        "force; refusing to start (run on Model Runner V2: VLLM_USE_V2_MODEL_RUNNER=1, and no feature "
+        "MRV2 lacks; or remove CAPPLAN_PLAN to run without a plan)"
+    )
+
+
+def breakable_problem(plan: Plan, plan_path: str, release: Release) -> str | None:
+    """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
+    MRV2 captures (a release row's `breakable_pads_requests`: its mixed PIECEWISE graphs),
+    or None. Read after the engine config is built: vLLM turns the setting on itself for
+    some architectures."""
+    import vllm.envs as envs
+
+    if not release.breakable_pads_requests or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
+        return None
+    if not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
+        return None
+    return (
+        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release.version} for this "
+        f"model), so vLLM {release.version} pads requests in its mixed PIECEWISE graphs, which the plan "
+        f"{plan_path} does not plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
+    )
+
+
+def _create_engine_config(engine: Engine, hook: Hook, original: Any) -> Any:
+    @functools.wraps(original)
+    def create_engine_config(*args: Any, **kwargs: Any) -> Any:
+        config = original(*args, **kwargs)
+        if not config.use_v2_model_runner:
+            raise SystemExit(v1_runner_message(engine.plan_path))
+        problem = breakable_problem(engine.plan, engine.plan_path, engine.release) or config_problem(
+            engine.plan, engine.plan_path, config
+        )
+        if problem:
+            raise SystemExit(problem)
+        return config
+
+    return create_engine_config
+
+
+def _compute_hash(engine: Engine, hook: Hook, original: Any) -> Any:
+    fingerprint = engine.plan.fingerprint
+
+    @functools.wraps(original)
+    def compute_hash(*args: Any, **kwargs: Any) -> str:
+        base: str = original(*args, **kwargs)
+        return hashlib.sha256(f"{base}|capplan:{fingerprint}".encode()).hexdigest()[: len(base)]
+
+    return compute_hash
+
+
+def _init_device(engine: Engine, hook: Hook, original: Any) -> Any:
+    @functools.wraps(original)
+    def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        check_attributes(hook, self)
+        if not self.use_v2_model_runner:
+            raise PlanNotInForce(v1_runner_message(engine.plan_path))
+        return result
+
+    return init_device
+
+
+HOOKS = (
+    Hook(
+        "config.v1_runner",
+        "vllm.v1.worker.gpu_worker:Worker.init_device",
+        "refuse an engine vLLM put on its V1 model runner, where no hook applies (class 10)",
+        _init_device,
+        attributes=("use_v2_model_runner", "model_runner"),
+    ),
+    Hook(
+        "config.early_check",
+        "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+        "check plan against the final engine config before anything starts (class 10)",
+        _create_engine_config,
+    ),
+    Hook(
+        "config.compute_hash",
+        "vllm.config:VllmConfig.compute_hash",
+        "put the plan fingerprint into vLLM's compile-cache key (class 9)",
+        _compute_hash,
+    ),
+)

@@ -1,0 +1,142 @@
+"""Data-parallel hooks: what each step runs after DP sync, and the plan check across ranks.
+
+vLLM's model runner calls `dispatch_cg_and_sync_dp`: a local dispatch, then with DP > 1
+an all-reduce of token counts and modes and a second dispatch for the agreed (padded)
+token count with this rank's own LoRA count. Only the final descriptor runs, so only it
+is counted; the sync wrapper records whether another rank's batch set the padded size
+and whether the ranks ran eager together (class 7). With CAPPLAN_DP_AUDIT=1 each step
+also all-reduces the padded token count and counts graph steps where the ranks disagreed
+(there must be none; the plan's verify proves it, this checks it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from capplan.releases import MANAGER
+from capplan.runtime.context import Engine
+from capplan.runtime.dp_check import NO_PLAN, check_same_plan
+from capplan.runtime.hooking import Hook, binder, resolve
+
+AUDIT = "CAPPLAN_DP_AUDIT"
+STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
+SYNC = "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding"
+
+
+def agree_across_dp(identity: str, problem: str | None) -> None:
+    """Exchange this rank's plan identity and verdict over vLLM's DP group; every rank refuses alike."""
+    from vllm.distributed.parallel_state import get_dp_group
+
+    dp = get_dp_group()
+    check_same_plan(identity, problem, dp.cpu_group, f" (DP rank {dp.rank_in_group})")
+
+
+def launch_rank(parallel_config: Any) -> int:
+    """This engine's DP rank in the launch: `data_parallel_index`, which vLLM sets for every
+    engine (a dense model's independent engines all hold data_parallel_rank 0)."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    return int(index) if type(index) is int else int(getattr(parallel_config, "data_parallel_rank", 0) or 0)
+
+
+def _step(engine: Engine, hook: Hook, original: Any) -> Any:
+    manager_cls = resolve(MANAGER)
+    bind = binder(original)
+    mql = engine.release.rules.max_query_len_in_descriptor
+    step, report = engine.step, engine.report
+
+    @functools.wraps(original)
+    def dispatch_cg_and_sync_dp(*args: Any, **kwargs: Any) -> Any:
+        step.dp_step += 1  # every rank makes this call (an all-reduce under DP) at every step
+        call = bind(args, kwargs)
+        if not isinstance(call["cudagraph_manager"], manager_cls):
+            return original(*args, **kwargs)
+        step.inside = True
+        if mql:  # vLLM passes max_query_len, None when a prefill is in the batch
+            step.has_prefill = call["max_query_len"] is None
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            step.inside = False
+        if result[0].num_tokens:  # 0: every DP rank was idle, nothing runs
+            report.count(result[0])
+        return result
+
+    return dispatch_cg_and_sync_dp
+
+
+def _sync(engine: Engine, hook: Hook, original: Any) -> Any:
+    import os
+
+    manager_cls = resolve(MANAGER)
+    bind = binder(original)
+    audit = os.environ.get(AUDIT) == "1"
+
+    @functools.wraps(original)
+    def sync_cudagraph_and_dp_padding(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        call = bind(args, kwargs)
+        manager = call["cudagraph_manager"]
+        if manager is None or isinstance(manager, manager_cls):
+            synced = result[0]
+            disagreed = None
+            if audit:
+                disagreed = _disagreed(synced)
+            engine.report.dp_step(
+                call["dp_rank"], call["dp_size"], call["num_tokens"], call["desired_batch_desc"], synced, disagreed
+            )
+        return result
+
+    return sync_cudagraph_and_dp_padding
+
+
+def _disagreed(synced: Any) -> bool | None:
+    import torch
+    import torch.distributed as dist
+    from vllm.v1.worker.gpu import dp_utils
+
+    both = torch.tensor([synced.num_tokens, -synced.num_tokens], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=dp_utils.get_dp_group().cpu_group)
+    if synced.cg_mode.name == "NONE":  # eager together keeps per-rank counts, by design
+        return None
+    return int(both[0]) != -int(both[1])
+
+
+def guard(original: Any) -> Any:
+    """For a process with no plan: take part in the DP plan check, saying "no plan" (DP > 1).
+
+    Without it, a DP rank launched without CAPPLAN_PLAN would never join the all-gather and
+    the ranks that have a plan would wait forever. Never changes what vLLM captures or
+    dispatches."""
+
+    @functools.wraps(original)
+    def _init_candidates(self: Any) -> None:
+        original(self)
+        if self.vllm_config.parallel_config.data_parallel_size > 1:
+            agree_across_dp(NO_PLAN, None)
+
+    return _init_candidates
+
+
+GUARD = Hook(
+    "dp.guard",
+    f"{MANAGER}._init_candidates",
+    "a rank without a plan joins the DP plan check, so a launch missing CAPPLAN_PLAN on one rank fails at start",
+)
+HOOKS = (
+    Hook(
+        "dp.step",
+        STEP,
+        "count what each step runs after DP sync (class 7)",
+        _step,
+        at="vllm.v1.worker.gpu.model_runner:dispatch_cg_and_sync_dp",  # the runner calls the name it imported
+        reads=("cudagraph_manager",),
+    ),
+    Hook(
+        "dp.sync",
+        SYNC,
+        "record the DP-agreed size per rank (class 7)",
+        _sync,
+        reads=("cudagraph_manager", "desired_batch_desc", "num_tokens", "dp_size", "dp_rank"),
+    ),
+)

@@ -1,0 +1,220 @@
+"""The graph manager's hooks: the plan's capture list, dispatch table and capture.
+
+- `_init_candidates`: checks the plan against the live manager (and, with DP > 1, that
+  every rank loaded the same plan), then installs the plan's capture list (plan order),
+  candidate table and LoRA dispatch map in place of vLLM's (failure classes 3, 6, 8).
+- `dispatch`: the plan's O(1) dispatcher in place of vLLM's candidate scan (classes 6, 8).
+- `capture`: timing and graph memory for the report; refuses to capture a list the plan
+  did not install (fail closed); tells vLLM's memory-profiling capture (graphs it
+  discards) from the real one.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from capplan.releases import MANAGER, Release
+from capplan.runtime.context import Engine
+from capplan.runtime.dp_check import plan_identity
+from capplan.runtime.engine_check import PlanMismatch, engine_problem
+from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
+from capplan.runtime.hooks.dp import agree_across_dp, launch_rank
+from capplan.schemas.plan import Descriptor
+
+PROFILING_MARK = "_capture_mem_samples"  # a list while vLLM's memory profiling captures, None otherwise
+MANAGER_STATE = (
+    "_capture_descs",
+    "_candidates",
+    "_lora_dispatch_map",
+    "_max_lora_case",
+    "_graphs_captured",
+    "vllm_config",
+    "cudagraph_mode",
+    "lora_capture_cases",
+    "decode_query_len",
+)
+
+
+def to_vllm(engine_release: Release, desc_cls: Any, d: Descriptor) -> Any:
+    """The plan's descriptor as vLLM's BatchExecutionDescriptor (max_query_len where it has one)."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    kwargs: dict[str, Any] = dict(
+        cg_mode=CUDAGraphMode[d.cg_mode],
+        num_tokens=d.num_tokens,
+        num_reqs=d.num_reqs,
+        uniform_token_count=d.uniform_token_count,
+        num_active_loras=d.num_active_loras,
+    )
+    if engine_release.rules.max_query_len_in_descriptor:
+        kwargs["max_query_len"] = d.max_query_len
+    return desc_cls(**kwargs)
+
+
+def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
+    plan, plan_path, vllm_descs = engine.plan, engine.plan_path, engine.vllm_descs
+
+    @functools.wraps(original)
+    def _init_candidates(self: Any) -> None:
+        original(self)  # vLLM's own tables, kept for the report
+        check_attributes(hook, self)  # every attribute written below exists on vLLM's side
+        vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
+        problem = engine_problem(plan, plan_path, self)
+        dp_size = self.vllm_config.parallel_config.data_parallel_size
+        if dp_size > 1:
+            # Every rank exchanges its verdict before any rank raises: a rank
+            # refusing alone would leave the others blocked in a collective.
+            agree_across_dp(plan_identity(plan), problem)
+        if problem:
+            raise PlanMismatch(problem)  # before anything is captured
+        self._capture_descs = {}
+        for desc in vllm_descs:  # plan order: PIECEWISE then FULL, largest first
+            self._capture_descs.setdefault(desc.cg_mode, []).append(desc)
+        self._candidates = {}
+        for row in plan.dispatch:
+            cands = [vllm_descs[i] for i in row.candidates]
+            for n in range(row.lo, row.hi + 1):
+                self._candidates[(n, row.lora_case)] = cands
+        self._lora_dispatch_map = dict(plan.lora_dispatch_map)
+        self._max_lora_case = max(plan.lora_dispatch_map.values(), default=0)
+        engine.report.dp_rank = launch_rank(self.vllm_config.parallel_config)
+        engine.report.planned(vllm_planned_count=len(vllm_planned))
+        where = f", DP rank {engine.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
+        if not engine.in_force:  # once: vLLM's memory profiling may build a manager of its own first
+            print(
+                f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
+                f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}",
+                file=sys.stderr,
+            )
+        engine.in_force = True
+        self._capplan_plan = plan_path  # this manager's capture list is the plan's (checked by capture)
+
+    return _init_candidates
+
+
+def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
+    from vllm.config.compilation import CUDAGraphMode
+
+    desc_cls, vllm_descs, report, step = engine.desc_cls, engine.vllm_descs, engine.report, engine.step
+    lookup, lora_case = engine.dispatcher.lookup, engine.dispatcher.lora_case
+    none_mode = CUDAGraphMode.NONE
+    ubatches = "num_ubatches" in hook.expected(engine.release)
+    bind = binder(original)
+
+    @functools.wraps(original)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        call = bind(args, kwargs)
+        num_reqs, num_tokens, num_active_loras = call["num_reqs"], call["num_tokens"], call["num_active_loras"]
+        num_ubatches = call["num_ubatches"] if ubatches else 1
+        if not call["self"]._graphs_captured or num_ubatches != 1:
+            fields: dict[str, Any] = dict(
+                cg_mode=none_mode,
+                num_tokens=num_tokens,
+                num_reqs=num_reqs,
+                num_active_loras=lora_case(num_active_loras),
+            )
+            if num_ubatches != 1:
+                fields["num_ubatches"] = num_ubatches
+            desc = desc_cls(**fields)
+        else:
+            result = lookup(num_reqs, num_tokens, call["uniform_token_count"], num_active_loras)
+            graph_id = result.graph_id
+            if graph_id >= 0 and engine.deferred is not None:
+                graph_id = engine.deferred.resolve(graph_id)  # not captured yet: its chain's first captured graph
+            if graph_id >= 0:
+                desc = vllm_descs[graph_id]
+            else:
+                desc = desc_cls(
+                    cg_mode=none_mode,
+                    num_tokens=num_tokens,
+                    num_reqs=num_reqs,
+                    num_active_loras=result.num_active_loras,
+                )
+        if not step.inside:  # inside a model-runner step the step wrapper counts what runs
+            report.count(desc)
+        return desc
+
+    return dispatch
+
+
+def _not_in_force(engine: Engine) -> PlanNotInForce:
+    return PlanNotInForce(
+        f"capplan: vLLM is about to capture CUDA graphs without the plan {engine.plan_path} installed "
+        "(its graph manager was built another way); refusing, nothing was captured"
+    )
+
+
+def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
+    bind = binder(original)
+    profiles = engine.release.profiling_capture
+
+    @functools.wraps(original)
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        call = bind(args, kwargs)
+        manager = call["self"]
+        check_attributes(hook, manager)
+        if getattr(manager, "_capplan_plan", None) is None:  # this manager's list is not the plan's: fail closed
+            raise _not_in_force(engine)
+        if profiles and getattr(manager, PROFILING_MARK) is not None:
+            # vLLM's memory profiling: a sample of the plan's graphs, on a manager and pool it
+            # then discards. Counted apart; the real capture follows on a new manager.
+            engine.report.profiling_started()
+            try:
+                return call.run(original)
+            finally:
+                engine.report.profiling_finished(manager)
+        deferred = engine.deferred
+        starting = deferred is not None and not deferred.active
+        if deferred is not None and starting:
+            deferred.ready_only(manager)  # start-up: the ready graphs only
+        engine.report.capture_started()
+        try:
+            result = call.run(original)
+        finally:
+            engine.report.capture_finished(manager)
+        if deferred is not None and starting:
+            deferred.started(manager, original, call, engine.report.graph_memory_bytes)
+        return result
+
+    return capture
+
+
+def _profiles(release: Release) -> bool:
+    return release.profiling_capture
+
+
+def _captures_once(release: Release) -> bool:
+    return not release.profiling_capture
+
+
+WHY_CAPTURE = "time capture and count graphs for the report; refuse a capture list the plan did not install"
+HOOKS = (
+    Hook(
+        "manager.init_candidates",
+        f"{MANAGER}._init_candidates",
+        "install the plan's capture list, candidate table and LoRA map; refuse a plan that does not match "
+        "the engine (classes 3, 6, 8)",
+        _init_candidates,
+        attributes=MANAGER_STATE,
+    ),
+    Hook(
+        "manager.dispatch",
+        f"{MANAGER}.dispatch",
+        "dispatch every step through the plan's table (classes 6, 8)",
+        _dispatch,
+        attributes=("_graphs_captured",),
+        reads=("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras"),
+    ),
+    Hook("manager.capture", f"{MANAGER}.capture", WHY_CAPTURE, _capture, reads=("self",), releases=_captures_once),
+    Hook(
+        "manager.capture",
+        f"{MANAGER}.capture",
+        f"{WHY_CAPTURE}; tell vLLM's memory-profiling capture (graphs it discards) from the real one",
+        _capture,
+        attributes=(PROFILING_MARK,),
+        reads=("self",),
+        releases=_profiles,
+    ),
+)
