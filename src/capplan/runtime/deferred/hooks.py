@@ -98,22 +98,26 @@ def _locked(engine: Engine, hook: Hook, original: Any) -> Any:
 def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
     assert engine.plan.tiers is not None
     pending = [len(engine.plan.tiers.deferred)]  # as the workers last reported
-    blocking: dict[int, bool] = {}  # the core's own process_input_queue_block while graphs are pending
+    # The core's own process_input_queue_block, kept while graphs are pending. Only vLLM's
+    # elastic-EP reconfiguration writes it while serving, on MoE DP engines, where tiers are
+    # refused at compile.
+    own: dict[int, bool] = {}
     bind = binder(original)
 
     @functools.wraps(original)
     def _process_input_queue(*args: Any, **kwargs: Any) -> Any:
         core = bind(args, kwargs)["self"]
         if pending[0]:
-            if not blocking:
+            key = id(core)
+            if key not in own:
                 check_attributes(hook, core)
-                blocking[id(core)] = core.process_input_queue_block
+                own[key] = core.process_input_queue_block
                 print(f"capplan: engine idle: capturing deferred graphs ({pending[0]} pending)", file=sys.stderr)
             idle = not core.has_work() and core.is_running() and not core.is_sleeping()
             if idle and core.input_queue.empty():  # input first: vLLM's pass below handles it
                 pending[0] = max(core.collective_rpc(capture_when_idle), default=0)
             keep_turning = pending[0] and not core.is_sleeping()
-            core.process_input_queue_block = False if keep_turning else blocking.get(id(core), True)
+            core.process_input_queue_block = False if keep_turning else own[key]
         return original(*args, **kwargs)
 
     return _process_input_queue
@@ -126,6 +130,7 @@ def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
     contexts: dict[str, Any] = {}
     bind = binder(original)
 
+    @functools.wraps(original)
     @contextlib.contextmanager
     def graph_capture(*args: Any, **kwargs: Any) -> Iterator[Any]:
         device = bind(args, kwargs)["device"]
