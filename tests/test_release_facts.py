@@ -154,28 +154,6 @@ def test_a_release_named_for_a_rule_is_the_first_with_it(path, pattern, flag):
     assert _names(found.group(1), first), f"{path}: names {found.group(1)} for {flag}; the table: {first}"
 
 
-# (file, pattern, flag): the releases the pattern captures are those with the flag.
-HOLDS_ON = [
-    ("README.md", r"\*\*serve first\*\* \(spec `tiers`, vLLM (\S+)\)", "deferred_capture"),
-    ("docs/cli.md", r"# deferred capture runs on ([\d., and]+?) tiers:", "deferred_capture"),
-    ("docs/design.md", r"built for vLLM ([\d., and]+?) from their code", "deferred_capture"),
-]
-
-
-@pytest.mark.parametrize("path, pattern, flag", HOLDS_ON, ids=[p.split("/")[-1] for p, _, _ in HOLDS_ON])
-def test_the_releases_named_for_a_flag_are_those_with_it(path, pattern, flag):
-    found = re.search(pattern, _text(path))
-    assert found, f"{path}: no longer says {pattern!r}; update the statement here with the text"
-    assert _listed(found.group(1)) == _with(flag), (path, found.group(1), _with(flag))
-
-
-def test_the_design_document_says_where_deferred_capture_stops():
-    found = re.search(
-        r"and the releases from (\S+), whose capture and idle loop were not read", _text("docs/design.md")
-    )
-    assert found and found.group(1) == VERSIONS[VERSIONS.index(_with("deferred_capture")[-1]) + 1]
-
-
 def test_counts_and_ends_of_the_release_range():
     changes = "zero one two three four five six seven eight nine".split()[len(GROUPS) - 1]
     words = {11: "eleven", 12: "twelve", 13: "thirteen"}

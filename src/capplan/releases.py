@@ -150,7 +150,8 @@ SIGNATURES_A: dict[str, tuple[str, ...]] = {
     "vllm.v1.worker.gpu_worker:Worker.init_device": ("self",),
 }
 # What changed, release by release: dispatch and the DP step took max_query_len (0.28.0),
-# dispatch num_ubatches (0.30.0); capture took pcp_manager before has_lora (0.29.0); compute_hash took
+# dispatch num_ubatches (0.30.0); capture took pcp_manager before has_lora, and the runner's memory profiling
+# of CUDA graphs came (0.29.0); compute_hash took
 # include_version (0.30.0).
 _DP_STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
 SIGNATURES_C = {
@@ -162,6 +163,7 @@ _CAPTURE = SIGNATURES_A[f"{MANAGER}.capture"]
 SIGNATURES_D = {
     **SIGNATURES_C,
     f"{MANAGER}.capture": (*_CAPTURE[:8], "pcp_manager", *_CAPTURE[8:]),
+    f"{RUNNER}:GPUModelRunner.profile_cudagraph_memory": ("self",),
 }
 SIGNATURES_D2 = {
     **SIGNATURES_D,
@@ -187,9 +189,6 @@ class Release:
     """vLLM's memory profiling captures the plan's graphs once before the real capture, on a
     throwaway manager and pool (a sample of the FULL graphs, every PIECEWISE one), to estimate
     CUDA-graph memory; the manager's `_capture_mem_samples` is a list while it does."""
-    deferred_capture: bool = False
-    """The runtime can capture graphs while this release serves (spec `tiers`): its capture
-    path, LoRA mapping and engine idle loop were read for it and run under `vllm serve`."""
 
     @property
     def group(self) -> str:
@@ -199,9 +198,9 @@ class Release:
 RELEASES: dict[str, Release] = {
     r.version: r
     for r in (
-        Release("0.25.0", A, "2.11.0", SIGNATURES_A, deferred_capture=True),
-        Release("0.25.1", A, "2.11.0", SIGNATURES_A, deferred_capture=True),
-        Release("0.26.0", A, "2.11.0", SIGNATURES_A, breakable_pads_requests=True, deferred_capture=True),
+        Release("0.25.0", A, "2.11.0", SIGNATURES_A),
+        Release("0.25.1", A, "2.11.0", SIGNATURES_A),
+        Release("0.26.0", A, "2.11.0", SIGNATURES_A, breakable_pads_requests=True),
         Release("0.27.0", B, "2.13.0", SIGNATURES_A),
         Release("0.27.1", B, "2.13.0", SIGNATURES_A),
         Release("0.28.0", C, "2.13.0", SIGNATURES_C),

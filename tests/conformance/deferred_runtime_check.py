@@ -88,6 +88,10 @@ def fake_step(self, scheduler_output, intermediate_tensors=None, dummy_run=False
     return "stepped"
 
 
+def fake_profile(self):
+    return 1000  # vLLM's CUDA-graph memory estimate, in bytes
+
+
 def fake_get_output(self):
     seen_lock_held.append(registry.installed().deferred.lock.locked())
     return "output"
@@ -162,6 +166,8 @@ def main(out: Path) -> None:
     cg.ModelCudaGraphManager.capture = fake_capture
     runner_mod.GPUModelRunner.execute_model = fake_step
     async_utils.AsyncOutput.get_output = fake_get_output
+    if RELEASE.profiling_capture:
+        runner_mod.GPUModelRunner.profile_cudagraph_memory = fake_profile
     state = registry.install(plan, "deferred.plan.yaml")
     deferred = state.deferred
     manager = model_manager(spec.model_dump(mode="json"))
@@ -171,15 +177,42 @@ def main(out: Path) -> None:
     tables = SimpleNamespace(input_block_tables=[torch.full((16, 8), 5, dtype=torch.int32)])
     adapters = FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
+    ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
+    if RELEASE.profiling_capture:
+        # vLLM's memory profiling (0.29.0 on) captures on a manager of its own first: the ready
+        # PIECEWISE graphs one per call, then the plan's FULL graphs (vLLM samples them) in one.
+        profiling = model_manager(spec.model_dump(mode="json"))
+        profiling._capture_mem_samples = []
+        profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+                          lora_capture_hook=lambda *a: None)  # fmt: skip
+        ready_pw = [g for g in ready if plan.graphs[g].descriptor.cg_mode == "PIECEWISE"]
+        all_full = [g.id for g in plan.graphs if g.descriptor.cg_mode == "FULL"]
+        report["profiling_calls_as_planned"] = [[address_of(plan, d) for d in c] for c in captures] == [
+            *([g] for g in ready_pw),
+            all_full,
+        ]
+        left = {m.name: [address_of(plan, d) for d in ds] for m, ds in profiling._capture_descs.items()}
+        report["profiling_left_ready_pw_and_all_full"] = left == {"PIECEWISE": ready_pw, "FULL": all_full}
+        report["profiling_did_not_start_deferral"] = not deferred.active and len(deferred.pending) == len(
+            plan.tiers.deferred
+        )
+        deferred.profiling_extra = 7 * 2**20
+        report["profiled_estimate_plus_extra"] = runner_mod.GPUModelRunner.profile_cudagraph_memory(None) == (
+            1000 + 7 * 2**20
+        )
+        captures.clear()
     startup_hook_calls: list = []
     manager.capture(
         "model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
         lora_capture_hook=lambda *a: startup_hook_calls.append(a),
     )  # fmt: skip
-    ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
-    report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for d in captures[0]] == ready
+    # Each ready graph in a call of its own (its memory measured), in plan order.
+    report["startup_captured_ready_in_plan_order"] = [
+        address_of(plan, d) for c in captures for d in c
+    ] == ready and all(len(c) == 1 for c in captures)
     report["capture_list_restored"] = sum(len(v) for v in manager._capture_descs.values()) == len(ready)
     report["startup_used_vllm_hook"] = len(startup_hook_calls) == len(ready) and adapters.calls == []
+    startup_calls = len(captures)
     states, problems, checked = 0, [], 0
     n, p = check_state(plan, manager, set(ready))
     states, checked, problems = 1, n, p
@@ -204,7 +237,7 @@ def main(out: Path) -> None:
         states, checked, problems = states + 1, checked + n, problems + p
     report["step_result_passed_through"] = result == "stepped"
     report["captures_in_4_steps_every_2"] = len(captures) - before
-    report["one_graph_per_capture"] = all(len(c) == 1 for c in captures[1:])
+    report["one_graph_per_capture"] = all(len(c) == 1 for c in captures[startup_calls:])
     # The async output thread takes the capture lock.
     async_utils.AsyncOutput.get_output(SimpleNamespace())
     report["output_takes_capture_lock"] = seen_lock_held == [True]
@@ -269,7 +302,7 @@ def main(out: Path) -> None:
     report["idle_loop_returns_original"] = turn() == "blocked" and core.process_input_queue_block is True
     report["pending_after_idle"] = len(deferred.pending)
     report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
-    captured_order = [address_of(plan, c[0]) for c in captures[1:]]
+    captured_order = [address_of(plan, c[0]) for c in captures[startup_calls:]]
     report["deferred_captured_in_plan_order"] = captured_order == list(plan.tiers.deferred)
     # Deferred LoRA graphs: the mapping went to the punica wrapper with slot i read as adapter
     # i + 1; the live slot table came back, and the next step recomputes its mapping.

@@ -118,7 +118,7 @@ def test_trace_recorder_in_real_runner(version, tmp_path):
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", [v for v in releases() if RELEASES[v].deferred_capture])
+@pytest.mark.parametrize("version", releases())
 def test_deferred_capture_in_real_manager(version, tmp_path):
     """Deferred capture's hooks around vLLM's real manager: start-up captures the ready graphs
     only, steps capture between steps only, the idle loop captures the rest in plan order, and
@@ -150,3 +150,8 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["problems"] == [] and report["batches_checked"] > 100_000
     assert report["fallback_steps_counted"] > 0  # the intermediate states did replay fallbacks
     assert report["report_json"]["captured"] == report["deferred"]
+    if RELEASES[version].profiling_capture:  # vLLM's profiling capture: the ready graphs, an estimate for the rest
+        assert report["profiling_calls_as_planned"] and report["profiling_left_ready_pw_and_all_full"]
+        assert report["profiling_did_not_start_deferral"] and report["profiled_estimate_plus_extra"]
+    else:
+        assert "profiling_calls_as_planned" not in report

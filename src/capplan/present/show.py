@@ -148,7 +148,8 @@ def _tier_lines(plan: Plan) -> list[str]:
         mode = plan.graphs[g].descriptor.cg_mode
         by_mode[mode] = by_mode.get(mode, 0) + 1
     return [
-        f"Tiers: {ready} ready ({chosen}, and the largest of each mode and LoRA case), "
+        f"Tiers: {ready} ready ({chosen}; the largest of each mode and LoRA case; and the largest of each kernel "
+        "class, so that no deferred capture waits on a kernel compile), "
         f"{len(tiers.deferred)} deferred ({', '.join(f'{m} {n}' for m, n in sorted(by_mode.items())) or 'none'}): "
         f"captured while serving, one every {tiers.every_steps} steps and back to back while idle; until then a "
         "batch replays the next larger captured graph of its mode and LoRA case (capplan verify proves it for "

@@ -77,11 +77,6 @@ def install(
     problem = release_problem(plan.spec.target.vllm, vllm.__version__)
     if problem:
         raise IncompatibleVllm(f"capplan: {problem[0]}; {problem[1]}")
-    if plan.tiers is not None and not release.deferred_capture:
-        raise IncompatibleVllm(
-            f"capplan: {plan_path} defers graphs (spec tiers), which capplan does not do on vLLM "
-            f"{release.version}; remove tiers from the spec and recompile"
-        )
     hooks = selected(Need(release, plan, os.environ if env is None else env), table)
     found = problems(hooks, release)
     if found:

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from capplan.errors import printable
-from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of, runs_on
+from capplan.releases import ALIASES, RELEASES, TARGETS, Rules, rules_of
 
 
 class CudagraphMode(str, enum.Enum):
@@ -669,26 +669,6 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
                 f"deferred capture is not built for tensor or pipeline parallelism ({', '.join(split)}): every "
                 "rank would have to capture the same graph at the same step",
                 "remove tiers, or set both sizes to 1",
-            )
-        )
-    target = spec.target.vllm
-    lacking = [v for v in runs_on(target) if not RELEASES[v].deferred_capture]
-    if lacking:
-        able = ", ".join(v for v, r in RELEASES.items() if r.deferred_capture)
-        others = [v for v in lacking if v != target]
-        if target in ALIASES:
-            named = f"vLLM {target}'s model runners ({', '.join(lacking)})"
-        elif target in lacking:
-            named = f"vLLM {target}'s model runner" + (
-                f" (nor for {', '.join(others)}, which a plan for {target} also runs on)" if others else ""
-            )
-        else:
-            named = f"vLLM {', '.join(lacking)}, which a plan for {target} also runs on"
-        first = next(v for v, r in RELEASES.items() if r.deferred_capture)
-        out.append(
-            (
-                f"deferred capture is not built for {named} (it is for {able})",
-                f'remove tiers, or target.vllm: "{first}"',
             )
         )
     return out

@@ -19,21 +19,23 @@ What makes it safe, and where each piece lives:
   exclude each other through one lock.
 - The LoRA mapping a capture warms with is set on the punica wrapper alone, with no adapter
   loaded or evicted, and the next step sets its own (its last mapping is forgotten).
-- Memory: MRV2 allocates the KV cache before any capture, so no capture can take it. After
-  the ready capture, an estimate of what the deferred graphs need (the ready capture's
-  memory per graph, times the deferred count) is allocated as one block and held; a start
-  without that much left stops there. Each deferred capture gives the block back, and the
-  estimate for the graphs still pending is held again after it (`reserve_shortfall` in the
-  report when that failed). The estimate is an estimate: the report shows it beside the
-  memory the captures took.
+- Memory: MRV2 allocates the KV cache before any capture, so no capture can take it (from
+  0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on
+  a throwaway pool before the ready capture). Each ready graph is captured in a call of its
+  own, so each one's memory is measured. What the deferred graphs are estimated to need (the
+  mean memory of this engine's own captures so far, leaving out the first of each mode, which
+  allocates the pool's base; times the graphs pending) is held as one block; a start without
+  that much left stops there. Each deferred capture gives the block back, and the estimate,
+  with that capture's measurement in it, is held again for the graphs still pending
+  (`reserve_shortfall` in the report when it could not be). The report shows the most held
+  beside what the deferred captures took.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
 
 Refused where it cannot be made safe: data parallel (ranks pad to one graph, so they would
 have to agree on which exist at every step), speculative decoding (vLLM captures the
-drafter's graphs with the model's), tensor or pipeline parallel (not run yet), and vLLM
-releases whose model runner this was not built for (`releases.Release.deferred_capture`).
+drafter's graphs with the model's), and tensor or pipeline parallel (not run yet).
 """
 
 from __future__ import annotations
@@ -61,6 +63,21 @@ DUMMY_TABLES_HOOK = Hook(
 )
 
 
+def per_graph_estimate(modes: list[str], sizes: list[int]) -> int:
+    """What one more graph is estimated to take: the mean memory of the captures measured
+    (`sizes`, in capture order, each graph's mode in `modes`), leaving out the first capture of
+    each mode (it allocates that mode's share of the pool, and FULL's output buffer); the mean
+    of all of them where none is left; 0 with none."""
+    seen: set[str] = set()
+    later: list[int] = []
+    for mode, size in zip(modes, sizes):
+        if mode in seen:
+            later.append(max(size, 0))
+        seen.add(mode)
+    use = later or [max(size, 0) for size in sizes]
+    return -(-sum(use) // len(use)) if use else 0
+
+
 class DeferredCapture:
     """The deferred-capture state of one worker process, and its captures."""
 
@@ -80,13 +97,16 @@ class DeferredCapture:
         self.runner: Any = None
         self.block_tables: Any = None  # vLLM's BlockTables, from the start-up capture's arguments
         self.reserve: Any = None  # one held block: the estimate for the graphs still pending
-        self.reserve_bytes = 0  # the estimate for every deferred graph, held at start
-        self.per_graph_bytes = 0
-        self.reserve_shortfall = False  # a capture took more than its share: less could be held again
+        self.held_bytes = 0  # its size now
+        self.held_peak_bytes = 0  # the most ever held (at start, unless a capture raised the estimate)
+        self.reserve_shortfall = False  # the estimate could not be held again while serving
+        self.ready_bytes: list[int] = []  # each ready graph's memory, in capture order
+        self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
+        self.landed: list[int] = []  # the deferred graphs captured, in order
+        self.profiling_extra = 0  # added to vLLM's CUDA-graph memory estimate: the deferred PIECEWISE graphs
         self.steps = 0
         self.fallback_steps = 0
         self.captures: list[dict[str, Any]] = []
-        self.memory_bytes = 0
         self.longest_step_pause = 0.0
         self.longest_idle_capture = 0.0
 
@@ -113,31 +133,101 @@ class DeferredCapture:
             ready.setdefault(desc.cg_mode, []).append(desc)
         manager._capture_descs = ready
 
-    def started(self, manager: Any, capture_fn: Any, call: Call, ready_bytes: int | None) -> None:
-        """The ready graphs are captured: keep what a later capture needs, hold back its memory."""
+    def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
+        """vLLM's memory-profiling capture (0.29.0 on, a throwaway manager and pool, before the
+        KV cache is sized): the ready PIECEWISE graphs, each in a call of its own so that each is
+        measured, then vLLM's own sample of the plan's FULL graphs. The manager's list is left
+        as the ready PIECEWISE graphs and every FULL one, so vLLM's extrapolation of FULL memory
+        counts the deferred FULL graphs; what the deferred PIECEWISE graphs are estimated to need
+        (`per_graph_estimate` of the ready ones, times their count) is `profiling_extra`, which
+        capplan adds to vLLM's estimate. The KV cache is then sized for the whole plan, with
+        only the ready graphs captured."""
+        full = [d for mode, descs in manager._capture_descs.items() if mode.name == "FULL" for d in descs]
+        modes: list[str] = []
+        sizes: list[int] = []
+        result: Any = None
+        for gid in self.ready_ids:
+            if self.engine.plan.graphs[gid].descriptor.cg_mode == "PIECEWISE":
+                result, _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
+                modes.append("PIECEWISE")
+                sizes.append(used)
+        if full:  # vLLM captures its sample of them (_max_full_descs_to_capture), in one call
+            result, _, _ = self._capture_one(-1, call.copy(), manager, capture_fn, {full[0].cg_mode: full})
+        pw = [
+            self.engine.vllm_descs[g]
+            for g in self.ready_ids
+            if self.engine.plan.graphs[g].descriptor.cg_mode == "PIECEWISE"
+        ]
+        manager._capture_descs = {
+            **({pw[0].cg_mode: pw} if pw else {}),
+            **({full[0].cg_mode: full} if full else {}),
+        }
+        deferred_pw = sum(1 for g in self.pending if self.engine.plan.graphs[g].descriptor.cg_mode == "PIECEWISE")
+        self.profiling_extra = per_graph_estimate(modes, sizes) * deferred_pw
+        return result
+
+    def capture_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
+        """The start-up capture: each ready graph in a call of vLLM's capture of its own (plan
+        order, vLLM's own LoRA hook and dummy adapters), so that each one's memory is measured;
+        then hold back what the deferred graphs are estimated to need. vLLM's result: the
+        calls' results merged where they are dicts (0.25-0.28 return attention states), else
+        the last one."""
         self.manager, self.capture_fn, self.call = manager, capture_fn, call.copy()
         self.block_tables = call["block_tables"]
         check_attributes(DUMMY_TABLES_HOOK, self.block_tables)
-        if self.pending and ready_bytes:
-            import torch
-
-            self.per_graph_bytes = -(-ready_bytes // max(len(self.ready_ids), 1))
-            self.reserve_bytes = self.per_graph_bytes * len(self.pending)
-            try:
-                self.reserve = torch.empty(self.reserve_bytes, dtype=torch.uint8, device=manager.device)
-            except torch.OutOfMemoryError:
-                self.reserve = None
-                raise EngineRefusal(
-                    f"capplan: {self.engine.plan_path}: not enough GPU memory left to hold back "
-                    f"{self.reserve_bytes / 2**30:.2f} GiB for its {len(self.pending)} deferred graphs; refusing "
-                    "to start (lower --gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
-                ) from None
+        merged: dict[Any, Any] = {}
+        result: Any = None
+        kept = manager._capture_descs
+        try:
+            for gid in self.ready_ids:
+                result, _, used = self._capture_one(gid, call.copy())
+                self.ready_bytes.append(used)
+                if isinstance(result, dict):
+                    merged.update(result)
+        finally:
+            manager._capture_descs = kept
+        if self.pending:
+            self._hold("start")
         self.active = True
         print(
             f"capplan: {len(self.ready_ids)} ready graphs captured; {len(self.pending)} deferred graphs will be "
-            f"captured while serving (one every {self.tiers.every_steps} steps, and one after another while idle)",
+            f"captured while serving (one every {self.tiers.every_steps} steps, and one after another while idle); "
+            f"holding {self.held_bytes / 2**20:.1f} MiB for them",
             file=sys.stderr,
         )
+        return merged if isinstance(result, dict) else result
+
+    # -- memory ---------------------------------------------------------------------------
+    def per_graph_bytes(self) -> int:
+        """What one more graph is estimated to take, from this engine's own captures so far,
+        ready and deferred (`per_graph_estimate`)."""
+        modes = [self.engine.plan.graphs[g].descriptor.cg_mode for g in (*self.ready_ids, *self.landed)]
+        return per_graph_estimate(modes, [*self.ready_bytes, *self.deferred_bytes])
+
+    def _hold(self, when: str) -> None:
+        """Hold one block for the graphs still pending (their estimate), or record that it could
+        not be held. At start a shortfall refuses the start."""
+        import torch
+
+        if not torch.cuda.is_available():  # capplan's CPU checks of the hooks
+            return
+        want = self.per_graph_bytes() * len(self.pending)
+        if want <= 0:
+            return
+        try:
+            self.reserve = torch.empty(want, dtype=torch.uint8, device=self.manager.device)
+        except torch.OutOfMemoryError:
+            self.reserve = None
+            if when == "start":
+                raise EngineRefusal(
+                    f"capplan: {self.engine.plan_path}: not enough GPU memory left to hold back "
+                    f"{want / 2**30:.2f} GiB for its {len(self.pending)} deferred graphs; refusing "
+                    "to start (lower --gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
+                ) from None
+            self.reserve_shortfall = True
+            return
+        self.held_bytes = want
+        self.held_peak_bytes = max(self.held_peak_bytes, want)
 
     # -- capture --------------------------------------------------------------------------
     def before_step(self, runner: Any) -> None:
@@ -163,57 +253,30 @@ class DeferredCapture:
 
     def capture_next(self, trigger: str) -> float:
         """Capture the next deferred graph (plan order); its seconds."""
-        import torch
-        from vllm.utils.gpu_sync_debug import gpu_sync_allowed
-
-        cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
         engine = self.engine
         gid = self.pending[0]
-        desc = engine.vllm_descs[gid]
-        manager = self.manager
         assert self.call is not None
-        with self.lock, gpu_sync_allowed():
-            started = time.perf_counter()
+        with self.lock:
             # The warm-up pass really runs: its dummy block-table rows are the persistent ones,
             # which hold the last batch's blocks. Zeroed they point at the null block, as at
             # start-up, so no live request's blocks (or a hybrid model's state) are touched.
             for table in self.block_tables.input_block_tables:
                 table.zero_()
-            if self.reserve is not None:  # the held block goes back to the driver for this capture
-                self.reserve = None
-                torch.cuda.empty_cache()
-            free0 = torch.cuda.mem_get_info()[0] if cuda else 0
-            kept = manager._capture_descs
-            manager._capture_descs = {desc.cg_mode: [desc]}
             call = self.call.copy()
             if call["lora_capture_hook"] is not None:
                 call["lora_capture_hook"] = self._lora_hook()
+            self._release()
+            kept = self.manager._capture_descs
             try:
-                call.run(self.capture_fn)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"capplan: deferred capture of graph {address(engine.plan.graphs[gid].descriptor)} failed "
-                    f"({type(exc).__name__}: {exc}); the engine stops rather than serve from a graph pool in an "
-                    "unknown state"
-                ) from exc
+                _, seconds, used = self._capture_one(gid, call)
             finally:
-                manager._capture_descs = kept
-            if cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
-            used = free0 - torch.cuda.mem_get_info()[0] if cuda else 0
-            # Hold the estimate for the graphs still pending again. One block, not one per graph:
-            # blocks under 10 MiB share the caching allocator's 20 MiB segments, so freeing one
-            # would give nothing back (seen: 389 blocks of 7.3 MiB held 3.9 GiB).
-            left = self.per_graph_bytes * (len(self.pending) - 1)
-            if cuda and left > 0:
-                try:
-                    self.reserve = torch.empty(left, dtype=torch.uint8, device=manager.device)
-                except torch.OutOfMemoryError:
-                    self.reserve_shortfall = True
-        self.pending.pop(0)
+                self.manager._capture_descs = kept
+            self.pending.pop(0)
+            self.landed.append(gid)
+            self.deferred_bytes.append(used)
+            if self.pending:
+                self._hold("serving")  # the estimate, with this capture in it, for the graphs left
         self.captured.add(gid)
-        self.memory_bytes += max(used, 0)
         self.captures.append(
             {
                 "graph": address(engine.plan.graphs[gid].descriptor),
@@ -222,15 +285,59 @@ class DeferredCapture:
                 "memory_mib": round(used / 2**20, 2),
             }
         )
-        engine.report.deferred_captured(desc)
+        engine.report.deferred_captured(engine.vllm_descs[gid])
         if not self.pending:
             print(
                 f"capplan: all {len(self.captures)} deferred graphs captured "
                 f"({sum(c['seconds'] for c in self.captures):.2f} s in all, longest step pause "
-                f"{self.longest_step_pause * 1000:.0f} ms)",
+                f"{self.longest_step_pause * 1000:.0f} ms; {sum(self.deferred_bytes) / 2**20:.1f} MiB, "
+                f"{self.held_peak_bytes / 2**20:.1f} MiB held at most)",
                 file=sys.stderr,
             )
         return seconds
+
+    def _release(self) -> None:
+        """Give the held block back to the driver, for the capture about to run."""
+        if self.reserve is not None:
+            import torch
+
+            self.reserve = None
+            self.held_bytes = 0
+            torch.cuda.empty_cache()
+
+    def _capture_one(
+        self, gid: int, call: Call, manager: Any = None, capture_fn: Any = None, descs: Any = None
+    ) -> tuple[Any, float, int]:
+        """Graph `gid` through vLLM's capture, the manager's list set to it alone (or to `descs`):
+        vLLM's result, the seconds it took and the device memory it took."""
+        import torch
+        from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+
+        cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
+        manager = self.manager if manager is None else manager
+        capture_fn = self.capture_fn if capture_fn is None else capture_fn
+        if descs is None:
+            desc = self.engine.vllm_descs[gid]
+            descs, what = {desc.cg_mode: [desc]}, f"graph {address(self.engine.plan.graphs[gid].descriptor)}"
+        else:
+            what = "vLLM's profiling sample of the FULL graphs"
+        with gpu_sync_allowed():
+            started = time.perf_counter()
+            free0 = torch.cuda.mem_get_info()[0] if cuda else 0
+            manager._capture_descs = descs
+            try:
+                result = call.run(capture_fn)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"capplan: capture of {what} failed "
+                    f"({type(exc).__name__}: {exc}); the engine stops rather than serve from a graph pool in an "
+                    "unknown state"
+                ) from exc
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            used = free0 - torch.cuda.mem_get_info()[0] if cuda else 0
+        return result, seconds, used
 
     def _lora_hook(self) -> Any:
         """Warm a LoRA graph with the plan's dummy mapping set on the punica wrapper only:
@@ -266,8 +373,10 @@ class DeferredCapture:
             "longest_step_pause_seconds": round(self.longest_step_pause, 4),
             "longest_idle_capture_seconds": round(self.longest_idle_capture, 4),
             "capture_seconds": round(sum(c["seconds"] for c in self.captures), 3),
-            "reserved_gib": round(self.reserve_bytes / 2**30, 4),
+            "reserved_gib": round(self.held_peak_bytes / 2**30, 4),
             "reserve_shortfall": self.reserve_shortfall,
-            "graph_memory_gib": round(self.memory_bytes / 2**30, 4),
+            "graph_memory_gib": round(sum(self.deferred_bytes) / 2**30, 4),
+            "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
+            "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
             "captures": self.captures,
         }

@@ -1,4 +1,4 @@
-"""Deferred capture's entries in the registry (spec tiers; releases with `deferred_capture`).
+"""Deferred capture's entries in the registry (spec tiers).
 
 - `GPUModelRunner.execute_model`: as a real step starts, before its inputs are prepared,
   one deferred graph before every `every_steps`-th step (between steps only:
@@ -16,6 +16,9 @@
   which costs nothing when it captures everything in one call at start; but the caching
   allocator keeps blocks per stream, so each later call would start a fresh segment of the
   graph pool instead of reusing it (measured: 34 MiB per deferred graph on a 2-layer model).
+  vLLM's own function still runs around every capture (what each release does there across
+  ranks: the TP, PP and, from 0.30.0, DP groups' capture contexts); capplan only makes its
+  context's stream, made current inside it, the same one each time.
 - Relied on, not replaced: `sample_tokens` and the runner's step state, `gpu_sync_allowed`
   (a capture synchronizes the device between steps, allowed under VLLM_GPU_SYNC_CHECK),
   `BlockTables.get_dummy_block_tables` (the dummy rows, zeroed before a capture), and
@@ -125,34 +128,60 @@ def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
 
 def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
     import torch
-    from vllm.distributed.parallel_state import GraphCaptureContext, get_pp_group, get_tp_group
 
-    contexts: dict[str, Any] = {}
+    streams: dict[str, Any] = {}
     bind = binder(original)
 
     @functools.wraps(original)
     @contextlib.contextmanager
     def graph_capture(*args: Any, **kwargs: Any) -> Iterator[Any]:
         device = bind(args, kwargs)["device"]
-        context = contexts.get(str(device))
-        if context is None:
-            context = contexts[str(device)] = GraphCaptureContext(torch.cuda.Stream(device=device))
-        with get_tp_group().graph_capture(context), get_pp_group().graph_capture(context):
-            yield context
+        # vLLM's own graph_capture runs as it is (each parallel group's capture context: custom
+        # all-reduce buffer registration, the DP group where the release has it); only the
+        # stream it captures on is capplan's one stream per device.
+        with original(*args, **kwargs) as context:
+            check_attributes(hook, context)
+            stream = streams.get(str(device))
+            if stream is None:
+                stream = streams[str(device)] = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream())
+            context.stream = stream
+            with torch.cuda.stream(stream):
+                yield context
 
     return graph_capture
-
-
-def _defers(release: Release) -> bool:
-    return release.deferred_capture
 
 
 def _tiers(need: Need) -> bool:
     return need.plan.tiers is not None
 
 
+def _profiles(release: Release) -> bool:
+    return release.profiling_capture
+
+
+def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
+    deferred = engine.deferred
+    assert deferred is not None
+
+    @functools.wraps(original)
+    def profile_cudagraph_memory(*args: Any, **kwargs: Any) -> Any:
+        estimate = original(*args, **kwargs)
+        if estimate and deferred.profiling_extra:
+            print(
+                f"capplan: vLLM's CUDA-graph memory estimate {estimate / 2**30:.3f} GiB (the ready graphs, and vLLM's "
+                f"extrapolation of the FULL ones) + {deferred.profiling_extra / 2**30:.3f} GiB for the deferred "
+                "PIECEWISE graphs",
+                file=sys.stderr,
+            )
+            return estimate + deferred.profiling_extra
+        return estimate
+
+    return profile_cudagraph_memory
+
+
 HOOKS = tuple(
-    replace(h, releases=_defers, when=_tiers)
+    replace(h, when=_tiers)
     for h in (
         Hook(
             "deferred.step",
@@ -184,10 +213,19 @@ HOOKS = tuple(
         Hook(
             "deferred.one_stream",
             "vllm.v1.worker.gpu.cudagraph_utils:graph_capture",
-            "every capture on one stream, so later captures reuse the graph pool's segments (the body capplan "
-            "runs instead: the TP and PP groups' graph_capture on that stream)",
+            "every capture on one stream, so later captures reuse the graph pool's segments (vLLM's own "
+            "graph_capture runs around it, on that stream)",
             _one_capture_stream,
+            attributes=("stream",),
             reads=("device",),
+        ),
+        Hook(
+            "deferred.profiled_memory",
+            f"{RUNNER}:GPUModelRunner.profile_cudagraph_memory",
+            "vLLM sizes the KV cache for the whole plan: the deferred PIECEWISE graphs' estimate is added to its "
+            "CUDA-graph memory estimate, whose profiling capture took the ready ones only",
+            _profiled,
+            releases=_profiles,
         ),
         Hook(
             "deferred.idle",

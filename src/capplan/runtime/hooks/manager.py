@@ -162,21 +162,20 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
             # then discards. Counted apart; the real capture follows on a new manager.
             engine.report.profiling_started()
             try:
+                if engine.deferred is not None:  # the ready graphs, and an estimate for the others
+                    return engine.deferred.profile_ready(manager, original, call)
                 return call.run(original)
             finally:
                 engine.report.profiling_finished(manager)
         deferred = engine.deferred
-        starting = deferred is not None and not deferred.active
-        if deferred is not None and starting:
-            deferred.ready_only(manager)  # start-up: the ready graphs only
         engine.report.capture_started()
         try:
-            result = call.run(original)
+            if deferred is not None and not deferred.active:
+                deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
+                return deferred.capture_ready(manager, original, call)
+            return call.run(original)
         finally:
             engine.report.capture_finished(manager)
-        if deferred is not None and starting:
-            deferred.started(manager, original, call, engine.report.graph_memory_bytes)
-        return result
 
     return capture
 
