@@ -106,7 +106,8 @@ def describe(choice: ReadyChoice) -> str:
     total = len(choice.plan.graphs)
     return (
         f"ready tier: {choice.ready} of {total} graphs ({choice.named} chosen by the trace, the rest the largest "
-        f"of each mode and LoRA case and of each kernel class) replay {choice.covered} of the trace's {choice.graph_steps} graph steps "
+        f"of each mode and LoRA case and of each kernel class) replay {choice.covered} of the trace's "
+        f"{choice.graph_steps} graph steps "
         f"({choice.covered_share:.1%}; asked {choice.share * 100:.4g}%); {total - choice.ready} deferred. Rests on the "
         "trace alone, no calibration"
     )

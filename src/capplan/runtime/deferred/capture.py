@@ -43,6 +43,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from capplan.errors import EngineRefusal
@@ -63,7 +64,7 @@ DUMMY_TABLES_HOOK = Hook(
 )
 
 
-def per_graph_estimate(modes: list[str], sizes: list[int]) -> int:
+def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
     """What one more graph is estimated to take: the mean memory of the captures measured
     (`sizes`, in capture order, each graph's mode in `modes`), leaving out the first capture of
     each mode (it allocates that mode's share of the pool, and FULL's output buffer); the mean
