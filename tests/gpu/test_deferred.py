@@ -1,6 +1,9 @@
 """Deferred capture under vLLM's OpenAI server with default multiprocessing
-(tests/gpu/deferred_serve.py): outputs while the deferred graphs are being captured and
-once they landed equal the reference engine's, and the final graph set is the plan's."""
+(tests/gpu/deferred_serve.py check): outputs while the deferred graphs are being captured
+and once they landed differ from the reference engine's by no more than bf16 near-ties, in a
+comparison that catches vLLM alone's no-LoRA-slot divergences; every deferred graph lands,
+no capture while serving pauses a step more than 50 ms, and the memory held back for the
+deferred graphs is at most 1.25 times what they took."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def served(tmp_path_factory):
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / "gpu_deferred.json"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "deferred_serve.py"), str(tmp_path_factory.mktemp("deferred")), str(out)],
+        [sys.executable, str(HERE / "deferred_serve.py"), str(tmp_path_factory.mktemp("deferred")), str(out), "check"],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -36,10 +39,13 @@ def served(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_outputs_during_and_after_deferred_capture_equal_the_reference(served):
-    assert served["full_vs_reference"]["differing"] == 0
-    assert served["tiers_during_capture_vs_reference"]["differing"] == 0
-    assert served["tiers_after_landing_vs_reference"]["differing"] == 0
+def test_the_comparison_catches_vllm_alones_no_lora_slot_divergences(served):
+    assert served["vanilla_vs_reference"]["differ_clearly"] > 0
+
+
+def test_outputs_during_and_after_deferred_capture_differ_only_at_near_ties(served):
+    for key in ("full_vs_reference", "tiers_during_capture_vs_reference", "tiers_after_landing_vs_reference"):
+        assert served[key]["differ_clearly"] == 0, (key, served[key]["detail"])
     assert served["tiers"]["after_first_pass"]["fallback_steps"] > 0  # the window was exercised
 
 
@@ -49,4 +55,10 @@ def test_every_deferred_graph_landed_and_the_final_set_is_the_plan(served):
     assert deferred["pending"] == [] and deferred["captured"] == deferred["deferred"] > 0
     assert report["graphs_captured"] == report["graphs_planned"]
     assert len(deferred["captures"]) == deferred["deferred"]
-    assert deferred["longest_step_pause_seconds"] > 0
+
+
+def test_no_step_waits_more_than_50_ms_and_the_hold_is_a_bound(served):
+    deferred = served["tiers"]["report"]["deferred"]
+    assert deferred["longest_step_pause_seconds"] <= 0.05
+    assert not deferred["reserve_shortfall"]
+    assert deferred["reserved_gib"] <= 1.25 * deferred["graph_memory_gib"] + 2 / 1024  # one 2 MiB segment
