@@ -456,18 +456,24 @@ def test_every_scalar_spelling_reads_as_the_full_loader_reads_it(tokens, as_list
         assert full[0] == "ok" and _same(full[1], data), (text, full, data)
 
 
-def test_tiers_under_tensor_parallelism_are_refused_at_compile_and_at_the_dry_run(tmp_path):
-    from capplan.errors import SpecError
+def test_tiers_under_tensor_and_pipeline_parallelism_compile_and_launch():
+    """Tensor and pipeline parallel engines defer graphs (every capture on the idle turns, which
+    reach every rank at once): compile keeps the tiers, and the dry run passes -tp and -pp."""
     from capplan.loading import spec_from_data
+    from capplan.planner import compile_plan
 
-    with pytest.raises(SpecError, match=r"not built for tensor or pipeline parallelism \(tensor_parallel_size 2\)"):
-        spec_from_data(
-            {"target": {"vllm": "0.25"}, "parallel": {"tensor_parallel_size": 2}, "tiers": {"ready": "full_decode"}},
-            "s",
-        )
-    plan = ROOT / "examples" / "h200-tiny-llama-025-tiers.plan.yaml"
-    result = runner.invoke(
-        app, ["apply", "--runner", "mrv2", "--dry-run", str(plan), "--", "vllm", "serve", "M", "-tp", "2"]
+    spec = spec_from_data(
+        {
+            "target": {"vllm": "0.29.0"},
+            "parallel": {"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
+            "tiers": {"ready": "full_decode"},
+        },
+        "s",
     )
-    assert result.exit_code == 1
-    assert "-tp 2: the plan defers graphs (spec tiers)" in _one_error_line(result)
+    plan = compile_plan(spec)
+    assert plan.tiers is not None and plan.tiers.deferred
+    tiered = ROOT / "examples" / "h200-tiny-llama-025-tiers.plan.yaml"
+    for flags in (["-tp", "2"], ["-pp", "2"]):
+        result = runner.invoke(app, ["apply", "--runner", "mrv2", "--dry-run", str(tiered), "--", "vllm", "serve", "M", *flags])
+        assert result.exit_code == 0, result.output
+        assert " ".join(flags) in result.stdout

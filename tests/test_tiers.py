@@ -414,13 +414,22 @@ def test_every_deferred_graph_shares_its_kernel_class_with_a_ready_graph():
                 assert max(same, key=lambda h: h.descriptor.num_tokens).id not in deferred
 
 
-def test_per_graph_memory_estimate_leaves_out_each_modes_first_capture():
+def test_per_graph_memory_estimate_is_an_upper_confidence_limit_without_each_modes_first_capture():
+    import math
+
     from capplan.runtime.deferred.capture import per_graph_estimate
 
     mib = 2**20
     modes = ["PIECEWISE", "PIECEWISE", "PIECEWISE", "FULL", "FULL"]
-    assert per_graph_estimate(modes, [300 * mib, 2 * mib, 4 * mib, 50 * mib, 0]) == 2 * mib
-    assert per_graph_estimate(modes[:1], [7]) == 7  # only a first capture: itself
+    # the later captures: 2, 4 and 0 MiB; mean 2 MiB, standard deviation 2 MiB, three of them
+    assert per_graph_estimate(modes, [300 * mib, 2 * mib, 4 * mib, 50 * mib, 0]) == math.ceil(
+        2 * mib + 1.645 * 2 * mib / math.sqrt(3)
+    )
+    assert per_graph_estimate(["FULL"] + ["FULL"] * 40, [99] + [3] * 40) == 3  # no spread: the size itself
+    assert per_graph_estimate(modes[:1], [7]) == math.ceil(7 + 1.645 * 7)  # one first capture: itself, padded
     assert per_graph_estimate(["FULL", "FULL"], [5, -3]) == 0  # memory given back counts as none
     assert per_graph_estimate([], []) == 0
-    assert per_graph_estimate(["FULL", "FULL", "FULL"], [9, 1, 2]) == 2  # rounded up, never under
+    # 2 MiB pages, half the graphs taking one: the limit is above the mean, nearer it with more samples
+    pages = [0, 2 * mib] * 20
+    few, many = per_graph_estimate(["FULL"] * 9, pages[:9]), per_graph_estimate(["FULL"] * 41, [0, *pages])
+    assert 1 * mib < many < few

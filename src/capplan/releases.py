@@ -118,6 +118,7 @@ SIGNATURES_A: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     f"{RUNNER}:GPUModelRunner.execute_model": ("self", "scheduler_output", "intermediate_tensors", "dummy_run", MORE),
     f"{RUNNER}:GPUModelRunner.sample_tokens": ("self", "grammar_output"),
+    f"{RUNNER}:GPUModelRunner.capture_model": ("self", MORE),
     "vllm.config:VllmConfig.compute_hash": ("self",),
     "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp": (
         "cudagraph_manager",

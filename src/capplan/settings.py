@@ -212,14 +212,6 @@ def _eager(plan: Plan, have: object, shown: str) -> str | None:
     return f"--enforce-eager runs no CUDA graph, the plan cudagraph.mode {mode}" if have and mode != "NONE" else None
 
 
-def _tiers(plan: Plan, have: object, shown: str) -> str | None:
-    if plan.tiers is None or not isinstance(have, int) or have <= 1:
-        return None
-    return (
-        f"{shown}: the plan defers graphs (spec tiers), which capplan does not do under tensor or pipeline parallelism"
-    )
-
-
 def _draft(plan: Plan) -> str | None:
     k = plan.spec.speculative.num_speculative_tokens
     if not k:
@@ -405,7 +397,6 @@ SETTINGS: tuple[Setting, ...] = (
         aliases=("-tp",),
         checked=_named("tensor_parallel_size"),
         on_line=_named("tensor_parallel_size"),
-        unpinned=_tiers,
     ),
     Setting(
         "parallel.pipeline_parallel_size",
@@ -415,7 +406,6 @@ SETTINGS: tuple[Setting, ...] = (
         aliases=("-pp",),
         checked=_named("pipeline_parallel_size"),
         on_line=_named("pipeline_parallel_size"),
-        unpinned=_tiers,
     ),
     Setting(
         "multimodal.tower_connector_lora",

@@ -238,17 +238,26 @@ def main(out: Path) -> None:
     report["step_result_passed_through"] = result == "stepped"
     report["captures_in_4_steps_every_2"] = len(captures) - before
     report["one_graph_per_capture"] = all(len(c) == 1 for c in captures[startup_calls:])
-    # A capture expected to pause a step longer than the budget (the last capture of its mode
-    # took longer) is not taken before a step: it is left to the idle turns.
-    measured = dict(deferred.last_seconds)
+    # A capture expected to pause a step longer than the budget (one of the latest captures of
+    # its mode took longer) is not taken before a step: it is left to the idle turns.
+    measured = {mode: list(times) for mode, times in deferred.recent_seconds.items()}
     report["capture_times_measured"] = set(measured) >= {"PIECEWISE", "any"}
-    deferred.last_seconds.update({"PIECEWISE": 1.0, "FULL": 1.0, "any": 1.0})
+    for times in deferred.recent_seconds.values():
+        times.append(1.0)  # one slow capture among the latest
     before = len(captures)
     for _ in range(4):
         runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
     report["slow_captures_left_to_idle"] = len(captures) == before and deferred.left_to_idle == 2
-    deferred.last_seconds.clear()
-    deferred.last_seconds.update(measured)
+    for mode, times in deferred.recent_seconds.items():
+        times.clear()
+        times.extend(measured[mode])
+    # With more than one TP or PP rank no step captures (their time is rank-local): idle turns only.
+    deferred.step_captures = False
+    before, steps = len(captures), deferred.steps
+    for _ in range(4):
+        runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
+    report["multi_rank_steps_never_capture"] = len(captures) == before and deferred.steps == steps + 4
+    deferred.step_captures = True
     # The async output thread takes the capture lock.
     async_utils.AsyncOutput.get_output(SimpleNamespace())
     report["output_takes_capture_lock"] = seen_lock_held == [True]

@@ -133,6 +133,7 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["captures_while_sampling_pending"] == 0
     assert report["captures_in_4_steps_every_2"] == 2 and report["one_graph_per_capture"]
     assert report["capture_times_measured"] and report["slow_captures_left_to_idle"]
+    assert report["multi_rank_steps_never_capture"]
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]
     assert report["idle_loop_handled_utility_request"] and report["asleep_no_capture"]

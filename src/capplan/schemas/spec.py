@@ -644,7 +644,8 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
         out.append(
             (
                 "deferred capture needs DP ranks that do not pad to one another (an MoE model's ranks pad to the "
-                "same graph, so they would have to agree on which graphs exist at every step)",
+                "same graph, so they would have to agree on which graphs exist at every step, and capturing one runs "
+                "the expert all-to-all across every DP rank)",
                 "remove tiers, or set data_parallel_size 1",
             )
         )
@@ -658,17 +659,4 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
         )
     if spec.cudagraph.mode is CudagraphMode.NONE:
         out.append(("cudagraph mode NONE captures no graphs", "remove tiers"))
-    split = [
-        f"{name} {size}"
-        for name in ("tensor_parallel_size", "pipeline_parallel_size")
-        if (size := getattr(spec.parallel, name)) is not None and size > 1
-    ]
-    if split:
-        out.append(
-            (
-                f"deferred capture is not built for tensor or pipeline parallelism ({', '.join(split)}): every "
-                "rank would have to capture the same graph at the same step",
-                "remove tiers, or set both sizes to 1",
-            )
-        )
     return out

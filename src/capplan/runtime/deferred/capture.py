@@ -10,7 +10,16 @@ What makes it safe, and where each piece lives:
   its inputs are prepared, one graph before every `every_steps`-th step, when it is expected
   to take at most `STEP_PAUSE_BUDGET_S` (else it waits for an idle turn); and while the
   engine core is idle (no work, no step in its batch queue, not asleep), one graph per idle
-  turn, through `collective_rpc`, so every worker captures in the same order. The previous
+  turn, through `collective_rpc`, so every worker captures in the same order.
+- Tensor and pipeline parallel: every rank must capture the same graph at the same moment
+  (a TP capture runs the model's all-reduces, and vLLM's `graph_capture` registers the
+  custom all-reduce's graph buffers across the group as it exits), and every rank must
+  replay the same graph for a step. A step capture decided on a rank-local time could
+  differ between ranks, so with more than one rank in the TP or PP group no step captures:
+  every deferred graph is captured on the engine core's idle turns, where one
+  `collective_rpc` reaches every worker at the same point of the step sequence (vLLM's
+  executor broadcasts steps and calls in one order), and every rank's captured set, hence
+  every dispatch, is the same after each. The previous
   step's GPU work is ordered before the capture by the capture stream's wait on the
   current stream and the device synchronization of `torch.cuda.graph` (and capplan's own
   after each capture).
@@ -34,22 +43,25 @@ What makes it safe, and where each piece lives:
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
 
-Refused where it cannot be made safe: data parallel (ranks pad to one graph, so they would
-have to agree on which exist at every step), speculative decoding (vLLM captures the
-drafter's graphs with the model's), and tensor or pipeline parallel (not run yet).
+Refused where it cannot be made safe: data parallel where the ranks pad to one graph (an
+MoE model's: they would have to agree on which graphs exist at every step, and capturing
+one runs the expert all-to-all across every DP rank), and speculative decoding (vLLM
+captures the drafter's graphs with the model's).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from capplan.errors import EngineRefusal
 from capplan.planner.tiers import replayed
-from capplan.runtime.hooking import Call, Hook, PlanNotInForce, check_attributes
+from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.schemas.plan import address
 
@@ -57,11 +69,12 @@ if TYPE_CHECKING:
     from capplan.runtime.context import Engine
 
 STEP_PAUSE_BUDGET_S = 0.05
-"""The longest a step may wait on a deferred capture. A capture expected to take longer (the last
-capture of its mode took longer) is left to the engine's idle turns. On the H200 a capture of
-the 16-layer 0.9B model took 40-120 ms whatever its size (median 68 ms), of the 2-layer model
-5-20 ms. Rank-local: with tensor parallelism (refused with tiers) the decision would have to be
-one every rank shares."""
+"""The longest a step may wait on a deferred capture. A capture expected to take longer (one of
+the last `RECENT` captures of its mode took longer) is left to the engine's idle turns. On the
+H200 a capture of the 16-layer 0.9B model took 40-120 ms whatever its size (median 68 ms), of
+the 2-layer model 5-20 ms. Rank-local, so only a single-rank engine captures on step turns."""
+RECENT = 8
+"""How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
 
 DUMMY_TABLES_HOOK = Hook(
     "deferred.dummy_tables",
@@ -73,10 +86,13 @@ DUMMY_TABLES_HOOK = Hook(
 
 
 def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
-    """What one more graph is estimated to take: the mean memory of the captures measured
-    (`sizes`, in capture order, each graph's mode in `modes`), leaving out the first capture of
-    each mode (it allocates that mode's share of the pool, and FULL's output buffer); the mean
-    of all of them where none is left; 0 with none."""
+    """What one more graph is estimated to take: the upper one-sided 95% confidence limit of
+    the mean memory of the captures measured (`sizes`, in capture order, each graph's mode in
+    `modes`; mean + 1.645 standard errors), leaving out the first capture of each mode (it
+    allocates that mode's share of the pool, and FULL's output buffer); of all of them where
+    none is left; 0 with none. Device memory moves in the caching allocator's 2 MiB pages, so
+    one graph takes 0, 2 or 4 MiB where the mean is 1.5: a mean alone held 23% less than the
+    deferred graphs of a 0.9B model took."""
     seen: set[str] = set()
     later: list[int] = []
     for mode, size in zip(modes, sizes):
@@ -84,7 +100,11 @@ def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
             later.append(max(size, 0))
         seen.add(mode)
     use = later or [max(size, 0) for size in sizes]
-    return -(-sum(use) // len(use)) if use else 0
+    if not use:
+        return 0
+    mean = sum(use) / len(use)
+    spread = (sum((u - mean) ** 2 for u in use) / (len(use) - 1)) ** 0.5 if len(use) > 1 else mean
+    return math.ceil(mean + 1.645 * spread / len(use) ** 0.5)
 
 
 class DeferredCapture:
@@ -113,8 +133,9 @@ class DeferredCapture:
         self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
         self.landed: list[int] = []  # the deferred graphs captured, in order
         self.profiling_extra = 0  # added to vLLM's CUDA-graph memory estimate: the deferred PIECEWISE graphs
-        self.last_seconds: dict[str, float] = {}  # the last capture's seconds, per mode ("any": of any mode)
+        self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
+        self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
         self.steps = 0
         self.fallback_steps = 0
         self.captures: list[dict[str, Any]] = []
@@ -132,12 +153,8 @@ class DeferredCapture:
     # -- start-up -------------------------------------------------------------------------
     def ready_only(self, manager: Any) -> None:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
-        if manager.tp_size > 1 or not (manager.is_first_pp_rank and manager.is_last_pp_rank):
-            raise PlanNotInForce(
-                f"capplan: {self.engine.plan_path} defers graphs (spec tiers), which capplan does not do under "
-                "tensor or pipeline parallelism yet; refusing before any graph is captured (remove tiers from "
-                "the spec and recompile)"
-            )
+        # More than one rank: every capture on the idle turns, which reach every rank at once.
+        self.step_captures = manager.tp_size == 1 and manager.is_first_pp_rank and manager.is_last_pp_rank
         ready: dict[Any, list[Any]] = {}
         for gid in self.ready_ids:  # plan order: PIECEWISE then FULL, largest first
             desc = self.engine.vllm_descs[gid]
@@ -247,11 +264,10 @@ class DeferredCapture:
         every_steps-th step, between steps only."""
         if not self.pending or not self.active:
             return
-        self.runner = runner
         if runner.execute_model_state is not None:
             return  # a step's sampling is still pending: not between steps
         self.steps += 1
-        if self.steps % self.tiers.every_steps == 0:
+        if self.step_captures and self.steps % self.tiers.every_steps == 0:
             expected = self.expected_seconds(self.pending[0])
             if expected is not None and expected > STEP_PAUSE_BUDGET_S:
                 self.left_to_idle += 1  # this step does not wait: the graph lands on an idle turn
@@ -260,11 +276,13 @@ class DeferredCapture:
             self.longest_step_pause = max(self.longest_step_pause, seconds)
 
     def expected_seconds(self, gid: int) -> float | None:
-        """How long capturing graph `gid` is expected to take: the last capture of its mode, ready
-        or deferred (plan order goes from larger graphs to smaller, so it is seldom less); the
-        last capture of any mode before its mode has one; None before any capture."""
+        """How long capturing graph `gid` is expected to take: the slowest of the last `RECENT`
+        captures of its mode, ready or deferred (captures of one model vary 3x without a
+        pattern, so the last one alone foretells little); of any mode before its mode has
+        one; None before any capture."""
         mode = self.engine.plan.graphs[gid].descriptor.cg_mode
-        return self.last_seconds.get(mode, self.last_seconds.get("any"))
+        recent = self.recent_seconds.get(mode) or self.recent_seconds.get("any")
+        return max(recent) if recent else None
 
     def capture_idle(self) -> int:
         """One deferred capture while the engine core is idle (no step in flight: its batch queue
@@ -321,8 +339,8 @@ class DeferredCapture:
         return seconds
 
     def _timed(self, gid: int, seconds: float) -> None:
-        self.last_seconds[self.engine.plan.graphs[gid].descriptor.cg_mode] = seconds
-        self.last_seconds["any"] = seconds
+        for key in (self.engine.plan.graphs[gid].descriptor.cg_mode, "any"):
+            self.recent_seconds.setdefault(key, deque(maxlen=RECENT)).append(seconds)
 
     def _release(self) -> None:
         """Give the held block back to the driver, for the capture about to run."""
@@ -399,6 +417,7 @@ class DeferredCapture:
             "steps_seen": self.steps,
             "fallback_steps": self.fallback_steps,
             "longest_step_pause_seconds": round(self.longest_step_pause, 4),
+            "step_captures": self.step_captures,
             "step_pause_budget_seconds": STEP_PAUSE_BUDGET_S,
             "step_captures_left_to_idle": self.left_to_idle,
             "longest_idle_capture_seconds": round(self.longest_idle_capture, 4),
@@ -407,6 +426,7 @@ class DeferredCapture:
             "reserve_shortfall": self.reserve_shortfall,
             "graph_memory_gib": round(sum(self.deferred_bytes) / 2**30, 4),
             "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
+            "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
             "captures": self.captures,
         }

@@ -152,6 +152,21 @@ def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
     return graph_capture
 
 
+def _runner(engine: Engine, hook: Hook, original: Any) -> Any:
+    deferred = engine.deferred
+    assert deferred is not None
+    bind = binder(original)
+
+    @functools.wraps(original)
+    def capture_model(*args: Any, **kwargs: Any) -> Any:
+        # The runner whose LoRA manager warms the deferred LoRA graphs: known before the first
+        # idle capture, which can come before any step.
+        deferred.runner = bind(args, kwargs)["self"]
+        return original(*args, **kwargs)
+
+    return capture_model
+
+
 def _tiers(need: Need) -> bool:
     return need.plan.tiers is not None
 
@@ -191,6 +206,13 @@ HOOKS = tuple(
             reads=("self", "dummy_run"),
         ),
         SAMPLING,
+        Hook(
+            "deferred.runner",
+            f"{RUNNER}:GPUModelRunner.capture_model",
+            "the runner that captures the ready graphs: its LoRA manager warms the deferred LoRA graphs",
+            _runner,
+            reads=("self",),
+        ),
         Hook(
             "deferred.output",
             "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",

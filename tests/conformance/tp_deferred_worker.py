@@ -1,0 +1,245 @@
+"""One process of the tensor-parallel deferred-capture check: an engine core and its TP workers,
+on CPU, over gloo.
+
+    PYTHONPATH=SRC/<version>:REPO/src:REPO python tp_deferred_worker.py RANK WORLD PORT MODE OUT.json
+
+Rank 0 is the engine core: it runs vLLM's real `EngineCoreProc._process_input_queue` with
+capplan's idle hook installed, and its `collective_rpc` broadcasts the call to every worker and
+gathers their answers, as vLLM's multiprocessing executor does (one ordered broadcast for steps
+and calls alike). Ranks 1..WORLD-1 are the TP workers: each installs the plan into vLLM's real
+`ModelCudaGraphManager`, and runs every step the core broadcasts through the hooked
+`GPUModelRunner.execute_model` (its body stood in for, as in deferred_runtime_check.py).
+
+vLLM's capture needs a GPU, so it is stood in for by what makes a TP capture a collective: each
+graph's capture all-reduces its address over the workers' group (a TP forward all-reduces, and
+vLLM's `graph_capture` registers the custom all-reduce's graph buffers across the group as it
+exits). After every step each
+worker dispatches a grid of batches through the hooked manager and all-reduces a digest of what
+it would replay: the ranks must agree on both, at every step.
+
+MODE:
+- lockstep:   capplan as it runs (more than one TP rank: no step captures, idle turns only).
+- pipeline:   the same with the workers as pipeline stages (TP 1 each): stage 1 sends the padded
+              batch's activations to stage 2, so the stages must replay alike too.
+- rank_local: the control: step captures left on, each rank's step-pause rule reading its own
+              capture times, which differ a little between ranks (rank 1's latest captures here
+              read 10 ms, the others' 60 ms). The ranks must be seen to diverge (or hang, which
+              the timeout ends).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import inspect
+import json
+import queue
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+rank, world, port, mode, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], Path(sys.argv[5])
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+TIMEOUT = datetime.timedelta(seconds=6 if mode == "rank_local" else 30)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT)
+TP = dist.new_group(list(range(1, world)), timeout=TIMEOUT)  # every rank takes part in making it
+
+import deferred_runtime_check as drc  # noqa: E402  (vLLM's classes, the stand-ins' shapes)
+import vllm.v1.worker.gpu.async_utils as async_utils  # noqa: E402
+import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
+import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from runtime_check import model_manager  # noqa: E402
+from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
+
+from capplan.loading import spec_from_data  # noqa: E402
+from capplan.planner import compile_plan  # noqa: E402
+from capplan.planner.lora_cases import kernel_slots  # noqa: E402
+from capplan.runtime import registry  # noqa: E402
+
+TP_SIZE = world - 1
+# The plan leaves tensor_parallel_size unpinned (it changes no graph), so the oracle's TP-1 config passes
+# capplan's engine check; the manager is then given the TP size, which is all deferred capture reads.
+SPEC = {**drc.SPEC, "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1}}
+VLLM_CAPTURE = cg.ModelCudaGraphManager.capture
+report: dict = {"rank": rank, "mode": mode, "vllm": drc.vllm.__version__}
+mismatches: list[str] = []
+captured_order: list[int] = []
+
+
+def agree(kind: int, value: int, what: str) -> None:
+    """All-reduce (kind, value) over the workers' group, MIN and MAX: the ranks agree when both match."""
+    low = torch.tensor([kind, value], dtype=torch.int64)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=TP)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=TP)
+    if not torch.equal(low, high):
+        mismatches.append(f"{what}: ranks differ ({low.tolist()} against {high.tolist()})")
+
+
+@functools.wraps(VLLM_CAPTURE)  # vLLM's signature, which capplan checks and binds by name
+def collective_capture(*args, **kwargs):
+    arguments = inspect.signature(VLLM_CAPTURE).bind(*args, **kwargs).arguments
+    manager = arguments["self"]
+    hook = arguments.get("lora_capture_hook")
+    for descs in manager._capture_descs.values():
+        for desc in descs:
+            if hook is not None:
+                hook(desc.num_active_loras, desc.num_reqs or min(desc.num_tokens, 16), desc.num_tokens)
+            gid = drc.address_of(PLAN, desc)
+            agree(1, gid, f"capture of graph {gid}")
+            captured_order.append(gid)
+    manager._graphs_captured = True
+    return {}
+
+
+def digest(manager) -> int:
+    """What this rank would replay for a grid of batches, as one number."""
+    seen = []
+    for r in (1, 2, 3, 5, 8, 13, 16):
+        for t in sorted({r, 2 * r, 3 * r + 1, 7 * r, 31, 100, 250, 512}):
+            if t < r or t > 512:
+                continue
+            q = -(-t // r)
+            for k in range(0, min(r, 4) + 1):
+                desc = manager.dispatch(r, t, q if t == q * r else None, kernel_slots(k, k < r))
+                seen.append((desc.cg_mode.name, desc.num_tokens, desc.num_reqs, desc.num_active_loras))
+    return int.from_bytes(hashlib.sha256(repr(seen).encode()).digest()[:7], "big")
+
+
+def broadcast(event):
+    box = [event]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+cg.ModelCudaGraphManager.capture = collective_capture
+runner_mod.GPUModelRunner.execute_model = drc.fake_step
+async_utils.AsyncOutput.get_output = drc.fake_get_output
+if drc.RELEASE.profiling_capture:
+    runner_mod.GPUModelRunner.profile_cudagraph_memory = drc.fake_profile
+SPEC_OBJ = spec_from_data(SPEC, "tp-deferred")
+PLAN = compile_plan(SPEC_OBJ)
+assert PLAN.tiers is not None
+state = registry.install(PLAN, "tp-deferred.plan.yaml")
+
+
+def engine_core() -> None:
+    """The schedule: steps, then idle turns of vLLM's hooked loop, and so on until all landed."""
+    turns: list[str] = []
+    pending_seen: list[int] = []
+    inputs = drc.Inputs()
+
+    def collective_rpc(fn):
+        broadcast(("rpc", fn))
+        answers = [None] * world
+        dist.gather_object(None, answers, dst=0)
+        pending_seen.append(max(answers[1:]))
+        return answers[1:]
+
+    core = SimpleNamespace(
+        has_work=lambda: False,
+        input_queue=inputs,
+        aborts_queue=queue.Queue(),
+        is_sleeping=lambda: False,
+        is_running=lambda: True,
+        collective_rpc=collective_rpc,
+        _handle_client_request=lambda kind, request: None,
+        _notify_idle_state_callbacks=lambda: None,
+        process_input_queue_block=True,
+    )
+    steps = 0
+    for _ in range(200):
+        for _ in range(5):
+            broadcast(("step", steps))
+            steps += 1
+        for _ in range(3):
+            try:
+                EngineCoreProc._process_input_queue(core)
+                turns.append("returned")
+            except drc.WouldBlock:
+                turns.append("blocked")
+        if pending_seen and pending_seen[-1] == 0:
+            break
+    for _ in range(5):
+        broadcast(("step", steps))
+        steps += 1
+    broadcast(("stop", None))
+    report.update(steps=steps, idle_rpcs=len(pending_seen), pending_seen=pending_seen, turns=turns)
+
+
+def worker() -> None:
+    deferred = state.deferred
+    manager = model_manager(SPEC_OBJ.model_dump(mode="json"))
+    if mode == "pipeline":  # vLLM's manager reads the stage from get_pp_group(); the oracle builds one stage
+        manager.is_first_pp_rank, manager.is_last_pp_rank = rank == 1, rank == world - 1
+    else:  # vLLM's manager reads tensor_parallel_size into tp_size; the oracle builds TP 1
+        manager.tp_size = TP_SIZE
+    adapters = drc.FakeAdapterManager()
+    deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
+    if mode == "rank_local":
+        deferred.ready_only = _keep_step_captures(deferred.ready_only, deferred)
+    tables = SimpleNamespace(input_block_tables=[torch.zeros((16, 8), dtype=torch.int32)])
+    manager.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+                    lora_capture_hook=lambda *a: None)  # fmt: skip
+    report["step_captures"] = deferred.step_captures
+    if mode == "rank_local":
+        for times in deferred.recent_seconds.values():
+            times.append(0.01 if rank == 1 else 0.06)
+    runner = SimpleNamespace(
+        execute_model_state=None,
+        lora_config=None,
+        lora_manager=deferred.runner.lora_manager,
+        parallel_config=SimpleNamespace(tensor_parallel_size=TP_SIZE, pipeline_parallel_size=1),
+    )
+    states = 0
+    digests = [digest(manager)]
+    agree(3, digests[0], "start-up dispatch")
+    while True:
+        kind, payload = broadcast(None)
+        if kind == "stop":
+            break
+        if kind == "step":
+            runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
+            digests.append(digest(manager))
+            agree(2, digests[-1], f"dispatch after step {payload}")
+        else:
+            answer = payload(None)  # capplan's capture_when_idle, as vLLM's worker runs an RPC
+            digests.append(digest(manager))
+            agree(4, digests[-1], "dispatch after an idle capture")
+            dist.gather_object(answer, None, dst=0)
+        states += 1
+    report.update(
+        states=states,
+        captured=sorted(deferred.captured),
+        captured_order=captured_order,
+        final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
+        deferred_in_plan_order=captured_order[len(deferred.ready_ids) :] == list(PLAN.tiers.deferred),
+        left_to_idle=deferred.left_to_idle,
+        dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
+    )
+
+
+def _keep_step_captures(original, deferred):
+    def ready_only(manager):
+        original(manager)
+        deferred.step_captures = True  # the control: each rank's own step-pause rule decides
+
+    return ready_only
+
+
+try:
+    if rank == 0:
+        engine_core()
+    else:
+        worker()
+    report["error"] = None
+except Exception as exc:  # the control's ranks diverge: a collective pairs wrongly or times out
+    report["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+report["mismatches"] = mismatches[:10]
+report["mismatch_count"] = len(mismatches)
+out.write_text(json.dumps(report, indent=2, default=str))
