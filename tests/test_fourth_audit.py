@@ -474,6 +474,8 @@ def test_tiers_under_tensor_and_pipeline_parallelism_compile_and_launch():
     assert plan.tiers is not None and plan.tiers.deferred
     tiered = ROOT / "examples" / "h200-tiny-llama-025-tiers.plan.yaml"
     for flags in (["-tp", "2"], ["-pp", "2"]):
-        result = runner.invoke(app, ["apply", "--runner", "mrv2", "--dry-run", str(tiered), "--", "vllm", "serve", "M", *flags])
+        result = runner.invoke(
+            app, ["apply", "--runner", "mrv2", "--dry-run", str(tiered), "--", "vllm", "serve", "M", *flags]
+        )
         assert result.exit_code == 0, result.output
         assert " ".join(flags) in result.stdout

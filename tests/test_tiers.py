@@ -433,3 +433,31 @@ def test_per_graph_memory_estimate_is_an_upper_confidence_limit_without_each_mod
     pages = [0, 2 * mib] * 20
     few, many = per_graph_estimate(["FULL"] * 9, pages[:9]), per_graph_estimate(["FULL"] * 41, [0, *pages])
     assert 1 * mib < many < few
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["PIECEWISE", "FULL"]), st.integers(-(2**31), 2**34)),
+        max_size=60,
+    )
+)
+def test_per_graph_memory_estimate_never_under_the_later_captures_mean(captures):
+    """Generated capture measurements (memory given back included): the estimate is a whole
+    number of bytes, never negative, and never under the mean it bounds."""
+    from capplan.runtime.deferred.capture import per_graph_estimate
+
+    modes = [m for m, _ in captures]
+    sizes = [s for _, s in captures]
+    estimate = per_graph_estimate(modes, sizes)
+    assert isinstance(estimate, int) and estimate >= 0
+    seen: set[str] = set()
+    later = []
+    for mode, size in captures:
+        if mode in seen:
+            later.append(max(size, 0))
+        seen.add(mode)
+    use = later or [max(s, 0) for s in sizes]
+    if use:
+        assert estimate >= sum(use) / len(use) - 1e-6 * max(use)
+        assert estimate <= max(use) * (1 + 1.645) + 1

@@ -369,7 +369,8 @@ class Tiers(_Strict):
         le=1_000_000,
         description=(
             "While the engine serves, capture one deferred graph before every Nth model-runner step "
-            "(that step waits for it); while it is idle, one after another."
+            "(that step waits for it, when its mode's recent captures took at most 50 ms, and never under "
+            "tensor or pipeline parallelism); while it is idle, one after another."
         ),
     )
 

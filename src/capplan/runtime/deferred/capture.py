@@ -104,7 +104,7 @@ def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
         return 0
     mean = sum(use) / len(use)
     spread = (sum((u - mean) ** 2 for u in use) / (len(use) - 1)) ** 0.5 if len(use) > 1 else mean
-    return math.ceil(mean + 1.645 * spread / len(use) ** 0.5)
+    return int(math.ceil(mean + 1.645 * spread / len(use) ** 0.5))
 
 
 class DeferredCapture:
