@@ -158,19 +158,20 @@ def test_verify_fails_on_a_fallback_of_another_mode_a_deferred_anchor_and_a_loop
 
 
 def test_spec_refuses_tiers_where_they_cannot_be_safe():
-    with pytest.raises(SpecError, match="needs DP ranks that do not pad to one another"):
-        spec_from_data(tiered(parallel={"data_parallel_size": 2, "moe": True}), "s")
+    with pytest.raises(SpecError, match="captures at DP-synced steps, which capplan does not keep in lockstep"):
+        spec_from_data(tiered(parallel={"data_parallel_size": 2, "moe": True, "pipeline_parallel_size": 2}), "s")
     with pytest.raises(SpecError, match="speculative decoding"):
         spec_from_data(tiered(speculative={"num_speculative_tokens": 1}), "s")
     # every reason at once, each with its fix
     with pytest.raises(SpecError) as every:
         spec_from_data(
-            {**tiered(), "target": {"vllm": "0.29.0"}, "parallel": {"data_parallel_size": 2, "moe": True},
+            {**tiered(), "target": {"vllm": "0.29.0"},
+             "parallel": {"data_parallel_size": 2, "moe": True, "pipeline_parallel_size": 2},
              "speculative": {"num_speculative_tokens": 1}},
             "s",
         )  # fmt: skip
     message = every.value.message
-    assert "DP ranks that do not pad" in message and "speculative decoding" in message
+    assert "DP-synced steps" in message and "speculative decoding" in message
     # the ready list's forms, in words
     for ready, said in (
         ([], r"tiers.ready: \[\] names no graph"),
@@ -306,14 +307,16 @@ def test_optimize_ready_share_refusals_write_nothing(tmp_path, args, fragment):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_optimize_ready_share_refuses_a_dp_spec(tmp_path):
+def test_optimize_ready_share_refuses_dp_under_pipeline_parallelism(tmp_path):
     spec = tmp_path / "dp.yaml"
     served = yaml.safe_load((ROOT / "examples" / "served" / "llama0.9b.yaml").read_text())
-    spec.write_text(yaml.safe_dump({**served, "parallel": {"data_parallel_size": 2, "moe": True}}))
+    spec.write_text(
+        yaml.safe_dump({**served, "parallel": {"data_parallel_size": 2, "moe": True, "pipeline_parallel_size": 2}})
+    )
     trace = tmp_path / "t.jsonl"
     trace.write_text((ROOT / "examples" / "served" / "trace-a.jsonl").read_text())
     result = runner.invoke(app, ["optimize", str(spec), str(trace), "--ready-share", "0.9"])
-    assert result.exit_code == 2 and "deferred capture needs DP ranks that do not pad to one another" in result.output
+    assert result.exit_code == 2 and "which capplan does not keep in lockstep across pipeline stages" in result.output
     assert not (tmp_path / "dp.optimized.yaml").exists()
 
 
@@ -461,3 +464,27 @@ def test_per_graph_memory_estimate_never_under_the_later_captures_mean(captures)
     if use:
         assert estimate >= sum(use) / len(use) - 1e-6 * max(use)
         assert estimate <= max(use) * (1 + 1.645) + 1
+
+
+def test_with_dp_ranks_that_pad_alike_every_lora_case_of_a_size_is_in_one_tier():
+    """MoE DP: each rank replays the DP-agreed batch with its own LoRA count, so a size is ready
+    or deferred in every LoRA case at once, and the runtime captures a deferred size's cases
+    together (`case_groups`); a dense model's DP ranks are independent engines."""
+    from capplan.planner.tiers import across_cases, case_groups
+
+    for moe, closed in ((True, True), (False, False)):
+        spec = spec_from_data(
+            tiered(["FULL:1x1@0", "PIECEWISE:24@1"], parallel={"data_parallel_size": 2, "moe": moe}), "s"
+        )
+        plan = compile_plan(spec)
+        assert plan.tiers is not None and plan.tiers.deferred
+        deferred = set(plan.tiers.deferred)
+        tiers_of: dict[tuple, set[bool]] = {}
+        for g in plan.graphs:
+            tiers_of.setdefault(across_cases(g.descriptor), set()).add(g.id in deferred)
+        assert all(len(t) == 1 for t in tiers_of.values()) is closed
+        groups = case_groups(plan.graphs, plan.tiers.deferred)
+        assert sorted(g for group in groups for g in group) == sorted(plan.tiers.deferred)
+        for group in groups:
+            assert len({across_cases(plan.graphs[g].descriptor) for g in group}) == 1
+        assert verify_plan(plan).ok

@@ -36,6 +36,7 @@ import torch.distributed as dist  # noqa: E402
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 
+import dp_batches  # noqa: E402
 import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
 import vllm.distributed.parallel_state as ps  # noqa: E402
 import vllm.v1.worker.gpu.dp_utils as dp_utils  # noqa: E402
@@ -61,39 +62,10 @@ SPEC = {
     "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
     "parallel": {"data_parallel_size": 2, "moe": True},
 }
-MAX_LORAS = 4
+MAX_LORAS = dp_batches.MAX_LORAS
+batch = dp_batches.batch
 # The runner passes max_query_len to DP sync from 0.28 (None with a prefill in the batch).
 PASSES_MAX_QUERY_LEN = runtime_check.RELEASE.rules.max_query_len_in_descriptor
-
-
-def lora_count(adapters: int, base: bool, dummy: bool) -> int:
-    """vLLM's (or, under lora_slot, the plan's) count for a batch, via the runner's function."""
-    names = [f"a{i}" for i in range(adapters)] + (["base"] if base else [])
-    state = SimpleNamespace(
-        lora_requests={f"a{i}": i + 1 for i in range(adapters)},
-        get_activate_loras=lambda ids: {x for x in ids if x.startswith("a")},
-    )
-    return runner_mod.get_num_active_loras_for_dispatch(SimpleNamespace(max_loras=MAX_LORAS), state, names, dummy)
-
-
-def batch(rng: random.Random, busy: bool = False) -> tuple[int, int, int | None, int, int, dict | None]:
-    """(num_reqs, num_tokens, uniform, max_query_len, lora count, trace line or None when idle)
-    for one step of this rank (`busy`: never idle)."""
-    kind = rng.random()
-    if busy:
-        kind = 0.15 + 0.85 * kind
-    if kind < 0.15:  # idle rank: vLLM runs a one-token dummy batch
-        return 1, 1, 1, 1, lora_count(0, False, True), None
-    reqs = rng.randint(1, 16)
-    adapters = rng.randint(0, min(reqs, MAX_LORAS))
-    base = adapters < reqs and rng.random() < 0.6
-    line: dict = {"num_reqs": reqs, "num_active_loras": adapters, "base": base and adapters > 0}
-    if kind < 0.75:  # uniform decode
-        return reqs, reqs, 1, 1, lora_count(adapters, base, False), {**line, "num_tokens": reqs, "max_query_len": 1}
-    tokens = rng.randint(reqs, 256 if kind > 0.95 else 48)  # sometimes past the largest graph, within the budget
-    q = -(-tokens // reqs)
-    line |= {"num_tokens": tokens, "max_query_len": q}
-    return reqs, tokens, (q if q * reqs == tokens else None), q, lora_count(adapters, base, False), line
 
 
 def main() -> None:

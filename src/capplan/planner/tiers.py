@@ -63,6 +63,23 @@ def warm_set(graphs: list[PlannedGraph]) -> set[int]:
     return {g.id for g in best.values()}
 
 
+def across_cases(d: Descriptor) -> tuple[str, int, int | None, int | None, int | None]:
+    """A graph's size and shape without its LoRA case: what DP ranks that pad to one another must
+    replay alike, each with its own LoRA count."""
+    return (d.cg_mode, d.num_tokens, d.num_reqs, d.uniform_token_count, d.max_query_len)
+
+
+def case_groups(graphs: list[PlannedGraph], ids: list[int]) -> list[list[int]]:
+    """`ids` (in their order) grouped by `across_cases`, each group where its first graph is:
+    the graphs DP ranks capture together, so that at every step either every LoRA case of a size
+    and shape is captured or none is, and every rank's fallback for the DP-agreed batch is a
+    graph of one size."""
+    groups: dict[tuple[str, int, int | None, int | None, int | None], list[int]] = {}
+    for gid in ids:
+        groups.setdefault(across_cases(graphs[gid].descriptor), []).append(gid)
+    return list(groups.values())
+
+
 def chosen_ready(spec: Spec, graphs: list[PlannedGraph]) -> set[int]:
     """The graph ids the spec names ready (before anchors are added); raises ValueError naming
     an address that is not a graph of the plan."""
@@ -157,10 +174,14 @@ def can_stand_in(f: Descriptor, g: Descriptor, f_grid: int | None, needs: int) -
 
 
 def tier_plan(spec: Spec, graphs: list[PlannedGraph]) -> TierPlan:
-    """The plan's tiers: ready graphs (the spec's choice, the anchors and the warm set), the
-    deferred ones in capture order, and each deferred graph's fallback."""
+    """The plan's tiers: ready graphs (the spec's choice, the anchors and the warm set; with DP
+    ranks that pad to one another, every LoRA case of their sizes), the deferred ones in capture
+    order, and each deferred graph's fallback."""
     assert spec.tiers is not None
     ready = chosen_ready(spec, graphs) | anchors(graphs) | warm_set(graphs)
+    if spec.parallel.synced_size > 1:  # DP ranks pad to one another: every LoRA case of a ready size is ready
+        sizes = {across_cases(graphs[gid].descriptor) for gid in ready}
+        ready |= {g.id for g in graphs if across_cases(g.descriptor) in sizes}
     deferred = [g.id for g in graphs if g.id not in ready]
     by_key: dict[tuple[str, int | None, int | None, int], list[PlannedGraph]] = {}
     for g in graphs:

@@ -28,6 +28,7 @@ class Deferral(Protocol):
     pending: list[int]
     lock: threading.Lock
     runner: Any
+    synced: bool  # DP ranks that pad to one another: captures at DP-synced steps, dummy steps too
     profiling_extra: int  # bytes added to vLLM's CUDA-graph memory estimate (releases that profile it)
 
     def resolve(self, graph_id: int) -> int: ...

@@ -641,13 +641,12 @@ def deferred_capture_refusals(spec: Spec) -> list[tuple[str, str]]:
     (none: it can). The one rule for tiers: the spec, `optimize --ready-share` and the
     runtime read it here."""
     out: list[tuple[str, str]] = []
-    if spec.parallel.synced_size > 1:
+    if spec.parallel.synced_size > 1 and (spec.parallel.pipeline_parallel_size or 1) > 1:
         out.append(
             (
-                "deferred capture needs DP ranks that do not pad to one another (an MoE model's ranks pad to the "
-                "same graph, so they would have to agree on which graphs exist at every step, and capturing one runs "
-                "the expert all-to-all across every DP rank)",
-                "remove tiers, or set data_parallel_size 1",
+                "deferred capture with DP ranks that pad to one another (an MoE model's) captures at DP-synced "
+                "steps, which capplan does not keep in lockstep across pipeline stages",
+                "remove tiers, or set pipeline_parallel_size 1",
             )
         )
     if spec.speculative.num_speculative_tokens:

@@ -10,7 +10,10 @@ What makes it safe, and where each piece lives:
   its inputs are prepared, one graph before every `every_steps`-th step, when it is expected
   to take at most `STEP_PAUSE_BUDGET_S` (else it waits for an idle turn); and while the
   engine core is idle (no work, no step in its batch queue, not asleep), one graph per idle
-  turn, through `collective_rpc`, so every worker captures in the same order.
+  turn, through `collective_rpc`, so every worker captures in the same order. The previous
+  step's GPU work is ordered before the capture by the capture stream's wait on the
+  current stream and the device synchronization of `torch.cuda.graph` (and capplan's own
+  after each capture).
 - Tensor and pipeline parallel: every rank must capture the same graph at the same moment
   (a TP capture runs the model's all-reduces, and vLLM's `graph_capture` registers the
   custom all-reduce's graph buffers across the group as it exits), and every rank must
@@ -19,10 +22,16 @@ What makes it safe, and where each piece lives:
   every deferred graph is captured on the engine core's idle turns, where one
   `collective_rpc` reaches every worker at the same point of the step sequence (vLLM's
   executor broadcasts steps and calls in one order), and every rank's captured set, hence
-  every dispatch, is the same after each. The previous
-  step's GPU work is ordered before the capture by the capture stream's wait on the
-  current stream and the device synchronization of `torch.cuda.graph` (and capplan's own
-  after each capture).
+  every dispatch, is the same after each.
+- Data parallel where the ranks pad to one another (an MoE model's): capturing a graph runs
+  the expert all-to-all across every DP rank, and each rank replays, for the DP-agreed batch,
+  the graph its own LoRA count dispatches to. So the ranks capture in lockstep at DP-synced
+  steps: every model-runner step (a DP rank with no work runs vLLM's dummy batch, through the
+  same `execute_model`) counts on every rank alike, and before every `every_steps`-th one each
+  rank captures the next group of graphs, every LoRA case of one size and shape
+  (`planner.tiers.case_groups`; the ready set is closed the same way), on no rank-local
+  time. With every case of a size captured or none, every rank's fallback for the agreed batch
+  is a graph of one size. No idle captures there: each DP rank's engine core idles on its own.
 - vLLM captures with CUDA's global capture mode, under which another thread's CUDA calls
   fail. The only other thread of a worker that touches CUDA while serving is the async
   output thread (`AsyncOutput.get_output` waits on its copy event); it and a capture
@@ -33,7 +42,8 @@ What makes it safe, and where each piece lives:
   0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on
   a throwaway pool before the ready capture). Each ready graph is captured in a call of its
   own, so each one's memory is measured. What the deferred graphs are estimated to need (the
-  mean memory of this engine's own captures so far, leaving out the first of each mode, which
+  upper 95% confidence limit of the mean memory of this engine's own captures so far, leaving
+  out the first of each mode, which
   allocates the pool's base; times the graphs pending) is held as one block; a start without
   that much left stops there. Each deferred capture gives the block back, and the estimate,
   with that capture's measurement in it, is held again for the graphs still pending
@@ -43,10 +53,8 @@ What makes it safe, and where each piece lives:
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
 
-Refused where it cannot be made safe: data parallel where the ranks pad to one graph (an
-MoE model's: they would have to agree on which graphs exist at every step, and capturing
-one runs the expert all-to-all across every DP rank), and speculative decoding (vLLM
-captures the drafter's graphs with the model's).
+Refused where it cannot be made safe: speculative decoding (vLLM captures the drafter's
+graphs with the model's), and DP ranks that pad to one another under pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from capplan.errors import EngineRefusal
-from capplan.planner.tiers import replayed
+from capplan.planner.tiers import case_groups, replayed
 from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.schemas.plan import address
@@ -136,6 +144,9 @@ class DeferredCapture:
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
         self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
+        # DP ranks that pad to one another: whole groups at DP-synced steps, dummy steps counted too
+        self.synced = plan.spec.parallel.synced_size > 1
+        self.group_of = {g: group for group in case_groups(plan.graphs, self.pending) for g in group}
         self.steps = 0
         self.fallback_steps = 0
         self.captures: list[dict[str, Any]] = []
@@ -264,6 +275,9 @@ class DeferredCapture:
         every_steps-th step, between steps only."""
         if not self.pending or not self.active:
             return
+        if self.synced:
+            self._synced_step(runner)
+            return
         if runner.execute_model_state is not None:
             return  # a step's sampling is still pending: not between steps
         self.steps += 1
@@ -273,6 +287,21 @@ class DeferredCapture:
                 self.left_to_idle += 1  # this step does not wait: the graph lands on an idle turn
                 return
             seconds = self.capture_next("step")
+            self.longest_step_pause = max(self.longest_step_pause, seconds)
+
+    def _synced_step(self, runner: Any) -> None:
+        """A DP-synced step starts (a real batch or vLLM's dummy one, alike on every DP rank):
+        before every every_steps-th, capture the next group, every LoRA case of one size."""
+        if runner.execute_model_state is not None:
+            raise RuntimeError(
+                "capplan: a data-parallel step started while the last step's sampling was pending; deferred "
+                "capture keeps DP ranks in lockstep only between steps, so the engine stops rather than let the "
+                "ranks capture apart (remove tiers from the spec)"
+            )
+        self.steps += 1
+        if self.steps % self.tiers.every_steps == 0:
+            group = [g for g in self.group_of[self.pending[0]] if g in self.pending]
+            seconds = sum(self.capture_next("dp_step", gid) for gid in group)
             self.longest_step_pause = max(self.longest_step_pause, seconds)
 
     def expected_seconds(self, gid: int) -> float | None:
@@ -287,15 +316,17 @@ class DeferredCapture:
     def capture_idle(self) -> int:
         """One deferred capture while the engine core is idle (no step in flight: its batch queue
         is empty); the graphs still pending, 0 when this process defers none."""
+        if self.synced:
+            return 0  # each DP rank's core idles on its own: captures only at DP-synced steps
         if self.pending and self.active:
             seconds = self.capture_next("idle")
             self.longest_idle_capture = max(self.longest_idle_capture, seconds)
         return len(self.pending) if self.active else 0
 
-    def capture_next(self, trigger: str) -> float:
-        """Capture the next deferred graph (plan order); its seconds."""
+    def capture_next(self, trigger: str, gid: int | None = None) -> float:
+        """Capture deferred graph `gid` (default: the next, in plan order); its seconds."""
         engine = self.engine
-        gid = self.pending[0]
+        gid = self.pending[0] if gid is None else gid
         assert self.call is not None
         with self.lock:
             # The warm-up pass really runs: its dummy block-table rows are the persistent ones,
@@ -313,7 +344,7 @@ class DeferredCapture:
                 self._timed(gid, seconds)
             finally:
                 self.manager._capture_descs = kept
-            self.pending.pop(0)
+            self.pending.remove(gid)
             self.landed.append(gid)
             self.deferred_bytes.append(used)
             if self.pending:
@@ -418,6 +449,7 @@ class DeferredCapture:
             "fallback_steps": self.fallback_steps,
             "longest_step_pause_seconds": round(self.longest_step_pause, 4),
             "step_captures": self.step_captures,
+            "dp_synced_captures": self.synced,
             "step_pause_budget_seconds": STEP_PAUSE_BUDGET_S,
             "step_captures_left_to_idle": self.left_to_idle,
             "longest_idle_capture_seconds": round(self.longest_idle_capture, 4),

@@ -2,7 +2,9 @@
 
 - `GPUModelRunner.execute_model`: as a real step starts, before its inputs are prepared,
   one deferred graph before every `every_steps`-th step (between steps only:
-  `sample_tokens` clears the state `execute_model` sets).
+  `sample_tokens` clears the state `execute_model` sets). With DP ranks that pad to one
+  another, vLLM's dummy batches count too (an idle DP rank's step), and each capture is a
+  group: every LoRA case of one size, on every DP rank at the same synced step.
 - `AsyncOutput.get_output`, `AsyncPoolingOutput.get_output`: the async output thread
   never waits on the GPU while a graph is captured (CUDA's global capture mode fails
   another thread's event waits): both take the capture lock.
@@ -71,7 +73,8 @@ def _step(engine: Engine, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def execute_model(*args: Any, **kwargs: Any) -> Any:
         call = bind(args, kwargs)
-        if not call["dummy_run"] and deferred.pending:
+        # A DP rank with no work runs vLLM's dummy batch through here: a DP-synced step too.
+        if (not call["dummy_run"] or deferred.synced) and deferred.pending:
             runner = call["self"]
             if not checked:
                 check_attributes(SAMPLING, runner)
@@ -100,6 +103,8 @@ def _locked(engine: Engine, hook: Hook, original: Any) -> Any:
 
 def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
     assert engine.plan.tiers is not None
+    if engine.plan.spec.parallel.synced_size > 1:
+        return original  # DP ranks that pad to one another capture at DP-synced steps only
     pending = [len(engine.plan.tiers.deferred)]  # as the workers last reported
     # The core's own process_input_queue_block, kept while graphs are pending. Only vLLM's
     # elastic-EP reconfiguration writes it while serving, on MoE DP engines, where tiers are
