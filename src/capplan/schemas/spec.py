@@ -370,7 +370,9 @@ class Tiers(_Strict):
         description=(
             "While the engine serves, capture one deferred graph before every Nth model-runner step "
             "(that step waits for it, when its mode's recent captures took at most 50 ms, and never under "
-            "tensor or pipeline parallelism); while it is idle, one after another."
+            "tensor or pipeline parallelism); while it is idle, one after another. With DP ranks that pad to "
+            "one another (MoE), every Nth DP-synced step captures every LoRA case of one size, and idle turns "
+            "capture nothing."
         ),
     )
 
