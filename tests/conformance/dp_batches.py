@@ -7,9 +7,25 @@ import random
 from types import SimpleNamespace
 
 import runtime_check  # noqa: F401  (puts the oracle on the path, imports vLLM)
+import torch.distributed as dist
+import vllm.distributed.parallel_state as ps
+import vllm.v1.worker.gpu.dp_utils as dp_utils
 import vllm.v1.worker.gpu.model_runner as runner_mod
 
 MAX_LORAS = 4
+
+
+def stand_in_dp_group(rank: int) -> None:
+    """vLLM's DP group, stood in for by the gloo world group (everything else is vLLM's code)."""
+    group = SimpleNamespace(
+        cpu_group=dist.group.WORLD,
+        rank_in_group=rank,
+        cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD),
+    )
+    ps.get_dp_group = lambda: group
+    dp_utils.get_dp_group = lambda: group
+    if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
+        dp_utils.should_skip_dp_coordination = lambda: False
 
 
 def lora_count(adapters: int, base: bool, dummy: bool) -> int:

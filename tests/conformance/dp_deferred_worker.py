@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import inspect
 import json
 import os
 import random
@@ -41,29 +40,18 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 dist.init_process_group(
-    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30)
+    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=240)
 )
 
 import deferred_runtime_check as drc  # noqa: E402  (vLLM's classes, the stand-ins' shapes)
 import dp_batches  # noqa: E402
 import runtime_check  # noqa: E402
-import vllm.distributed.parallel_state as ps  # noqa: E402
-import vllm.v1.worker.gpu.async_utils as async_utils  # noqa: E402
-import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
-import vllm.v1.worker.gpu.dp_utils as dp_utils  # noqa: E402
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from collectives import Lockstep, stand_in_gpu  # noqa: E402
 
-from capplan.loading import spec_from_data  # noqa: E402
-from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
 
-group = SimpleNamespace(
-    cpu_group=dist.group.WORLD, rank_in_group=rank, cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD)
-)
-ps.get_dp_group = lambda: group
-dp_utils.get_dp_group = lambda: group
-if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
-    dp_utils.should_skip_dp_coordination = lambda: False
+dp_batches.stand_in_dp_group(rank)
 
 SPEC = {
     "target": {"vllm": runtime_check.RELEASE.version},
@@ -74,36 +62,9 @@ SPEC = {
     "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 40},  # a group every 40 steps: long intermediate states
 }
 PASSES_MAX_QUERY_LEN = runtime_check.RELEASE.rules.max_query_len_in_descriptor
-VLLM_CAPTURE = cg.ModelCudaGraphManager.capture
 VLLM_STEP = runner_mod.GPUModelRunner.execute_model
-mismatches: list[str] = []
-captured_order: list[int] = []
-
-
-def agree(kind: int, value: int, what: str) -> None:
-    """All-reduce (kind, value) over the DP group, MIN and MAX: the ranks agree when both match."""
-    low = torch.tensor([kind, value], dtype=torch.int64)
-    high = low.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    if not torch.equal(low, high):
-        mismatches.append(f"{what}: ranks differ ({low.tolist()} against {high.tolist()})")
-
-
-@functools.wraps(VLLM_CAPTURE)  # vLLM's signature, which capplan checks and binds by name
-def collective_capture(*args, **kwargs):
-    arguments = inspect.signature(VLLM_CAPTURE).bind(*args, **kwargs).arguments
-    manager = arguments["self"]
-    hook = arguments.get("lora_capture_hook")
-    for descs in manager._capture_descs.values():
-        for desc in descs:
-            if hook is not None:
-                hook(desc.num_active_loras, desc.num_reqs or min(desc.num_tokens, 16), desc.num_tokens)
-            gid = drc.address_of(PLAN, desc)
-            agree(1, gid, f"capture of graph {gid}")  # the expert all-to-all inside the capture
-            captured_order.append(gid)
-    manager._graphs_captured = True
-    return {}
+LOCKSTEP = Lockstep()  # the DP group: the gloo world
+agree = LOCKSTEP.agree
 
 
 @functools.wraps(VLLM_STEP)
@@ -117,14 +78,7 @@ def dp_step(self, scheduler_output, intermediate_tensors=None, dummy_run=False, 
     return desc
 
 
-cg.ModelCudaGraphManager.capture = collective_capture
-runner_mod.GPUModelRunner.execute_model = dp_step
-async_utils.AsyncOutput.get_output = drc.fake_get_output
-if drc.RELEASE.profiling_capture:
-    runner_mod.GPUModelRunner.profile_cudagraph_memory = drc.fake_profile
-SPEC_OBJ = spec_from_data(SPEC, "dp-deferred")
-PLAN = compile_plan(SPEC_OBJ)
-assert PLAN.tiers is not None
+SPEC_OBJ, PLAN = stand_in_gpu(LOCKSTEP, dp_step, SPEC, "dp-deferred")
 MANAGER = None
 
 
@@ -166,9 +120,10 @@ def main() -> dict:
         "steps": steps,
         "uncaptured": uncaptured[:10],
         "fallback_steps": fallback_steps,
-        "captured_order": captured_order,
+        "captured_order": LOCKSTEP.captured_order,
         "ready": len(deferred.ready_ids),
-        "deferred_in_plan_groups": sorted(captured_order[len(deferred.ready_ids) :]) == sorted(PLAN.tiers.deferred),
+        "deferred_in_plan_groups": sorted(LOCKSTEP.captured_order[len(deferred.ready_ids) :])
+        == sorted(PLAN.tiers.deferred),
         "pending_after": len(deferred.pending),
         "idle_capture_returns": deferred.capture_idle(),
         "report": state.report.to_json()["deferred"],
@@ -185,8 +140,8 @@ try:
 except Exception as exc:  # the control's ranks can also pair collectives wrongly and time out
     result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     traceback.print_exc()
-result["mismatches"] = mismatches[:10]
-result["mismatch_count"] = len(mismatches)
+result["mismatches"] = LOCKSTEP.mismatches[:10]
+result["mismatch_count"] = len(LOCKSTEP.mismatches)
 out.write_text(json.dumps(result, default=str))
 sys.stdout.flush()
 sys.stderr.flush()

@@ -26,7 +26,6 @@ import random
 import sys
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 rank, port, mode, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 os.environ["CAPPLAN_DP_AUDIT"] = "1"
@@ -38,8 +37,6 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 
 import dp_batches  # noqa: E402
 import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
-import vllm.distributed.parallel_state as ps  # noqa: E402
-import vllm.v1.worker.gpu.dp_utils as dp_utils  # noqa: E402
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
@@ -47,13 +44,7 @@ from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 
-group = SimpleNamespace(
-    cpu_group=dist.group.WORLD, rank_in_group=rank, cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD)
-)
-ps.get_dp_group = lambda: group
-dp_utils.get_dp_group = lambda: group
-if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
-    dp_utils.should_skip_dp_coordination = lambda: False
+dp_batches.stand_in_dp_group(rank)
 
 SPEC = {
     "target": {"vllm": runtime_check.RELEASE.version},

@@ -22,5 +22,13 @@ def releases() -> tuple[str, ...]:
     return found
 
 
+def ends() -> tuple[str, ...]:
+    """The oldest and the newest of `releases()`: for a multi-process check, each process importing
+    vLLM (tens of seconds on two cores), whose subject differs by no release rule. The matrix,
+    one release per run, checks each."""
+    chosen = releases()
+    return tuple(dict.fromkeys((chosen[0], chosen[-1])))
+
+
 if __name__ == "__main__":  # .ci/run prepares the oracle for exactly these
     print(" ".join(releases()))

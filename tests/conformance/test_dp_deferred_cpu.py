@@ -4,56 +4,20 @@ DP ranks, taken in lockstep at DP-synced steps (dummy steps counted), a group at
 every step both ranks replay a captured graph of one size and mode. A control run capturing
 one graph at a time shows the check sees ranks disagree."""
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conformance.releases import releases
-from tests.conformance.test_dp_plan_check import _free_port
-from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
+from tests.conformance.releases import ends
+from tests.conformance.test_dp_sync_cpu import _pair
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).parent / "dp_deferred_worker.py"
 
 
-def _releases() -> tuple[str, ...]:
-    """The oldest and the newest of the releases this run checks (two vLLM imports per run;
-    deferred_runtime_check checks each release's hooks); the matrix, one release per run,
-    checks each."""
-    chosen = releases()
-    return tuple(dict.fromkeys((chosen[0], chosen[-1])))
-
-
-def _pair(version: str, mode: str, tmp: Path) -> list[dict]:
-    if not _oracle_ready(version):
-        _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    port = str(_free_port())
-    outs = [tmp / f"{mode}-{rank}.json" for rank in (0, 1)]
-    procs = [
-        subprocess.Popen(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(WORKER), str(rank), port, mode, str(outs[rank])],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-    return [json.loads(p.read_text()) for p in outs]
-
-
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", ends())
 def test_dp_ranks_capture_in_lockstep_and_replay_one_size_in_every_state(version, tmp_path):
-    r0, r1 = _pair(version, "lockstep", tmp_path)
+    r0, r1 = _pair(version, "lockstep", tmp_path, WORKER)
     assert r0["error"] is None and r1["error"] is None, (r0["error"], r1["error"])
     for r in (r0, r1):
         assert r["mismatch_count"] == 0, r["mismatches"]
@@ -71,7 +35,7 @@ def test_dp_ranks_capture_in_lockstep_and_replay_one_size_in_every_state(version
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", _releases()[:1])
+@pytest.mark.parametrize("version", ends()[:1])
 def test_the_dp_check_sees_one_graph_at_a_time_diverge(version, tmp_path):
-    r0, r1 = _pair(version, "single", tmp_path)
+    r0, r1 = _pair(version, "single", tmp_path, WORKER)
     assert r0["mismatch_count"] or r1["mismatch_count"], (r0["error"], r1["error"])

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).parent / "dp_sync_worker.py"
 
 
-def _pair(version: str, mode: str, tmp: Path) -> list[dict]:
+def _pair(version: str, mode: str, tmp: Path, worker: Path = WORKER) -> list[dict]:
+    """The two ranks of `worker` (a DP check over gloo) in MODE: their result files."""
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
@@ -30,7 +31,7 @@ def _pair(version: str, mode: str, tmp: Path) -> list[dict]:
     outs = [tmp / f"{mode}-{rank}.json" for rank in (0, 1)]
     procs = [
         subprocess.Popen(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(WORKER), str(rank), port, mode, str(outs[rank])],
+            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(worker), str(rank), port, mode, str(outs[rank])],
             env=env,
             cwd=ROOT,
             stdout=subprocess.PIPE,

@@ -11,22 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.releases import releases
+from tests.conformance.releases import ends
 from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).parent / "tp_deferred_worker.py"
 WORLD = 3  # the engine core and two TP workers
-
-
-def _releases() -> tuple[str, ...]:
-    """Three processes import vLLM per run (about 30 s on two cores): the oldest and the newest of
-    the releases this run checks (what capplan does here differs by no release rule, and
-    deferred_runtime_check checks each release's hooks); the matrix, one release per run, checks
-    each."""
-    chosen = releases()
-    return tuple(dict.fromkeys((chosen[0], chosen[-1])))
 
 
 def _run(version: str, mode: str, tmp: Path) -> list[dict]:
@@ -62,7 +53,7 @@ def _run(version: str, mode: str, tmp: Path) -> list[dict]:
 
 @pytest.mark.conformance
 @pytest.mark.parametrize("layout", ["lockstep", "pipeline"])
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", ends())
 def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_path):
     core, *workers = _run(version, layout, tmp_path)
     assert core["error"] is None and all(w["error"] is None for w in workers), [
@@ -81,7 +72,7 @@ def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_p
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", _releases()[:1])
+@pytest.mark.parametrize("version", ends()[:1])
 def test_the_lockstep_check_sees_rank_local_step_captures_diverge(version, tmp_path):
     core, *workers = _run(version, "rank_local", tmp_path)
     assert all(w["step_captures"] is True for w in workers)

@@ -30,9 +30,7 @@ MODE:
 from __future__ import annotations
 
 import datetime
-import functools
 import hashlib
-import inspect
 import json
 import queue
 import sys
@@ -45,19 +43,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-TIMEOUT = datetime.timedelta(seconds=6 if mode == "rank_local" else 30)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT)
-TP = dist.new_group(list(range(1, world)), timeout=TIMEOUT)  # every rank takes part in making it
+# The world group (the core's broadcasts) waits out slow starts: each process imports vLLM, tens of
+# seconds on a loaded machine. The workers' group ends the control's hang (it diverges, then waits).
+START = datetime.timedelta(seconds=240)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=START)
+TP = dist.new_group(list(range(1, world)), timeout=datetime.timedelta(seconds=15) if mode == "rank_local" else START)
 
 import deferred_runtime_check as drc  # noqa: E402  (vLLM's classes, the stand-ins' shapes)
-import vllm.v1.worker.gpu.async_utils as async_utils  # noqa: E402
-import vllm.v1.worker.gpu.cudagraph_utils as cg  # noqa: E402
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from collectives import Lockstep, stand_in_gpu  # noqa: E402
 from runtime_check import model_manager  # noqa: E402
 from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
 
-from capplan.loading import spec_from_data  # noqa: E402
-from capplan.planner import compile_plan  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
 
@@ -65,36 +62,9 @@ TP_SIZE = world - 1
 # The plan leaves tensor_parallel_size unpinned (it changes no graph), so the oracle's TP-1 config passes
 # capplan's engine check; the manager is then given the TP size, which is all deferred capture reads.
 SPEC = {**drc.SPEC, "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1}}
-VLLM_CAPTURE = cg.ModelCudaGraphManager.capture
 report: dict = {"rank": rank, "mode": mode, "vllm": drc.vllm.__version__}
-mismatches: list[str] = []
-captured_order: list[int] = []
-
-
-def agree(kind: int, value: int, what: str) -> None:
-    """All-reduce (kind, value) over the workers' group, MIN and MAX: the ranks agree when both match."""
-    low = torch.tensor([kind, value], dtype=torch.int64)
-    high = low.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=TP)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=TP)
-    if not torch.equal(low, high):
-        mismatches.append(f"{what}: ranks differ ({low.tolist()} against {high.tolist()})")
-
-
-@functools.wraps(VLLM_CAPTURE)  # vLLM's signature, which capplan checks and binds by name
-def collective_capture(*args, **kwargs):
-    arguments = inspect.signature(VLLM_CAPTURE).bind(*args, **kwargs).arguments
-    manager = arguments["self"]
-    hook = arguments.get("lora_capture_hook")
-    for descs in manager._capture_descs.values():
-        for desc in descs:
-            if hook is not None:
-                hook(desc.num_active_loras, desc.num_reqs or min(desc.num_tokens, 16), desc.num_tokens)
-            gid = drc.address_of(PLAN, desc)
-            agree(1, gid, f"capture of graph {gid}")
-            captured_order.append(gid)
-    manager._graphs_captured = True
-    return {}
+LOCKSTEP = Lockstep(TP)
+agree = LOCKSTEP.agree
 
 
 def digest(manager) -> int:
@@ -117,14 +87,7 @@ def broadcast(event):
     return box[0]
 
 
-cg.ModelCudaGraphManager.capture = collective_capture
-runner_mod.GPUModelRunner.execute_model = drc.fake_step
-async_utils.AsyncOutput.get_output = drc.fake_get_output
-if drc.RELEASE.profiling_capture:
-    runner_mod.GPUModelRunner.profile_cudagraph_memory = drc.fake_profile
-SPEC_OBJ = spec_from_data(SPEC, "tp-deferred")
-PLAN = compile_plan(SPEC_OBJ)
-assert PLAN.tiers is not None
+SPEC_OBJ, PLAN = stand_in_gpu(LOCKSTEP, drc.fake_step, SPEC, "tp-deferred")
 state = registry.install(PLAN, "tp-deferred.plan.yaml")
 
 
@@ -216,9 +179,9 @@ def worker() -> None:
     report.update(
         states=states,
         captured=sorted(deferred.captured),
-        captured_order=captured_order,
+        captured_order=LOCKSTEP.captured_order,
         final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
-        deferred_in_plan_order=captured_order[len(deferred.ready_ids) :] == list(PLAN.tiers.deferred),
+        deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :] == list(PLAN.tiers.deferred),
         left_to_idle=deferred.left_to_idle,
         dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
     )
@@ -233,6 +196,7 @@ def _keep_step_captures(original, deferred):
 
 
 try:
+    dist.barrier()  # every process has imported vLLM: what follows runs in step
     if rank == 0:
         engine_core()
     else:
@@ -240,6 +204,6 @@ try:
     report["error"] = None
 except Exception as exc:  # the control's ranks diverge: a collective pairs wrongly or times out
     report["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-report["mismatches"] = mismatches[:10]
-report["mismatch_count"] = len(mismatches)
+report["mismatches"] = LOCKSTEP.mismatches[:10]
+report["mismatch_count"] = len(LOCKSTEP.mismatches)
 out.write_text(json.dumps(report, indent=2, default=str))
