@@ -488,3 +488,45 @@ def test_with_dp_ranks_that_pad_alike_every_lora_case_of_a_size_is_in_one_tier()
         for group in groups:
             assert len({across_cases(plan.graphs[g].descriptor) for g in group}) == 1
         assert verify_plan(plan).ok
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])
+@given(tier_specs())
+def test_dp_ranks_with_different_lora_counts_replay_one_size_in_every_group_state(case):
+    """Generated MoE DP tier specs: in any state the runtime can be in (the ready set and any
+    deferred groups captured), two ranks replaying one batch with different LoRA counts replay
+    graphs of one size and mode wherever the final plan gives them one."""
+    from capplan.planner.tiers import case_groups
+
+    data, seed = case
+    rng = random.Random(seed)
+    plan = plan_of({**data, "parallel": {"data_parallel_size": 2, "moe": True}})
+    tiers = plan.tiers
+    groups = case_groups(plan.graphs, tiers.deferred)
+    ready = set(range(len(plan.graphs))) - set(tiers.deferred)
+    dispatcher = Dispatcher(plan)
+    seqs, budget = plan.spec.scheduler.max_num_seqs, plan.spec.scheduler.max_num_batched_tokens
+    max_loras = plan.spec.lora.max_loras if plan.spec.lora.enabled else 0
+
+    def size(gid: int) -> tuple[str, int]:
+        d = plan.graphs[gid].descriptor
+        return d.cg_mode, d.num_tokens
+
+    for _ in range(6):
+        captured = set(ready)
+        for group in groups:
+            if rng.random() < 0.5:
+                captured |= set(group)
+        for _ in range(60):
+            reqs = rng.randint(1, seqs)
+            tokens = min(budget, reqs * rng.choice([1, 1, 2, rng.randint(1, 64)]))
+            a, b = (rng.randint(0, min(reqs, max_loras)) for _ in range(2))
+            ga = dispatcher.dispatch(Batch(reqs, tokens, -(-tokens // reqs), a, a > 0 and a < reqs)).graph_id
+            gb = dispatcher.dispatch(Batch(reqs, tokens, -(-tokens // reqs), b, False)).graph_id
+            if ga < 0 or gb < 0 or size(ga) != size(gb):
+                continue
+            ra, rb = replayed(tiers, ga, captured), replayed(tiers, gb, captured)
+            assert ra >= 0 and rb >= 0 and size(ra) == size(rb), (
+                plan.graphs[ra].descriptor,
+                plan.graphs[rb].descriptor,
+            )
