@@ -530,3 +530,47 @@ def test_dp_ranks_with_different_lora_counts_replay_one_size_in_every_group_stat
                 plan.graphs[ra].descriptor,
                 plan.graphs[rb].descriptor,
             )
+
+
+class _Runtime:
+    """vLLM's CudaRTLibrary as the held block uses it, recording the calls; `refuse`: cudaMalloc
+    fails as the driver does when memory is short (vLLM's CUDART_CHECK raises RuntimeError)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.refuse = refuse
+        outer = self
+
+        class Lib:
+            def cudaGetLastError(self) -> int:
+                outer.calls.append(("cudaGetLastError", None))
+                return 2
+
+        self.lib = Lib()
+
+    def cudaMalloc(self, size: int) -> object:
+        self.calls.append(("cudaMalloc", size))
+        if self.refuse:
+            raise RuntimeError("CUDART error: out of memory")
+        return ("pointer", size)
+
+    def cudaFree(self, pointer: object) -> None:
+        self.calls.append(("cudaFree", pointer))
+
+
+def test_held_block_is_driver_memory_given_back_without_leaving_an_error():
+    from capplan.runtime.deferred.capture import HeldBlock
+
+    rt = _Runtime()
+    block = HeldBlock.take(64, free=100, library=rt)
+    assert block is not None and block.size == 64
+    block.give_back()
+    assert rt.calls == [("cudaMalloc", 64), ("cudaFree", ("pointer", 64))]
+    # more than the device has free: not asked for at all
+    rt = _Runtime()
+    assert HeldBlock.take(101, free=100, library=rt) is None and rt.calls == []
+    # the driver refuses (another process took memory meanwhile): the runtime's last error is
+    # cleared, so PyTorch's check after the next kernel launch does not report it
+    rt = _Runtime(refuse=True)
+    assert HeldBlock.take(64, free=100, library=rt) is None
+    assert rt.calls == [("cudaMalloc", 64), ("cudaGetLastError", None)]

@@ -77,6 +77,7 @@ GROUPS = (A, B, C, D, E, F)
 MANAGER = "vllm.v1.worker.gpu.cudagraph_utils:ModelCudaGraphManager"
 RUNNER = "vllm.v1.worker.gpu.model_runner"
 MORE = "..."
+CUDART = "vllm.distributed.device_communicators.cuda_wrapper:CudaRTLibrary"
 SIGNATURES_A: dict[str, tuple[str, ...]] = {
     f"{MANAGER}._init_candidates": ("self",),
     f"{MANAGER}.dispatch": ("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras"),
@@ -143,6 +144,8 @@ SIGNATURES_A: dict[str, tuple[str, ...]] = {
     "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output": ("self",),
     "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.get_output": ("self",),
     "vllm.utils.gpu_sync_debug:gpu_sync_allowed": ("first_only",),
+    f"{CUDART}.cudaMalloc": ("self", "size"),
+    f"{CUDART}.cudaFree": ("self", "devPtr"),
     "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables": ("self", "num_reqs"),
     "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping": ("self", "mapping"),
     "vllm.v1.engine.core:EngineCoreProc._process_input_queue": ("self",),

@@ -1,10 +1,12 @@
 """Deferred capture under `vllm serve` on the installed release (default multiprocessing).
 
-    python tests/gpu/deferred_serve.py WORK OUT.json check
+    python tests/gpu/deferred_serve.py WORK OUT.json check [--seqs N]
     python tests/gpu/deferred_serve.py WORK OUT.json starts [--until SECONDS] [--pairs N]
 
 `check`: the tiny random Llama of serve_run.py (peaked logits) with 3 LoRA adapters,
-max_loras 3. Four servers at once, each with a fixed KV cache, traffic (k adapters plus base
+max_loras 3, max_num_seqs N (default 256: 338 graphs, enough deferred ones that they are
+still landing while the first pass runs; at 32 all 46 landed before its first request). Four
+servers at once, each with a fixed KV cache, traffic (k adapters plus base
 requests, k = 1..3, adapters only, base only; logprobs) from the moment /health answers:
 - reference: vLLM alone, specialize_active_lora off (every LoRA graph has the full grid);
 - vanilla:   vLLM alone, specialize_active_lora on (vLLM's no-LoRA-slot bug: the positive
@@ -112,12 +114,12 @@ def log_facts(log_path: Path) -> dict:
 
 
 # -- check ------------------------------------------------------------------------------------
-def check_server(name: str, model: Path, work: Path, specialize: bool, plan: Path | None) -> dict:
+def check_server(name: str, model: Path, work: Path, specialize: bool, plan: Path | None, sched: dict) -> dict:
     port = free_port()
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / f"cache-{name}"), "VLLM_USE_V2_MODEL_RUNNER": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     log_path, report = work / f"{name}.log", work / f"{name}.report.json"
-    proc = launch(command(model, port, specialize, MAIN, True), env, log_path, plan, report)
+    proc = launch(command(model, port, specialize, sched, True), env, log_path, plan, report)
     result: dict = {"name": name}
     try:
         result["ready_s"] = round(wait_ready(port, proc, limit=480), 1)
@@ -142,18 +144,24 @@ def check_server(name: str, model: Path, work: Path, specialize: bool, plan: Pat
     return result
 
 
-def check(work: Path, out: Path, release: str) -> None:
+def check(work: Path, out: Path, release: str, seqs: int) -> None:
     model = build(work)
-    base = TINY_SPEC.format(release=release, max_loras=3, **MAIN)
+    sched = {**MAIN, "seqs": seqs}
+    base = TINY_SPEC.format(release=release, max_loras=3, **sched)
     full = compile_spec(work, "full", base)
     tiers = compile_spec(work, "tiers", base + TIERS.format(every=1))
     jobs = {
-        "reference": lambda: check_server("reference", model, work, False, None),
-        "vanilla": lambda: check_server("vanilla", model, work, True, None),
-        "full": lambda: check_server("full", model, work, True, full),
-        "tiers": lambda: check_server("tiers", model, work, True, tiers),
+        "reference": lambda: check_server("reference", model, work, False, None, sched),
+        "vanilla": lambda: check_server("vanilla", model, work, True, None, sched),
+        "full": lambda: check_server("full", model, work, True, full, sched),
+        "tiers": lambda: check_server("tiers", model, work, True, tiers, sched),
     }
-    results: dict = {"release": release, "near_tie_below": NEAR_TIE, "fixed_kv_bytes": int(FIXED_KV)}
+    results: dict = {
+        "release": release,
+        "scheduler": sched,
+        "near_tie_below": NEAR_TIE,
+        "fixed_kv_bytes": int(FIXED_KV),
+    }
     threads = [threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f())) for n, f in jobs.items()]
     for t in threads:
         t.start()
@@ -173,7 +181,17 @@ def check(work: Path, out: Path, release: str) -> None:
         c = results[f"{k}_vs_reference"]
         brief[k] = {x: c[x] for x in ("requests", "differing", "differ_clearly", "differ_after_near_tie")}
     for name in jobs:
-        brief[name] = {k: results[name].get(k) for k in ("ready_s", "error", "tracebacks", "out_of_memory")}
+        brief[name] = {
+            k: results[name].get(k)
+            for k in (
+                "ready_s",
+                "error",
+                "tracebacks",
+                "out_of_memory",
+                "after_first_pass",
+                "landed_after_first_pass_s",
+            )
+        }
     d = (results["tiers"].get("report") or {}).get("deferred") or {}
     brief["deferred"] = {k: v for k, v in d.items() if k not in ("captures", "pending")}
     brief["slowest_captures"] = sorted(d.get("captures", []), key=lambda c: -c["seconds"])[:5]
@@ -306,7 +324,7 @@ def main() -> None:
         return args[args.index(name) + 1] if name in args else default
 
     if phase == "check":
-        check(work, out, release)
+        check(work, out, release, int(option("--seqs", "256")))
     elif phase == "starts":
         until, pairs, util = float(option("--until", "560")), int(option("--pairs", "3")), option("--util", "0.92")
         starts(work, out, release, until, pairs, util)

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from capplan.errors import EngineRefusal
 from capplan.planner.tiers import case_groups, replayed
+from capplan.releases import CUDART
 from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.schemas.plan import address
@@ -90,6 +91,14 @@ DUMMY_TABLES_HOOK = Hook(
     "the dummy rows are zeroed first (the null block, as at start-up), so a warm-up never reads or updates "
     "a live request's blocks or state",
     attributes=("input_block_tables",),
+)
+
+HELD_BLOCK_HOOK = Hook(
+    "deferred.held_block",
+    f"{CUDART}.cudaMalloc",
+    "the memory held for the deferred graphs is device memory outside PyTorch's caching allocator, given "
+    "back to the driver for each capture without emptying the serving steps' cached blocks",
+    attributes=("lib",),  # the runtime library, whose last error a refused cudaMalloc leaves set
 )
 
 
@@ -115,6 +124,40 @@ def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
     return int(math.ceil(mean + 1.645 * spread / len(use) ** 0.5))
 
 
+class HeldBlock:
+    """Device memory held for the deferred graphs, outside PyTorch's caching allocator
+    (vLLM's `CudaRTLibrary`: cudaMalloc, cudaFree). Given back, it goes straight to the
+    driver, where the graph pool can take it. Held as a PyTorch tensor it could be given
+    back only through `torch.cuda.empty_cache()`, which also hands back every cached block
+    of the serving steps: the capture's warm-up and the steps after it then take those from
+    the driver again (a cudaMalloc in a step), and the capture's measurement counted them
+    as the graph's memory."""
+
+    def __init__(self, library: Any, pointer: Any, size: int) -> None:
+        self.library, self.pointer, self.size = library, pointer, size
+
+    @classmethod
+    def take(cls, size: int, free: int, library: Any = None) -> HeldBlock | None:
+        """`size` bytes of device memory, or None where `free` (the device's free bytes now)
+        is less or the driver refuses; a refusal leaves no CUDA error behind (PyTorch reads
+        the runtime's last error after each kernel launch)."""
+        if size > free:
+            return None
+        if library is None:
+            from vllm.distributed.device_communicators.cuda_wrapper import CudaRTLibrary
+
+            library = CudaRTLibrary()
+            check_attributes(HELD_BLOCK_HOOK, library)
+        try:
+            return cls(library, library.cudaMalloc(size), size)
+        except RuntimeError:
+            library.lib.cudaGetLastError()  # cudaErrorMemoryAllocation, cleared
+            return None
+
+    def give_back(self) -> None:
+        self.library.cudaFree(self.pointer)
+
+
 class DeferredCapture:
     """The deferred-capture state of one worker process, and its captures."""
 
@@ -133,7 +176,7 @@ class DeferredCapture:
         self.call: Call | None = None  # the start-up capture's arguments, bound by name
         self.runner: Any = None
         self.block_tables: Any = None  # vLLM's BlockTables, from the start-up capture's arguments
-        self.reserve: Any = None  # one held block: the estimate for the graphs still pending
+        self.reserve: HeldBlock | None = None  # the estimate for the graphs still pending
         self.held_bytes = 0  # its size now
         self.held_peak_bytes = 0  # the most ever held (at start, unless a capture raised the estimate)
         self.reserve_shortfall = False  # the estimate could not be held again while serving
@@ -254,10 +297,8 @@ class DeferredCapture:
         want = self.per_graph_bytes() * len(self.pending)
         if want <= 0:
             return
-        try:
-            self.reserve = torch.empty(want, dtype=torch.uint8, device=self.manager.device)
-        except torch.OutOfMemoryError:
-            self.reserve = None
+        self.reserve = HeldBlock.take(want, torch.cuda.mem_get_info()[0])
+        if self.reserve is None:
             if when == "start":
                 raise EngineRefusal(
                     f"capplan: {self.engine.plan_path}: not enough GPU memory left to hold back "
@@ -376,11 +417,9 @@ class DeferredCapture:
     def _release(self) -> None:
         """Give the held block back to the driver, for the capture about to run."""
         if self.reserve is not None:
-            import torch
-
+            self.reserve.give_back()
             self.reserve = None
             self.held_bytes = 0
-            torch.cuda.empty_cache()
 
     def _capture_one(
         self, gid: int, call: Call, manager: Any = None, capture_fn: Any = None, descs: Any = None

@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from capplan.releases import RUNNER, Release
+from capplan.releases import CUDART, RUNNER, Release
 from capplan.runtime.context import Engine, current
-from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK
+from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK, HELD_BLOCK_HOOK
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 
 SAMPLING = Hook(
@@ -236,6 +236,12 @@ HOOKS = tuple(
             "a capture synchronizes the device between steps: allowed under VLLM_GPU_SYNC_CHECK",
         ),
         DUMMY_TABLES_HOOK,
+        HELD_BLOCK_HOOK,
+        Hook(
+            "deferred.held_block_free",
+            f"{CUDART}.cudaFree",
+            "the held block given back to the driver before each capture",
+        ),
         LORA_MAPPING,
         Hook(
             "deferred.one_stream",
