@@ -124,6 +124,25 @@ def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
     return int(math.ceil(mean + 1.645 * spread / len(use) ** 0.5))
 
 
+def graph_side_bytes() -> int:
+    """The device memory this process has in use outside PyTorch's default pool: the CUDA-graph
+    pools' segments, and what the driver holds beside the caching allocator (each graph's
+    executable among it). A capture's memory is this measure's growth. The default pool is
+    left out: its cached blocks come and go with the steps between captures and with the
+    `torch.cuda.empty_cache()` that `torch.cuda.graph` runs as a capture starts (on the H200
+    one capture read 550 MiB given back), and none of them is a graph's."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    device = torch.cuda.current_device()
+    default = sum(
+        s["total_size"]
+        for s in torch.cuda.memory_snapshot()
+        if s.get("device", device) == device and tuple(s["segment_pool_id"]) == (0, 0)
+    )
+    return int(total - free - default)
+
+
 class HeldBlock:
     """Device memory held for the deferred graphs, outside PyTorch's caching allocator
     (vLLM's `CudaRTLibrary`: cudaMalloc, cudaFree). Given back, it goes straight to the
@@ -439,7 +458,7 @@ class DeferredCapture:
             what = "vLLM's profiling sample of the FULL graphs"
         with gpu_sync_allowed():
             started = time.perf_counter()
-            free0 = torch.cuda.mem_get_info()[0] if cuda else 0
+            before = graph_side_bytes() if cuda else 0
             manager._capture_descs = descs
             try:
                 result = call.run(capture_fn)
@@ -452,7 +471,7 @@ class DeferredCapture:
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
-            used = free0 - torch.cuda.mem_get_info()[0] if cuda else 0
+            used = graph_side_bytes() - before if cuda else 0
         return result, seconds, used
 
     def _lora_hook(self) -> Any:
