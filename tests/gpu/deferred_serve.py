@@ -1,7 +1,7 @@
 """Deferred capture under `vllm serve` on the installed release (default multiprocessing).
 
     python tests/gpu/deferred_serve.py WORK OUT.json check [--seqs N]
-    python tests/gpu/deferred_serve.py WORK OUT.json starts [--until SECONDS] [--pairs N]
+    python tests/gpu/deferred_serve.py WORK OUT.json starts [--until SECONDS] [--pairs N] [--order K,K,...]
 
 `check`: the tiny random Llama of serve_run.py (peaked logits) with 3 LoRA adapters,
 max_loras 3, max_num_seqs N (default 256: 338 graphs, enough deferred ones that they are
@@ -30,7 +30,8 @@ the run waits until every deferred graph landed. Per start: launch to healthy, t
 vLLM sized (its log), the tiers report (longest step pause, memory held against memory the
 deferred graphs took, whether anything ran short). Starts are appended to WORK/starts.jsonl,
 so a later call goes on where the last stopped; `--until` stops before a start that would
-not end in time. The summary: the ratio tiers/full of time to healthy per pair, its
+not end in time; `--order tiers,tiers` (say) runs those starts instead, for their memory and
+step facts (the first then warms the cache, and no ratio is formed from them). The summary: the ratio tiers/full of time to healthy per pair, its
 geometric mean with a 95% t-interval over pairs.
 """
 
@@ -256,7 +257,7 @@ def interval(ratios: list[float]) -> dict:
     }
 
 
-def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: str) -> None:
+def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: str, order: list[str]) -> None:
     from served_loop import SPEC as BIG_SPEC
     from served_loop import build_model, sample
 
@@ -269,7 +270,8 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
         "tiers": compile_spec(work, "big-tiers", base + TIERS.format(every=8)),
     }
     requests = [r for r in sample(7) if r["at"] < 8.0]  # 8 s of chat-like arrivals at 30 per second
-    order = ["full"] + [k for i in range(pairs) for k in (("tiers", "full") if i % 2 == 0 else ("full", "tiers"))]
+    if not order:
+        order = ["full"] + [k for i in range(pairs) for k in (("tiers", "full") if i % 2 == 0 else ("full", "tiers"))]
     done = [json.loads(line) for line in (work / "starts.jsonl").open()] if (work / "starts.jsonl").exists() else []
     for kind in order[len(done) :]:
         spent = [d["wall_s"] for d in done if "wall_s" in d]
@@ -292,7 +294,7 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
         f = b if t is a else a
         if t.get("healthy_s") and f.get("healthy_s") and t["kind"] != f["kind"]:
             ratios.append(t["healthy_s"] / f["healthy_s"])
-    tiers_runs = [d for d in counted if d["kind"] == "tiers"]
+    tiers_runs = [d for d in done if d["kind"] == "tiers"]  # memory and step facts: every tiers start
     summary = {
         "release": release,
         "starts": done,
@@ -327,7 +329,10 @@ def main() -> None:
         check(work, out, release, int(option("--seqs", "256")))
     elif phase == "starts":
         until, pairs, util = float(option("--until", "560")), int(option("--pairs", "3")), option("--util", "0.92")
-        starts(work, out, release, until, pairs, util)
+        order = [k for k in option("--order", "").split(",") if k]
+        if set(order) - {"full", "tiers"}:
+            raise SystemExit("--order: a comma-separated list of full and tiers")
+        starts(work, out, release, until, pairs, util, order)
     else:
         raise SystemExit(f"unknown phase {phase!r}: check or starts")
 
