@@ -417,53 +417,68 @@ def test_every_deferred_graph_shares_its_kernel_class_with_a_ready_graph():
                 assert max(same, key=lambda h: h.descriptor.num_tokens).id not in deferred
 
 
-def test_per_graph_memory_estimate_is_an_upper_confidence_limit_without_each_modes_first_capture():
+def test_per_graph_memory_bound_is_the_readings_total_and_largest_over_their_count():
     import math
 
-    from capplan.runtime.deferred.capture import per_graph_estimate
+    from capplan.runtime.deferred.capture import per_graph_bound
 
     mib = 2**20
-    modes = ["PIECEWISE", "PIECEWISE", "PIECEWISE", "FULL", "FULL"]
-    # the later captures: 2, 4 and 0 MiB; mean 2 MiB, standard deviation 2 MiB, three of them
-    assert per_graph_estimate(modes, [300 * mib, 2 * mib, 4 * mib, 50 * mib, 0]) == math.ceil(
-        2 * mib + 1.645 * 2 * mib / math.sqrt(3)
-    )
-    assert per_graph_estimate(["FULL"] + ["FULL"] * 40, [99] + [3] * 40) == 3  # no spread: the size itself
-    assert per_graph_estimate(modes[:1], [7]) == math.ceil(7 + 1.645 * 7)  # one first capture: itself, padded
-    assert per_graph_estimate(["FULL", "FULL"], [5, -3]) == 0  # memory given back counts as none
-    assert per_graph_estimate([], []) == 0
-    # 2 MiB pages, half the graphs taking one: the limit is above the mean, nearer it with more samples
+    assert per_graph_bound([2 * mib, 4 * mib, 0]) == math.ceil(10 * mib / 3)
+    assert per_graph_bound([3] * 40) == math.ceil(3 * 41 / 40)  # no spread: the size and one more reading's worth
+    assert per_graph_bound([7]) == 14  # one reading: twice it
+    assert per_graph_bound([5, -3]) == 5  # memory given back counts as none
+    assert per_graph_bound([]) == 0
+    # half the graphs open a 2 MiB granule: the bound nears 1 MiB from above as readings add up
     pages = [0, 2 * mib] * 20
-    few, many = per_graph_estimate(["FULL"] * 9, pages[:9]), per_graph_estimate(["FULL"] * 41, [0, *pages])
+    few, many = per_graph_bound(pages[:9]), per_graph_bound(pages)
     assert 1 * mib < many < few
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.sampled_from(["PIECEWISE", "FULL"]), st.integers(-(2**31), 2**34)),
-        max_size=60,
-    )
+    cost=st.integers(1, 8 * 2**20),
+    granule=st.sampled_from([2 * 2**20, 20 * 2**20]),
+    room=st.floats(0, 1, exclude_max=True),
+    n=st.integers(1, 80),
 )
-def test_per_graph_memory_estimate_never_under_the_later_captures_mean(captures):
-    """Generated capture measurements (memory given back included): the estimate is a whole
-    number of bytes, never negative, and never under the mean it bounds."""
-    from capplan.runtime.deferred.capture import per_graph_estimate
+def test_per_graph_memory_bound_covers_graphs_taken_in_whole_granules(cost, granule, room, n):
+    """The allocator hands out whole granules: a graph that does not fit the room left in the
+    open one opens more, the rest fit without a reading. Whatever the room at the start, once
+    any reading moved, the bound of n readings is at least what each graph took."""
+    from capplan.runtime.deferred.capture import per_graph_bound
 
-    modes = [m for m, _ in captures]
-    sizes = [s for _, s in captures]
-    estimate = per_graph_estimate(modes, sizes)
-    assert isinstance(estimate, int) and estimate >= 0
-    seen: set[str] = set()
-    later = []
-    for mode, size in captures:
-        if mode in seen:
-            later.append(max(size, 0))
-        seen.add(mode)
-    use = later or [max(s, 0) for s in sizes]
+    left = int(room * granule)
+    readings = []
+    for _ in range(n):
+        opened = 0 if cost <= left else -(-(cost - left) // granule)
+        left += opened * granule - cost
+        readings.append(opened * granule)
+    if any(readings):
+        assert per_graph_bound(readings) >= cost
+    else:
+        assert per_graph_bound(readings) == 0  # every graph fit the room already held: none took memory
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(2**31), 2**34), max_size=60))
+def test_per_graph_memory_bound_is_between_the_mean_and_twice_the_largest(sizes):
+    """Generated capture readings (memory given back included): a whole number of bytes, never
+    negative, never under the mean it bounds, never over twice the largest reading."""
+    from capplan.runtime.deferred.capture import per_graph_bound
+
+    bound = per_graph_bound(sizes)
+    use = [max(s, 0) for s in sizes]
+    assert isinstance(bound, int) and bound >= 0
     if use:
-        assert estimate >= sum(use) / len(use) - 1e-6 * max(use)
-        assert estimate <= max(use) * (1 + 1.645) + 1
+        assert sum(use) / len(use) - 1 <= bound <= 2 * max(use) + 1
+
+
+def test_spread_sample_takes_evenly_spaced_ids_in_order():
+    from capplan.runtime.deferred.capture import spread_sample
+
+    assert spread_sample([5, 6, 7], 24) == [5, 6, 7]
+    assert spread_sample(list(range(100)), 4) == [0, 25, 50, 75]
+    assert spread_sample([], 3) == []
 
 
 def test_with_dp_ranks_that_pad_alike_every_lora_case_of_a_size_is_in_one_tier():

@@ -179,20 +179,37 @@ def main(out: Path) -> None:
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
     ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
     if RELEASE.profiling_capture:
-        # vLLM's memory profiling (0.29.0 on) captures on a manager of its own first: the ready
-        # PIECEWISE graphs one per call, then the plan's FULL graphs (vLLM samples them) in one.
+        # vLLM's memory profiling (0.29.0 on) captures on a manager of its own first, one graph per
+        # call (each one measured): the ready PIECEWISE graphs and a spread of the deferred ones,
+        # then vLLM's own sample of the FULL graphs (its largest two) and a spread of the deferred
+        # FULL ones.
+        from capplan.runtime.deferred.capture import PROFILE_SAMPLES, spread_sample
+
         profiling = model_manager(spec.model_dump(mode="json"))
         profiling._capture_mem_samples = []
+        profiling._max_full_descs_to_capture = 2
         profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
                           lora_capture_hook=lambda *a: None)  # fmt: skip
-        ready_pw = [g for g in ready if plan.graphs[g].descriptor.cg_mode == "PIECEWISE"]
-        all_full = [g.id for g in plan.graphs if g.descriptor.cg_mode == "FULL"]
+        mode = {g.id: g.descriptor.cg_mode for g in plan.graphs}
+        ready_pw = [g for g in ready if mode[g] == "PIECEWISE"]
+        all_full = [g for g in range(len(plan.graphs)) if mode[g] == "FULL"]
+        deferred_pw = [g for g in plan.tiers.deferred if mode[g] == "PIECEWISE"]
+        deferred_full = [g for g in plan.tiers.deferred if mode[g] == "FULL" and g not in all_full[:2]]
+        sampled_pw = spread_sample(deferred_pw, PROFILE_SAMPLES)
+        expected = [
+            *sorted(ready_pw + sampled_pw),
+            *all_full[:2],
+            *sorted(spread_sample(deferred_full, PROFILE_SAMPLES)),
+        ]
+        report["profiling_samples_deferred_graphs"] = bool(sampled_pw) and set(sampled_pw) <= set(plan.tiers.deferred)
         report["profiling_calls_as_planned"] = [[address_of(plan, d) for d in c] for c in captures] == [
-            *([g] for g in ready_pw),
-            all_full,
+            [g] for g in expected
         ]
         left = {m.name: [address_of(plan, d) for d in ds] for m, ds in profiling._capture_descs.items()}
-        report["profiling_left_ready_pw_and_all_full"] = left == {"PIECEWISE": ready_pw, "FULL": all_full}
+        report["profiling_left_captured_pw_and_all_full"] = left == {
+            "PIECEWISE": sorted(ready_pw + sampled_pw),
+            "FULL": all_full,
+        }
         report["profiling_did_not_start_deferral"] = not deferred.active and len(deferred.pending) == len(
             plan.tiers.deferred
         )

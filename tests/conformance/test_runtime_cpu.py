@@ -152,8 +152,9 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["problems"] == [] and report["batches_checked"] > 100_000
     assert report["fallback_steps_counted"] > 0  # the intermediate states did replay fallbacks
     assert report["report_json"]["captured"] == report["deferred"]
-    if RELEASES[version].profiling_capture:  # vLLM's profiling capture: the ready graphs, an estimate for the rest
-        assert report["profiling_calls_as_planned"] and report["profiling_left_ready_pw_and_all_full"]
+    if RELEASES[version].profiling_capture:  # vLLM's profiling capture: ready and sampled graphs, one per call
+        assert report["profiling_calls_as_planned"] and report["profiling_left_captured_pw_and_all_full"]
+        assert report["profiling_samples_deferred_graphs"]
         assert report["profiling_did_not_start_deferral"] and report["profiled_estimate_plus_extra"]
     else:
         assert "profiling_calls_as_planned" not in report

@@ -40,15 +40,17 @@ What makes it safe, and where each piece lives:
   loaded or evicted, and the next step sets its own (its last mapping is forgotten).
 - Memory: MRV2 allocates the KV cache before any capture, so no capture can take it (from
   0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on
-  a throwaway pool before the ready capture). Each ready graph is captured in a call of its
-  own, so each one's memory is measured. What the deferred graphs are estimated to need (the
-  upper 95% confidence limit of the mean memory of this engine's own captures so far, leaving
-  out the first of each mode, which
-  allocates the pool's base; times the graphs pending) is held as one block; a start without
-  that much left stops there. Each deferred capture gives the block back, and the estimate,
-  with that capture's measurement in it, is held again for the graphs still pending
-  (`reserve_shortfall` in the report when it could not be). The report shows the most held
-  beside what the deferred captures took.
+  a throwaway pool before the ready capture). What the deferred graphs are held is measured,
+  per mode (PIECEWISE, FULL): captures that each measure one graph's memory (each in a call
+  of its own), `per_graph_bound` of them, times the graphs of that mode pending. From 0.29.0
+  the measured captures are those of vLLM's profiling pass, made in a process that has
+  captured nothing yet, with `PROFILE_SAMPLES` deferred graphs of each mode among them; the
+  ready captures after it are not samples (they reuse what the profiling graphs left). Before
+  0.29.0 they are the ready captures. Each mode's first is left out: it allocates the pool's
+  base. The bound is held as one block; a start without that much left stops there. Each
+  deferred capture gives the block back and joins its mode's samples, and the bound is held
+  again for the graphs still pending (`reserve_shortfall` in the report when it could not
+  be). The report shows the most held beside what the deferred captures took.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
@@ -83,6 +85,10 @@ the last `RECENT` captures of its mode took longer) is left to the engine's idle
 H200 a capture of the 16-layer 0.9B model took 40-120 ms whatever its size (median 68 ms), of
 the 2-layer model 5-20 ms. Rank-local, so only a single-rank engine captures on step turns."""
 RECENT = 8
+PROFILE_SAMPLES = 24
+"""How many deferred graphs of each mode vLLM's profiling pass (0.29.0 on) also captures, as
+samples of what the deferred graphs take: more readings bring the bound nearer what they
+take; each costs one capture before the engine is ready (40-120 ms on the H200, 0.9B model)."""
 """How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
 
 DUMMY_TABLES_HOOK = Hook(
@@ -102,26 +108,25 @@ HELD_BLOCK_HOOK = Hook(
 )
 
 
-def per_graph_estimate(modes: Sequence[str], sizes: Sequence[int]) -> int:
-    """What one more graph is estimated to take: the upper one-sided 95% confidence limit of
-    the mean memory of the captures measured (`sizes`, in capture order, each graph's mode in
-    `modes`; mean + 1.645 standard errors), leaving out the first capture of each mode (it
-    allocates that mode's share of the pool, and FULL's output buffer); of all of them where
-    none is left; 0 with none. Device memory moves in the caching allocator's 2 MiB pages, so
-    one graph takes 0, 2 or 4 MiB where the mean is 1.5: a mean alone held 23% less than the
-    deferred graphs of a 0.9B model took."""
-    seen: set[str] = set()
-    later: list[int] = []
-    for mode, size in zip(modes, sizes):
-        if mode in seen:
-            later.append(max(size, 0))
-        seen.add(mode)
-    use = later or [max(size, 0) for size in sizes]
+def per_graph_bound(sizes: Sequence[int]) -> int:
+    """What each of many more graphs of one mode is held: the measured captures' total plus the
+    largest single one, over their count (memory given back counts as none; 0 with none). A
+    capture's memory moves in whole allocation granules (on the H200: 0, 2, 4 or 6 MiB for one
+    graph of a 0.9B model, 2.56 MiB on average), so one graph's reading says little but a run
+    of them sums to within one granule of what they took: the largest reading covers that
+    granule. An upper confidence limit from the readings' spread is far looser (the readings
+    are not independent: a graph that opens a granule leaves room for the next ones)."""
+    use = [max(size, 0) for size in sizes]
     if not use:
         return 0
-    mean = sum(use) / len(use)
-    spread = (sum((u - mean) ** 2 for u in use) / (len(use) - 1)) ** 0.5 if len(use) > 1 else mean
-    return int(math.ceil(mean + 1.645 * spread / len(use) ** 0.5))
+    return int(math.ceil((sum(use) + max(use)) / len(use)))
+
+
+def spread_sample(ids: Sequence[int], k: int) -> list[int]:
+    """`k` of `ids` (all of them where there are no more), evenly spread over them in order."""
+    if len(ids) <= k:
+        return list(ids)
+    return [ids[(i * len(ids)) // k] for i in range(k)]
 
 
 def graph_side_bytes() -> int:
@@ -203,6 +208,13 @@ class DeferredCapture:
         self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
         self.landed: list[int] = []  # the deferred graphs captured, in order
         self.profiling_extra = 0  # added to vLLM's CUDA-graph memory estimate: the deferred PIECEWISE graphs
+        # What one more graph of a mode takes, measured: each capture that allocates no pool base
+        # (vLLM's profiling captures on 0.29.0 on, else the ready ones; every deferred one)
+        self.samples: dict[str, list[int]] = {}
+        self.firsts: dict[str, int] = {}  # each mode's first capture of the sampled pass (the pool's base)
+        self.hold_basis = "ready captures"
+        self.profiled_ids: list[int] = []  # deferred graphs captured in vLLM's profiling pass, as samples
+        self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
         self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
@@ -236,35 +248,41 @@ class DeferredCapture:
 
     def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
         """vLLM's memory-profiling capture (0.29.0 on, a throwaway manager and pool, before the
-        KV cache is sized): the ready PIECEWISE graphs, each in a call of its own so that each is
-        measured, then vLLM's own sample of the plan's FULL graphs. The manager's list is left
-        as the ready PIECEWISE graphs and every FULL one, so vLLM's extrapolation of FULL memory
-        counts the deferred FULL graphs; what the deferred PIECEWISE graphs are estimated to need
-        (`per_graph_estimate` of the ready ones, times their count) is `profiling_extra`, which
-        capplan adds to vLLM's estimate. The KV cache is then sized for the whole plan, with
-        only the ready graphs captured."""
-        full = [d for mode, descs in manager._capture_descs.items() if mode.name == "FULL" for d in descs]
-        modes: list[str] = []
-        sizes: list[int] = []
+        KV cache is sized, in a process that has captured nothing yet): each graph in a call of
+        its own, measured: the ready PIECEWISE graphs, vLLM's own sample of the plan's FULL
+        graphs (its first `_max_full_descs_to_capture`), and `PROFILE_SAMPLES` of the deferred
+        graphs of each mode, spread over them. These measurements, each mode's first left out
+        (it allocates the pool's base), are what the deferred graphs are held at start. The
+        manager's list is left as the PIECEWISE graphs captured and every FULL one, so vLLM's
+        extrapolation of FULL memory counts the deferred FULL graphs (every FULL graph captured
+        here adds its reading to vLLM's samples, which vLLM takes out of its measure again);
+        what the deferred PIECEWISE graphs not captured here are held (`per_graph_bound`, times
+        their count) is `profiling_extra`, which capplan adds to vLLM's estimate. The KV cache
+        is then sized for the whole plan, with only the ready graphs captured."""
+        graphs = self.engine.plan.graphs
+        mode_of = {g: graphs[g].descriptor.cg_mode for g in range(len(graphs))}
+        all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]
+        vllm_sample = all_full[: getattr(manager, "_max_full_descs_to_capture", None) or len(all_full)]
+        deferred_of = {m: [g for g in self.pending if mode_of[g] == m] for m in ("PIECEWISE", "FULL")}
+        extra_pw = spread_sample(deferred_of["PIECEWISE"], PROFILE_SAMPLES)
+        extra_full = spread_sample([g for g in deferred_of["FULL"] if g not in vllm_sample], PROFILE_SAMPLES)
+        ready_pw = [g for g in self.ready_ids if mode_of[g] == "PIECEWISE"]
+        # vLLM's order: PIECEWISE then FULL (its largest first, the others in plan order).
+        order = [*sorted([*ready_pw, *extra_pw]), *vllm_sample, *sorted(extra_full)]
         result: Any = None
-        for gid in self.ready_ids:
-            if self.engine.plan.graphs[gid].descriptor.cg_mode == "PIECEWISE":
-                result, _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
-                modes.append("PIECEWISE")
-                sizes.append(used)
-        if full:  # vLLM captures its sample of them (_max_full_descs_to_capture), in one call
-            result, _, _ = self._capture_one(-1, call.copy(), manager, capture_fn, {full[0].cg_mode: full})
-        pw = [
-            self.engine.vllm_descs[g]
-            for g in self.ready_ids
-            if self.engine.plan.graphs[g].descriptor.cg_mode == "PIECEWISE"
-        ]
+        for gid in order:
+            result, _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
+            self._sample(mode_of[gid], used)
+        self.profiled_ids = [*extra_pw, *extra_full]
+        self.hold_basis = "vLLM's profiling pass"
+        captured_pw = sorted([*ready_pw, *extra_pw])
         manager._capture_descs = {
-            **({pw[0].cg_mode: pw} if pw else {}),
-            **({full[0].cg_mode: full} if full else {}),
-        }
-        deferred_pw = sum(1 for g in self.pending if self.engine.plan.graphs[g].descriptor.cg_mode == "PIECEWISE")
-        self.profiling_extra = per_graph_estimate(modes, sizes) * deferred_pw
+            **({self.engine.vllm_descs[captured_pw[0]].cg_mode: [self.engine.vllm_descs[g] for g in captured_pw]}
+               if captured_pw else {}),
+            **({self.engine.vllm_descs[all_full[0]].cg_mode: [self.engine.vllm_descs[g] for g in all_full]}
+               if all_full else {}),
+        }  # fmt: skip
+        self.profiling_extra = self.per_graph_bytes("PIECEWISE") * (len(deferred_of["PIECEWISE"]) - len(extra_pw))
         return result
 
     def capture_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
@@ -284,6 +302,11 @@ class DeferredCapture:
                 result, seconds, used = self._capture_one(gid, call.copy())
                 self._timed(gid, seconds)
                 self.ready_bytes.append(used)
+                if not self.engine.release.profiling_capture:
+                    # Without a profiling pass before them, the ready captures are the samples; after
+                    # one they read near nothing (on the H200, 0 MiB for 42 of a 0.9B model's 44
+                    # ready graphs, whose deferred graphs took 1.92 MiB each), so they are not.
+                    self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used)
                 if isinstance(result, dict):
                     merged.update(result)
         finally:
@@ -300,11 +323,24 @@ class DeferredCapture:
         return merged if isinstance(result, dict) else result
 
     # -- memory ---------------------------------------------------------------------------
-    def per_graph_bytes(self) -> int:
-        """What one more graph is estimated to take, from this engine's own captures so far,
-        ready and deferred (`per_graph_estimate`)."""
-        modes = [self.engine.plan.graphs[g].descriptor.cg_mode for g in (*self.ready_ids, *self.landed)]
-        return per_graph_estimate(modes, [*self.ready_bytes, *self.deferred_bytes])
+    def _sample(self, mode: str, used: int) -> None:
+        """One capture's memory, in the sampled pass (profiling or ready): each mode's first is
+        the pool's base (and FULL's output buffer), not a graph's."""
+        if mode in self.firsts:
+            self.samples.setdefault(mode, []).append(used)
+        else:
+            self.firsts[mode] = used
+
+    def per_graph_bytes(self, mode: str) -> int:
+        """What one more graph of `mode` is held (`per_graph_bound` of its samples); of every
+        mode's samples where it has none yet, of the first captures where no mode has any."""
+        samples = self.samples.get(mode) or [u for sizes in self.samples.values() for u in sizes]
+        return per_graph_bound(samples or list(self.firsts.values()))
+
+    def pending_bound(self) -> int:
+        """What the graphs still pending are held: each mode's per-graph bound, times its count."""
+        modes = [self.engine.plan.graphs[g].descriptor.cg_mode for g in self.pending]
+        return sum(self.per_graph_bytes(mode) * modes.count(mode) for mode in sorted(set(modes)))
 
     def _hold(self, when: str) -> None:
         """Hold one block for the graphs still pending (their estimate), or record that it could
@@ -313,7 +349,9 @@ class DeferredCapture:
 
         if not torch.cuda.is_available():  # capplan's CPU checks of the hooks
             return
-        want = self.per_graph_bytes() * len(self.pending)
+        want = self.pending_bound()
+        if when == "start":
+            self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
         if want <= 0:
             return
         self.reserve = HeldBlock.take(want, torch.cuda.mem_get_info()[0])
@@ -407,6 +445,7 @@ class DeferredCapture:
             self.pending.remove(gid)
             self.landed.append(gid)
             self.deferred_bytes.append(used)
+            self.samples.setdefault(engine.plan.graphs[gid].descriptor.cg_mode, []).append(used)
             if self.pending:
                 self._hold("serving")  # the estimate, with this capture in it, for the graphs left
         self.captured.add(gid)
@@ -496,6 +535,18 @@ class DeferredCapture:
 
         return hook
 
+    def _by_mode(self) -> dict[str, dict[str, float]]:
+        """The deferred graphs' memory per mode: how many landed, their total and mean (MiB)."""
+        out: dict[str, dict[str, float]] = {}
+        for gid, used in zip(self.landed, self.deferred_bytes):
+            row = out.setdefault(self.engine.plan.graphs[gid].descriptor.cg_mode, {"graphs": 0, "total_mib": 0.0})
+            row["graphs"] += 1
+            row["total_mib"] += used / 2**20
+        for row in out.values():
+            row["total_mib"] = round(row["total_mib"], 2)
+            row["mean_mib"] = round(row["total_mib"] / row["graphs"], 3)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ready": len(self.ready_ids),
@@ -518,5 +569,9 @@ class DeferredCapture:
             "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
             "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
+            "hold_basis": self.hold_basis,
+            "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
+            "deferred_graph_memory_mib_by_mode": self._by_mode(),
+            "sampled_in_profiling": len(self.profiled_ids),
             "captures": self.captures,
         }

@@ -191,7 +191,7 @@ def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
             print(
                 f"capplan: vLLM's CUDA-graph memory estimate {estimate / 2**30:.3f} GiB (the ready graphs, and vLLM's "
                 f"extrapolation of the FULL ones) + {deferred.profiling_extra / 2**30:.3f} GiB for the deferred "
-                "PIECEWISE graphs",
+                "PIECEWISE graphs it did not capture",
                 file=sys.stderr,
             )
             return estimate + deferred.profiling_extra
@@ -255,8 +255,8 @@ HOOKS = tuple(
         Hook(
             "deferred.profiled_memory",
             f"{RUNNER}:GPUModelRunner.profile_cudagraph_memory",
-            "vLLM sizes the KV cache for the whole plan: the deferred PIECEWISE graphs' estimate is added to its "
-            "CUDA-graph memory estimate, whose profiling capture took the ready ones only",
+            "vLLM sizes the KV cache for the whole plan: the bound of the deferred PIECEWISE graphs its profiling "
+            "capture left out is added to its CUDA-graph memory estimate",
             _profiled,
             releases=_profiles,
         ),
