@@ -4,8 +4,8 @@
 
 Offline, one shot, for an H200 with vLLM 0.25.x set up as tests/gpu/README.md says
 (the project installed with `pip install -e .`, so vLLM loads the capplan plugin).
-Stages, each engine in its own process (VLLM_USE_V2_MODEL_RUNNER=1, in-process engine
-core, a fresh compile cache):
+Stages, each engine in its own process (VLLM_USE_V2_MODEL_RUNNER=1, vLLM's default
+multiprocessing: the engine core in a process of its own; a fresh compile cache):
 - build:     tests/gpu/make_vlm.py: a tiny random Qwen2-VL, adapters lora1 (vision
              tower, merger and language model) and lora2 (tower and merger only), and
              its transformers/peft check;
@@ -132,10 +132,13 @@ def _observe(record: dict, kwargs: dict) -> None:
         record["lora_layers"] = parts
 
 
-def _probe(record: dict) -> None:
+def _probe(record: dict, path: Path) -> None:
     """Wrap MRV2's set_active_mm_loras (called before the encoder runs) to see that it is
     reached, with which adapters' requests, and what vLLM wrapped with LoRA (read at the
-    first call). Works because the engine core runs in this process; it only observes."""
+    first call); it only observes. The engine core runs in a process of its own (vLLM's
+    default), forked from this one after the wrapper is installed: the wrapper runs there
+    and writes what it saw to `path` after each call, which this process reads back. A
+    spawned engine core would not carry the wrapper, and the probe would say 0 calls."""
     import vllm.v1.worker.gpu.model_runner as runner_mod
 
     original = runner_mod.set_active_mm_loras
@@ -143,6 +146,10 @@ def _probe(record: dict) -> None:
     def set_active_mm_loras(*args, **kwargs):
         try:
             _observe(record, kwargs)
+            record["pid"] = os.getpid()
+            part = path.with_name(path.name + ".part")
+            part.write_text(json.dumps(record))
+            part.replace(path)
         except Exception as exc:  # noqa: BLE001 - never let the probe change the run
             record["observe_error"] = f"{type(exc).__name__}: {exc}"
         return original(*args, **kwargs)
@@ -167,6 +174,15 @@ def _resolved(llm) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _shutdown(llm) -> None:
+    """Stop the engine core process as vLLM does at exit (its SIGTERM handler lets capplan's
+    report be written there), before this process leaves through os._exit."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # noqa: BLE001 - the results are written either way
+        print(f"engine core shutdown: {type(exc).__name__}: {exc}", flush=True)
+
+
 def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> None:
     cfg = ENGINES[name]
     result: dict = {"engine": name, **cfg}
@@ -184,8 +200,10 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
         result["import_s"] = round(time.perf_counter() - t0, 1)
         probe = {"calls": 0, "calls_with_encoder_inputs": 0, "adapter_ids_seen": []}
         result["probe"] = probe
+        probe_path = out.with_name(out.name + ".probe")
+        probe_path.unlink(missing_ok=True)
         try:
-            _probe(probe)
+            _probe(probe, probe_path)
         except Exception as exc:  # noqa: BLE001 - the probe only observes; the run goes on without it
             probe["error"] = f"{type(exc).__name__}: {exc}"
         kwargs = dict(
@@ -254,6 +272,10 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
                 )
         result["generate_s"] = round(time.perf_counter() - t2, 1)
         result["results"] = rows
+        if probe_path.exists():  # what the wrapper saw in the engine core's process
+            result["probe"] = {**json.loads(probe_path.read_text()), "engine_core_pid_differs": None}
+            result["probe"]["engine_core_pid_differs"] = result["probe"].get("pid") != os.getpid()
+        _shutdown(llm)
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - one shot: whatever broke must be in the JSON
         result["ok"] = False
@@ -262,7 +284,7 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
     result["total_s"] = round(time.perf_counter() - t0, 1)
     out.write_text(json.dumps(result))
     print(f"engine {name}: ok={result['ok']} total {result['total_s']} s", flush=True)
-    # Leave at once (vLLM's teardown of an in-process engine can hang after the JSON is
+    # Leave at once (vLLM's teardown of an engine can hang after the JSON is
     # written), but first let capplan write its final report, which atexit would have done.
     try:
         from capplan.runtime.mrv2 import installed
@@ -379,13 +401,13 @@ class Run:
         env = {**os.environ}
         env.pop("CAPPLAN_PLAN", None)
         env.pop("CAPPLAN_REPORT", None)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the default: engine core in its own process
         cache = self.work / f"cache-{name}"
         shutil.rmtree(cache, ignore_errors=True)  # a fresh torch.compile cache: no artifact of another engine
-        # MRV2; and the engine core in the engine's own process, where the probe sees set_active_mm_loras.
+        # MRV2, and vLLM's default multiprocessing: the engine core in a process of its own, as operators run it.
         env.update(
             VLLM_CACHE_ROOT=str(cache),
             VLLM_USE_V2_MODEL_RUNNER="1",
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
             PYTHONUNBUFFERED="1",
         )
         for key, value in dict(

@@ -226,6 +226,7 @@ class DeferredCapture:
         self.captures: list[dict[str, Any]] = []
         self.longest_step_pause = 0.0
         self.longest_idle_capture = 0.0
+        self.last_gpu_wait = 0.0  # of the last capture's seconds, those spent waiting for the GPU's queued work
 
     # -- dispatch -------------------------------------------------------------------------
     def resolve(self, graph_id: int) -> int:
@@ -453,6 +454,7 @@ class DeferredCapture:
             {
                 "graph": address(engine.plan.graphs[gid].descriptor),
                 "seconds": round(seconds, 4),
+                "gpu_wait_seconds": round(self.last_gpu_wait, 4),  # of those, waiting for the GPU's queued work
                 "trigger": trigger,
                 "memory_mib": round(used / 2**20, 2),
             }
@@ -497,6 +499,9 @@ class DeferredCapture:
             what = "vLLM's profiling sample of the FULL graphs"
         with gpu_sync_allowed():
             started = time.perf_counter()
+            if cuda:
+                torch.cuda.synchronize()  # the last step's GPU work, which the capture waits for anyway
+            self.last_gpu_wait = time.perf_counter() - started
             before = graph_side_bytes() if cuda else 0
             manager._capture_descs = descs
             try:
