@@ -589,3 +589,29 @@ def test_held_block_is_driver_memory_given_back_without_leaving_an_error():
     rt = _Runtime(refuse=True)
     assert HeldBlock.take(64, free=100, library=rt) is None
     assert rt.calls == [("cudaMalloc", 64), ("cudaGetLastError", None)]
+
+
+def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
+    """Readings per mode, each mode's first left out (the pool's base); a mode without readings
+    borrows every mode's, and with none at all the first captures stand in."""
+    from types import SimpleNamespace
+
+    from capplan.runtime.deferred.capture import DeferredCapture, per_graph_bound
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    assert plan.tiers is not None
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
+    mode = {g.id: g.descriptor.cg_mode for g in plan.graphs}
+    pending = {m: sum(1 for g in deferred.pending if mode[g] == m) for m in ("PIECEWISE", "FULL")}
+    assert pending["PIECEWISE"] and pending["FULL"]
+    mib = 2**20
+    deferred._sample("PIECEWISE", 40 * mib)  # the pool's base: not a reading
+    assert deferred.pending_bound() == 80 * mib * len(deferred.pending)  # only a first: it stands in, twice
+    for used in (2, 4, 0, 2):
+        deferred._sample("PIECEWISE", used * mib)
+    pw = per_graph_bound([2 * mib, 4 * mib, 0, 2 * mib])
+    assert deferred.per_graph_bytes("FULL") == pw  # no FULL reading yet: the PIECEWISE ones
+    deferred._sample("FULL", 9 * mib)
+    deferred._sample("FULL", 1 * mib)
+    assert deferred.per_graph_bytes("FULL") == 2 * mib
+    assert deferred.pending_bound() == pw * pending["PIECEWISE"] + 2 * mib * pending["FULL"]

@@ -215,6 +215,7 @@ class DeferredCapture:
         self.hold_basis = "ready captures"
         self.profiled_ids: list[int] = []  # deferred graphs captured in vLLM's profiling pass, as samples
         self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
+        self.start_readings: dict[str, list[int]] = {}  # the readings it rested on
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
         self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
@@ -353,6 +354,7 @@ class DeferredCapture:
         want = self.pending_bound()
         if when == "start":
             self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
+            self.start_readings = {m: list(sizes) for m, sizes in self.samples.items()}
         if want <= 0:
             return
         self.reserve = HeldBlock.take(want, torch.cuda.mem_get_info()[0])
@@ -576,6 +578,7 @@ class DeferredCapture:
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
             "hold_basis": self.hold_basis,
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
+            "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
             "sampled_in_profiling": len(self.profiled_ids),
             "captures": self.captures,
