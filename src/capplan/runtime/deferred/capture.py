@@ -85,11 +85,11 @@ the last `RECENT` captures of its mode took longer) is left to the engine's idle
 H200 a capture of the 16-layer 0.9B model took 40-120 ms whatever its size (median 68 ms), of
 the 2-layer model 5-20 ms. Rank-local, so only a single-rank engine captures on step turns."""
 RECENT = 8
+"""How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
 PROFILE_SAMPLES = 24
 """How many deferred graphs of each mode vLLM's profiling pass (0.29.0 on) also captures, as
 samples of what the deferred graphs take: more readings bring the bound nearer what they
 take; each costs one capture before the engine is ready (40-120 ms on the H200, 0.9B model)."""
-"""How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
 
 DUMMY_TABLES_HOOK = Hook(
     "deferred.dummy_tables",
@@ -112,9 +112,9 @@ def per_graph_bound(sizes: Sequence[int]) -> int:
     """What each of many more graphs of one mode is held: the measured captures' total plus the
     largest single one, over their count (memory given back counts as none; 0 with none). A
     capture's memory moves in whole allocation granules (on the H200: 0, 2, 4 or 6 MiB for one
-    graph of a 0.9B model, 2.56 MiB on average), so one graph's reading says little but a run
+    graph of a 0.9B model, 2.3-2.6 MiB on average), so one graph's reading says little but a run
     of them sums to within one granule of what they took: the largest reading covers that
-    granule. An upper confidence limit from the readings' spread is far looser (the readings
+    granule. An upper confidence limit from the readings' spread is looser for such readings (they
     are not independent: a graph that opens a granule leaves room for the next ones)."""
     use = [max(size, 0) for size in sizes]
     if not use:
@@ -483,22 +483,17 @@ class DeferredCapture:
             self.reserve = None
             self.held_bytes = 0
 
-    def _capture_one(
-        self, gid: int, call: Call, manager: Any = None, capture_fn: Any = None, descs: Any = None
-    ) -> tuple[Any, float, int]:
-        """Graph `gid` through vLLM's capture, the manager's list set to it alone (or to `descs`):
-        vLLM's result, the seconds it took and the device memory it took."""
+    def _capture_one(self, gid: int, call: Call, manager: Any = None, capture_fn: Any = None) -> tuple[Any, float, int]:
+        """Graph `gid` through vLLM's capture, the manager's list set to it alone: vLLM's
+        result, the seconds it took and the device memory it took."""
         import torch
         from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
         cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
         manager = self.manager if manager is None else manager
         capture_fn = self.capture_fn if capture_fn is None else capture_fn
-        if descs is None:
-            desc = self.engine.vllm_descs[gid]
-            descs, what = {desc.cg_mode: [desc]}, f"graph {address(self.engine.plan.graphs[gid].descriptor)}"
-        else:
-            what = "vLLM's profiling sample of the FULL graphs"
+        desc = self.engine.vllm_descs[gid]
+        descs, what = {desc.cg_mode: [desc]}, f"graph {address(self.engine.plan.graphs[gid].descriptor)}"
         with gpu_sync_allowed():
             started = time.perf_counter()
             if cuda:
