@@ -32,9 +32,7 @@ VERSIONS = releases()
 SPECS = versioned_specs(VERSIONS)
 CROSS_RELEASE = "0.33.0"  # the 0.25 + fixes plans are compared with this release's own behaviour
 
-# One worker runs the module: its session fixture runs vLLM's planning code for every release
-# once (2-3 minutes), which each pytest-xdist worker would otherwise repeat.
-pytestmark = [pytest.mark.conformance, pytest.mark.xdist_group("vllm_oracle_results")]
+pytestmark = pytest.mark.conformance
 
 
 def _oracle_ready(version: str) -> bool:
