@@ -306,8 +306,9 @@ class DeferredCapture:
                 self.ready_bytes.append(used)
                 if not self.engine.release.profiling_capture:
                     # Without a profiling pass before them, the ready captures are the samples; after
-                    # one they read near nothing (on the H200, 0 MiB for 42 of a 0.9B model's 44
-                    # ready graphs, whose deferred graphs took 1.92 MiB each), so they are not.
+                    # one they read near nothing (on the H200, 0 MiB for 42 of the 43 after the first
+                    # of a 0.9B model's ready graphs, whose deferred graphs took 1.7 MiB each), so
+                    # they are not.
                     self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used)
                 if isinstance(result, dict):
                     merged.update(result)
