@@ -212,7 +212,7 @@ class DeferredCapture:
         # (vLLM's profiling captures on 0.29.0 on, else the ready ones; every deferred one)
         self.samples: dict[str, list[int]] = {}
         self.firsts: dict[str, int] = {}  # each mode's first capture of the sampled pass (the pool's base)
-        self.hold_basis = "ready captures"
+        self.profiled = False  # vLLM's profiling pass ran here (0.29.0 on, unless the KV cache size is given)
         self.profiled_ids: list[int] = []  # deferred graphs captured in vLLM's profiling pass, as samples
         self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
         self.start_readings: dict[str, list[int]] = {}  # the readings it rested on
@@ -276,7 +276,7 @@ class DeferredCapture:
             result, _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
             self._sample(mode_of[gid], used)
         self.profiled_ids = [*extra_pw, *extra_full]
-        self.hold_basis = "vLLM's profiling pass"
+        self.profiled = True
         captured_pw = sorted([*ready_pw, *extra_pw])
         manager._capture_descs = {
             **({self.engine.vllm_descs[captured_pw[0]].cg_mode: [self.engine.vllm_descs[g] for g in captured_pw]}
@@ -304,7 +304,7 @@ class DeferredCapture:
                 result, seconds, used = self._capture_one(gid, call.copy())
                 self._timed(gid, seconds)
                 self.ready_bytes.append(used)
-                if not self.engine.release.profiling_capture:
+                if not self.profiled:
                     # Without a profiling pass before them, the ready captures are the samples; after
                     # one they read near nothing (on the H200, 0 MiB for 42 of the 43 after the first
                     # of a 0.9B model's ready graphs, whose deferred graphs took 1.7 MiB each), so
@@ -572,7 +572,7 @@ class DeferredCapture:
             "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
             "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
-            "hold_basis": self.hold_basis,
+            "hold_basis": "vLLM's profiling pass" if self.profiled else "ready captures",
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
             "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
