@@ -615,3 +615,65 @@ def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
     deferred._sample("FULL", 1 * mib)
     assert deferred.per_graph_bytes("FULL") == 2 * mib
     assert deferred.pending_bound() == pw * pending["PIECEWISE"] + 2 * mib * pending["FULL"]
+
+
+def test_attention_warm_makes_ready_the_first_graph_of_each_attention_kernel():
+    """Where the attention backend switches kernels on the request count (vLLM's TRITON_ATTN:
+    split-KV for at most seq_threshold_3D one-token requests), each (side, specialization)
+    class gets a ready graph, its largest; no threshold adds nothing."""
+    from capplan.planner.tiers import attention_warm, shape, specialization
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    graphs, mns = plan.graphs, BASE["scheduler"]["max_num_seqs"]
+    ready = set(range(len(graphs))) - set(plan.tiers.deferred)
+    assert attention_warm(graphs, ready, mns, []) == set()
+
+    def key(d, t):
+        reqs = d.num_reqs or min(d.num_tokens, mns)
+        return (*shape(d), reqs == d.num_tokens and reqs <= t, specialization(d.num_tokens), specialization(reqs))
+
+    for t in (8, 16, 24):
+        extra = attention_warm(graphs, ready, mns, [t])
+        assert extra and extra <= set(plan.tiers.deferred)
+        warm = {key(graphs[g].descriptor, t) for g in ready | extra}
+        assert all(key(g.descriptor, t) in warm for g in graphs)  # no deferred capture is first of its kernel
+        for gid in extra:  # each added graph is the largest of a class no ready graph was in
+            d = graphs[gid].descriptor
+            same = [g for g in graphs if key(g.descriptor, t) == key(d, t)]
+            assert not {g.id for g in same} & ready
+            assert d.num_tokens == max(g.descriptor.num_tokens for g in same)
+    # 16 one-token requests run the split kernel with threshold 16, not with 8.
+    sixteen = {address(graphs[g].descriptor) for g in attention_warm(graphs, ready, mns, [16])}
+    assert "PIECEWISE:16@0" in sixteen
+    assert "PIECEWISE:16@0" not in {address(graphs[g].descriptor) for g in attention_warm(graphs, ready, mns, [8])}
+    assert attention_warm(graphs, ready | attention_warm(graphs, ready, mns, [16]), mns, [16]) == set()
+
+
+def test_runtime_makes_the_attention_warm_graphs_ready_before_the_first_capture():
+    """The live attention builders' seq_threshold_3D (read from the capture's attn_groups, once)
+    moves the planner's attention_warm graphs from pending to ready, in plan order, and the
+    report counts them; builders without one (FLASH_ATTN) change nothing."""
+    from types import SimpleNamespace
+
+    from capplan.planner.tiers import attention_warm
+    from capplan.runtime.deferred.capture import DeferredCapture
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+
+    def groups(*thresholds):
+        builders = [SimpleNamespace(seq_threshold_3D=t) for t in thresholds] + [SimpleNamespace()]
+        return {"attn_groups": [[SimpleNamespace(metadata_builders=builders)]]}
+
+    plain = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
+    plain.warm_attention(groups())
+    assert plain.warmed == [] and plain.pending == list(plan.tiers.deferred) and plain.attention_thresholds == []
+
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
+    ready_before = set(deferred.ready_ids)
+    deferred.warm_attention(groups(16, 16))
+    extra = attention_warm(plan.graphs, ready_before, BASE["scheduler"]["max_num_seqs"], [16])
+    assert extra and deferred.warmed == sorted(extra) and deferred.attention_thresholds == [16]
+    assert deferred.pending == [g for g in plan.tiers.deferred if g not in extra]
+    assert deferred.ready_ids == sorted(ready_before | extra) and deferred.captured == ready_before | extra
+    deferred.warm_attention(groups(8))  # read once: a later capture's builders change nothing
+    assert deferred.attention_thresholds == [16] and deferred.warmed == sorted(extra)

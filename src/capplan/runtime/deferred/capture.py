@@ -70,7 +70,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from capplan.errors import EngineRefusal
-from capplan.planner.tiers import case_groups, replayed
+from capplan.planner.tiers import attention_warm, case_groups, replayed
 from capplan.releases import CUDART
 from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.hooks.lora import dummy_mapping, layout_for
@@ -228,6 +228,8 @@ class DeferredCapture:
         self.longest_step_pause = 0.0
         self.longest_idle_capture = 0.0
         self.last_gpu_wait = 0.0  # of the last capture's seconds, those spent waiting for the GPU's queued work
+        self.attention_thresholds: list[int] | None = None  # the attention groups' seq_threshold_3D (read once)
+        self.warmed: list[int] = []  # deferred graphs made ready for the attention kernels they compile
 
     # -- dispatch -------------------------------------------------------------------------
     def resolve(self, graph_id: int) -> int:
@@ -238,6 +240,39 @@ class DeferredCapture:
         return replayed(self.tiers, graph_id, self.captured)
 
     # -- start-up -------------------------------------------------------------------------
+    def warm_attention(self, call: Call) -> None:
+        """Before the first capture (vLLM's profiling pass, else the start-up capture): read the
+        attention groups' kernel switch (`planner.tiers.attention_warm`) from the builders the
+        capture is given, and make ready the deferred graphs that would be the first to compile
+        an attention kernel (with DP ranks that pad to one another, every LoRA case of their
+        sizes, as the planner closes the ready set). Every rank reads the same configuration,
+        so every rank makes the same graphs ready."""
+        if self.attention_thresholds is not None:
+            return
+        builders = [b for groups in call["attn_groups"] for group in groups for b in group.metadata_builders]
+        self.attention_thresholds = sorted(
+            {t for b in builders if isinstance(t := getattr(b, "seq_threshold_3D", None), int)}
+        )
+        graphs = self.engine.plan.graphs
+        extra = attention_warm(
+            graphs, set(self.ready_ids), self.engine.plan.spec.scheduler.max_num_seqs, self.attention_thresholds
+        )
+        if self.synced:
+            extra = {g for gid in extra for g in self.group_of[gid]}
+        extra &= set(self.pending)
+        if not extra:
+            return
+        self.warmed = sorted(extra)
+        self.pending = [g for g in self.pending if g not in extra]
+        self.captured |= extra
+        self.ready_ids = sorted(self.captured)
+        print(
+            f"capplan: {len(extra)} deferred graphs made ready, the first of their attention kernels "
+            f"(seq_threshold_3D {self.attention_thresholds}): "
+            + ", ".join(address(graphs[g].descriptor) for g in self.warmed),
+            file=sys.stderr,
+        )
+
     def ready_only(self, manager: Any) -> None:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
         # More than one rank: every capture on the idle turns, which reach every rank at once.
@@ -261,6 +296,7 @@ class DeferredCapture:
         what the deferred PIECEWISE graphs not captured here are held (`per_graph_bound`, times
         their count) is `profiling_extra`, which capplan adds to vLLM's estimate. The KV cache
         is then sized for the whole plan, with only the ready graphs captured."""
+        self.warm_attention(call)
         graphs = self.engine.plan.graphs
         mode_of = {g: graphs[g].descriptor.cg_mode for g in range(len(graphs))}
         all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]
@@ -553,7 +589,9 @@ class DeferredCapture:
     def to_json(self) -> dict[str, Any]:
         return {
             "ready": len(self.ready_ids),
-            "deferred": len(self.tiers.deferred),
+            "deferred": len(self.tiers.deferred) - len(self.warmed),
+            "attention_thresholds": self.attention_thresholds,
+            "warmed_for_attention": [address(self.engine.plan.graphs[g].descriptor) for g in self.warmed],
             "captured": len(self.captures),
             "pending": [address(self.engine.plan.graphs[g].descriptor) for g in self.pending],
             "every_steps": self.tiers.every_steps,

@@ -171,6 +171,7 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
         engine.report.capture_started()
         try:
             if deferred is not None and not deferred.active:
+                deferred.warm_attention(call)
                 deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
                 return deferred.capture_ready(manager, original, call)
             return call.run(original)
@@ -206,14 +207,21 @@ HOOKS = (
         attributes=("_graphs_captured",),
         reads=("self", "num_reqs", "num_tokens", "uniform_token_count", "num_active_loras"),
     ),
-    Hook("manager.capture", f"{MANAGER}.capture", WHY_CAPTURE, _capture, reads=("self",), releases=_captures_once),
+    Hook(
+        "manager.capture",
+        f"{MANAGER}.capture",
+        WHY_CAPTURE,
+        _capture,
+        reads=("self", "attn_groups"),
+        releases=_captures_once,
+    ),
     Hook(
         "manager.capture",
         f"{MANAGER}.capture",
         f"{WHY_CAPTURE}; tell vLLM's memory-profiling capture (graphs it discards) from the real one",
         _capture,
         attributes=(PROFILING_MARK,),
-        reads=("self",),
+        reads=("self", "attn_groups"),
         releases=_profiles,
     ),
 )
