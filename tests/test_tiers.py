@@ -665,7 +665,8 @@ def test_runtime_makes_the_attention_warm_graphs_ready_before_the_first_capture(
         return {"attn_groups": [[SimpleNamespace(metadata_builders=builders)]]}
 
     plain = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
-    plain.warm_attention(groups())
+    odd = [SimpleNamespace(seq_threshold_3D=v) for v in (True, "16", 16.0, None)]  # not a threshold
+    plain.warm_attention({"attn_groups": [[SimpleNamespace(metadata_builders=odd)], []]})
     assert plain.warmed == [] and plain.pending == list(plan.tiers.deferred) and plain.attention_thresholds == []
 
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
@@ -677,3 +678,60 @@ def test_runtime_makes_the_attention_warm_graphs_ready_before_the_first_capture(
     assert deferred.ready_ids == sorted(ready_before | extra) and deferred.captured == ready_before | extra
     deferred.warm_attention(groups(8))  # read once: a later capture's builders change nothing
     assert deferred.attention_thresholds == [16] and deferred.warmed == sorted(extra)
+
+
+def test_dp_ranks_that_pad_to_one_another_make_every_lora_case_of_an_attention_warm_size_ready():
+    """With DP ranks that pad to one another each rank may replay any LoRA case of a size, so the
+    graphs made ready for the attention kernels close over their case groups, as the planner
+    closes the ready set: every case of a warmed size is ready, on every rank alike."""
+    from types import SimpleNamespace
+
+    from capplan.planner.tiers import across_cases, attention_warm
+    from capplan.runtime.deferred.capture import DeferredCapture
+
+    plan = plan_of(tiered(["FULL:1x1@0"], parallel={"data_parallel_size": 2, "moe": True}))
+    graphs = plan.graphs
+    groups = {"attn_groups": [[SimpleNamespace(metadata_builders=[SimpleNamespace(seq_threshold_3D=16)])]]}
+    ranks = [DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"])) for _ in range(2)]
+    ready_before = set(ranks[0].ready_ids)
+    for rank in ranks:
+        assert rank.synced
+        rank.warm_attention(groups)
+    assert ranks[0].warmed == ranks[1].warmed and ranks[0].pending == ranks[1].pending
+    alone = attention_warm(graphs, ready_before, BASE["scheduler"]["max_num_seqs"], [16])
+    sizes = {across_cases(graphs[g].descriptor) for g in alone}
+    want = {g.id for g in graphs if across_cases(g.descriptor) in sizes} - ready_before
+    assert alone < want  # one case of a size would leave the other ranks' cases deferred
+    assert set(ranks[0].warmed) == want
+    assert not want & set(ranks[0].pending)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ready_share=st.floats(0.0, 1.0),
+    thresholds=st.lists(st.integers(-4, 600), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_warm_covers_every_kernel_class_from_any_ready_set(ready_share, thresholds, seed):
+    """From any ready set and any thresholds: the graphs added are outside the ready set, with
+    them every graph's attention class has a ready graph, and a second call adds nothing."""
+    from capplan.planner.tiers import attention_warm, shape, specialization
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    graphs, mns = plan.graphs, BASE["scheduler"]["max_num_seqs"]
+    rng = random.Random(seed)
+    ready = {g.id for g in graphs if rng.random() < ready_share}
+    extra = attention_warm(graphs, ready, mns, thresholds)
+    assert not extra & ready
+    if not thresholds:
+        assert extra == set()
+        return
+
+    def key(d):
+        reqs = d.num_reqs or min(d.num_tokens, mns)
+        split = tuple(reqs == d.num_tokens and reqs <= t for t in sorted(thresholds))
+        return (*shape(d), split, specialization(d.num_tokens), specialization(reqs))
+
+    covered = {key(graphs[g].descriptor) for g in ready | extra}
+    assert all(key(g.descriptor) in covered for g in graphs)
+    assert attention_warm(graphs, ready | extra, mns, thresholds) == set()

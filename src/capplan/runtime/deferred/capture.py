@@ -251,7 +251,7 @@ class DeferredCapture:
             return
         builders = [b for groups in call["attn_groups"] for group in groups for b in group.metadata_builders]
         self.attention_thresholds = sorted(
-            {t for b in builders if isinstance(t := getattr(b, "seq_threshold_3D", None), int)}
+            {t for b in builders if type(t := getattr(b, "seq_threshold_3D", None)) is int}
         )
         graphs = self.engine.plan.graphs
         extra = attention_warm(
