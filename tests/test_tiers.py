@@ -630,7 +630,7 @@ def test_attention_warm_makes_ready_the_first_graph_of_each_attention_kernel():
 
     def key(d, t):
         reqs = d.num_reqs or min(d.num_tokens, mns)
-        return (*shape(d), reqs == d.num_tokens and reqs <= t, specialization(d.num_tokens), specialization(reqs))
+        return (*shape(d), reqs <= t, reqs == d.num_tokens, specialization(d.num_tokens), specialization(reqs))
 
     for t in (8, 16, 24):
         extra = attention_warm(graphs, ready, mns, [t])
@@ -729,8 +729,8 @@ def test_attention_warm_covers_every_kernel_class_from_any_ready_set(ready_share
 
     def key(d):
         reqs = d.num_reqs or min(d.num_tokens, mns)
-        split = tuple(reqs == d.num_tokens and reqs <= t for t in sorted(thresholds))
-        return (*shape(d), split, specialization(d.num_tokens), specialization(reqs))
+        sides = tuple(reqs <= t for t in sorted(thresholds))
+        return (*shape(d), sides, reqs == d.num_tokens, specialization(d.num_tokens), specialization(reqs))
 
     covered = {key(graphs[g].descriptor) for g in ready | extra}
     assert all(key(g.descriptor) in covered for g in graphs)

@@ -76,23 +76,28 @@ def attention_warm(
     compile an attention kernel, where the attention backend switches kernels on the batch's
     request count (a fact of the running engine, not of the spec): vLLM's Triton unified
     attention (TRITON_ATTN) runs its split-KV (3D) kernel, and a segment-reduce kernel after it,
-    for a batch of at most `seq_threshold_3D` one-token requests, and the 2D kernel above; each
-    is compiled per Triton `specialization` of the request count. `thresholds`: each attention
-    group's `seq_threshold_3D` (none: no such switch, nothing to add). A capture's dummy batch
-    has `num_reqs` requests, or min(tokens, max_num_seqs) for a graph of any request count.
-    For every class (mode, decode shape, the side of each threshold, the specializations of
-    tokens and requests) no ready graph is in, its largest graph. On the H200 (vLLM 0.33.0,
-    2-layer Llama, 2 KV heads: threshold 64) the first capture on the 3D side with 64
-    requests took 0.80 s, 0.58 s of it compiling `kernel_unified_attention` and 0.20 s
-    `reduce_segments`. A performance rule, like `warm_set`: every subset of captured graphs is
+    for a batch of at most `seq_threshold_3D` one-token requests (0.25.0-0.32.0), or of at most
+    that many query blocks of a causal batch whose longest query is short (0.33.0), and the 2D
+    kernel otherwise; each is compiled per Triton `specialization` of the request count.
+    `thresholds`: each attention group's `seq_threshold_3D` (none: no such switch, nothing to
+    add). A capture's dummy batch has `num_reqs` requests, or min(tokens, max_num_seqs) for a
+    graph of any request count. For every class (mode, decode shape, the side of each threshold
+    the request count is on, whether every request is one token, the specializations of tokens
+    and requests) no ready graph is in, its largest graph. On 0.33.0 a class of multi-token
+    batches with requests at most a threshold can hold both kernels (the query blocks depend
+    on the model's heads): its largest graph is warmed, not every query length; dummy batches
+    are like that only where max_num_seqs is below both the graph's tokens and a threshold.
+    On the H200 (vLLM 0.33.0, 2-layer Llama, 2 KV heads: threshold 64) the first capture on
+    the 3D side with 64 requests took 0.80 s, 0.58 s of it compiling
+    `kernel_unified_attention` and 0.20 s `reduce_segments`. A performance rule, like `warm_set`: every subset of captured graphs is
     a state `verify` proves."""
     if not thresholds:
         return set()
 
     def key(d: Descriptor) -> tuple[object, ...]:
         reqs = d.num_reqs or min(d.num_tokens, max_num_seqs)
-        split = tuple(reqs == d.num_tokens and reqs <= t for t in sorted(thresholds))  # one token per request
-        return (*shape(d), split, specialization(d.num_tokens), specialization(reqs))
+        sides = tuple(reqs <= t for t in sorted(thresholds))
+        return (*shape(d), sides, reqs == d.num_tokens, specialization(d.num_tokens), specialization(reqs))
 
     covered = {key(graphs[gid].descriptor) for gid in ready}
     best: dict[tuple[object, ...], PlannedGraph] = {}
