@@ -706,6 +706,55 @@ def test_dp_ranks_that_pad_to_one_another_make_every_lora_case_of_an_attention_w
     assert not want & set(ranks[0].pending)
 
 
+def _split_kv(rule: str, reqs: int, query: int, tokens: int, threshold: int, block_q: int, max_num_seqs: int) -> bool:
+    """vLLM's own choice of TRITON_ATTN's split-KV kernel, written from its source for this
+    test (not from capplan): before 0.33.0 one-token requests up to the threshold; 0.33.0
+    `unified_attention`'s use_3d for a causal batch, and the scratch-rows check after it."""
+    if rule != "0.33":
+        return query == 1 and reqs <= threshold
+    return query <= 8 and reqs * -(-query // block_q) <= threshold and tokens <= min(threshold, max_num_seqs)
+
+
+def _compile_of(g, rule: str, threshold: int, block_q: int, max_num_seqs: int) -> tuple[object, ...]:
+    """What a graph's capture compiles of the attention: mode, kernel, and the specializations
+    of its requests, longest query and tokens."""
+    from capplan.planner.tiers import specialization
+
+    d, reqs = g.descriptor, g.dummy.num_reqs
+    mixed_full = d.cg_mode == "FULL" and d.uniform_token_count is None and rule != "0.25"
+    query = d.num_tokens if mixed_full else g.dummy.max_query_len
+    split = _split_kv(rule, reqs, query, d.num_tokens, threshold, block_q, max_num_seqs)
+    return (d.cg_mode, split, specialization(reqs), specialization(query), specialization(d.num_tokens))
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+@pytest.mark.parametrize("max_num_seqs", [8, 32])
+def test_attention_warm_leaves_no_kernel_compile_to_a_deferred_capture_under_vllms_rule(mode, max_num_seqs):
+    """Against vLLM's kernel choice on every release's rule and every BLOCK_Q a model can give:
+    each graph's compile (mode, kernel, specializations of requests, longest query and tokens)
+    is one a ready or warmed graph compiles first. From 0.31.0 a FULL graph of mixed batches
+    gives attention max_query_len equal to its tokens (`capture_graph`'s prepare step)."""
+    from capplan.planner.tiers import attention_warm
+
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    spec = {**tiered(["FULL:1x1@0"] if mode != "PIECEWISE" else ["PIECEWISE:1@0"])}
+    spec.update(
+        scheduler={**BASE["scheduler"], "max_num_seqs": max_num_seqs}, cudagraph={"mode": mode, "capture_sizes": sizes}
+    )
+    plan = plan_of(spec)
+    graphs = plan.graphs
+    ready = set(range(len(graphs))) - set(plan.tiers.deferred)
+    for threshold in (4, 8, 16, 32, 64):
+        warmed = attention_warm(graphs, ready, max_num_seqs, [threshold])
+        assert not warmed & ready
+        for rule in ("0.25", "0.31", "0.33"):
+            for block_q in (1, 2, 4, 8, 16):
+                how = (rule, threshold, block_q, max_num_seqs)
+                first = {_compile_of(graphs[g], *how) for g in ready | warmed}
+                missed = [address(g.descriptor) for g in graphs if _compile_of(g, *how) not in first]
+                assert not missed, (threshold, rule, block_q, missed)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     ready_share=st.floats(0.0, 1.0),

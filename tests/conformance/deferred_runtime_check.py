@@ -35,6 +35,7 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
+from capplan.planner.tiers import attention_warm  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
@@ -47,6 +48,9 @@ SPEC = {
     "tiers": {"ready": ["FULL:1x1@0", "PIECEWISE:8@1"], "every_steps": 2},
 }
 
+ATTN_THRESHOLD = 8
+# vLLM's attn_groups as the capture gets them: one group, a builder with TRITON_ATTN's threshold.
+ATTN_GROUPS = [[SimpleNamespace(metadata_builders=[SimpleNamespace(seq_threshold_3D=ATTN_THRESHOLD)])]]
 captures: list[list] = []  # the descriptors each capture call saw
 DISPATCHER: Dispatcher
 seen_lock_held: list[bool] = []
@@ -162,7 +166,17 @@ def main(out: Path) -> None:
     plan = compile_plan(spec)
     DISPATCHER = Dispatcher(plan)
     assert plan.tiers is not None
-    report: dict = {"vllm": vllm.__version__, "graphs": len(plan.graphs), "deferred": len(plan.tiers.deferred)}
+    # TRITON_ATTN's builders carry seq_threshold_3D: the deferred graphs that would be the first
+    # of an attention kernel are made ready at the first capture; the rest stay deferred.
+    plan_ready = set(range(len(plan.graphs))) - set(plan.tiers.deferred)
+    warm = attention_warm(plan.graphs, plan_ready, SPEC["scheduler"]["max_num_seqs"], [ATTN_THRESHOLD])
+    DEFERRED = [g for g in plan.tiers.deferred if g not in warm]
+    report: dict = {
+        "vllm": vllm.__version__,
+        "graphs": len(plan.graphs),
+        "deferred": len(DEFERRED),
+        "warmed": len(warm),
+    }
     cg.ModelCudaGraphManager.capture = fake_capture
     runner_mod.GPUModelRunner.execute_model = fake_step
     async_utils.AsyncOutput.get_output = fake_get_output
@@ -177,7 +191,7 @@ def main(out: Path) -> None:
     tables = SimpleNamespace(input_block_tables=[torch.full((16, 8), 5, dtype=torch.int32)])
     adapters = FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
-    ready = sorted(set(range(len(plan.graphs))) - set(plan.tiers.deferred))
+    ready = sorted(set(range(len(plan.graphs))) - set(DEFERRED))
     if RELEASE.profiling_capture:
         # vLLM's memory profiling (0.29.0 on) captures on a manager of its own first, one graph per
         # call (each one measured): the ready PIECEWISE graphs and a spread of the deferred ones,
@@ -188,20 +202,20 @@ def main(out: Path) -> None:
         profiling = model_manager(spec.model_dump(mode="json"))
         profiling._capture_mem_samples = []
         profiling._max_full_descs_to_capture = 2
-        profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+        profiling.capture("model", "model_state", "buffers", None, tables, ATTN_GROUPS, "kv", has_lora=True,
                           lora_capture_hook=lambda *a: None)  # fmt: skip
         mode = {g.id: g.descriptor.cg_mode for g in plan.graphs}
         ready_pw = [g for g in ready if mode[g] == "PIECEWISE"]
         all_full = [g for g in range(len(plan.graphs)) if mode[g] == "FULL"]
-        deferred_pw = [g for g in plan.tiers.deferred if mode[g] == "PIECEWISE"]
-        deferred_full = [g for g in plan.tiers.deferred if mode[g] == "FULL" and g not in all_full[:2]]
+        deferred_pw = [g for g in DEFERRED if mode[g] == "PIECEWISE"]
+        deferred_full = [g for g in DEFERRED if mode[g] == "FULL" and g not in all_full[:2]]
         sampled_pw = spread_sample(deferred_pw, PROFILE_SAMPLES)
         expected = [
             *sorted(ready_pw + sampled_pw),
             *all_full[:2],
             *sorted(spread_sample(deferred_full, PROFILE_SAMPLES)),
         ]
-        report["profiling_samples_deferred_graphs"] = bool(sampled_pw) and set(sampled_pw) <= set(plan.tiers.deferred)
+        report["profiling_samples_deferred_graphs"] = bool(sampled_pw) and set(sampled_pw) <= set(DEFERRED)
         report["profiling_calls_as_planned"] = [[address_of(plan, d) for d in c] for c in captures] == [
             [g] for g in expected
         ]
@@ -210,9 +224,7 @@ def main(out: Path) -> None:
             "PIECEWISE": sorted(ready_pw + sampled_pw),
             "FULL": all_full,
         }
-        report["profiling_did_not_start_deferral"] = not deferred.active and len(deferred.pending) == len(
-            plan.tiers.deferred
-        )
+        report["profiling_did_not_start_deferral"] = not deferred.active and len(deferred.pending) == len(DEFERRED)
         deferred.profiling_extra = 7 * 2**20
         report["profiled_estimate_plus_extra"] = runner_mod.GPUModelRunner.profile_cudagraph_memory(None) == (
             1000 + 7 * 2**20
@@ -220,7 +232,7 @@ def main(out: Path) -> None:
         captures.clear()
     startup_hook_calls: list = []
     manager.capture(
-        "model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+        "model", "model_state", "buffers", None, tables, ATTN_GROUPS, "kv", has_lora=True,
         lora_capture_hook=lambda *a: startup_hook_calls.append(a),
     )  # fmt: skip
     # Each ready graph in a call of its own (its memory measured), in plan order.
@@ -317,7 +329,7 @@ def main(out: Path) -> None:
 
     # Asleep: no capture; vLLM's loop handles the request, then waits for input as usual.
     report["asleep_blocks_as_vllm"] = turn() == "blocked" and core.process_input_queue_block is True
-    report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(plan.tiers.deferred) - 2
+    report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(DEFERRED) - 2
     report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
     sleeping[0] = False
     turns = []
@@ -340,16 +352,16 @@ def main(out: Path) -> None:
     report["pending_after_idle"] = len(deferred.pending)
     report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
     captured_order = [address_of(plan, c[0]) for c in captures[startup_calls:]]
-    report["deferred_captured_in_plan_order"] = captured_order == list(plan.tiers.deferred)
+    report["deferred_captured_in_plan_order"] = captured_order == list(DEFERRED)
     # Deferred LoRA graphs: the mapping went to the punica wrapper with slot i read as adapter
     # i + 1; the live slot table came back, and the next step recomputes its mapping.
-    lora_graphs = [g for g in plan.tiers.deferred if plan.graphs[g].descriptor.num_active_loras > 0]
-    report["deferred_lora_mappings"] = len(adapters.calls) == len(plan.tiers.deferred)
+    lora_graphs = [g for g in DEFERRED if plan.graphs[g].descriptor.num_active_loras > 0]
+    report["deferred_lora_mappings"] = len(adapters.calls) == len(DEFERRED)
     report["slots_during_capture"] = sorted({tuple(c[0]) for c in adapters.calls})
     report["live_slots_restored"] = adapters.lora_index_to_id == [7, None, 9, None]
     report["last_mapping_forgotten"] = adapters._last_mapping is None
     case4 = next(g for g in lora_graphs if plan.graphs[g].descriptor.num_active_loras == 4)
-    call = adapters.calls[plan.tiers.deferred.index(case4)]
+    call = adapters.calls[DEFERRED.index(case4)]
     report["case4_prompt_ids"] = sorted({int(i) for i in call[2]})
     report["block_tables_zeroed"] = int(tables.input_block_tables[0].abs().sum()) == 0
     # Busy engine: the loop leaves at once.

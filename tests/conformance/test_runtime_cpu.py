@@ -152,6 +152,10 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["problems"] == [] and report["batches_checked"] > 100_000
     assert report["fallback_steps_counted"] > 0  # the intermediate states did replay fallbacks
     assert report["report_json"]["captured"] == report["deferred"]
+    # The attention builders' threshold made the first graph of each attention kernel ready at
+    # the first capture (the profiling pass where there is one), before anything was sized.
+    assert report["warmed"] > 0 and len(report["report_json"]["warmed_for_attention"]) == report["warmed"]
+    assert report["report_json"]["attention_thresholds"] == [8]
     if RELEASES[version].profiling_capture:  # vLLM's profiling capture: ready and sampled graphs, one per call
         assert report["profiling_calls_as_planned"] and report["profiling_left_captured_pw_and_all_full"]
         assert report["profiling_samples_deferred_graphs"]

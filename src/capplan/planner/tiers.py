@@ -69,40 +69,64 @@ def warm_set(graphs: list[PlannedGraph]) -> set[int]:
     return {g.id for g in best.values()}
 
 
+SPLIT_KV_MAX_QUERY_LEN = 8  # vLLM 0.33.0's MAX_3D_QUERY_LEN: longer queries run the 2D kernel
+
+
+def attention_queries(g: PlannedGraph) -> tuple[int, ...]:
+    """The longest query (max_seqlen_q) the attention of a graph's capture may see: its dummy
+    batch's, and for a FULL graph of mixed batches also its token count, which vLLM 0.31.0 on
+    passes as max_query_len (such a graph may replay one prefill spanning the batch)."""
+    d = g.descriptor
+    if d.cg_mode == "FULL" and d.uniform_token_count is None:
+        return tuple(sorted({g.dummy.max_query_len, d.num_tokens}))
+    return (g.dummy.max_query_len,)
+
+
 def attention_warm(
     graphs: list[PlannedGraph], ready: set[int], max_num_seqs: int, thresholds: Sequence[int]
 ) -> set[int]:
     """The graphs to make ready beyond `ready` so that no deferred capture is the first to
-    compile an attention kernel, where the attention backend switches kernels on the batch's
-    request count (a fact of the running engine, not of the spec): vLLM's Triton unified
-    attention (TRITON_ATTN) runs its split-KV (3D) kernel, and a segment-reduce kernel after it,
-    for a batch of at most `seq_threshold_3D` one-token requests (0.25.0-0.32.0), or of at most
-    that many query blocks of a causal batch whose longest query is short (0.33.0), and the 2D
-    kernel otherwise; each is compiled per Triton `specialization` of the request count.
-    `thresholds`: each attention group's `seq_threshold_3D` (none: no such switch, nothing to
-    add). A capture's dummy batch has `num_reqs` requests, or min(tokens, max_num_seqs) for a
-    graph of any request count. For every class (mode, decode shape, the side of each threshold
-    the request count is on, whether every request is one token, the specializations of tokens
-    and requests) no ready graph is in, its largest graph. On 0.33.0 a class of multi-token
-    batches with requests at most a threshold can hold both kernels (the query blocks depend
-    on the model's heads): its largest graph is warmed, not every query length; dummy batches
-    are like that only where max_num_seqs is below both the graph's tokens and a threshold.
-    On the H200 (vLLM 0.33.0, 2-layer Llama, 2 KV heads: threshold 64) the first capture on
-    the 3D side with 64 requests took 0.80 s, 0.58 s of it compiling
-    `kernel_unified_attention` and 0.20 s `reduce_segments`. A performance rule, like `warm_set`: every subset of captured graphs is
-    a state `verify` proves."""
+    compile an attention kernel, where the attention backend switches kernels on the batch
+    (a fact of the running engine, not of the spec): vLLM's Triton unified attention
+    (TRITON_ATTN) runs its split-KV (3D) kernel, and a segment-reduce kernel after it, for a
+    batch of at most `seq_threshold_3D` one-token requests (0.25.0-0.32.0), or (0.33.0) for a
+    causal batch whose longest query is at most 8 tokens and whose requests times query blocks
+    (the longest query over BLOCK_Q, which depends on the model's heads) are at most the
+    threshold, with no more tokens than the split-KV scratch holds (min(threshold,
+    max_num_seqs) rows without speculative decoding); the 2D kernel otherwise. Each is
+    compiled per Triton `specialization` of its integer arguments. `thresholds`: each
+    attention group's `seq_threshold_3D` (none: no such switch, nothing to add).
+
+    A class is what decides the kernel and its compile whatever BLOCK_Q is: mode and decode
+    shape, the capture's longest queries (`attention_queries`; each up to 8 itself, a longer
+    one by its specialization), for each threshold whether the requests times each block
+    count the longest query could make (1 up to that query) fit, and whether the tokens fit
+    the scratch, and the specializations of tokens and requests. For every class no ready
+    graph is in, its largest graph. A conservative rule: PIECEWISE captures of 0.25.x run no
+    attention, and the 0.33.0 terms split classes on older releases, so some graphs are made
+    ready for nothing. On the H200 (vLLM 0.33.0, 2-layer Llama, 2 KV heads: threshold 64)
+    the first capture on the 3D side with 64 requests took 0.80 s, 0.58 s of it compiling
+    `kernel_unified_attention` and 0.20 s `reduce_segments`. A performance rule, like
+    `warm_set`: every subset of captured graphs is a state `verify` proves."""
     if not thresholds:
         return set()
 
-    def key(d: Descriptor) -> tuple[object, ...]:
-        reqs = d.num_reqs or min(d.num_tokens, max_num_seqs)
-        sides = tuple(reqs <= t for t in sorted(thresholds))
-        return (*shape(d), sides, reqs == d.num_tokens, specialization(d.num_tokens), specialization(reqs))
+    def key(g: PlannedGraph) -> tuple[object, ...]:
+        d, reqs = g.descriptor, g.dummy.num_reqs
+        queries = attention_queries(g)
+        longest = max([q for q in queries if q <= SPLIT_KV_MAX_QUERY_LEN], default=1)  # blocks it can make
+        fits = tuple(
+            (reqs * blocks <= t, d.num_tokens <= min(t, max_num_seqs))
+            for t in sorted(thresholds)
+            for blocks in range(1, longest + 1)
+        )
+        lengths = tuple(q if q <= SPLIT_KV_MAX_QUERY_LEN else ("long", specialization(q)) for q in queries)
+        return (*shape(d), lengths, fits, specialization(d.num_tokens), specialization(reqs))
 
-    covered = {key(graphs[gid].descriptor) for gid in ready}
+    covered = {key(graphs[gid]) for gid in ready}
     best: dict[tuple[object, ...], PlannedGraph] = {}
     for g in graphs:
-        k = key(g.descriptor)
+        k = key(g)
         if k in covered:
             continue
         top = best.get(k)
