@@ -784,3 +784,69 @@ def test_attention_warm_covers_every_kernel_class_from_any_ready_set(ready_share
     covered = {key(graphs[g].descriptor) for g in ready | extra}
     assert all(key(g.descriptor) in covered for g in graphs)
     assert attention_warm(graphs, ready | extra, mns, thresholds) == set()
+
+
+def test_a_shared_gpu_is_said_and_reported_at_the_hold(capsys):
+    """Other processes on the GPU move the device memory a capture reads: the start says the
+    hold is then an estimate, and the report carries the count; alone, or unknown, it is quiet.
+    Without a GPU or vLLM the count is unknown, never an error."""
+    from types import SimpleNamespace
+
+    from capplan.runtime.deferred.capture import DeferredCapture, other_gpu_processes
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
+    assert other_gpu_processes() is None  # no GPU here
+    for others, said in ((None, False), (0, False), (3, True)):
+        deferred.shared_gpu(others, 3 * 2**30)
+        err = capsys.readouterr().err
+        assert ("3 other process(es) hold memory on this GPU" in err) is said
+        assert ("3.00 GiB held for the deferred graphs is an estimate, not a bound" in err) is said
+        assert deferred.to_json()["other_gpu_processes_at_start"] == others
+    deferred.shared_gpu(2, 0)  # nothing held: nothing to qualify
+    assert capsys.readouterr().err == ""
+
+
+def test_other_gpu_processes_counts_the_device_s_processes_but_this_one(monkeypatch):
+    """NVML found by the device's UUID lists every process on it, this one among them; any
+    NVML failure is no answer."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from capplan.runtime.deferred.capture import other_gpu_processes
+
+    calls: list[str] = []
+
+    class Nvml:
+        listed = 4
+
+        def nvmlInit(self):
+            calls.append("init")
+
+        def nvmlShutdown(self):
+            calls.append("shutdown")
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            if uuid != "GPU-1234":
+                raise RuntimeError("not found")
+            return "handle"
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            return [SimpleNamespace(pid=i) for i in range(self.listed)]
+
+    nvml = Nvml()
+    cuda = SimpleNamespace(current_device=lambda: 0, get_device_properties=lambda i: SimpleNamespace(uuid="1234"))
+    import_utils = ModuleType("vllm.utils.import_utils")
+    import_utils.import_pynvml = lambda: nvml
+    for name, module in (
+        ("torch", SimpleNamespace(cuda=cuda)),
+        ("vllm", ModuleType("vllm")),
+        ("vllm.utils", ModuleType("vllm.utils")),
+        ("vllm.utils.import_utils", import_utils),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert other_gpu_processes() == 3 and calls == ["init", "shutdown"]
+    nvml.listed = 1
+    assert other_gpu_processes() == 0  # this process alone
+    cuda.get_device_properties = lambda i: SimpleNamespace(uuid="GPU-9")
+    assert other_gpu_processes() is None and calls[-1] == "shutdown"  # not found: no answer, NVML shut

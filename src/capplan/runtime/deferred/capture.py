@@ -122,6 +122,27 @@ def per_graph_bound(sizes: Sequence[int]) -> int:
     return int(math.ceil((sum(use) + max(use)) / len(use)))
 
 
+def other_gpu_processes() -> int | None:
+    """How many other processes hold memory on this process's GPU, as NVML lists them (through
+    vLLM's own copy of pynvml), or None where NVML cannot say (no GPU, no NVML, a device it does
+    not find). This process is taken to be one of those listed: in a container NVML may list
+    processes by PIDs of another namespace."""
+    try:
+        import torch
+        from vllm.utils.import_utils import import_pynvml
+
+        nvml = import_pynvml()
+        nvml.nvmlInit()
+        try:
+            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            return max(len(nvml.nvmlDeviceGetComputeRunningProcesses(handle)) - 1, 0)
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - a diagnostic: no answer is an answer
+        return None
+
+
 def spread_sample(ids: Sequence[int], k: int) -> list[int]:
     """`k` of `ids` (all of them where there are no more), evenly spread over them in order."""
     if len(ids) <= k:
@@ -204,6 +225,7 @@ class DeferredCapture:
         self.held_bytes = 0  # its size now
         self.held_peak_bytes = 0  # the most ever held (at start, unless a capture raised the estimate)
         self.reserve_shortfall = False  # the estimate could not be held again while serving
+        self.other_processes: int | None = None  # on this GPU as the hold was first taken (None: unknown)
         self.ready_bytes: list[int] = []  # each ready graph's memory, in capture order
         self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
         self.landed: list[int] = []  # the deferred graphs captured, in order
@@ -390,6 +412,7 @@ class DeferredCapture:
             return
         want = self.pending_bound()
         if when == "start":
+            self.shared_gpu(other_gpu_processes(), want)
             self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
             self.start_readings = {m: list(sizes) for m, sizes in self.samples.items()}
         if want <= 0:
@@ -406,6 +429,19 @@ class DeferredCapture:
             return
         self.held_bytes = want
         self.held_peak_bytes = max(self.held_peak_bytes, want)
+
+    def shared_gpu(self, others: int | None, want: int) -> None:
+        """Record how many other processes share the GPU, and say so where any do: a capture's
+        reading is the device's memory, which moves with what they allocate and free, so the
+        hold is then an estimate, not a bound (vLLM's own memory profiling has the same limit)."""
+        self.other_processes = others
+        if others and want > 0:
+            print(
+                f"capplan: {others} other process(es) hold memory on this GPU: the captures' memory "
+                f"readings include what they allocate and free meanwhile, so the {want / 2**30:.2f} GiB held "
+                "for the deferred graphs is an estimate, not a bound (run the engine alone on its GPU for one)",
+                file=sys.stderr,
+            )
 
     # -- capture --------------------------------------------------------------------------
     def before_step(self, runner: Any) -> None:
@@ -611,6 +647,7 @@ class DeferredCapture:
             "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
             "hold_basis": "vLLM's profiling pass" if self.profiled else "ready captures",
+            "other_gpu_processes_at_start": self.other_processes,
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
             "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
