@@ -263,7 +263,8 @@ class DeferredCapture:
 
     # -- start-up -------------------------------------------------------------------------
     def warm_attention(self, call: Call) -> None:
-        """Before the first capture (vLLM's profiling pass, else the start-up capture): read the
+        """As the first capture starts (vLLM's profiling pass, else the start-up capture; the
+        capture hook calls it, later calls change nothing): read the
         attention groups' kernel switch (`planner.tiers.attention_warm`) from the builders the
         capture is given, and make ready the deferred graphs that would be the first to compile
         an attention kernel (with DP ranks that pad to one another, every LoRA case of their
@@ -318,7 +319,6 @@ class DeferredCapture:
         what the deferred PIECEWISE graphs not captured here are held (`per_graph_bound`, times
         their count) is `profiling_extra`, which capplan adds to vLLM's estimate. The KV cache
         is then sized for the whole plan, with only the ready graphs captured."""
-        self.warm_attention(call)
         graphs = self.engine.plan.graphs
         mode_of = {g: graphs[g].descriptor.cg_mode for g in range(len(graphs))}
         all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]

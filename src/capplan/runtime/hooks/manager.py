@@ -157,6 +157,8 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
         check_attributes(hook, manager)
         if getattr(manager, "_capplan_plan", None) is None:  # this manager's list is not the plan's: fail closed
             raise _not_in_force(engine)
+        if engine.deferred is not None:  # the first capture reads the attention kernels' switch (once)
+            engine.deferred.warm_attention(call)
         if profiles and getattr(manager, PROFILING_MARK) is not None:
             # vLLM's memory profiling: a sample of the plan's graphs, on a manager and pool it
             # then discards. Counted apart; the real capture follows on a new manager.
@@ -171,7 +173,6 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
         engine.report.capture_started()
         try:
             if deferred is not None and not deferred.active:
-                deferred.warm_attention(call)
                 deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
                 return deferred.capture_ready(manager, original, call)
             return call.run(original)
