@@ -39,6 +39,23 @@ def _context() -> dict:
     return {"capture": None, "frames": names}
 
 
+_failed: list[str] = []
+
+
+def _append(line: str) -> None:
+    """One line onto this process's log: created 0644 under the umask, never through a symlink;
+    a failure is said once and the run goes on."""
+    path = os.path.join(_DIR, f"triton-{os.getpid()}.jsonl")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+    except OSError as exc:
+        if not _failed:
+            _failed.append(path)
+            print(f"triton_log: {path}: not written ({exc.strerror or exc})", file=sys.stderr)
+
+
 def _wrap(compile_fn):
     if getattr(compile_fn, "_capplan_logged", False):
         return compile_fn
@@ -59,11 +76,7 @@ def _wrap(compile_fn):
                 "constants": str(getattr(src, "constants", ""))[:300],
                 **_context(),
             }
-            try:
-                with open(os.path.join(_DIR, f"triton-{os.getpid()}.jsonl"), "a") as f:
-                    f.write(json.dumps(row) + "\n")
-            except OSError:
-                pass
+            _append(json.dumps(row) + "\n")
 
     logged._capplan_logged = True  # type: ignore[attr-defined]
     return logged
