@@ -786,67 +786,153 @@ def test_attention_warm_covers_every_kernel_class_from_any_ready_set(ready_share
     assert attention_warm(graphs, ready | extra, mns, thresholds) == set()
 
 
-def test_a_shared_gpu_is_said_and_reported_at_the_hold(capsys):
-    """Other processes on the GPU move the device memory a capture reads: the start says the
-    hold is then an estimate, and the report carries the count; alone, or unknown, it is quiet.
-    Without a GPU or vLLM the count is unknown, never an error."""
+def test_a_shared_gpu_is_said_where_a_capture_was_read_by_the_device(capsys):
+    """Other processes on the GPU move the device's memory: where a capture was read by it (NVML
+    did not list this process), the start says the hold is then an estimate; read by this
+    process's own memory, or alone, or with the count unknown, it is quiet. The report carries
+    the count and how the captures were read."""
     from types import SimpleNamespace
 
-    from capplan.runtime.deferred.capture import DeferredCapture, other_gpu_processes
+    from capplan.runtime.deferred.capture import DeferredCapture
+    from capplan.runtime.deferred.device_memory import open_for_current_device
 
     plan = plan_of(tiered(["FULL:1x1@0"]))
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
-    assert other_gpu_processes() is None  # no GPU here
-    for others, said in ((None, False), (0, False), (3, True)):
+    assert open_for_current_device() is None  # no GPU here
+    for readings, others, said in (
+        ({"process": 0, "device": 5}, None, False),
+        ({"process": 0, "device": 5}, 0, False),
+        ({"process": 0, "device": 5}, 3, True),
+        ({"process": 5, "device": 0}, 3, False),
+        ({"process": 4, "device": 1}, 3, True),
+    ):
+        deferred.readings = readings
         deferred.shared_gpu(others, 3 * 2**30)
         err = capsys.readouterr().err
-        assert ("3 other process(es) hold memory on this GPU" in err) is said
+        assert ("3 other process(es) hold memory on this GPU and NVML does not list this one" in err) is said
         assert ("3.00 GiB held for the deferred graphs is an estimate, not a bound" in err) is said
-        assert deferred.to_json()["other_gpu_processes_at_start"] == others
+        report = deferred.to_json()
+        assert report["other_gpu_processes_at_start"] == others and report["memory_readings"] == readings
+    deferred.readings = {"process": 0, "device": 5}
     deferred.shared_gpu(2, 0)  # nothing held: nothing to qualify
     assert capsys.readouterr().err == ""
 
 
-def test_other_gpu_processes_counts_the_device_s_processes_but_this_one(monkeypatch):
-    """NVML found by the device's UUID lists every process on it, this one among them; any
-    NVML failure is no answer."""
+class FakeNvml:
+    """NVML as vLLM's pynvml answers: a device found by its UUID, and its processes."""
+
+    def __init__(self, uuid: str = "GPU-1234"):
+        self.uuid, self.calls, self.processes = uuid, [], {}
+        self.fail_listing = False
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid != self.uuid:
+            raise RuntimeError("not found")
+        return "handle"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        from types import SimpleNamespace
+
+        assert handle == "handle"
+        if self.fail_listing:
+            raise RuntimeError("NVML_ERROR_UNKNOWN")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes.items()]
+
+
+def fake_vllm_nvml(monkeypatch, nvml):
     import sys
-    from types import ModuleType, SimpleNamespace
+    from types import ModuleType
 
-    from capplan.runtime.deferred.capture import other_gpu_processes
-
-    calls: list[str] = []
-
-    class Nvml:
-        listed = 4
-
-        def nvmlInit(self):
-            calls.append("init")
-
-        def nvmlShutdown(self):
-            calls.append("shutdown")
-
-        def nvmlDeviceGetHandleByUUID(self, uuid):
-            if uuid != "GPU-1234":
-                raise RuntimeError("not found")
-            return "handle"
-
-        def nvmlDeviceGetComputeRunningProcesses(self, handle):
-            return [SimpleNamespace(pid=i) for i in range(self.listed)]
-
-    nvml = Nvml()
-    cuda = SimpleNamespace(current_device=lambda: 0, get_device_properties=lambda i: SimpleNamespace(uuid="1234"))
     import_utils = ModuleType("vllm.utils.import_utils")
     import_utils.import_pynvml = lambda: nvml
     for name, module in (
-        ("torch", SimpleNamespace(cuda=cuda)),
         ("vllm", ModuleType("vllm")),
         ("vllm.utils", ModuleType("vllm.utils")),
         ("vllm.utils.import_utils", import_utils),
     ):
         monkeypatch.setitem(sys.modules, name, module)
-    assert other_gpu_processes() == 3 and calls == ["init", "shutdown"]
-    nvml.listed = 1
-    assert other_gpu_processes() == 0  # this process alone
-    cuda.get_device_properties = lambda i: SimpleNamespace(uuid="GPU-9")
-    assert other_gpu_processes() is None and calls[-1] == "shutdown"  # not found: no answer, NVML shut
+
+
+def test_process_memory_reads_this_process_alone_and_counts_the_others(monkeypatch):
+    """NVML found by the device's UUID (torch's, with or without `GPU-`): this process's own
+    memory, the other processes counted; a device NVML does not find is no answer (NVML shut
+    again), and a process NVML does not list, or lists without a value, reads None."""
+    import os
+
+    from capplan.runtime.deferred.device_memory import ProcessMemory
+
+    nvml = FakeNvml()
+    fake_vllm_nvml(monkeypatch, nvml)
+    me = os.getpid()
+    nvml.processes = {me: 5 * 2**20, me + 1: 7 * 2**30, me + 2: None}
+    for uuid in ("1234", "GPU-1234"):
+        memory = ProcessMemory.open(uuid)
+        assert memory is not None and memory.own() == 5 * 2**20 and memory.others() == 2
+    assert nvml.calls == ["init", "init"]  # kept open while serving
+    nvml.processes[me + 1] = 9 * 2**30  # another process allocates: this one's reading stays
+    assert memory.own() == 5 * 2**20
+    nvml.processes[me] = None  # NVML does not say
+    assert memory.own() is None
+    nvml.processes = {me + 10: 2**30}  # PIDs of another namespace: this process is one of them
+    assert memory.own() is None and memory.others() == 0
+    nvml.processes = {}
+    assert memory.others() == 0
+    nvml.fail_listing = True
+    assert memory.own() is None and memory.others() is None
+    assert ProcessMemory.open("9999") is None and nvml.calls[-1] == "shutdown"
+
+
+def test_process_memory_without_nvml_is_no_answer(monkeypatch):
+    from capplan.runtime.deferred.device_memory import ProcessMemory
+
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    fake_vllm_nvml(monkeypatch, Broken())
+    assert ProcessMemory.open("1234") is None
+
+
+def test_a_capture_is_read_by_this_process_where_both_readings_have_it(monkeypatch):
+    """The growth of this process's memory where NVML listed it before and after the capture;
+    else the device's, never one reading against the other. Both leave out the default pool."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from capplan.runtime.deferred.device_memory import ProcessMemory, growth, in_use
+
+    MiB = 2**20
+    state = {"free": 100_000 * MiB, "default": 300 * MiB, "graph": 40 * MiB}
+    cuda = SimpleNamespace(
+        mem_get_info=lambda: (state["free"], 140_000 * MiB),
+        current_device=lambda: 0,
+        memory_snapshot=lambda: [
+            {"device": 0, "segment_pool_id": (0, 0), "total_size": state["default"]},
+            {"device": 0, "segment_pool_id": (1, 0), "total_size": state["graph"]},
+            {"device": 1, "segment_pool_id": (0, 0), "total_size": 999 * MiB},  # another device's
+        ],
+    )
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    nvml = FakeNvml()
+    fake_vllm_nvml(monkeypatch, nvml)
+    me = os.getpid()
+    nvml.processes = {me: 1000 * MiB, me + 1: 30_000 * MiB}
+    memory = ProcessMemory.open("1234")
+    before = in_use(memory)
+    assert before == (700 * MiB, 39_700 * MiB)
+    # The capture takes 6 MiB; meanwhile another process frees 3 GiB and the steps' cache grows.
+    nvml.processes = {me: 1106 * MiB, me + 1: 27_000 * MiB}
+    state["default"] += 100 * MiB
+    state["free"] += 3072 * MiB - 106 * MiB
+    after = in_use(memory)
+    assert growth(before, after) == (6 * MiB, True)
+    assert growth(before, (None, after[1])) == (-3072 * MiB + 6 * MiB, False)  # the device's: the other moved it
+    assert growth((None, before[1]), after)[1] is False
+    assert in_use(None)[0] is None

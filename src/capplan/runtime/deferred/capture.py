@@ -50,7 +50,9 @@ What makes it safe, and where each piece lives:
   base. The bound is held as one block; a start without that much left stops there. Each
   deferred capture gives the block back and joins its mode's samples, and the bound is held
   again for the graphs still pending (`reserve_shortfall` in the report when it could not
-  be). The report shows the most held beside what the deferred captures took.
+  be). The report shows the most held beside what the deferred captures took. A capture's
+  memory is read from this process's own device memory (`device_memory`), so other processes
+  on the GPU do not enter it.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
@@ -72,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 from capplan.errors import EngineRefusal
 from capplan.planner.tiers import attention_warm, case_groups, replayed
 from capplan.releases import CUDART
+from capplan.runtime.deferred.device_memory import ProcessMemory, growth, in_use, open_for_current_device
 from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.schemas.plan import address
@@ -122,51 +125,11 @@ def per_graph_bound(sizes: Sequence[int]) -> int:
     return int(math.ceil((sum(use) + max(use)) / len(use)))
 
 
-def other_gpu_processes() -> int | None:
-    """How many other processes hold memory on this process's GPU, as NVML lists them (through
-    vLLM's own copy of pynvml), or None where NVML cannot say (no GPU, no NVML, a device it does
-    not find). This process is taken to be one of those listed: in a container NVML may list
-    processes by PIDs of another namespace."""
-    try:
-        import torch
-        from vllm.utils.import_utils import import_pynvml
-
-        nvml = import_pynvml()
-        nvml.nvmlInit()
-        try:
-            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-            handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
-            return max(len(nvml.nvmlDeviceGetComputeRunningProcesses(handle)) - 1, 0)
-        finally:
-            nvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - a diagnostic: no answer is an answer
-        return None
-
-
 def spread_sample(ids: Sequence[int], k: int) -> list[int]:
     """`k` of `ids` (all of them where there are no more), evenly spread over them in order."""
     if len(ids) <= k:
         return list(ids)
     return [ids[(i * len(ids)) // k] for i in range(k)]
-
-
-def graph_side_bytes() -> int:
-    """The device memory this process has in use outside PyTorch's default pool: the CUDA-graph
-    pools' segments, and what the driver holds beside the caching allocator (each graph's
-    executable among it). A capture's memory is this measure's growth. The default pool is
-    left out: its cached blocks come and go with the steps between captures and with the
-    `torch.cuda.empty_cache()` that `torch.cuda.graph` runs as a capture starts (on the H200
-    one capture read 550 MiB given back), and none of them is a graph's."""
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    device = torch.cuda.current_device()
-    default = sum(
-        s["total_size"]
-        for s in torch.cuda.memory_snapshot()
-        if s.get("device", device) == device and tuple(s["segment_pool_id"]) == (0, 0)
-    )
-    return int(total - free - default)
 
 
 class HeldBlock:
@@ -226,6 +189,9 @@ class DeferredCapture:
         self.held_peak_bytes = 0  # the most ever held (at start, unless a capture raised the estimate)
         self.reserve_shortfall = False  # the estimate could not be held again while serving
         self.other_processes: int | None = None  # on this GPU as the hold was first taken (None: unknown)
+        self.memory: ProcessMemory | None = None  # NVML's view of this process's memory (None: the device's)
+        self.memory_opened = False
+        self.readings = {"process": 0, "device": 0}  # captures measured by this process's memory, by the device's
         self.ready_bytes: list[int] = []  # each ready graph's memory, in capture order
         self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
         self.landed: list[int] = []  # the deferred graphs captured, in order
@@ -412,7 +378,7 @@ class DeferredCapture:
             return
         want = self.pending_bound()
         if when == "start":
-            self.shared_gpu(other_gpu_processes(), want)
+            self.shared_gpu(self.memory.others() if self.memory is not None else None, want)
             self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
             self.start_readings = {m: list(sizes) for m, sizes in self.samples.items()}
         if want <= 0:
@@ -431,15 +397,17 @@ class DeferredCapture:
         self.held_peak_bytes = max(self.held_peak_bytes, want)
 
     def shared_gpu(self, others: int | None, want: int) -> None:
-        """Record how many other processes share the GPU, and say so where any do: a capture's
-        reading is the device's memory, which moves with what they allocate and free, so the
-        hold is then an estimate, not a bound (vLLM's own memory profiling has the same limit)."""
+        """Record how many other processes share the GPU, and say so where any do and a capture
+        was read by the device's memory (NVML did not list this process): that reading moves with
+        what they allocate and free, so the hold is then an estimate, not a bound (vLLM's own
+        memory profiling has the same limit). Read by this process's own memory, it is not."""
         self.other_processes = others
-        if others and want > 0:
+        if others and want > 0 and self.readings["device"]:
             print(
-                f"capplan: {others} other process(es) hold memory on this GPU: the captures' memory "
-                f"readings include what they allocate and free meanwhile, so the {want / 2**30:.2f} GiB held "
-                "for the deferred graphs is an estimate, not a bound (run the engine alone on its GPU for one)",
+                f"capplan: {others} other process(es) hold memory on this GPU and NVML does not list this one: "
+                f"the captures' memory readings include what they allocate and free meanwhile, so the "
+                f"{want / 2**30:.2f} GiB held for the deferred graphs is an estimate, not a bound (run the "
+                "engine alone on its GPU for one)",
                 file=sys.stderr,
             )
 
@@ -572,7 +540,9 @@ class DeferredCapture:
             if cuda:
                 torch.cuda.synchronize()  # the last step's GPU work, which the capture waits for anyway
             self.last_gpu_wait = time.perf_counter() - started
-            before = graph_side_bytes() if cuda else 0
+            if cuda and not self.memory_opened:
+                self.memory, self.memory_opened = open_for_current_device(), True
+            before = in_use(self.memory) if cuda else (None, 0)
             manager._capture_descs = descs
             try:
                 result = call.run(capture_fn)
@@ -585,7 +555,9 @@ class DeferredCapture:
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
-            used = graph_side_bytes() - before if cuda else 0
+            used, own = growth(before, in_use(self.memory)) if cuda else (0, False)
+            if cuda:
+                self.readings["process" if own else "device"] += 1
         return result, seconds, used
 
     def _lora_hook(self) -> Any:
@@ -648,6 +620,7 @@ class DeferredCapture:
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
             "hold_basis": "vLLM's profiling pass" if self.profiled else "ready captures",
             "other_gpu_processes_at_start": self.other_processes,
+            "memory_readings": dict(self.readings),
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
             "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
