@@ -936,3 +936,41 @@ def test_a_capture_is_read_by_this_process_where_both_readings_have_it(monkeypat
     assert growth(before, (None, after[1])) == (-3072 * MiB + 6 * MiB, False)  # the device's: the other moved it
     assert growth((None, before[1]), after)[1] is False
     assert in_use(None)[0] is None
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.integers(min_value=-(2**40), max_value=2**50),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.text(max_size=3),
+)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    listing=st.dictionaries(st.integers(min_value=0, max_value=2**22), VALUES, max_size=6),
+    listed=st.booleans(),
+    mine=VALUES,
+)
+def test_process_memory_answers_any_listing_with_a_count_and_an_int_or_none(monkeypatch, listing, listed, mine):
+    """Whatever NVML lists (any PIDs, values of any type, this process or not): the reading is
+    this process's int value or None, never another type; the count of others is never
+    negative; a capture read from two listings is the process's only where both have an int."""
+    import os
+
+    from capplan.runtime.deferred.device_memory import ProcessMemory, growth
+
+    nvml = FakeNvml()
+    fake_vllm_nvml(monkeypatch, nvml)
+    memory = ProcessMemory.open("1234")
+    assert memory is not None
+    nvml.processes = {pid: used for pid, used in listing.items() if pid != os.getpid()}
+    if listed:
+        nvml.processes[os.getpid()] = mine
+    own = memory.own()
+    assert own is None or (type(own) is int and own == mine)
+    assert (own is None) == (not listed or type(mine) is not int)
+    assert memory.others() == max(len(nvml.processes) - 1, 0)
+    used, by_process = growth((own, 10), (own, 25))
+    assert (used, by_process) == ((0, True) if own is not None else (15, False))
