@@ -397,15 +397,22 @@ class DeferredCapture:
         self.held_peak_bytes = max(self.held_peak_bytes, want)
 
     def shared_gpu(self, others: int | None, want: int) -> None:
-        """Record how many other processes share the GPU, and say so where any do and a capture
-        was read by the device's memory (NVML did not list this process): that reading moves with
-        what they allocate and free, so the hold is then an estimate, not a bound (vLLM's own
-        memory profiling has the same limit). Read by this process's own memory, it is not."""
+        """Record how many other processes share the GPU as the hold is first taken, and where a
+        capture before it was read by the device's memory, say so unless NVML shows this process
+        alone: that reading moves with what other processes allocate and free, so the hold is
+        then an estimate, not a bound (vLLM's own memory profiling has the same limit). Read by
+        this process's own memory, it is not. Captures read by the device later, while serving,
+        are counted in the report (`memory_readings`), not said."""
         self.other_processes = others
-        if others and want > 0 and self.readings["device"]:
+        if others != 0 and want > 0 and self.readings["device"]:
+            who = (
+                f"{others} other process(es) hold memory on this GPU"
+                if others
+                else "NVML cannot say whether other processes hold memory on this GPU"
+            )
             print(
-                f"capplan: {others} other process(es) hold memory on this GPU and NVML does not list this one: "
-                f"the captures' memory readings include what they allocate and free meanwhile, so the "
+                f"capplan: {who}, and {self.readings['device']} capture(s) could not be read by this process's own "
+                f"memory: their readings include what other processes allocate and free meanwhile, so the "
                 f"{want / 2**30:.2f} GiB held for the deferred graphs is an estimate, not a bound (run the "
                 "engine alone on its GPU for one)",
                 file=sys.stderr,
@@ -535,13 +542,13 @@ class DeferredCapture:
         capture_fn = self.capture_fn if capture_fn is None else capture_fn
         desc = self.engine.vllm_descs[gid]
         descs, what = {desc.cg_mode: [desc]}, f"graph {address(self.engine.plan.graphs[gid].descriptor)}"
+        if cuda and not self.memory_opened:  # once, before the first capture is timed
+            self.memory, self.memory_opened = open_for_current_device(), True
         with gpu_sync_allowed():
             started = time.perf_counter()
             if cuda:
                 torch.cuda.synchronize()  # the last step's GPU work, which the capture waits for anyway
             self.last_gpu_wait = time.perf_counter() - started
-            if cuda and not self.memory_opened:
-                self.memory, self.memory_opened = open_for_current_device(), True
             before = in_use(self.memory) if cuda else (None, 0)
             manager._capture_descs = descs
             try:

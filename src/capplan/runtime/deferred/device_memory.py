@@ -7,9 +7,11 @@ and a hold sized from such readings is no bound. NVML accounts each process's de
 its own (`usedGpuMemory` of `nvmlDeviceGetComputeRunningProcesses`): on the H200 it moved by
 exactly what this process allocated (100 MiB, 1 GiB, a CUDA graph's 142 MiB, all equal to the
 device's reading alone), and not at all while another process took 3 GiB. Listing the processes
-took 0.04 ms. So a capture reads this process's own memory where NVML lists it, and the device's
-where it does not (no NVML, or a container whose PIDs NVML does not share), which the report
-counts and the start says where other processes share the GPU.
+took 0.04 ms. So a capture reads this process's own memory where NVML gives it before and after
+the capture, and the device's where it does not (no NVML, a device NVML does not find, a
+container whose PIDs NVML does not share, no value, a listing that fails, a figure below what
+PyTorch alone holds: another process's under the same PID). The report counts the captures read
+each way.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ class ProcessMemory:
 
     @classmethod
     def open(cls, device_uuid: str) -> ProcessMemory | None:
-        """NVML's view of the GPU with this UUID (torch's, with or without NVML's `GPU-`), or None
-        where NVML cannot give one (no NVML, a device it does not find: it is shut again)."""
+        """NVML's view of the GPU with this UUID (torch's, which lacks NVML's `GPU-`, or NVML's
+        own), or None where NVML cannot give one (no NVML, a device it does not find: it is shut
+        again). A MIG instance's UUID as torch gives it is not found: its captures are read by
+        the device's memory."""
         try:
             from vllm.utils.import_utils import import_pynvml
 
@@ -41,7 +45,10 @@ class ProcessMemory:
         try:
             return cls(nvml, nvml.nvmlDeviceGetHandleByUUID(uuid), os.getpid())
         except Exception:  # noqa: BLE001
-            nvml.nvmlShutdown()
+            try:
+                nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - nothing more to give back
+                pass
             return None
 
     def listed(self) -> dict[int, int | None] | None:
@@ -58,10 +65,16 @@ class ProcessMemory:
         return used if type(used) is int else None
 
     def others(self) -> int | None:
-        """How many other processes hold memory on the GPU (None: unknown). Where NVML lists PIDs
-        of another namespace (a container), this process is taken to be one of them."""
+        """How many other processes hold memory on the GPU, or None where NVML cannot tell. Where
+        NVML does not list this process (a container whose PIDs it does not share), one of those
+        it lists may be this process under another PID: at least all but one are others, and
+        with one or none listed it cannot tell."""
         listed = self.listed()
-        return None if listed is None else max(len(listed) - 1, 0)
+        if listed is None:
+            return None
+        if self.pid in listed:
+            return len(listed) - 1
+        return len(listed) - 1 if len(listed) > 1 else None
 
 
 def open_for_current_device() -> ProcessMemory | None:
@@ -85,14 +98,16 @@ def in_use(memory: ProcessMemory | None) -> tuple[int | None, int]:
     capture read 550 MiB given back), and none of them is a graph's."""
     import torch
 
-    free, total = torch.cuda.mem_get_info()
     device = torch.cuda.current_device()
     default = sum(
         s["total_size"]
         for s in torch.cuda.memory_snapshot()
         if s.get("device", device) == device and tuple(s["segment_pool_id"]) == (0, 0)
     )
+    free, total = torch.cuda.mem_get_info()
     own = memory.own() if memory is not None else None
+    if own is not None and own < torch.cuda.memory_reserved(device):
+        own = None  # less than PyTorch alone holds here: not this process's figure
     return (None if own is None else own - default), int(total - free - default)
 
 
