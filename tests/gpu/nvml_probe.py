@@ -1,6 +1,6 @@
 """Does NVML's per-process memory follow this process's allocations, and only them?
 
-    python tests/gpu/nvml_probe.py      (on a GPU, with vLLM importable: its copy of pynvml)
+    python tests/gpu/nvml_probe.py      (on a GPU: vLLM's copy of pynvml, else nvidia-ml-py's)
 
 Prints this process's memory as NVML lists it beside the device's used memory
 (cudaMemGetInfo), as it allocates 100 MiB and 1 GiB, captures a CUDA graph, while another
@@ -17,7 +17,11 @@ import sys
 import time
 
 import torch
-from vllm.third_party import pynvml as nvml
+
+try:
+    from vllm.third_party import pynvml as nvml
+except ImportError:  # vLLM's copy is nvidia-ml-py's module
+    import pynvml as nvml  # type: ignore[no-redef]
 
 HOLD_OTHER = (
     "import torch, time; t = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); "

@@ -5,9 +5,9 @@ The device's free memory (cudaMemGetInfo) moves with every process on the GPU: w
 engines beside it, one capture of a 2-layer model read from -3,038 to +2,052 MiB on the H200,
 and a hold sized from such readings is no bound. NVML accounts each process's device memory on
 its own (`usedGpuMemory` of `nvmlDeviceGetComputeRunningProcesses`): on the H200 it moved by
-exactly what this process allocated (100 MiB, 1 GiB, a CUDA graph's 142 MiB, all equal to the
+exactly what this process allocated (100 MiB, 1 GiB, a CUDA graph's 122 MiB, all equal to the
 device's reading alone), and not at all while another process took 3 GiB. Listing the processes
-took 0.04 ms. So a capture reads this process's own memory where NVML gives it before and after
+took 0.02-0.04 ms. So a capture reads this process's own memory where NVML gives it before and after
 the capture, and the device's where it does not (no NVML, a device NVML does not find, a
 container whose PIDs NVML does not share, no value, a listing that fails, a figure below what
 PyTorch alone holds: another process's under the same PID). The report counts the captures read
