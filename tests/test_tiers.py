@@ -1087,3 +1087,70 @@ def test_process_memory_answers_any_listing_with_a_count_and_an_int_or_none(monk
         assert others == len(nvml.processes) - 1  # listed: every other entry is another process
     used, by_process = growth((own, 10), (None if own is None else own + 7, 25))
     assert (used, by_process) == ((7, True) if own is not None else (15, False))
+
+
+def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(monkeypatch, capsys):
+    """`_hold` where torch sees a GPU (fakes of torch.cuda, NVML and vLLM's CudaRTLibrary): at
+    start the bound is taken as one block and the other processes NVML lists are recorded (quiet:
+    every capture was read by the process); a start with less free memory than the bound stops
+    with one line naming the plan; while serving, no room is a recorded shortfall, as is a
+    driver that refuses (its error cleared), never an error into the step."""
+    import os
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from capplan.errors import EngineRefusal
+    from capplan.runtime.deferred.capture import DeferredCapture
+    from capplan.runtime.deferred.device_memory import ProcessMemory
+
+    MiB, me = 2**20, os.getpid()
+    nvml = FakeNvml()
+    nvml.processes = {me: 900 * MiB, me + 1: MiB, me + 2: MiB}
+    state = {"device": 10_000 * MiB}
+    fake_gpu(monkeypatch, nvml, state)
+    runtimes: list[_Runtime] = []
+
+    def library() -> _Runtime:
+        runtimes.append(_Runtime(refuse=state.get("refuse", False)))
+        return runtimes[-1]
+
+    wrapper = ModuleType("vllm.distributed.device_communicators.cuda_wrapper")
+    wrapper.CudaRTLibrary = library
+    monkeypatch.setitem(sys.modules, "vllm.distributed.device_communicators.cuda_wrapper", wrapper)
+
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
+    deferred.memory = ProcessMemory.open("1234")
+    deferred.readings = {"process": 4, "device": 0}
+    for mode in ("PIECEWISE", "FULL"):
+        for used in (40, 2, 0, 2):  # each mode's first is the pool's base
+            deferred._sample(mode, used * MiB)
+    want = deferred.pending_bound()
+    assert want > 0
+    deferred._hold("start")
+    assert deferred.held_bytes == deferred.held_peak_bytes == want and deferred.reserve is not None
+    assert runtimes[-1].calls == [("cudaMalloc", want)]
+    assert deferred.other_processes == 2 and capsys.readouterr().err == ""
+    report = deferred.to_json()
+    assert report["other_gpu_processes_at_start"] == 2 and report["reserve_shortfall"] is False
+    assert set(report["held_per_graph_mib_at_start"]) == {"PIECEWISE", "FULL"}
+    deferred._release()
+    assert deferred.reserve is None and deferred.held_bytes == 0 and runtimes[-1].calls[-1][0] == "cudaFree"
+
+    state["device"] = 140_000 * MiB - want + 1  # one byte too few free
+    deferred._hold("serving")
+    assert deferred.reserve_shortfall and deferred.reserve is None and deferred.held_bytes == 0
+    state["device"] = 10_000 * MiB
+    state["refuse"] = True  # free by the count, but the driver refuses: another process took it
+    deferred.reserve_shortfall = False
+    deferred._hold("serving")
+    assert deferred.reserve_shortfall and runtimes[-1].calls[-1] == ("cudaGetLastError", None)
+
+    fresh = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
+    fresh.samples, fresh.firsts = deferred.samples, deferred.firsts
+    state["device"], state["refuse"] = 140_000 * MiB - want + 1, False
+    with pytest.raises(EngineRefusal) as refused:
+        fresh._hold("start")
+    message = str(refused.value)
+    assert message.startswith("capplan: p.plan.yaml: not enough GPU memory left to hold back")
+    assert "refusing to start" in message and "\n" not in message
