@@ -90,12 +90,13 @@ def open_for_current_device() -> ProcessMemory | None:
 
 def in_use(memory: ProcessMemory | None) -> tuple[int | None, int]:
     """The device memory in use outside PyTorch's default pool, read two ways: this process's
-    (None where NVML does not list it) and the device's. Outside the default pool lie the
-    CUDA-graph pools' segments and what the driver holds beside the caching allocator (each
-    graph's executable among it), so a capture's memory is this measure's growth. The default
-    pool is left out: its cached blocks come and go with the steps between captures and with the
-    `torch.cuda.empty_cache()` that `torch.cuda.graph` runs as a capture starts (on the H200 one
-    capture read 550 MiB given back), and none of them is a graph's."""
+    (None where NVML does not give it, or gives less than PyTorch alone holds) and the
+    device's. Outside the default pool lie the CUDA-graph pools' segments and what the driver
+    holds beside the caching allocator (each graph's executable among it), so a capture's
+    memory is this measure's growth. The default pool is left out: its cached blocks come and
+    go with the steps between captures and with the `torch.cuda.empty_cache()` that
+    `torch.cuda.graph` runs as a capture starts (on the H200 one capture read 550 MiB given
+    back), and none of them is a graph's."""
     import torch
 
     device = torch.cuda.current_device()
