@@ -46,7 +46,8 @@ def main(argv: list[str]) -> int:
         print(f"[matrix] vLLM {release}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance"],
+            # One worker per core, as in CI: most of the time is the oracle's subprocesses.
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "tests/conformance"],
             env={**env, "CAPPLAN_ORACLE_RELEASES": release, "CAPPLAN_REQUIRE_ORACLE": "1"},
             cwd=ROOT,
             capture_output=True,

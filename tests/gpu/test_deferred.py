@@ -57,8 +57,18 @@ def test_every_deferred_graph_landed_and_the_final_set_is_the_plan(served):
     assert len(deferred["captures"]) == deferred["deferred"]
 
 
-def test_no_step_waits_more_than_50_ms_and_the_hold_is_a_bound(served):
+def test_no_step_waits_more_than_50_ms(served):
+    assert served["tiers"]["report"]["deferred"]["longest_step_pause_seconds"] <= 0.05
+
+
+def test_the_hold_is_a_bound_nothing_ran_short(served):
+    assert not served["tiers"]["report"]["deferred"]["reserve_shortfall"]
+    assert all(served[name]["out_of_memory"] == 0 for name in ("reference", "vanilla", "full", "tiers"))
+
+
+def test_the_hold_is_at_most_1_25_times_what_the_deferred_graphs_took(served):
+    # Fails on this model on every release so far (1.28x or 1.47x): its graphs take less than one
+    # 2 MiB step each, and 19 ready readings per mode fix their size only to within one step
+    # (tests/gpu/results/deferred/RELEASES.md). The 0.9B model of `starts` holds 1.208x.
     deferred = served["tiers"]["report"]["deferred"]
-    assert deferred["longest_step_pause_seconds"] <= 0.05
-    assert not deferred["reserve_shortfall"]
     assert deferred["reserved_gib"] <= 1.25 * deferred["graph_memory_gib"] + 2 / 1024  # one 2 MiB segment
