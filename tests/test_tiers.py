@@ -473,14 +473,6 @@ def test_per_graph_memory_bound_is_between_the_mean_and_twice_the_largest(sizes)
         assert sum(use) / len(use) - 1 <= bound <= 2 * max(use) + 1
 
 
-def test_spread_sample_takes_evenly_spaced_ids_in_order():
-    from capplan.runtime.deferred.capture import spread_sample
-
-    assert spread_sample([5, 6, 7], 24) == [5, 6, 7]
-    assert spread_sample(list(range(100)), 4) == [0, 25, 50, 75]
-    assert spread_sample([], 3) == []
-
-
 def test_with_dp_ranks_that_pad_alike_every_lora_case_of_a_size_is_in_one_tier():
     """MoE DP: each rank replays the DP-agreed batch with its own LoRA count, so a size is ready
     or deferred in every LoRA case at once, and the runtime captures a deferred size's cases
@@ -593,7 +585,8 @@ def test_held_block_is_driver_memory_given_back_without_leaving_an_error():
 
 def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
     """Readings per mode, each mode's first left out (the pool's base); a mode without readings
-    borrows every mode's, and with none at all the first captures stand in."""
+    borrows every mode's, and with none at all the first captures stand in; the deferred graphs'
+    own readings stand alone once there are SAMPLES_MIN of them."""
     from types import SimpleNamespace
 
     from capplan.runtime.deferred.capture import DeferredCapture, per_graph_bound
@@ -605,16 +598,24 @@ def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
     pending = {m: sum(1 for g in deferred.pending if mode[g] == m) for m in ("PIECEWISE", "FULL")}
     assert pending["PIECEWISE"] and pending["FULL"]
     mib = 2**20
-    deferred._sample("PIECEWISE", 40 * mib)  # the pool's base: not a reading
+    deferred._sample("PIECEWISE", 40 * mib, deferred=False)  # the pool's base: not a reading
     assert deferred.pending_bound() == 80 * mib * len(deferred.pending)  # only a first: it stands in, twice
     for used in (2, 4, 0, 2):
-        deferred._sample("PIECEWISE", used * mib)
+        deferred._sample("PIECEWISE", used * mib, deferred=False)
     pw = per_graph_bound([2 * mib, 4 * mib, 0, 2 * mib])
     assert deferred.per_graph_bytes("FULL") == pw  # no FULL reading yet: the PIECEWISE ones
-    deferred._sample("FULL", 9 * mib)
-    deferred._sample("FULL", 1 * mib)
+    deferred._sample("FULL", 9 * mib, deferred=False)
+    deferred._sample("FULL", 1 * mib, deferred=False)
     assert deferred.per_graph_bytes("FULL") == 2 * mib
     assert deferred.pending_bound() == pw * pending["PIECEWISE"] + 2 * mib * pending["FULL"]
+    # Deferred graphs' own readings join the ready ones, and replace them once there are enough.
+    from capplan.runtime.deferred.capture import SAMPLES_MIN
+
+    for _ in range(SAMPLES_MIN - 1):
+        deferred._sample("FULL", 0, deferred=True)
+    assert deferred.per_graph_bytes("FULL") == per_graph_bound([mib] + [0] * (SAMPLES_MIN - 1))  # 9 MiB: the base
+    deferred._sample("FULL", mib, deferred=True)
+    assert deferred.per_graph_bytes("FULL") == per_graph_bound([0] * (SAMPLES_MIN - 1) + [mib])
 
 
 def test_attention_warm_makes_ready_the_first_graph_of_each_attention_kernel():
@@ -1124,7 +1125,7 @@ def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(
     deferred.readings = {"process": 4, "device": 0}
     for mode in ("PIECEWISE", "FULL"):
         for used in (40, 2, 0, 2):  # each mode's first is the pool's base
-            deferred._sample(mode, used * MiB)
+            deferred._sample(mode, used * MiB, deferred=False)
     want = deferred.pending_bound()
     assert want > 0
     deferred._hold("start")
@@ -1147,7 +1148,7 @@ def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(
     assert deferred.reserve_shortfall and runtimes[-1].calls[-1] == ("cudaGetLastError", None)
 
     fresh = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
-    fresh.samples, fresh.firsts = deferred.samples, deferred.firsts
+    fresh.ready_readings, fresh.firsts = deferred.ready_readings, deferred.firsts
     state["device"], state["refuse"] = 140_000 * MiB - want + 1, False
     with pytest.raises(EngineRefusal) as refused:
         fresh._hold("start")

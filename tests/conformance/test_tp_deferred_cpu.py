@@ -65,8 +65,11 @@ def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_p
         assert w["mismatch_count"] == 0, w["mismatches"]
         assert w["final_set_is_the_plan"] and w["deferred_in_plan_order"]
         assert w["states"] == core["steps"] + core["idle_rpcs"]  # every broadcast step and call seen
-        assert w["dispatch_states"] > 10  # the fallbacks changed as graphs landed
+        # the fallbacks changed as graphs landed (9 distinct dispatch tables: half of each mode's
+        # deferred graphs are the start-up capture's sample)
+        assert w["dispatch_states"] > 5
     assert workers[0]["captured_order"] == workers[1]["captured_order"]
+    assert workers[0]["sampled_at_start"]  # no profiling pass here: the start-up capture samples, alike on every rank
     assert core["pending_seen"][-1] == 0 and core["idle_rpcs"] > 1
     assert core["steps"] > 10  # steps between idle turns: intermediate states under traffic
 

@@ -182,7 +182,11 @@ def worker() -> None:
         captured=sorted(deferred.captured),
         captured_order=LOCKSTEP.captured_order,
         final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
-        deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :] == list(PLAN.tiers.deferred),
+        # the start-up capture: the ready graphs, then (before 0.29.0) each mode's sample of the
+        # deferred ones, the same on every rank; the rest while serving, in plan order
+        sampled_at_start=deferred.sampled_ids,
+        deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :]
+        == [g for g in PLAN.tiers.deferred if g not in deferred.sampled_ids],
         left_to_idle=deferred.left_to_idle,
         dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
     )

@@ -42,17 +42,19 @@ What makes it safe, and where each piece lives:
   0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on
   a throwaway pool before the ready capture). What the deferred graphs are held is measured,
   per mode (PIECEWISE, FULL): captures that each measure one graph's memory (each in a call
-  of its own), `per_graph_bound` of them, times the graphs of that mode pending. From 0.29.0
-  the measured captures are those of vLLM's profiling pass, made in a process that has
-  captured nothing yet, with `PROFILE_SAMPLES` deferred graphs of each mode among them; the
-  ready captures after it are not samples (they reuse what the profiling graphs left). Before
-  0.29.0 they are the ready captures. Each mode's first is left out: it allocates the pool's
-  base. The bound is held as one block; a start without that much left stops there. Each
-  deferred capture gives the block back and joins its mode's samples, and the bound is held
-  again for the graphs still pending (`reserve_shortfall` in the report when it could not
-  be). The report shows the most held beside what the deferred captures took. A capture's
-  memory is read from this process's own device memory (`device_memory`), so other processes
-  on the GPU do not enter it.
+  of its own), `per_graph_bound` of them, times the graphs of that mode pending. The measured
+  captures are one pass made before the engine is ready: the ready graphs and a spread sample
+  of the deferred ones (`sample_deferred`). From 0.29.0 that pass is vLLM's profiling pass,
+  made in a process that has captured nothing yet (the ready captures after it reuse what the
+  profiling graphs left and are not readings); before 0.29.0, or with the KV cache's size
+  given, it is the start-up capture, and the sampled deferred graphs stay captured (they
+  become ready graphs: nothing is captured twice). Each mode's first capture is left out: it
+  allocates the pool's base. The bound is held as one block; a start without that much left
+  stops there. Each deferred capture gives the block back and joins its mode's readings, and
+  the bound is held again for the graphs still pending (`reserve_shortfall` in the report
+  when it could not be). The report shows the most held beside what the deferred captures
+  took. A capture's memory is read from this process's own device memory (`device_memory`),
+  so other processes on the GPU do not enter it.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
@@ -89,10 +91,19 @@ H200 a capture of the 16-layer 0.9B model took 40-120 ms whatever its size (medi
 the 2-layer model 5-20 ms. Rank-local, so only a single-rank engine captures on step turns."""
 RECENT = 8
 """How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
-PROFILE_SAMPLES = 24
-"""How many deferred graphs of each mode vLLM's profiling pass (0.29.0 on) also captures, as
-samples of what the deferred graphs take: more readings bring the bound nearer what they
-take; each costs one capture before the engine is ready (40-120 ms on the H200, 0.9B model)."""
+SAMPLES_MIN = 24
+"""How many deferred graphs of each mode (all of them where it has fewer) are captured before the
+engine is ready, as samples of what the deferred graphs take. Every rank of an engine captures
+the same ones; each costs one capture before the engine is ready (40-120 ms on the H200 for a
+0.9B model, 5-20 ms for a 2-layer one)."""
+SAMPLES_MAX = 128
+"""The most deferred graphs of one mode a single-rank engine samples (see `sampled_enough`)."""
+SAMPLE_SPREAD = 10
+"""A single-rank engine samples a mode until its largest reading is at most 1/SAMPLE_SPREAD of
+their total, so that the bound (`per_graph_bound`: the total plus the largest, over the count)
+is at most 1.2 times the readings' mean. Memory moves in 2 MiB steps on the H200, so graphs
+that take less than a step each need many readings: a 2-layer model's FULL graphs took 0.19
+MiB on average, and 19 readings held them at 0.42 MiB each."""
 
 DUMMY_TABLES_HOOK = Hook(
     "deferred.dummy_tables",
@@ -111,6 +122,11 @@ HELD_BLOCK_HOOK = Hook(
 )
 
 
+def _one_rank(manager: Any) -> bool:
+    """Whether vLLM's graph manager is the engine's only rank of its TP and PP groups."""
+    return manager.tp_size == 1 and manager.is_first_pp_rank and manager.is_last_pp_rank
+
+
 def per_graph_bound(sizes: Sequence[int]) -> int:
     """What each of many more graphs of one mode is held: the measured captures' total plus the
     largest single one, over their count (memory given back counts as none; 0 with none). A
@@ -125,11 +141,35 @@ def per_graph_bound(sizes: Sequence[int]) -> int:
     return int(math.ceil((sum(use) + max(use)) / len(use)))
 
 
-def spread_sample(ids: Sequence[int], k: int) -> list[int]:
-    """`k` of `ids` (all of them where there are no more), evenly spread over them in order."""
-    if len(ids) <= k:
-        return list(ids)
-    return [ids[(i * len(ids)) // k] for i in range(k)]
+def spread_order(ids: Sequence[int]) -> list[int]:
+    """`ids` in an order whose every prefix is spread over them: the first, the middle, the
+    quarters, the eighths and so on (each 2**m first ones evenly spaced, in order)."""
+    order: list[int] = []
+    seen: set[int] = set()
+    k = 1
+    while len(order) < len(ids):
+        for i in range(k):
+            j = (i * len(ids)) // k
+            if j not in seen:
+                seen.add(j)
+                order.append(ids[j])
+        k *= 2
+    return order
+
+
+def sampled_enough(sizes: Sequence[int], one_rank: bool) -> bool:
+    """Whether a mode's readings so far are enough to hold its deferred graphs: `SAMPLES_MIN` of
+    them; on a single-rank engine, also the largest at most 1/`SAMPLE_SPREAD` of their total
+    (all of them none counts as that), up to `SAMPLES_MAX`. With several ranks (TP, PP, or DP
+    ranks that pad to one another) each rank reads its own memory, and what one rank reads must
+    not decide what it captures: a capture runs the ranks' collectives, so every rank captures
+    the same graphs, `SAMPLES_MIN` of each mode."""
+    if len(sizes) < SAMPLES_MIN:
+        return False
+    if not one_rank or len(sizes) >= SAMPLES_MAX:
+        return True
+    use = [max(size, 0) for size in sizes]
+    return max(use) * SAMPLE_SPREAD <= sum(use)
 
 
 class HeldBlock:
@@ -196,12 +236,16 @@ class DeferredCapture:
         self.deferred_bytes: list[int] = []  # each deferred graph's, in capture order
         self.landed: list[int] = []  # the deferred graphs captured, in order
         self.profiling_extra = 0  # added to vLLM's CUDA-graph memory estimate: the deferred PIECEWISE graphs
-        # What one more graph of a mode takes, measured: each capture that allocates no pool base
-        # (vLLM's profiling captures on 0.29.0 on, else the ready ones; every deferred one)
+        # What one more graph of a mode takes, measured by captures that allocate no pool base: of
+        # deferred graphs (sampled before the engine is ready, then each one landed), and of ready
+        # ones (the sampled pass's: vLLM's profiling captures on 0.29.0 on, else the ready capture)
         self.samples: dict[str, list[int]] = {}
+        self.ready_readings: dict[str, list[int]] = {}
         self.firsts: dict[str, int] = {}  # each mode's first capture of the sampled pass (the pool's base)
         self.profiled = False  # vLLM's profiling pass ran here (0.29.0 on, unless the KV cache size is given)
         self.profiled_ids: list[int] = []  # deferred graphs captured in vLLM's profiling pass, as samples
+        self.sampled_ids: list[int] = []  # deferred graphs captured at the start-up capture, as samples (now ready)
+        self.sampled_bytes: list[int] = []  # their memory, in capture order
         self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
         self.start_readings: dict[str, list[int]] = {}  # the readings it rested on
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
@@ -265,43 +309,68 @@ class DeferredCapture:
     def ready_only(self, manager: Any) -> None:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
         # More than one rank: every capture on the idle turns, which reach every rank at once.
-        self.step_captures = manager.tp_size == 1 and manager.is_first_pp_rank and manager.is_last_pp_rank
+        self.step_captures = _one_rank(manager)
+        manager._capture_descs = self._ready_descs()
+
+    def _ready_descs(self) -> dict[Any, list[Any]]:
+        """vLLM's descriptors of the ready graphs, by mode, in plan order (PIECEWISE then FULL,
+        largest first)."""
         ready: dict[Any, list[Any]] = {}
-        for gid in self.ready_ids:  # plan order: PIECEWISE then FULL, largest first
+        for gid in self.ready_ids:
             desc = self.engine.vllm_descs[gid]
             ready.setdefault(desc.cg_mode, []).append(desc)
-        manager._capture_descs = ready
+        return ready
+
+    def sample_deferred(
+        self, mode: str, candidates: Sequence[int], one_rank: bool, capture: Any, most: int | None = None
+    ) -> list[int]:
+        """Capture deferred graphs of `mode` from `candidates`, spread over them
+        (`spread_order`), each measured (`capture(gid)` gives its memory), until the mode's
+        readings are enough (`sampled_enough`), or `most` are taken; the graphs captured."""
+        taken: list[int] = []
+        for gid in spread_order(candidates)[:most]:
+            if sampled_enough(self.samples.get(mode, []), one_rank):  # the deferred graphs' own readings
+                break
+            self._sample(mode, capture(gid), deferred=True)
+            taken.append(gid)
+        return taken
 
     def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
         """vLLM's memory-profiling capture (0.29.0 on, a throwaway manager and pool, before the
         KV cache is sized, in a process that has captured nothing yet): each graph in a call of
-        its own, measured: the ready PIECEWISE graphs, vLLM's own sample of the plan's FULL
-        graphs (its first `_max_full_descs_to_capture`), and `PROFILE_SAMPLES` of the deferred
-        graphs of each mode, spread over them. These measurements, each mode's first left out
-        (it allocates the pool's base), are what the deferred graphs are held at start. The
-        manager's list is left as the PIECEWISE graphs captured and every FULL one, so vLLM's
-        extrapolation of FULL memory counts the deferred FULL graphs (every FULL graph captured
-        here adds its reading to vLLM's samples, which vLLM takes out of its measure again);
-        what the deferred PIECEWISE graphs not captured here are held (`per_graph_bound`, times
-        their count) is `profiling_extra`, which capplan adds to vLLM's estimate. The KV cache
-        is then sized for the whole plan, with only the ready graphs captured."""
+        its own, measured, in vLLM's order (PIECEWISE, then FULL): the ready PIECEWISE graphs,
+        a sample of the deferred PIECEWISE ones (`sample_deferred`), vLLM's own sample of the
+        plan's FULL graphs (its first `_max_full_descs_to_capture`), a sample of the other
+        deferred FULL ones. These measurements, each mode's first left out (it allocates the
+        pool's base), are what the deferred graphs are held at start. The manager's list is
+        left as the PIECEWISE graphs captured and every FULL one, so vLLM's extrapolation of
+        FULL memory counts the deferred FULL graphs (every FULL graph captured here adds its
+        reading to vLLM's samples, which vLLM takes out of its measure again); what the
+        deferred PIECEWISE graphs not captured here are held (`per_graph_bound`, times their
+        count) is `profiling_extra`, which capplan adds to vLLM's estimate. The KV cache is
+        then sized for the whole plan, with only the ready graphs captured."""
         graphs = self.engine.plan.graphs
         mode_of = {g: graphs[g].descriptor.cg_mode for g in range(len(graphs))}
         all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]
         vllm_sample = all_full[: getattr(manager, "_max_full_descs_to_capture", None) or len(all_full)]
         deferred_of = {m: [g for g in self.pending if mode_of[g] == m] for m in ("PIECEWISE", "FULL")}
-        extra_pw = spread_sample(deferred_of["PIECEWISE"], PROFILE_SAMPLES)
-        extra_full = spread_sample([g for g in deferred_of["FULL"] if g not in vllm_sample], PROFILE_SAMPLES)
-        ready_pw = [g for g in self.ready_ids if mode_of[g] == "PIECEWISE"]
-        # vLLM's order: PIECEWISE then FULL (its largest first, the others in plan order).
-        order = [*sorted([*ready_pw, *extra_pw]), *vllm_sample, *sorted(extra_full)]
-        result: Any = None
-        for gid in order:
-            result, _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
-            self._sample(mode_of[gid], used)
+        one_rank = _one_rank(manager) and not self.synced
+        last: list[Any] = [None]
+
+        def capture(gid: int) -> int:
+            last[0], _, used = self._capture_one(gid, call.copy(), manager, capture_fn)
+            return used
+
+        for gid in [g for g in self.ready_ids if mode_of[g] == "PIECEWISE"]:
+            self._sample("PIECEWISE", capture(gid), deferred=False)
+        extra_pw = self.sample_deferred("PIECEWISE", deferred_of["PIECEWISE"], one_rank, capture)
+        for gid in vllm_sample:
+            self._sample("FULL", capture(gid), deferred=False)
+        full_candidates = [g for g in deferred_of["FULL"] if g not in vllm_sample]
+        extra_full = self.sample_deferred("FULL", full_candidates, one_rank, capture)
         self.profiled_ids = [*extra_pw, *extra_full]
         self.profiled = True
-        captured_pw = sorted([*ready_pw, *extra_pw])
+        captured_pw = sorted([g for g in self.ready_ids if mode_of[g] == "PIECEWISE"] + extra_pw)
         manager._capture_descs = {
             **({self.engine.vllm_descs[captured_pw[0]].cg_mode: [self.engine.vllm_descs[g] for g in captured_pw]}
                if captured_pw else {}),
@@ -309,60 +378,113 @@ class DeferredCapture:
                if all_full else {}),
         }  # fmt: skip
         self.profiling_extra = self.per_graph_bytes("PIECEWISE") * (len(deferred_of["PIECEWISE"]) - len(extra_pw))
-        return result
+        return last[0]
 
     def capture_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
         """The start-up capture: each ready graph in a call of vLLM's capture of its own (plan
         order, vLLM's own LoRA hook and dummy adapters), so that each one's memory is measured;
-        then hold back what the deferred graphs are estimated to need. vLLM's result: the
-        calls' results merged where they are dicts (0.25-0.28 return attention states), else
-        the last one."""
+        without a profiling pass before it, then a sample of the deferred graphs of each mode
+        (`sample_deferred`), which stay captured: they are ready from here on. Then hold back
+        what the deferred graphs still pending are estimated to need. With DP ranks that pad to
+        one another no deferred graph is sampled here (the ready set is closed over each size's
+        LoRA cases, and a sample would break that): the ready captures alone are the readings.
+        vLLM's result: the calls' results merged where they are dicts (0.25-0.28 return
+        attention states), else the last one."""
         self.manager, self.capture_fn, self.call = manager, capture_fn, call.copy()
         self.block_tables = call["block_tables"]
         check_attributes(DUMMY_TABLES_HOOK, self.block_tables)
         merged: dict[Any, Any] = {}
-        result: Any = None
+        last: list[Any] = [None]
+
+        def capture(gid: int) -> int:
+            result, seconds, used = self._capture_one(gid, call.copy())
+            self._timed(gid, seconds)
+            if isinstance(result, dict):
+                merged.update(result)
+            last[0] = result
+            return used
+
         kept = manager._capture_descs
         try:
             for gid in self.ready_ids:
-                result, seconds, used = self._capture_one(gid, call.copy())
-                self._timed(gid, seconds)
+                used = capture(gid)
                 self.ready_bytes.append(used)
                 if not self.profiled:
-                    # Without a profiling pass before them, the ready captures are the samples; after
+                    # Without a profiling pass before them, the ready captures are readings; after
                     # one they read near nothing (on the H200, 0 MiB for 42 of the 43 after the first
                     # of a 0.9B model's ready graphs, whose deferred graphs took 1.7 MiB each), so
                     # they are not.
-                    self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used)
-                if isinstance(result, dict):
-                    merged.update(result)
+                    self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used, deferred=False)
+            if not self.profiled and not self.synced:
+                self._sample_at_start(capture)
         finally:
             manager._capture_descs = kept
+        if self.sampled_ids:  # ready from here on: the manager's list (which the report counts) has them
+            self.ready_ids = sorted(self.captured)
+            manager._capture_descs = self._ready_descs()
         if self.pending:
             self._hold("start")
         self.active = True
+        ready = len(self.ready_ids) - len(self.sampled_ids)
+        sampled = f" and {len(self.sampled_ids)} deferred ones as samples" if self.sampled_ids else ""
         print(
-            f"capplan: {len(self.ready_ids)} ready graphs captured; {len(self.pending)} deferred graphs will be "
-            f"captured while serving (one every {self.tiers.every_steps} steps, and one after another while idle); "
+            f"capplan: {ready} ready graphs captured{sampled}; {len(self.pending)} deferred graphs will be captured "
+            f"while serving (one every {self.tiers.every_steps} steps, and one after another while idle); "
             f"holding {self.held_bytes / 2**20:.1f} MiB for them",
             file=sys.stderr,
         )
-        return merged if isinstance(result, dict) else result
+        return merged if isinstance(result := last[0], dict) else result
+
+    def _sample_at_start(self, capture: Any) -> None:
+        """The start-up capture's sample of the deferred graphs, each mode's in turn; they become
+        ready graphs. At most half of a mode's deferred graphs: the others are still captured
+        while serving, and where a mode has few, what they take is small beside what a
+        coarser bound holds back."""
+        graphs = self.engine.plan.graphs
+
+        def measured(gid: int) -> int:
+            used = capture(gid)
+            self.sampled_bytes.append(used)
+            return used
+
+        for mode in ("PIECEWISE", "FULL"):
+            candidates = [g for g in self.pending if graphs[g].descriptor.cg_mode == mode]
+            taken = self.sample_deferred(mode, candidates, self.step_captures, measured, len(candidates) // 2)
+            self.sampled_ids += taken
+            self.pending = [g for g in self.pending if g not in taken]
+            self.captured |= set(taken)
 
     # -- memory ---------------------------------------------------------------------------
-    def _sample(self, mode: str, used: int) -> None:
-        """One capture's memory, in the sampled pass (profiling or ready): each mode's first is
-        the pool's base (and FULL's output buffer), not a graph's."""
-        if mode in self.firsts:
-            self.samples.setdefault(mode, []).append(used)
-        else:
+    def _sample(self, mode: str, used: int, *, deferred: bool) -> None:
+        """One capture's memory, in the sampled pass (profiling or start-up): each mode's first
+        is the pool's base (and FULL's output buffer), not a graph's."""
+        if mode not in self.firsts:
             self.firsts[mode] = used
+        else:
+            (self.samples if deferred else self.ready_readings).setdefault(mode, []).append(used)
+
+    def hold_readings(self, mode: str) -> list[int]:
+        """The readings `mode`'s deferred graphs are held by: its deferred graphs' own, once there
+        are `SAMPLES_MIN` of them; before that, the ready graphs' too. A ready graph is no
+        sample of the deferred ones (each is the largest of its kernel class: a 2-layer model's
+        ready FULL graphs took 0.32 MiB each, its deferred ones 0.19 MiB on the H200)."""
+        own = self.samples.get(mode, [])
+        return own if len(own) >= SAMPLES_MIN else [*self.ready_readings.get(mode, []), *own]
 
     def per_graph_bytes(self, mode: str) -> int:
-        """What one more graph of `mode` is held (`per_graph_bound` of its samples); of every
-        mode's samples where it has none yet, of the first captures where no mode has any."""
-        samples = self.samples.get(mode) or [u for sizes in self.samples.values() for u in sizes]
-        return per_graph_bound(samples or list(self.firsts.values()))
+        """What one more graph of `mode` is held (`per_graph_bound` of its readings); of every
+        mode's readings where it has none yet, of the first captures where no mode has any. Never
+        less than what the start held per graph: the bound's added reading covers one run of
+        captures (the sampled pass) falling a granule short of what it took, and the graphs
+        landed since are another run, which could pull the mean below what the graphs take."""
+        readings = self.hold_readings(mode) or [u for m in ("PIECEWISE", "FULL") for u in self.hold_readings(m)]
+        return max(per_graph_bound(readings or list(self.firsts.values())), self.start_per_graph.get(mode, 0))
+
+    def fix_start_bounds(self) -> None:
+        """As the start-up capture ends: each mode's per-graph bound (and the readings it rests
+        on), below which it is never held while serving."""
+        self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
+        self.start_readings = {m: self.hold_readings(m) for m in ("PIECEWISE", "FULL") if self.hold_readings(m)}
 
     def pending_bound(self) -> int:
         """What the graphs still pending are held: each mode's per-graph bound, times its count."""
@@ -376,11 +498,11 @@ class DeferredCapture:
 
         if not torch.cuda.is_available():  # capplan's CPU checks of the hooks
             return
+        if when == "start":
+            self.fix_start_bounds()
         want = self.pending_bound()
         if when == "start":
             self.shared_gpu(self.memory.others() if self.memory is not None else None, want)
-            self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
-            self.start_readings = {m: list(sizes) for m, sizes in self.samples.items()}
         if want <= 0:
             return
         self.reserve = HeldBlock.take(want, torch.cuda.mem_get_info()[0])
@@ -604,7 +726,7 @@ class DeferredCapture:
     def to_json(self) -> dict[str, Any]:
         return {
             "ready": len(self.ready_ids),
-            "deferred": len(self.tiers.deferred) - len(self.warmed),
+            "deferred": len(self.tiers.deferred) - len(self.warmed) - len(self.sampled_ids),
             "attention_thresholds": self.attention_thresholds,
             "warmed_for_attention": [address(self.engine.plan.graphs[g].descriptor) for g in self.warmed],
             "captured": len(self.captures),
@@ -625,12 +747,18 @@ class DeferredCapture:
             "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
             "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
-            "hold_basis": "vLLM's profiling pass" if self.profiled else "ready captures",
+            "hold_basis": "vLLM's profiling pass"
+            if self.profiled
+            else "ready captures and deferred samples"
+            if self.sampled_ids
+            else "ready captures",
             "other_gpu_processes_at_start": self.other_processes,
             "memory_readings": dict(self.readings),
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
             "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
             "sampled_in_profiling": len(self.profiled_ids),
+            "sampled_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.sampled_ids],
+            "sampled_at_start_mib": [round(b / 2**20, 2) for b in self.sampled_bytes],
             "captures": self.captures,
         }
