@@ -46,3 +46,53 @@ def test_a_pair_with_a_failed_start_or_one_kind_twice_gives_no_ratio():
         start("tiers", 99.0),  # unpaired
     ]
     assert pair_ratios(counted) == [104.0 / 130.0]
+
+
+def test_engine_init_is_read_from_vllms_log_and_paired_like_time_to_healthy(tmp_path):
+    from tests.gpu.deferred_serve import log_facts
+
+    log = tmp_path / "start2-tiers.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO [kv_cache_utils.py:1] GPU KV cache size: 4,108,896 tokens\n"
+        "(EngineCore pid=1) INFO [core.py:405] init engine (profile, create kv cache, warmup model) "
+        "took 21.51 s (compilation: 3.59 s)\n"
+    )
+    facts = log_facts(log)
+    assert facts["init_engine_s"] == 21.51 and facts["kv_cache_tokens"] == 4108896
+    (tmp_path / "none.log").write_text("no engine here\n")
+    assert log_facts(tmp_path / "none.log")["init_engine_s"] is None
+    counted = [start("tiers", 95.0, init_engine_s=21.5), start("full", 154.0, init_engine_s=67.9)]
+    assert pair_ratios(counted, "init_engine_s") == [21.5 / 67.9]
+
+
+def test_summary_reads_a_finished_work_without_vllm_and_takes_engine_init_from_older_starts_logs(tmp_path):
+    """`summary` on a WORK whose starts were recorded before the engine init was read: each
+    start's own log gives it, and both ratios get an interval."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inits = {2: 21.0, 3: 70.0, 4: 60.0, 5: 25.0, 6: 24.0, 7: 50.0}
+    kinds = ["full", "tiers", "tiers", "full", "full", "tiers", "tiers", "full"]
+    lines = []
+    for i, kind in enumerate(kinds):
+        lines.append(json.dumps({"kind": kind, "index": i, "healthy_s": 100.0 + i, "warmup": i < 2}))
+        if i in inits:
+            (tmp_path / f"start{i}-{kind}.log").write_text(
+                f"init engine (profile, create kv cache, warmup model) took {inits[i]} s\n"
+            )
+    (tmp_path / "starts.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "summary.json"
+    script = Path(__file__).parent / "gpu" / "deferred_serve.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(out), "summary", "--release", "0.33.0"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    assert summary["release"] == "0.33.0"
+    assert summary["init_engine_ratio_tiers_over_full"]["ratios"] == [0.3, 0.4167, 0.48]
+    assert summary["healthy_ratio_tiers_over_full"]["pairs"] == 3
+    assert "ci95" in summary["init_engine_ratio_tiers_over_full"]

@@ -2,6 +2,7 @@
 
     python tests/gpu/deferred_serve.py WORK OUT.json check [--seqs N]
     python tests/gpu/deferred_serve.py WORK OUT.json starts [--until SECONDS] [--pairs N] [--order K,K,...]
+    python tests/gpu/deferred_serve.py WORK OUT.json summary [--release V]
 
 `check`: the tiny random Llama of serve_run.py (peaked logits) with 3 LoRA adapters,
 max_loras 3, max_num_seqs N (default 256: 338 graphs, enough deferred ones that they are
@@ -32,8 +33,10 @@ vLLM sized (its log), the tiers report (longest step pause, memory held against 
 deferred graphs took, whether anything ran short). Starts are appended to WORK/starts.jsonl,
 so a later call goes on where the last stopped; `--until` stops before a start that would
 not end in time; `--order tiers,tiers` (say) runs those starts instead, for their memory and
-step facts (the first then warms the cache, and no ratio is formed from them). The summary: the ratio tiers/full of time to healthy per pair, its
-geometric mean with a 95% t-interval over pairs.
+step facts (the first then warms the cache, and no ratio is formed from them). The summary: the
+ratio tiers/full per pair of time to healthy and of vLLM's engine init (its log's "init engine"
+line: memory profiling, KV cache, capture), each ratio's geometric mean with a 95% t-interval
+over pairs. `summary` writes it again from WORK's starts.jsonl and start logs, without vLLM.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from serve_run import build, free_port, wait_ready  # noqa: E402
 T0 = time.monotonic()
 TIERS = 'tiers: {{ready: ["FULL:1x1@0"], every_steps: {every}}}\n'
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 WARMUP = ("full", "tiers")
 """The starts not counted, before the pairs: one of each arm. With a single full-plan warm-up,
 the first counted start was always a tiers start, and it ran slow (H200, vLLM 0.33.0, 0.9B
@@ -116,8 +120,10 @@ def stop(proc: subprocess.Popen) -> None:
 def log_facts(log_path: Path) -> dict:
     lines = log_path.read_text(errors="replace").splitlines()
     kv = [int(m.group(1).replace(",", "")) for line in lines if (m := KV_LINE.search(line))]
+    init = [float(m.group(1)) for line in lines if (m := INIT_LINE.search(line))]
     return {
         "kv_cache_tokens": kv[-1] if kv else None,
+        "init_engine_s": init[-1] if init else None,  # vLLM's engine init: profiling, KV cache, capture
         "capplan_lines": [line[-300:] for line in lines if "capplan" in line][-10:],
         "tracebacks": sum("Traceback" in line for line in lines),
         "out_of_memory": sum("OutOfMemory" in line or "out of memory" in line for line in lines),
@@ -263,14 +269,14 @@ def counted_starts(done: list[dict]) -> list[dict]:
     return [d for i, d in enumerate(done) if not d.get("warmup", i == 0)]
 
 
-def pair_ratios(counted: list[dict]) -> list[float]:
-    """Time to healthy, tiers over full, of each pair of counted starts (in order, two by two);
-    a pair with a failed start or two of one kind gives none."""
+def pair_ratios(counted: list[dict], key: str = "healthy_s") -> list[float]:
+    """`key` (time to healthy, or vLLM's engine init), tiers over full, of each pair of counted
+    starts (in order, two by two); a pair with a failed start or two of one kind gives none."""
     ratios = []
     for a, b in zip(counted[0::2], counted[1::2], strict=False):
         kinds = {a["kind"]: a, b["kind"]: b}
-        if set(kinds) == {"tiers", "full"} and kinds["tiers"].get("healthy_s") and kinds["full"].get("healthy_s"):
-            ratios.append(kinds["tiers"]["healthy_s"] / kinds["full"]["healthy_s"])
+        if set(kinds) == {"tiers", "full"} and kinds["tiers"].get(key) and kinds["full"].get(key):
+            ratios.append(kinds["tiers"][key] / kinds["full"][key])
     return ratios
 
 
@@ -295,8 +301,6 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
     from served_loop import build_model, sample
 
     model = work / "model"
-    if not (model / "lora4").exists():
-        build_model(model)
     base = BIG_SPEC.replace('vllm: "0.25"', f'vllm: "{release}"')
     plans = {
         "full": compile_spec(work, "big-full", base),
@@ -312,6 +316,8 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
         if time.monotonic() - T0 + expect > until:
             print(f"stopping: {until - (time.monotonic() - T0):.0f} s left, a start takes up to {expect:.0f} s")
             break
+        if not (model / "lora4").exists():
+            build_model(model)
         result = start_once(kind, work, plans[kind], requests, util)
         result["warmup"] = len(done) < warmups
         done.append(result)
@@ -320,15 +326,27 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
         print(
             json.dumps({k: result.get(k) for k in ("kind", "index", "healthy_s", "wall_s", "kv_cache_tokens", "error")})
         )
+    summarize(work, out, release, done)
+
+
+def summarize(work: Path, out: Path, release: str, done: list[dict]) -> None:
+    """The summary of the starts in WORK (see the module's docstring), written to `out`."""
+    for d in done:  # starts recorded before the engine init was read: from their logs
+        log = work / f"start{d['index']}-{d['kind']}.log"
+        if "init_engine_s" not in d and log.exists():
+            d["init_engine_s"] = log_facts(log)["init_engine_s"]
     counted = counted_starts(done)
     ratios = pair_ratios(counted)
+    init_ratios = pair_ratios(counted, "init_engine_s")
     tiers_runs = [d for d in done if d["kind"] == "tiers"]  # memory and step facts: every tiers start
+    kinds = sorted({d["kind"] for d in done})
     summary = {
         "release": release,
         "starts": done,
         "healthy_ratio_tiers_over_full": interval(ratios) if ratios else None,
+        "init_engine_ratio_tiers_over_full": interval(init_ratios) if init_ratios else None,
         "kv_cache_tokens": {
-            k: sorted({d.get("kv_cache_tokens") for d in counted if d["kind"] == k} - {None}) for k in plans
+            k: sorted({d.get("kv_cache_tokens") for d in counted if d["kind"] == k} - {None}) for k in kinds
         },
         "longest_step_pause_s": max(
             (d["deferred"]["longest_step_pause_seconds"] for d in tiers_runs if d.get("deferred")), default=None
@@ -346,13 +364,17 @@ def starts(work: Path, out: Path, release: str, until: float, pairs: int, util: 
 
 def main() -> None:
     work, out, phase = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    work.mkdir(parents=True, exist_ok=True)
-    release = version("vllm").split("+")[0]
     args = sys.argv[4:]
 
     def option(name: str, default: str) -> str:
         return args[args.index(name) + 1] if name in args else default
 
+    if phase == "summary":  # the starts already in WORK, summed up again (no GPU, no vLLM)
+        done = [json.loads(line) for line in (work / "starts.jsonl").open()]
+        summarize(work, out, option("--release", "unknown"), done)
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    release = version("vllm").split("+")[0]
     if phase == "check":
         check(work, out, release, int(option("--seqs", "256")))
     elif phase == "starts":
@@ -362,7 +384,7 @@ def main() -> None:
             raise SystemExit("--order: a comma-separated list of full and tiers")
         starts(work, out, release, until, pairs, util, order)
     else:
-        raise SystemExit(f"unknown phase {phase!r}: check or starts")
+        raise SystemExit(f"unknown phase {phase!r}: check, starts or summary")
 
 
 if __name__ == "__main__":

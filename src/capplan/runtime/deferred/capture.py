@@ -484,7 +484,7 @@ class DeferredCapture:
         """As the start-up capture ends: each mode's per-graph bound (and the readings it rests
         on), below which it is never held while serving."""
         self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
-        self.start_readings = {m: self.hold_readings(m) for m in ("PIECEWISE", "FULL") if self.hold_readings(m)}
+        self.start_readings = {m: list(self.hold_readings(m)) for m in ("PIECEWISE", "FULL") if self.hold_readings(m)}
 
     def pending_bound(self) -> int:
         """What the graphs still pending are held: each mode's per-graph bound, times its count."""
