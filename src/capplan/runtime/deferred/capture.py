@@ -124,7 +124,7 @@ HELD_BLOCK_HOOK = Hook(
 
 def _one_rank(manager: Any) -> bool:
     """Whether vLLM's graph manager is the engine's only rank of its TP and PP groups."""
-    return manager.tp_size == 1 and manager.is_first_pp_rank and manager.is_last_pp_rank
+    return bool(manager.tp_size == 1 and manager.is_first_pp_rank and manager.is_last_pp_rank)
 
 
 def per_graph_bound(sizes: Sequence[int]) -> int:
@@ -443,7 +443,7 @@ class DeferredCapture:
         graphs = self.engine.plan.graphs
 
         def measured(gid: int) -> int:
-            used = capture(gid)
+            used: int = capture(gid)
             self.sampled_bytes.append(used)
             return used
 
