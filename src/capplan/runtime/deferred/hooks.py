@@ -120,7 +120,11 @@ def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
             if key not in own:
                 check_attributes(hook, core)
                 own[key] = core.process_input_queue_block
-                print(f"capplan: engine idle: capturing deferred graphs ({pending[0]} pending)", file=sys.stderr)
+                print(
+                    f"capplan: engine idle: capturing deferred graphs (the plan defers {pending[0]}; the workers "
+                    "capture those they did not make ready at start)",
+                    file=sys.stderr,
+                )
             idle = not core.has_work() and core.is_running() and not core.is_sleeping()
             if idle and core.input_queue.empty():  # input first: vLLM's pass below handles it
                 pending[0] = max(core.collective_rpc(capture_when_idle), default=0)
