@@ -184,3 +184,18 @@ def test_several_ranks_sample_the_same_graphs_whatever_each_reads(pw, full, room
     for m in ("PIECEWISE", "FULL"):
         candidates = [g for g in PLAN.tiers.deferred if mode[g] == m]
         assert [g for g in deferred.sampled_ids if mode[g] == m] == spread_order(candidates)[:SAMPLES_MIN]
+
+
+def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones():
+    """The readings at start are a copy: graphs landed later join the mode's readings, not the
+    start's record; the sample and the ready readings are reported apart."""
+    costs = {"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}
+    deferred, pool = started(costs, 0)
+    at_start = {m: len(u) for m, u in deferred.start_readings.items()}
+    sampled = len(deferred.sampled_ids)
+    landed(deferred, pool, costs)
+    report = deferred.to_json()
+    assert {m: len(u) for m, u in report["readings_mib_at_start"].items()} == at_start
+    assert len(report["sampled_at_start"]) == sampled == len(report["sampled_at_start_mib"])
+    assert set(report["ready_readings_mib"]) == {"PIECEWISE", "FULL"}
+    assert report["deferred"] == len(PLAN.tiers.deferred) - sampled  # what is captured while serving

@@ -756,6 +756,8 @@ class DeferredCapture:
             "memory_readings": dict(self.readings),
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
             "readings_mib_at_start": {m: [round(u / 2**20, 2) for u in us] for m, us in self.start_readings.items()},
+            # the ready graphs' readings of the sampled pass (held by only until a mode has its own)
+            "ready_readings_mib": {m: [round(u / 2**20, 2) for u in us] for m, us in self.ready_readings.items()},
             "deferred_graph_memory_mib_by_mode": self._by_mode(),
             "sampled_in_profiling": len(self.profiled_ids),
             "sampled_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.sampled_ids],
