@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from capplan.runtime.deferred.capture import (
     SAMPLES_MIN,
     DeferredCapture,
     sampled_enough,
-    spread_order,
+    spread_sample,
 )
 
 MiB = 2**20
@@ -86,21 +87,41 @@ def landed(deferred: DeferredCapture, pool: Pool, costs: dict[str, int]) -> tupl
     return max(holds, default=0), sum(taken), shortfalls
 
 
-def test_spread_order_prefixes_are_evenly_spaced():
-    assert spread_order(list(range(8))) == [0, 4, 2, 6, 1, 3, 5, 7]
-    assert spread_order([5, 6, 7]) == [5, 6, 7]
-    assert spread_order([]) == []
+def test_spread_sample_takes_evenly_spaced_ids_in_order():
+    assert spread_sample([5, 6, 7], 24) == [5, 6, 7]
+    assert spread_sample(list(range(100)), 4) == [0, 25, 50, 75]
+    assert spread_sample([], 3) == []
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(), unique=True, max_size=300))
-def test_spread_order_is_a_permutation_whose_power_of_two_prefixes_are_spread(ids):
-    order = spread_order(ids)
-    assert sorted(order) == sorted(ids)
-    k = 1
-    while k <= len(ids):
-        assert set(order[:k]) == {ids[(i * len(ids)) // k] for i in range(k)}
-        k *= 2
+@given(st.lists(st.integers(), unique=True, max_size=300), st.integers(1, 64))
+def test_spread_sample_is_k_distinct_ids_in_order_one_in_each_kth_of_them(ids, k):
+    picked = spread_sample(ids, k)
+    assert len(picked) == min(k, len(ids)) and len(set(picked)) == len(picked)
+    where = [ids.index(g) for g in picked]
+    assert where == sorted(where)  # in their order: plan order, largest first
+    if len(ids) > k:
+        assert all(j * k <= i * len(ids) < (j + 1) * k for i, j in enumerate(where))  # the i-th of k parts
+
+
+def test_rounds_of_samples_are_each_spread_over_the_graphs_not_sampled_yet():
+    """Where a mode needs more than one round, each round is SAMPLES_MIN graphs evenly spaced
+    over those left, captured in plan order."""
+    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
+    candidates = list(range(1000, 1200))
+    order: list[int] = []
+
+    def capture(gid: int) -> int:
+        order.append(gid)
+        return 2 * MiB if len(order) % 10 == 0 else 0  # a granule in ten readings: never a tenth of their total
+
+    deferred._sample("PIECEWISE", 0, deferred=False)  # the pool's base
+    taken = deferred.sample_deferred("PIECEWISE", candidates, True, capture, most=60)
+    assert taken == order and len(taken) == 60
+    first = spread_sample(candidates, SAMPLES_MIN)
+    second = spread_sample([g for g in candidates if g not in first], SAMPLES_MIN)
+    assert order[:SAMPLES_MIN] == first and order[SAMPLES_MIN : 2 * SAMPLES_MIN] == second
+    assert order[2 * SAMPLES_MIN :] == sorted(order[2 * SAMPLES_MIN :])  # the last round: 12 more, in plan order
 
 
 def test_sampled_enough_needs_the_minimum_then_the_spread_on_one_rank_only():
@@ -176,14 +197,14 @@ def test_a_single_rank_sample_holds_within_the_target_and_never_short(pw, full, 
 @given(pw=st.integers(0, 8 * MiB), full=st.integers(0, 8 * MiB), room=st.integers(0, GRANULE - 1))
 def test_several_ranks_sample_the_same_graphs_whatever_each_reads(pw, full, room):
     """With several ranks, what a rank reads never decides what it captures: the sample is the
-    same SAMPLES_MIN graphs of each mode, spread over them, on every rank."""
+    same SAMPLES_MIN graphs of each mode, evenly spaced over them, on every rank."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     deferred, _ = started({"PIECEWISE": pw, "FULL": full}, room, one_rank=False)
     other, _ = started({"PIECEWISE": 2 * MiB, "FULL": 0}, 0, one_rank=False)
     assert deferred.sampled_ids == other.sampled_ids
     for m in ("PIECEWISE", "FULL"):
         candidates = [g for g in PLAN.tiers.deferred if mode[g] == m]
-        assert [g for g in deferred.sampled_ids if mode[g] == m] == spread_order(candidates)[:SAMPLES_MIN]
+        assert [g for g in deferred.sampled_ids if mode[g] == m] == spread_sample(candidates, SAMPLES_MIN)
 
 
 def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones():
@@ -199,3 +220,32 @@ def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones()
     assert len(report["sampled_at_start"]) == sampled == len(report["sampled_at_start_mib"])
     assert set(report["ready_readings_mib"]) == {"PIECEWISE", "FULL"}
     assert report["deferred"] == len(PLAN.tiers.deferred) - sampled  # what is captured while serving
+
+
+@pytest.mark.parametrize(("synced", "tp_size"), [(False, 1), (True, 1), (False, 2)])
+def test_the_profiling_pass_samples_on_its_readings_only_on_a_single_rank(synced, tp_size):
+    """vLLM's profiling pass (0.29.0 on): a single-rank engine samples the tiny model's graphs
+    past SAMPLES_MIN, on what it reads; TP ranks and DP ranks that pad to one another take
+    SAMPLES_MIN of each mode whatever they read, and no graph leaves the pending list."""
+    mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
+    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
+    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs))
+    deferred.synced = synced
+    pending = list(deferred.pending)
+    pool = Pool(0)
+    costs = {"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}
+
+    def capture_one(gid, call, manager=None, capture_fn=None):
+        return None, 0.01, pool.take(costs[mode[gid]])
+
+    deferred._capture_one = capture_one
+    manager = SimpleNamespace(
+        tp_size=tp_size, is_first_pp_rank=True, is_last_pp_rank=True, _max_full_descs_to_capture=2, _capture_descs={}
+    )
+    deferred.profile_ready(manager, None, SimpleNamespace(copy=lambda: None))
+    sampled = {m: sum(1 for g in deferred.profiled_ids if mode[g] == m) for m in ("PIECEWISE", "FULL")}
+    if synced or tp_size > 1:
+        assert sampled == {"PIECEWISE": SAMPLES_MIN, "FULL": SAMPLES_MIN}
+    else:
+        assert sampled["FULL"] > SAMPLES_MIN
+    assert deferred.profiled and deferred.pending == pending and not deferred.sampled_ids

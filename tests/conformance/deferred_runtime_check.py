@@ -195,11 +195,11 @@ def main(out: Path) -> None:
     mode = {g.id: g.descriptor.cg_mode for g in plan.graphs}
     if RELEASE.profiling_capture:
         # vLLM's memory profiling (0.29.0 on) captures on a manager of its own first, one graph per
-        # call (each one measured), in vLLM's order: the ready PIECEWISE graphs, a spread sample of
-        # the deferred ones, vLLM's own sample of the FULL graphs (its largest two), a spread sample
-        # of the other deferred FULL ones. Every capture reads 0 bytes here (no GPU), so each
+        # call (each one measured), in vLLM's order: the ready PIECEWISE graphs, an evenly spaced
+        # sample of the deferred ones (in plan order), vLLM's own sample of the FULL graphs (its
+        # largest two), an evenly spaced sample of the other deferred FULL ones. Every capture reads 0 bytes here (no GPU), so each
         # sample is SAMPLES_MIN graphs, or all of them where there are fewer.
-        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_order
+        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_sample
 
         profiling = model_manager(spec.model_dump(mode="json"))
         profiling._capture_mem_samples = []
@@ -210,8 +210,8 @@ def main(out: Path) -> None:
         all_full = [g for g in range(len(plan.graphs)) if mode[g] == "FULL"]
         deferred_pw = [g for g in DEFERRED if mode[g] == "PIECEWISE"]
         deferred_full = [g for g in DEFERRED if mode[g] == "FULL" and g not in all_full[:2]]
-        sampled_pw = spread_order(deferred_pw)[:SAMPLES_MIN]
-        expected = [*ready_pw, *sampled_pw, *all_full[:2], *spread_order(deferred_full)[:SAMPLES_MIN]]
+        sampled_pw = spread_sample(deferred_pw, SAMPLES_MIN)
+        expected = [*ready_pw, *sampled_pw, *all_full[:2], *spread_sample(deferred_full, SAMPLES_MIN)]
         report["profiling_samples_deferred_graphs"] = bool(sampled_pw) and set(sampled_pw) <= set(DEFERRED)
         report["profiling_calls_as_planned"] = [[address_of(plan, d) for d in c] for c in captures] == [
             [g] for g in expected
@@ -233,15 +233,15 @@ def main(out: Path) -> None:
         lora_capture_hook=lambda *a: startup_hook_calls.append(a),
     )  # fmt: skip
     # Each ready graph in a call of its own (its memory measured), in plan order; before 0.29.0
-    # (no profiling pass), then a spread sample of each mode's deferred graphs, which stay
+    # (no profiling pass), then an evenly spaced sample of each mode's deferred graphs, which stay
     # captured: every capture reads 0 bytes here, so SAMPLES_MIN of a mode, at most half of them.
     sampled: list[int] = []
     if not RELEASE.profiling_capture:
-        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_order
+        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_sample
 
         for m in ("PIECEWISE", "FULL"):
             of_mode = [g for g in DEFERRED if mode[g] == m]
-            sampled += spread_order(of_mode)[: min(SAMPLES_MIN, len(of_mode) // 2)]
+            sampled += spread_sample(of_mode, min(SAMPLES_MIN, len(of_mode) // 2))
     report["sampled_at_start"] = len(sampled)
     report["startup_sampled_as_planned"] = deferred.sampled_ids == sampled
     report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for c in captures for d in c] == [

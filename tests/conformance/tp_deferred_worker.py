@@ -182,8 +182,9 @@ def worker() -> None:
         captured=sorted(deferred.captured),
         captured_order=LOCKSTEP.captured_order,
         final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
-        # the start-up capture: the ready graphs, then (before 0.29.0) each mode's sample of the
-        # deferred ones, the same on every rank; the rest while serving, in plan order
+        # the start-up capture: the ready graphs, then each mode's sample of the deferred ones
+        # (this harness runs no profiling pass), the same on every rank; the rest while serving,
+        # in plan order
         sampled_at_start=deferred.sampled_ids,
         deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :]
         == [g for g in PLAN.tiers.deferred if g not in deferred.sampled_ids],

@@ -44,11 +44,13 @@ What makes it safe, and where each piece lives:
   per mode (PIECEWISE, FULL): captures that each measure one graph's memory (each in a call
   of its own), `per_graph_bound` of them, times the graphs of that mode pending. The measured
   captures are one pass made before the engine is ready: the ready graphs and a spread sample
-  of the deferred ones (`sample_deferred`). From 0.29.0 that pass is vLLM's profiling pass,
-  made in a process that has captured nothing yet (the ready captures after it reuse what the
-  profiling graphs left and are not readings); before 0.29.0, or with the KV cache's size
-  given, it is the start-up capture, and the sampled deferred graphs stay captured (they
-  become ready graphs: nothing is captured twice). Each mode's first capture is left out: it
+  of the deferred ones (`sample_deferred`; none at the start-up capture of DP ranks that pad
+  to one another). From 0.29.0 that pass is vLLM's profiling pass, made in a process that has
+  captured nothing yet (the ready captures after it read near nothing, and are not readings);
+  before 0.29.0, or with the KV cache's size given, it is the start-up capture, and the
+  sampled deferred graphs stay captured (they become ready graphs: nothing is captured
+  twice). A mode is held by its deferred graphs' readings once it has `SAMPLES_MIN`, by the
+  ready ones' with them before that. Each mode's first capture is left out: it
   allocates the pool's base. The bound is held as one block; a start without that much left
   stops there. Each deferred capture gives the block back and joins its mode's readings, and
   the bound is held again for the graphs still pending (`reserve_shortfall` in the report
@@ -92,16 +94,18 @@ the 2-layer model 5-20 ms. Rank-local, so only a single-rank engine captures on 
 RECENT = 8
 """How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
 SAMPLES_MIN = 24
-"""How many deferred graphs of each mode (all of them where it has fewer) are captured before the
-engine is ready, as samples of what the deferred graphs take. Every rank of an engine captures
-the same ones; each costs one capture before the engine is ready (40-120 ms on the H200 for a
-0.9B model, 5-20 ms for a 2-layer one)."""
+"""How many deferred graphs of each mode are captured before the engine is ready, at the least,
+as samples of what the deferred graphs take (all of them where a mode has fewer; at the start-up
+capture at most half, and none for DP ranks that pad to one another; see `capture_ready`), and
+the size of each round of samples. Every rank of an engine captures the same ones; each costs
+one capture before the engine is ready (40-120 ms on the H200 for a 0.9B model, 5-20 ms for a
+2-layer one)."""
 SAMPLES_MAX = 128
 """The most deferred graphs of one mode a single-rank engine samples (see `sampled_enough`)."""
 SAMPLE_SPREAD = 10
 """A single-rank engine samples a mode until its largest reading is at most 1/SAMPLE_SPREAD of
 their total, so that the bound (`per_graph_bound`: the total plus the largest, over the count)
-is at most 1.2 times the readings' mean. Memory moves in 2 MiB steps on the H200, so graphs
+is at most 1.1 times the readings' mean. Memory moves in 2 MiB steps on the H200, so graphs
 that take less than a step each need many readings: a 2-layer model's FULL graphs took 0.19
 MiB on average, and 19 readings held them at 0.42 MiB each."""
 
@@ -141,20 +145,11 @@ def per_graph_bound(sizes: Sequence[int]) -> int:
     return int(math.ceil((sum(use) + max(use)) / len(use)))
 
 
-def spread_order(ids: Sequence[int]) -> list[int]:
-    """`ids` in an order whose every prefix is spread over them: the first, the middle, the
-    quarters, the eighths and so on (each 2**m first ones evenly spaced, in order)."""
-    order: list[int] = []
-    seen: set[int] = set()
-    k = 1
-    while len(order) < len(ids):
-        for i in range(k):
-            j = (i * len(ids)) // k
-            if j not in seen:
-                seen.add(j)
-                order.append(ids[j])
-        k *= 2
-    return order
+def spread_sample(ids: Sequence[int], k: int) -> list[int]:
+    """`k` of `ids` (all of them where there are no more), evenly spaced over them, in order."""
+    if len(ids) <= k:
+        return list(ids)
+    return [ids[(i * len(ids)) // k] for i in range(k)]
 
 
 def sampled_enough(sizes: Sequence[int], one_rank: bool) -> bool:
@@ -238,7 +233,8 @@ class DeferredCapture:
         self.profiling_extra = 0  # added to vLLM's CUDA-graph memory estimate: the deferred PIECEWISE graphs
         # What one more graph of a mode takes, measured by captures that allocate no pool base: of
         # deferred graphs (sampled before the engine is ready, then each one landed), and of ready
-        # ones (the sampled pass's: vLLM's profiling captures on 0.29.0 on, else the ready capture)
+        # ones (the sampled pass's: vLLM's profiling captures on 0.29.0 on, else the ready capture;
+        # vLLM's own FULL sample, its largest FULL graphs whether deferred or not, counts as ready)
         self.samples: dict[str, list[int]] = {}
         self.ready_readings: dict[str, list[int]] = {}
         self.firsts: dict[str, int] = {}  # each mode's first capture of the sampled pass (the pool's base)
@@ -324,15 +320,20 @@ class DeferredCapture:
     def sample_deferred(
         self, mode: str, candidates: Sequence[int], one_rank: bool, capture: Any, most: int | None = None
     ) -> list[int]:
-        """Capture deferred graphs of `mode` from `candidates`, spread over them
-        (`spread_order`), each measured (`capture(gid)` gives its memory), until the mode's
-        readings are enough (`sampled_enough`), or `most` are taken; the graphs captured."""
-        taken: list[int] = []
-        for gid in spread_order(candidates)[:most]:
-            if sampled_enough(self.samples.get(mode, []), one_rank):  # the deferred graphs' own readings
-                break
-            self._sample(mode, capture(gid), deferred=True)
-            taken.append(gid)
+        """Capture deferred graphs of `mode` from `candidates` (in plan order), each measured
+        (`capture(gid)` gives its memory), in rounds of `SAMPLES_MIN` evenly spaced over those
+        not sampled yet, until the mode's readings are enough (`sampled_enough`), or `most` are
+        taken; the graphs captured. Each round is captured in plan order, largest first, as the
+        deferred graphs land while serving: a graph captured after a larger one of its mode
+        may reuse what the larger one's capture freed in the pool, one captured after a smaller
+        one may need more."""
+        limit = len(candidates) if most is None else most
+        left, taken = list(candidates), list[int]()
+        while left and len(taken) < limit and not sampled_enough(self.samples.get(mode, []), one_rank):
+            for gid in spread_sample(left, min(SAMPLES_MIN, limit - len(taken))):
+                self._sample(mode, capture(gid), deferred=True)
+                taken.append(gid)
+            left = [g for g in left if g not in set(taken)]
         return taken
 
     def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
@@ -342,7 +343,8 @@ class DeferredCapture:
         a sample of the deferred PIECEWISE ones (`sample_deferred`), vLLM's own sample of the
         plan's FULL graphs (its first `_max_full_descs_to_capture`), a sample of the other
         deferred FULL ones. These measurements, each mode's first left out (it allocates the
-        pool's base), are what the deferred graphs are held at start. The manager's list is
+        pool's base), are what the deferred graphs are held at start (`hold_readings`: the
+        deferred samples alone where a mode has `SAMPLES_MIN` of them). The manager's list is
         left as the PIECEWISE graphs captured and every FULL one, so vLLM's extrapolation of
         FULL memory counts the deferred FULL graphs (every FULL graph captured here adds its
         reading to vLLM's samples, which vLLM takes out of its measure again); what the
