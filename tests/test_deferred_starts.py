@@ -1,6 +1,9 @@
 """The time-to-healthy harness's pairing (tests/gpu/deferred_serve.py `starts`), on CPU: which
 starts are warm-ups, which pairs form a ratio, and that the arms alternate."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.gpu.deferred_serve import WARMUP, counted_starts, pair_ratios, start_order
 
 
@@ -96,3 +99,45 @@ def test_summary_reads_a_finished_work_without_vllm_and_takes_engine_init_from_o
     assert summary["init_engine_ratio_tiers_over_full"]["ratios"] == [0.3, 0.4167, 0.48]
     assert summary["healthy_ratio_tiers_over_full"]["pairs"] == 3
     assert "ci95" in summary["init_engine_ratio_tiers_over_full"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.lists(st.fixed_dictionaries({"kind": st.sampled_from(["full", "tiers"]), "index": st.integers(0, 9)})).map(
+            lambda starts: "".join(__import__("json").dumps(d) + "\n" for d in starts)
+        ),
+    )
+)
+def test_summary_of_an_unreadable_work_is_one_line_and_writes_nothing(tmp_path_factory, text):
+    """Generated starts.jsonl contents (and a missing one): exit 1 with one line, no traceback,
+    no summary written; the record itself is never the output."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    work = tmp_path_factory.mktemp("work")
+    out = work / "out" / "summary.json"
+    script = Path(__file__).parent / "gpu" / "deferred_serve.py"
+    record = work / "starts.jsonl"
+    if text:
+        record.write_bytes(text.encode())
+    try:
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        readable = record.exists() and all(
+            isinstance(d, dict) and d.get("kind") in ("full", "tiers") and type(d.get("index")) is int for d in lines
+        )
+    except ValueError:
+        readable = False
+    for target in (out, record):
+        done = subprocess.run(
+            [sys.executable, str(script), str(work), str(target), "summary"], capture_output=True, text=True
+        )
+        if target == record or not readable:
+            assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+            assert "Traceback" not in done.stderr and (readable or not out.exists())
+            assert record.read_bytes() == text.encode() if text else not record.exists()
+        else:
+            assert done.returncode == 0 and json.loads(out.read_text())["starts"] == lines, done.stderr

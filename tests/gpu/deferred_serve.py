@@ -64,6 +64,7 @@ TIERS = 'tiers: {{ready: ["FULL:1x1@0"], every_steps: {every}}}\n'
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 WARMUP = ("full", "tiers")
+KINDS = ("full", "tiers")
 """The starts not counted, before the pairs: one of each arm. With a single full-plan warm-up,
 the first counted start was always a tiers start, and it ran slow (H200, vLLM 0.33.0, 0.9B
 Llama): its profiling pass took 19.5 s against 4.2-7.4 s for the later tiers starts of its host
@@ -362,6 +363,25 @@ def summarize(work: Path, out: Path, release: str, done: list[dict]) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "starts"}, indent=1))
 
 
+def summary_phase(work: Path, out: Path, release: str) -> int:
+    """`summary`: 0, or 1 with one line on stderr where WORK holds no readable starts or OUT is
+    one of WORK's inputs (never replaced)."""
+    record = work / "starts.jsonl"
+    if out.resolve() == record.resolve() or (out.resolve().parent == work.resolve() and out.suffix == ".log"):
+        print(f"error: {out}: that is one of WORK's inputs; write the summary elsewhere", file=sys.stderr)
+        return 1
+    try:
+        done = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+        if not all(isinstance(d, dict) and d.get("kind") in KINDS and type(d.get("index")) is int for d in done):
+            raise ValueError("a line that is not a start (kind full or tiers, an index)")
+    except (OSError, ValueError) as exc:
+        print(f"error: {record}: no starts to sum up ({exc})", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summarize(work, out, release, done)
+    return 0
+
+
 def main() -> None:
     work, out, phase = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     args = sys.argv[4:]
@@ -370,9 +390,7 @@ def main() -> None:
         return args[args.index(name) + 1] if name in args else default
 
     if phase == "summary":  # the starts already in WORK, summed up again (no GPU, no vLLM)
-        done = [json.loads(line) for line in (work / "starts.jsonl").open()]
-        summarize(work, out, option("--release", "unknown"), done)
-        return
+        raise SystemExit(summary_phase(work, out, option("--release", "unknown")))
     work.mkdir(parents=True, exist_ok=True)
     release = version("vllm").split("+")[0]
     if phase == "check":
