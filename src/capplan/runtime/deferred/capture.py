@@ -333,7 +333,8 @@ class DeferredCapture:
             for gid in spread_sample(left, min(SAMPLES_MIN, limit - len(taken))):
                 self._sample(mode, capture(gid), deferred=True)
                 taken.append(gid)
-            left = [g for g in left if g not in set(taken)]
+            sampled = set(taken)
+            left = [g for g in left if g not in sampled]
         return taken
 
     def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any:
@@ -452,9 +453,10 @@ class DeferredCapture:
         for mode in ("PIECEWISE", "FULL"):
             candidates = [g for g in self.pending if graphs[g].descriptor.cg_mode == mode]
             taken = self.sample_deferred(mode, candidates, self.step_captures, measured, len(candidates) // 2)
-            self.sampled_ids += taken
-            self.pending = [g for g in self.pending if g not in taken]
-            self.captured |= set(taken)
+            self.sampled_ids += taken  # in capture order, as sampled_bytes
+            sampled = set(taken)
+            self.pending = [g for g in self.pending if g not in sampled]
+            self.captured |= sampled
 
     # -- memory ---------------------------------------------------------------------------
     def _sample(self, mode: str, used: int, *, deferred: bool) -> None:
@@ -486,7 +488,7 @@ class DeferredCapture:
         """As the start-up capture ends: each mode's per-graph bound (and the readings it rests
         on), below which it is never held while serving."""
         self.start_per_graph = {m: self.per_graph_bytes(m) for m in ("PIECEWISE", "FULL")}
-        self.start_readings = {m: list(self.hold_readings(m)) for m in ("PIECEWISE", "FULL") if self.hold_readings(m)}
+        self.start_readings = {m: list(r) for m in ("PIECEWISE", "FULL") if (r := self.hold_readings(m))}
 
     def pending_bound(self) -> int:
         """What the graphs still pending are held: each mode's per-graph bound, times its count."""
@@ -726,6 +728,7 @@ class DeferredCapture:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        basis = "ready captures and deferred samples" if self.sampled_ids else "ready captures"
         return {
             "ready": len(self.ready_ids),
             "deferred": len(self.tiers.deferred) - len(self.warmed) - len(self.sampled_ids),
@@ -749,11 +752,7 @@ class DeferredCapture:
             "ready_graph_memory_gib": round(sum(self.ready_bytes) / 2**30, 4),
             "ready_graph_memory_mib": [round(b / 2**20, 2) for b in self.ready_bytes],
             "profiling_extra_gib": round(self.profiling_extra / 2**30, 4),
-            "hold_basis": "vLLM's profiling pass"
-            if self.profiled
-            else "ready captures and deferred samples"
-            if self.sampled_ids
-            else "ready captures",
+            "hold_basis": "vLLM's profiling pass" if self.profiled else basis,
             "other_gpu_processes_at_start": self.other_processes,
             "memory_readings": dict(self.readings),
             "held_per_graph_mib_at_start": {m: round(b / 2**20, 3) for m, b in self.start_per_graph.items()},
