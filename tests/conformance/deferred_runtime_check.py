@@ -37,6 +37,7 @@ from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.planner.tiers import attention_warm  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
+from capplan.runtime.deferred.capture import SAMPLES_MAX, SAMPLES_MIN, spread_sample  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
 RELEASE = detect_release(vllm.__version__)
@@ -199,8 +200,6 @@ def main(out: Path) -> None:
         # sample of the deferred ones (in plan order), vLLM's own sample of the FULL graphs (its
         # largest two), an evenly spaced sample of the other deferred FULL ones. Every capture reads 0 bytes here (no GPU), so each
         # sample is SAMPLES_MIN graphs, or all of them where there are fewer.
-        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_sample
-
         profiling = model_manager(spec.model_dump(mode="json"))
         profiling._capture_mem_samples = []
         profiling._max_full_descs_to_capture = 2
@@ -235,20 +234,23 @@ def main(out: Path) -> None:
     # Each ready graph in a call of its own (its memory measured), in plan order; before 0.29.0
     # (no profiling pass), then an evenly spaced sample of each mode's deferred graphs, which stay
     # captured: every capture reads 0 bytes here, so SAMPLES_MIN of a mode, at most half of them.
+    # After the profiling pass, the deferred graphs in plan order while each takes no memory:
+    # every one here, so SAMPLES_MAX of them, at most half.
     sampled: list[int] = []
     if not RELEASE.profiling_capture:
-        from capplan.runtime.deferred.capture import SAMPLES_MIN, spread_sample
-
         for m in ("PIECEWISE", "FULL"):
             of_mode = [g for g in DEFERRED if mode[g] == m]
             sampled += spread_sample(of_mode, min(SAMPLES_MIN, len(of_mode) // 2))
+    free = DEFERRED[: min(SAMPLES_MAX, len(DEFERRED) // 2)] if RELEASE.profiling_capture else []
     report["sampled_at_start"] = len(sampled)
-    report["startup_sampled_as_planned"] = deferred.sampled_ids == sampled
+    report["free_at_start"] = len(free)
+    report["startup_sampled_as_planned"] = deferred.sampled_ids == sampled and deferred.free_ids == free
     report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for c in captures for d in c] == [
         *ready,
         *sampled,
+        *free,
     ] and all(len(c) == 1 for c in captures)
-    DEFERRED = [g for g in DEFERRED if g not in sampled]
+    DEFERRED = [g for g in DEFERRED if g not in sampled and g not in free]
     report["deferred"] = len(DEFERRED)  # captured while serving
     ready = sorted(set(range(len(plan.graphs))) - set(DEFERRED))
     report["capture_list_restored"] = sum(len(v) for v in manager._capture_descs.values()) == len(ready)

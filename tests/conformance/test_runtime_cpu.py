@@ -131,9 +131,11 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["vllm"] == version
     assert report["startup_captured_ready_in_plan_order"] and report["capture_list_restored"]
     # Without vLLM's profiling pass (before 0.29.0) the start-up capture also samples each mode's
-    # deferred graphs, spread over them and at most half, which stay captured; with it, none.
+    # deferred graphs, spread over them and at most half, which stay captured; with it, none, but
+    # the deferred graphs in plan order while each takes no memory (here every one, to the limit).
     assert report["startup_sampled_as_planned"]
     assert (report["sampled_at_start"] > 0) is (not RELEASES[version].profiling_capture)
+    assert (report["free_at_start"] > 0) is RELEASES[version].profiling_capture
     assert report["deferred"] > 10  # graphs are still captured while serving
     assert report["captures_while_sampling_pending"] == 0
     assert report["captures_in_4_steps_every_2"] == 2 and report["one_graph_per_capture"]

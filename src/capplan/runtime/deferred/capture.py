@@ -242,6 +242,8 @@ class DeferredCapture:
         self.profiled_ids: list[int] = []  # deferred graphs captured in vLLM's profiling pass, as samples
         self.sampled_ids: list[int] = []  # deferred graphs captured at the start-up capture, as samples (now ready)
         self.sampled_bytes: list[int] = []  # their memory, in capture order
+        self.free_ids: list[int] = []  # deferred graphs captured at start as they took no memory (now ready)
+        self.free_bytes: list[int] = []  # their memory, in capture order (the last may be more than none)
         self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
         self.start_readings: dict[str, list[int]] = {}  # the readings it rested on
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
@@ -420,16 +422,20 @@ class DeferredCapture:
                     self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used, deferred=False)
             if not self.profiled and not self.synced:
                 self._sample_at_start(capture)
+            if self.profiled and self.step_captures and not self.synced:
+                self._free_at_start(capture)
         finally:
             manager._capture_descs = kept
-        if self.sampled_ids:  # ready from here on: the manager's list (which the report counts) has them
+        if self.sampled_ids or self.free_ids:  # ready from here on: in the manager's list, which the report counts
             self.ready_ids = sorted(self.captured)
             manager._capture_descs = self._ready_descs()
         if self.pending:
             self._hold("start")
         self.active = True
-        ready = len(self.ready_ids) - len(self.sampled_ids)
+        ready = len(self.ready_ids) - len(self.sampled_ids) - len(self.free_ids)
         sampled = f" and {len(self.sampled_ids)} deferred ones as samples" if self.sampled_ids else ""
+        if self.free_ids:
+            sampled += f" and {len(self.free_ids)} deferred ones that took {sum(self.free_bytes) / 2**20:.0f} MiB"
         print(
             f"capplan: {ready} ready graphs captured{sampled}; {len(self.pending)} deferred graphs will be captured "
             f"while serving (one every {self.tiers.every_steps} steps, and one after another while idle); "
@@ -457,6 +463,28 @@ class DeferredCapture:
             sampled = set(taken)
             self.pending = [g for g in self.pending if g not in sampled]
             self.captured |= sampled
+
+    def _free_at_start(self, capture: Any) -> None:
+        """After vLLM's profiling pass, on a single rank: the deferred graphs in the order they
+        land while serving (plan order), each captured while the one before it took no memory,
+        at most `SAMPLES_MAX` and half of them; they become ready graphs. The profiling pass
+        leaves the process memory its discarded graphs held, which the next captures take
+        before any more (on the H200, of a 0.9B model's 370 deferred graphs the first 24-26
+        took none while serving after the profiling pass's one-graph captures, 1 without
+        them); held at the profiling readings' bound, those graphs alone made the hold 1.32x
+        what the deferred graphs took. The last graph captured here is the first that took
+        memory. None of these readings joins the samples: what a graph takes from memory the
+        process already holds says nothing of what the next take. Not with several ranks: what
+        a rank reads must not decide what it captures."""
+        most = min(SAMPLES_MAX, len(self.pending) // 2)
+        while self.pending and len(self.free_ids) < most:
+            gid = self.pending.pop(0)
+            used: int = capture(gid)
+            self.free_ids.append(gid)
+            self.free_bytes.append(used)
+            self.captured.add(gid)
+            if used > 0:
+                return
 
     # -- memory ---------------------------------------------------------------------------
     def _sample(self, mode: str, used: int, *, deferred: bool) -> None:
@@ -731,7 +759,7 @@ class DeferredCapture:
         basis = "ready captures and deferred samples" if self.sampled_ids else "ready captures"
         return {
             "ready": len(self.ready_ids),
-            "deferred": len(self.tiers.deferred) - len(self.warmed) - len(self.sampled_ids),
+            "deferred": len(self.tiers.deferred) - len(self.warmed) - len(self.sampled_ids) - len(self.free_ids),
             "attention_thresholds": self.attention_thresholds,
             "warmed_for_attention": [address(self.engine.plan.graphs[g].descriptor) for g in self.warmed],
             "captured": len(self.captures),
@@ -763,5 +791,8 @@ class DeferredCapture:
             "sampled_in_profiling": len(self.profiled_ids),
             "sampled_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.sampled_ids],
             "sampled_at_start_mib": [round(b / 2**20, 2) for b in self.sampled_bytes],
+            # after vLLM's profiling pass: deferred graphs captured at start while each took no memory
+            "free_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.free_ids],
+            "free_at_start_mib": [round(b / 2**20, 2) for b in self.free_bytes],
             "captures": self.captures,
         }
