@@ -9,7 +9,11 @@ gives what the H200 measured on a 2-layer model (144.5 MiB held for 98 MiB taken
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -62,11 +66,43 @@ def take(pool: Pool, costs: dict[str, int], gid: int) -> int:
     return pool.take(costs[PLAN.graphs[gid].descriptor.cg_mode])
 
 
-def started(costs: dict[str, int], room: int, one_rank: bool = True) -> tuple[DeferredCapture, Pool]:
+def together(ranks: int) -> list[Callable[[bool], bool]]:
+    """Each of `ranks` ranks' `agreed`, run in threads of one process: yes where every rank says
+    yes, as the all-reduce over the engine's groups answers. A rank that votes a different
+    number of times than the others leaves them waiting: the barrier breaks, and the test fails."""
+    barrier = threading.Barrier(ranks, timeout=20)
+    votes = [True] * ranks
+
+    def for_rank(rank: int) -> Callable[[bool], bool]:
+        def agreed(yes: bool) -> bool:
+            votes[rank] = yes
+            barrier.wait()
+            answer = all(votes)
+            barrier.wait()
+            return answer
+
+        return agreed
+
+    return [for_rank(rank) for rank in range(ranks)]
+
+
+def as_ranks(run: Callable[..., Any], *per_rank: list[Any]) -> list[Any]:
+    """`run(agreed, *args)` on each rank at once (its args from `per_rank`), voting `together`."""
+    votes = together(len(per_rank[0]))
+    with ThreadPoolExecutor(len(votes)) as ranks:
+        return list(ranks.map(run, votes, *per_rank))
+
+
+def started(
+    costs: dict[str, int], room: int, agreed: Callable[[bool], bool] | None = None
+) -> tuple[DeferredCapture, Pool]:
     """A deferred capture after the start-up capture: the ready graphs read, then (as
-    `capture_ready` does without a profiling pass) the deferred graphs sampled."""
+    `capture_ready` does without a profiling pass) the deferred graphs sampled; with `agreed`,
+    as one of several TP ranks, deciding by it."""
     deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
-    deferred.step_captures = one_rank
+    if agreed is not None:
+        deferred.one_rank = deferred.step_captures = False
+        deferred.agreed = agreed
     pool = Pool(room)
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     for gid in deferred.ready_ids:
@@ -121,7 +157,7 @@ def test_rounds_of_samples_are_each_spread_over_the_graphs_not_sampled_yet():
         return 2 * MiB if len(order) % 10 == 0 else 0  # a granule in ten readings: never a tenth of their total
 
     deferred._sample("PIECEWISE", 0, deferred=False)  # the pool's base
-    taken = deferred.sample_deferred("PIECEWISE", candidates, True, capture, most=60)
+    taken = deferred.sample_deferred("PIECEWISE", candidates, capture, most=60)
     assert taken == order and len(taken) == 60
     first = spread_sample(candidates, SAMPLES_MIN)
     second = spread_sample([g for g in candidates if g not in first], SAMPLES_MIN)
@@ -129,18 +165,18 @@ def test_rounds_of_samples_are_each_spread_over_the_graphs_not_sampled_yet():
     assert order[2 * SAMPLES_MIN :] == sorted(order[2 * SAMPLES_MIN :])  # the last round: 12 more, in plan order
 
 
-def test_sampled_enough_needs_the_minimum_then_the_spread_on_one_rank_only():
+def test_sampled_enough_needs_the_minimum_then_the_spread_unless_fixed():
     few = [2 * MiB] * (SAMPLES_MIN - 1)
-    assert not sampled_enough(few, True) and not sampled_enough(few, False)
+    assert not sampled_enough(few, False) and not sampled_enough(few, True)
     sparse = [0] * (SAMPLES_MIN - 1) + [2 * MiB]  # one granule in SAMPLES_MIN readings: too coarse
-    assert not sampled_enough(sparse, True)
-    assert sampled_enough(sparse, False)  # several ranks: the same SAMPLES_MIN on every rank, whatever each read
+    assert not sampled_enough(sparse, False)
+    assert sampled_enough(sparse, True)  # fixed (padded DP ranks): SAMPLES_MIN, whatever was read
     dense = [0, 2 * MiB] * SAMPLES_MIN  # the largest is 1/SAMPLES_MIN of the total
-    assert sampled_enough(dense, True)
-    assert sampled_enough([0] * SAMPLES_MIN, True)  # nothing moved: the graphs fit memory already held
-    assert sampled_enough(sparse + [0] * (SAMPLES_MAX - len(sparse)), True)  # at most SAMPLES_MAX
+    assert sampled_enough(dense, False)
+    assert sampled_enough([0] * SAMPLES_MIN, False)  # nothing moved: the graphs fit memory already held
+    assert sampled_enough(sparse + [0] * (SAMPLES_MAX - len(sparse)), False)  # at most SAMPLES_MAX
     edge = [0] * (SAMPLES_MIN + 10) + [2 * MiB] * SAMPLE_SPREAD
-    assert sampled_enough(edge, True) and not sampled_enough(edge[:-1], True)
+    assert sampled_enough(edge, False) and not sampled_enough(edge[:-1], False)
 
 
 def test_the_check_models_graphs_are_held_within_the_target_once_sampled():
@@ -198,18 +234,36 @@ def test_a_single_rank_sample_holds_within_the_target_and_never_short(pw, full, 
         assert peak <= 1.25 * took, ({m: len(u) for m, u in sampled.items()}, peak / MiB, took / MiB)
 
 
-@settings(max_examples=60, deadline=None)
-@given(pw=st.integers(0, 8 * MiB), full=st.integers(0, 8 * MiB), room=st.integers(0, GRANULE - 1))
-def test_several_ranks_sample_the_same_graphs_whatever_each_reads(pw, full, room):
-    """With several ranks, what a rank reads never decides what it captures: the sample is the
-    same SAMPLES_MIN graphs of each mode, evenly spaced over them, on every rank."""
+def enough_or_half(deferred: DeferredCapture) -> bool:
+    """Whether each mode's sample at start stopped where the rule lets it: its readings enough
+    by their spread, or half of the mode's deferred graphs taken."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
-    deferred, _ = started({"PIECEWISE": pw, "FULL": full}, room, one_rank=False)
-    other, _ = started({"PIECEWISE": 2 * MiB, "FULL": 0}, 0, one_rank=False)
-    assert deferred.sampled_ids == other.sampled_ids
     for m in ("PIECEWISE", "FULL"):
-        candidates = [g for g in PLAN.tiers.deferred if mode[g] == m]
-        assert [g for g in deferred.sampled_ids if mode[g] == m] == spread_sample(candidates, SAMPLES_MIN)
+        half = sum(1 for g in PLAN.tiers.deferred if mode[g] == m) // 2
+        taken = sum(1 for g in deferred.sampled_ids if mode[g] == m)
+        if taken != half and not sampled_enough(deferred.samples.get(m, []), False):
+            return False
+    return True
+
+
+@settings(max_examples=40, deadline=None)
+@given(pw=st.integers(0, 8 * MiB), full=st.integers(0, 8 * MiB), room=st.integers(0, GRANULE - 1))
+def test_several_ranks_sample_the_same_graphs_until_every_one_has_enough(pw, full, room):
+    """TP ranks reading different memory: what one rank reads never makes it capture apart. Each
+    round's decision is every rank's at once (`agreed`), so every rank samples the same graphs,
+    and each stops only once its own readings are enough (or half are taken)."""
+    costs = [{"PIECEWISE": pw, "FULL": full}, {"PIECEWISE": 2 * MiB, "FULL": int(0.19 * MiB)}]
+    (one, _), (other, _) = as_ranks(lambda agreed, c, r: started(c, r, agreed), costs, [room, 0])
+    assert one.sampled_ids == other.sampled_ids
+    assert enough_or_half(one) and enough_or_half(other)
+
+
+def test_ranks_deciding_each_on_its_own_readings_would_capture_apart():
+    """The control: two ranks whose readings differ, each deciding alone, sample different graphs
+    (so the agreement above is what keeps them together)."""
+    one, _ = started({"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}, 0)
+    other, _ = started({"PIECEWISE": 2 * MiB, "FULL": 2 * MiB}, 0)
+    assert one.sampled_ids != other.sampled_ids
 
 
 def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones():
@@ -227,12 +281,17 @@ def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones()
     assert report["deferred"] == len(PLAN.tiers.deferred) - sampled  # what is captured while serving
 
 
-def profiled(costs: dict[str, int], tp_size: int = 1, synced: bool = False) -> DeferredCapture:
-    """A deferred capture after vLLM's profiling pass, its captures read from a pool of their own."""
+def profiled(
+    costs: dict[str, int], tp_size: int = 1, synced: bool = False, agreed: Callable[[bool], bool] | None = None
+) -> DeferredCapture:
+    """A deferred capture after vLLM's profiling pass, its captures read from a pool of their own
+    (with `agreed`, as one of several ranks, deciding by it)."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
     deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs))
     deferred.synced = synced
+    if agreed is not None:
+        deferred.agreed = agreed
     pool = Pool(0)
 
     def capture_one(gid, call, manager=None, capture_fn=None):
@@ -302,30 +361,44 @@ def test_after_profiling_what_the_process_holds_never_makes_a_hold_short(pw, ful
     assert all(u == 0 for u in free[:-1]) and len(free) <= min(SAMPLES_MAX, len(PLAN.tiers.deferred) // 2)
 
 
-@pytest.mark.parametrize(("synced", "tp_size"), [(False, 1), (True, 1), (False, 2)])
-def test_the_profiling_pass_samples_on_its_readings_only_on_a_single_rank(synced, tp_size):
+@pytest.mark.parametrize("synced", [False, True])
+def test_the_profiling_pass_samples_on_readings_except_for_dp_ranks_that_pad(synced):
     """vLLM's profiling pass (0.29.0 on): a single-rank engine samples the tiny model's graphs
-    past SAMPLES_MIN, on what it reads; TP ranks and DP ranks that pad to one another take
-    SAMPLES_MIN of each mode whatever they read, and no graph leaves the pending list."""
+    past SAMPLES_MIN, on what it reads; DP ranks that pad to one another take SAMPLES_MIN of each
+    mode whatever they read. No graph leaves the pending list."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
-    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
-    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs))
-    deferred.synced = synced
-    pending = list(deferred.pending)
-    pool = Pool(0)
-    costs = {"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}
-
-    def capture_one(gid, call, manager=None, capture_fn=None):
-        return None, 0.01, pool.take(costs[mode[gid]])
-
-    deferred._capture_one = capture_one
-    manager = SimpleNamespace(
-        tp_size=tp_size, is_first_pp_rank=True, is_last_pp_rank=True, _max_full_descs_to_capture=2, _capture_descs={}
-    )
-    deferred.profile_ready(manager, None, SimpleNamespace(copy=lambda: None))
+    deferred = profiled({"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}, synced=synced)
     sampled = {m: sum(1 for g in deferred.profiled_ids if mode[g] == m) for m in ("PIECEWISE", "FULL")}
-    if synced or tp_size > 1:
+    if synced:
         assert sampled == {"PIECEWISE": SAMPLES_MIN, "FULL": SAMPLES_MIN}
     else:
         assert sampled["FULL"] > SAMPLES_MIN
-    assert deferred.profiled and deferred.pending == pending and not deferred.sampled_ids
+    assert deferred.profiled and deferred.pending == list(PLAN.tiers.deferred) and not deferred.sampled_ids
+
+
+def test_tp_ranks_profile_the_same_graphs_each_until_its_readings_are_enough():
+    """Two TP ranks in vLLM's profiling pass, one reading the tiny model's graphs, one a granule a
+    graph: the same sample on both, past SAMPLES_MIN where the first rank's readings need it."""
+    mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
+    costs = [{"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}, {"PIECEWISE": 2 * MiB, "FULL": 2 * MiB}]
+    one, other = as_ranks(lambda agreed, c: profiled(c, tp_size=2, agreed=agreed), costs)
+    assert one.profiled_ids == other.profiled_ids
+    assert sum(1 for g in one.profiled_ids if mode[g] == "FULL") > SAMPLES_MIN
+    assert all(sampled_enough(d.samples[m], False) for d in (one, other) for m in ("PIECEWISE", "FULL"))
+
+
+def test_tp_ranks_capture_at_start_until_any_one_reads_memory():
+    """After the profiling pass, two TP ranks whose processes hold memory for 10 and for 30 of the
+    first deferred graphs: both capture the same graphs at start, stopping where the first rank
+    first reads memory."""
+    costs = {"PIECEWISE": int(2.39 * MiB), "FULL": int(0.92 * MiB)}
+
+    def rank(agreed: Callable[[bool], bool], kept_graphs: int) -> DeferredCapture:
+        deferred = profiled(costs, tp_size=2, agreed=agreed)
+        pool = Pool(0, kept_graphs * costs["PIECEWISE"])
+        deferred._free_at_start(functools.partial(take, pool, costs))
+        return deferred
+
+    one, other = as_ranks(rank, [10, 30])
+    assert one.free_ids == other.free_ids and len(one.free_ids) == 11
+    assert one.free_bytes[-1] > 0 and other.free_bytes == [0] * 11

@@ -147,6 +147,8 @@ SIGNATURES_A: dict[str, tuple[str, ...]] = {
     f"{CUDART}.cudaMalloc": ("self", "size"),
     f"{CUDART}.cudaFree": ("self", "devPtr"),
     "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables": ("self", "num_reqs"),
+    "vllm.distributed.parallel_state:get_tp_group": (),
+    "vllm.distributed.parallel_state:get_pp_group": (),
     "vllm.lora.model_manager:LoRAModelManager._set_adapter_mapping": ("self", "mapping"),
     "vllm.v1.engine.core:EngineCoreProc._process_input_queue": ("self",),
     "vllm.v1.worker.gpu.cudagraph_utils:graph_capture": ("device", MORE),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from capplan.releases import RELEASES
 from tests.conformance.releases import ends
 from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
@@ -69,7 +70,16 @@ def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_p
         # deferred graphs are the start-up capture's sample)
         assert w["dispatch_states"] > 5
     assert workers[0]["captured_order"] == workers[1]["captured_order"]
-    assert workers[0]["sampled_at_start"]  # no profiling pass here: the start-up capture samples, alike on every rank
+    if RELEASES[version].profiling_capture:
+        # vLLM's profiling pass samples alike on every rank; after it, the start-up capture takes
+        # the first deferred graphs until any rank reads memory: rank 1 reads a granule for the
+        # 2nd, rank 2 for the 4th, so both stop after the 2nd
+        assert workers[0]["profiled"] and workers[0]["profiled"] == workers[1]["profiled"]
+        assert not workers[0]["sampled_at_start"] and workers[0]["free_at_start"] == workers[1]["free_at_start"]
+        assert len(workers[0]["free_at_start"]) == 2
+        assert workers[0]["free_at_start_bytes"] == [0, 2 * 2**20] and workers[1]["free_at_start_bytes"] == [0, 0]
+    else:  # no profiling pass: the start-up capture samples, alike on every rank
+        assert workers[0]["sampled_at_start"] and workers[0]["sampled_at_start"] == workers[1]["sampled_at_start"]
     assert core["pending_seen"][-1] == 0 and core["idle_rpcs"] > 1
     assert core["steps"] > 10  # steps between idle turns: intermediate states under traffic
 
@@ -81,3 +91,14 @@ def test_the_lockstep_check_sees_rank_local_step_captures_diverge(version, tmp_p
     assert all(w["step_captures"] is True for w in workers)
     # one rank captures before a step while the other dispatches: the collectives pair wrongly
     assert any(w["mismatch_count"] for w in workers), [(w["mismatch_count"], w["error"]) for w in workers]
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", [v for v in ends()[-1:] if RELEASES[v].profiling_capture])
+def test_the_lockstep_check_sees_rank_local_start_up_captures_diverge(version, tmp_path):
+    """The control of the start-up capture after vLLM's profiling pass: each rank deciding on its
+    own readings which deferred graphs it captures before the engine is ready (rank 1 stops after
+    the 2nd, rank 2 after the 4th) pairs the ranks' collectives wrongly."""
+    core, *workers = _run(version, "rank_local_free", tmp_path)
+    assert any(w["mismatch_count"] or w["error"] for w in workers), [(w["mismatch_count"], w["error"]) for w in workers]
+    assert any(w["mismatch_count"] for w in workers)

@@ -25,6 +25,15 @@ MODE:
               capture times, which differ a little between ranks (rank 1's latest captures here
               read 10 ms, the others' 60 ms). The ranks must be seen to diverge (or hang, which
               the timeout ends).
+- rank_local_free: the control of the start-up capture after vLLM's profiling pass (0.29.0 on):
+              each rank deciding on its own memory readings which deferred graphs it captures
+              before the engine is ready, not on every rank's at once (`agreed`).
+
+Memory readings differ between ranks, as on GPUs: each rank reads a granule for one of the
+first deferred graphs (rank 1 the 2nd, rank 2 the 4th) and nothing for the others. Where vLLM
+profiles (0.29.0 on) the workers run its profiling capture first, on a manager of their own, as
+deferred_runtime_check.py does; capplan's votes run over the workers' group, which stands in
+for vLLM's TP and PP groups.
 """
 
 from __future__ import annotations
@@ -48,7 +57,8 @@ import torch.distributed as dist  # noqa: E402
 # seconds on a loaded machine. The workers' group ends the control's hang (it diverges, then waits).
 START = datetime.timedelta(seconds=240)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=START)
-TP = dist.new_group(list(range(1, world)), timeout=datetime.timedelta(seconds=15) if mode == "rank_local" else START)
+CONTROL = mode.startswith("rank_local")
+TP = dist.new_group(list(range(1, world)), timeout=datetime.timedelta(seconds=15) if CONTROL else START)
 
 import deferred_runtime_check as drc  # noqa: E402  (vLLM's classes, the stand-ins' shapes)
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
@@ -136,18 +146,49 @@ def engine_core() -> None:
     report.update(steps=steps, idle_rpcs=len(pending_seen), pending_seen=pending_seen, turns=turns)
 
 
-def worker() -> None:
-    deferred = state.deferred
+def rank_manager():
+    """vLLM's manager as this rank's: its pipeline stage, or the TP size."""
     manager = model_manager(SPEC_OBJ.model_dump(mode="json"))
     if mode == "pipeline":  # vLLM's manager reads the stage from get_pp_group(); the oracle builds one stage
         manager.is_first_pp_rank, manager.is_last_pp_rank = rank == 1, rank == world - 1
     else:  # vLLM's manager reads tensor_parallel_size into tp_size; the oracle builds TP 1
         manager.tp_size = TP_SIZE
+    return manager
+
+
+def read_by_rank(deferred):
+    """Each capture's memory as this rank reads it: a granule for one of the first deferred graphs
+    (the 2nd on rank 1, the 4th on rank 2), nothing for the others."""
+    capture_one = deferred._capture_one
+    reads = PLAN.tiers.deferred[2 * rank - 1]
+
+    def measured(gid, call, manager=None, capture_fn=None):
+        result, seconds, _ = capture_one(gid, call, manager, capture_fn)
+        return result, seconds, 2 * 2**20 if gid == reads else 0
+
+    return measured
+
+
+def worker() -> None:
+    deferred = state.deferred
+    deferred.rank_groups = lambda: [TP]  # vLLM's TP and PP groups, stood in for by the workers'
+    deferred._capture_one = read_by_rank(deferred)
+    if mode == "rank_local_free":
+        deferred.agreed = lambda yes: yes  # the control: each rank decides on its own readings
+    manager = rank_manager()
     adapters = drc.FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
     if mode == "rank_local":
         deferred.ready_only = _keep_step_captures(deferred.ready_only, deferred)
     tables = SimpleNamespace(input_block_tables=[torch.zeros((16, 8), dtype=torch.int32)])
+    if drc.RELEASE.profiling_capture:  # vLLM's memory profiling: its own manager, discarded
+        profiling = rank_manager()
+        profiling._capture_mem_samples = []
+        profiling._max_full_descs_to_capture = 2
+        profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+                          lora_capture_hook=lambda *a: None)  # fmt: skip
+        report["profiling_order"] = list(LOCKSTEP.captured_order)
+        LOCKSTEP.captured_order.clear()
     manager.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
                     lora_capture_hook=lambda *a: None)  # fmt: skip
     report["step_captures"] = deferred.step_captures
@@ -182,12 +223,15 @@ def worker() -> None:
         captured=sorted(deferred.captured),
         captured_order=LOCKSTEP.captured_order,
         final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
-        # the start-up capture: the ready graphs, then each mode's sample of the deferred ones
-        # (this harness runs no profiling pass), the same on every rank; the rest while serving,
-        # in plan order
+        # the start-up capture: the ready graphs, then (without a profiling pass) each mode's sample
+        # of the deferred ones, or (after one) the first deferred graphs while none reads memory,
+        # the same on every rank; the rest while serving, in plan order
         sampled_at_start=deferred.sampled_ids,
+        profiled=deferred.profiled_ids,
+        free_at_start=deferred.free_ids,
+        free_at_start_bytes=deferred.free_bytes,
         deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :]
-        == [g for g in PLAN.tiers.deferred if g not in deferred.sampled_ids],
+        == [g for g in PLAN.tiers.deferred if g not in deferred.sampled_ids and g not in deferred.free_ids],
         left_to_idle=deferred.left_to_idle,
         dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
     )

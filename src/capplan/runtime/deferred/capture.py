@@ -49,8 +49,14 @@ What makes it safe, and where each piece lives:
   captured nothing yet (the ready captures after it read near nothing, and are not readings);
   before 0.29.0, or with the KV cache's size given, it is the start-up capture, and the
   sampled deferred graphs stay captured (they become ready graphs: nothing is captured
-  twice). A mode is held by its deferred graphs' readings once it has `SAMPLES_MIN`, by the
-  ready ones' with them before that. Each mode's first capture is left out: it
+  twice). After a profiling pass the start-up capture goes on, past the ready graphs, with the
+  deferred graphs in plan order while each takes no memory (`_free_at_start`): the profiling
+  pass leaves the process memory its discarded graphs held, which the next captures take first,
+  and a hold for graphs that take it would hold memory for nothing. With several TP or PP ranks
+  each rank reads its own memory, and every decision a reading feeds (another round of samples,
+  another graph at start) is every rank's at once (`agreed`: an all-reduce over the groups' CPU
+  side), so the ranks capture the same graphs. A mode is held by its deferred graphs' readings
+  once it has `SAMPLES_MIN`, by the ready ones' with them before that. Each mode's first capture is left out: it
   allocates the pool's base. The bound is held as one block; a start without that much left
   stops there. Each deferred capture gives the block back and joins its mode's readings, and
   the bound is held again for the graphs still pending (`reserve_shortfall` in the report
@@ -109,6 +115,17 @@ is at most 1.1 times the readings' mean. Memory moves in 2 MiB steps on the H200
 that take less than a step each need many readings: a 2-layer model's FULL graphs took 0.19
 MiB on average, and 19 readings held them at 0.42 MiB each."""
 
+RANKS_HOOKS = tuple(
+    Hook(
+        f"deferred.ranks_{group}",
+        f"vllm.distributed.parallel_state:get_{group}_group",
+        "an engine of several TP or PP ranks decides what it captures before it is ready on every rank's "
+        "memory readings at once (an all-reduce over the group's CPU side), so no rank captures apart",
+        attributes=("cpu_group", "world_size"),
+    )
+    for group in ("tp", "pp")
+)
+
 DUMMY_TABLES_HOOK = Hook(
     "deferred.dummy_tables",
     "vllm.v1.worker.gpu.block_table:BlockTables.get_dummy_block_tables",
@@ -152,16 +169,14 @@ def spread_sample(ids: Sequence[int], k: int) -> list[int]:
     return [ids[(i * len(ids)) // k] for i in range(k)]
 
 
-def sampled_enough(sizes: Sequence[int], one_rank: bool) -> bool:
+def sampled_enough(sizes: Sequence[int], fixed: bool) -> bool:
     """Whether a mode's readings so far are enough to hold its deferred graphs: `SAMPLES_MIN` of
-    them; on a single-rank engine, also the largest at most 1/`SAMPLE_SPREAD` of their total
-    (all of them none counts as that), up to `SAMPLES_MAX`. With several ranks (TP, PP, or DP
-    ranks that pad to one another) each rank reads its own memory, and what one rank reads must
-    not decide what it captures: a capture runs the ranks' collectives, so every rank captures
-    the same graphs, `SAMPLES_MIN` of each mode."""
+    them; unless `fixed`, also the largest at most 1/`SAMPLE_SPREAD` of their total (all of them
+    none counts as that), up to `SAMPLES_MAX`. `fixed` (DP ranks that pad to one another, whose
+    readings no collective of capplan's joins): `SAMPLES_MIN`, whatever they read."""
     if len(sizes) < SAMPLES_MIN:
         return False
-    if not one_rank or len(sizes) >= SAMPLES_MAX:
+    if fixed or len(sizes) >= SAMPLES_MAX:
         return True
     use = [max(size, 0) for size in sizes]
     return max(use) * SAMPLE_SPREAD <= sum(use)
@@ -249,6 +264,7 @@ class DeferredCapture:
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
         self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
+        self.one_rank = True  # the engine's only TP and PP rank (set at its first capture)
         # DP ranks that pad to one another: whole groups at DP-synced steps, dummy steps counted too
         self.synced = plan.spec.parallel.synced_size > 1
         self.group_of = {g: group for group in case_groups(plan.graphs, self.pending) for g in group}
@@ -307,7 +323,7 @@ class DeferredCapture:
     def ready_only(self, manager: Any) -> None:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
         # More than one rank: every capture on the idle turns, which reach every rank at once.
-        self.step_captures = _one_rank(manager)
+        self.one_rank = self.step_captures = _one_rank(manager)
         manager._capture_descs = self._ready_descs()
 
     def _ready_descs(self) -> dict[Any, list[Any]]:
@@ -319,19 +335,44 @@ class DeferredCapture:
             ready.setdefault(desc.cg_mode, []).append(desc)
         return ready
 
-    def sample_deferred(
-        self, mode: str, candidates: Sequence[int], one_rank: bool, capture: Any, most: int | None = None
-    ) -> list[int]:
+    def agreed(self, yes: bool) -> bool:
+        """`yes` as the engine's ranks decide it: a single rank's own answer; with several TP or
+        PP ranks, yes only where every one of them says yes (an all-reduce over the TP group's
+        and the PP group's CPU side, which every rank reaches at the same point of the capture
+        before the engine is ready). A capture runs the ranks' collectives, so what one rank
+        reads of its memory must never make it capture apart from the others. DP ranks that pad
+        to one another decide nothing on readings (`sampled_enough`'s `fixed`): answered as given."""
+        if self.one_rank or self.synced:
+            return yes
+        import torch
+        import torch.distributed as dist
+
+        vote = torch.tensor([int(yes)], dtype=torch.int32)
+        for group in self.rank_groups():
+            dist.all_reduce(vote, op=dist.ReduceOp.MIN, group=group)
+        return bool(vote.item())
+
+    def rank_groups(self) -> list[Any]:
+        """The process groups (CPU side) of this engine's ranks: vLLM's TP and PP groups of
+        more than one rank."""
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        groups = [get_tp_group(), get_pp_group()]  # RANKS_HOOKS' order
+        for hook, group in zip(RANKS_HOOKS, groups):
+            check_attributes(hook, group)
+        return [group.cpu_group for group in groups if group.world_size > 1]
+
+    def sample_deferred(self, mode: str, candidates: Sequence[int], capture: Any, most: int | None = None) -> list[int]:
         """Capture deferred graphs of `mode` from `candidates` (in plan order), each measured
         (`capture(gid)` gives its memory), in rounds of `SAMPLES_MIN` evenly spaced over those
-        not sampled yet, until the mode's readings are enough (`sampled_enough`), or `most` are
-        taken; the graphs captured. Each round is captured in plan order, largest first, as the
-        deferred graphs land while serving: a graph captured after a larger one of its mode
+        not sampled yet, until the mode's readings are enough (`sampled_enough`, as every rank
+        decides it: `agreed`), or `most` are taken; the graphs captured. Each round is captured
+        in plan order, largest first, as the deferred graphs land while serving: a graph captured after a larger one of its mode
         may reuse what the larger one's capture freed in the pool, one captured after a smaller
         one may need more."""
         limit = len(candidates) if most is None else most
         left, taken = list(candidates), list[int]()
-        while left and len(taken) < limit and not sampled_enough(self.samples.get(mode, []), one_rank):
+        while left and len(taken) < limit and not self.agreed(sampled_enough(self.samples.get(mode, []), self.synced)):
             for gid in spread_sample(left, min(SAMPLES_MIN, limit - len(taken))):
                 self._sample(mode, capture(gid), deferred=True)
                 taken.append(gid)
@@ -359,7 +400,7 @@ class DeferredCapture:
         all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]
         vllm_sample = all_full[: getattr(manager, "_max_full_descs_to_capture", None) or len(all_full)]
         deferred_of = {m: [g for g in self.pending if mode_of[g] == m] for m in ("PIECEWISE", "FULL")}
-        one_rank = _one_rank(manager) and not self.synced
+        self.one_rank = _one_rank(manager)
         last: list[Any] = [None]
 
         def capture(gid: int) -> int:
@@ -368,11 +409,11 @@ class DeferredCapture:
 
         for gid in [g for g in self.ready_ids if mode_of[g] == "PIECEWISE"]:
             self._sample("PIECEWISE", capture(gid), deferred=False)
-        extra_pw = self.sample_deferred("PIECEWISE", deferred_of["PIECEWISE"], one_rank, capture)
+        extra_pw = self.sample_deferred("PIECEWISE", deferred_of["PIECEWISE"], capture)
         for gid in vllm_sample:
             self._sample("FULL", capture(gid), deferred=False)
         full_candidates = [g for g in deferred_of["FULL"] if g not in vllm_sample]
-        extra_full = self.sample_deferred("FULL", full_candidates, one_rank, capture)
+        extra_full = self.sample_deferred("FULL", full_candidates, capture)
         self.profiled_ids = [*extra_pw, *extra_full]
         self.profiled = True
         captured_pw = sorted([g for g in self.ready_ids if mode_of[g] == "PIECEWISE"] + extra_pw)
@@ -422,7 +463,7 @@ class DeferredCapture:
                     self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used, deferred=False)
             if not self.profiled and not self.synced:
                 self._sample_at_start(capture)
-            if self.profiled and self.step_captures and not self.synced:
+            if self.profiled and not self.synced:
                 self._free_at_start(capture)
         finally:
             manager._capture_descs = kept
@@ -458,15 +499,15 @@ class DeferredCapture:
 
         for mode in ("PIECEWISE", "FULL"):
             candidates = [g for g in self.pending if graphs[g].descriptor.cg_mode == mode]
-            taken = self.sample_deferred(mode, candidates, self.step_captures, measured, len(candidates) // 2)
+            taken = self.sample_deferred(mode, candidates, measured, len(candidates) // 2)
             self.sampled_ids += taken  # in capture order, as sampled_bytes
             sampled = set(taken)
             self.pending = [g for g in self.pending if g not in sampled]
             self.captured |= sampled
 
     def _free_at_start(self, capture: Any) -> None:
-        """After vLLM's profiling pass, on a single rank: the deferred graphs in the order they
-        land while serving (plan order), each captured while the one before it took no memory,
+        """After vLLM's profiling pass: the deferred graphs in the order they land while serving
+        (plan order), each captured while the one before it took no memory (on every rank: `agreed`),
         at most `SAMPLES_MAX` and half of them; they become ready graphs. The profiling pass
         leaves the process memory its discarded graphs held, which the next captures take
         before any more (on the H200, of a 0.9B model's 370 deferred graphs the first 24-26
@@ -474,8 +515,8 @@ class DeferredCapture:
         them); held at the profiling readings' bound, those graphs alone made the hold 1.32x
         what the deferred graphs took. The last graph captured here is the first that took
         memory. None of these readings joins the samples: what a graph takes from memory the
-        process already holds says nothing of what the next take. Not with several ranks: what
-        a rank reads must not decide what it captures."""
+        process already holds says nothing of what the next take. Not for DP ranks that pad to
+        one another (their ready set stays closed over each size's LoRA cases)."""
         most = min(SAMPLES_MAX, len(self.pending) // 2)
         while self.pending and len(self.free_ids) < most:
             gid = self.pending.pop(0)
@@ -483,7 +524,7 @@ class DeferredCapture:
             self.free_ids.append(gid)
             self.free_bytes.append(used)
             self.captured.add(gid)
-            if used > 0:
+            if not self.agreed(used <= 0):
                 return
 
     # -- memory ---------------------------------------------------------------------------

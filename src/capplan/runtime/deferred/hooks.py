@@ -38,7 +38,7 @@ from typing import Any
 
 from capplan.releases import CUDART, RUNNER, Release
 from capplan.runtime.context import Engine, current
-from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK, HELD_BLOCK_HOOK
+from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK, HELD_BLOCK_HOOK, RANKS_HOOKS
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 
 SAMPLING = Hook(
@@ -241,6 +241,7 @@ HOOKS = tuple(
         ),
         DUMMY_TABLES_HOOK,
         HELD_BLOCK_HOOK,
+        *RANKS_HOOKS,
         Hook(
             "deferred.held_block_free",
             f"{CUDART}.cudaFree",
