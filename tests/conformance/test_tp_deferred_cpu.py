@@ -102,3 +102,40 @@ def test_the_lockstep_check_sees_rank_local_start_up_captures_diverge(version, t
     core, *workers = _run(version, "rank_local_free", tmp_path)
     assert any(w["mismatch_count"] or w["error"] for w in workers), [(w["mismatch_count"], w["error"]) for w in workers]
     assert any(w["mismatch_count"] for w in workers)
+
+
+VOTE_WORKER = Path(__file__).parent / "ranks_vote_worker.py"
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", ends()[-1:])
+def test_vllms_tp_and_pp_groups_carry_the_ranks_vote(version, tmp_path):
+    """vLLM's own TP and PP groups (TP 2 x PP 2, gloo on CPU, built as a worker builds them) carry
+    the vote by which ranks decide what they capture before the engine is ready: one rank's no is
+    every rank's no, and at start every rank takes the deferred graphs up to the first that any
+    rank reads memory for (rank 0's 3rd; the others would go on to their 5th, 7th and 9th)."""
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
+    port, world = str(_free_port()), 4
+    outs = [tmp_path / f"vote-{rank}.json" for rank in range(world)]
+    procs = [
+        subprocess.Popen(
+            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(VOTE_WORKER), str(rank), str(world), "2", port, str(out)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, out in enumerate(outs)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    ranks = [json.loads(out.read_text()) for out in outs]
+    for r in ranks:
+        assert r["vllm"] == version and r["group_sizes"] == [2, 2]
+        assert r["no_from_each"] == [False] * world and r["every_yes"] is True
+    assert all(r["free_at_start"] == ranks[0]["free_at_start"] for r in ranks)
+    assert len(ranks[0]["free_at_start"]) == 3

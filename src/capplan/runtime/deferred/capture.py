@@ -367,9 +367,9 @@ class DeferredCapture:
         (`capture(gid)` gives its memory), in rounds of `SAMPLES_MIN` evenly spaced over those
         not sampled yet, until the mode's readings are enough (`sampled_enough`, as every rank
         decides it: `agreed`), or `most` are taken; the graphs captured. Each round is captured
-        in plan order, largest first, as the deferred graphs land while serving: a graph captured after a larger one of its mode
-        may reuse what the larger one's capture freed in the pool, one captured after a smaller
-        one may need more."""
+        in plan order, largest first, as the deferred graphs land while serving: a graph
+        captured after a larger one of its mode may reuse what the larger one's capture freed in
+        the pool, one captured after a smaller one may need more."""
         limit = len(candidates) if most is None else most
         left, taken = list(candidates), list[int]()
         while left and len(taken) < limit and not self.agreed(sampled_enough(self.samples.get(mode, []), self.synced)):

@@ -1,0 +1,79 @@
+"""One rank of the vote check: vLLM's real TP and PP groups (gloo, on CPU) carry capplan's vote
+(`DeferredCapture.agreed`), by which an engine of several ranks decides, on every rank's memory
+readings at once, what it captures before it is ready.
+
+    PYTHONPATH=SRC/<version>:REPO/src:REPO python ranks_vote_worker.py RANK WORLD TP PORT OUT.json
+
+Each rank builds vLLM's world, TP and PP groups as a worker does (`init_distributed_environment`,
+`initialize_model_parallel`), then votes: once with each rank alone saying no, once with every rank
+saying yes. Then it takes the first deferred graphs at start (`_free_at_start`) with its own
+readings: rank r reads memory first at its (3 + 2r)-th deferred graph, nothing before, so every rank
+must stop at the 3rd, where rank 0 first reads memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+rank, world, tp, port = (int(a) for a in sys.argv[1:5])
+out = Path(sys.argv[5])
+
+import vllm  # noqa: E402
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed import parallel_state  # noqa: E402
+
+from capplan.loading import spec_from_data  # noqa: E402
+from capplan.planner import compile_plan  # noqa: E402
+from capplan.releases import RELEASES  # noqa: E402
+from capplan.runtime.deferred.capture import DeferredCapture  # noqa: E402
+from capplan.runtime.versions import detect_release  # noqa: E402
+
+RELEASE = detect_release(vllm.__version__)
+SPEC = {
+    "target": {"vllm": RELEASE.version},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 512},
+    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
+    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
+    "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1},
+}
+PLAN = compile_plan(spec_from_data(SPEC, "ranks-vote"))
+
+with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+    parallel_state.init_distributed_environment(
+        world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank, backend="gloo"
+    )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=world // tp, backend="gloo"
+    )
+
+deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES[RELEASE.version]))
+deferred.one_rank = False  # as the manager of a rank of several sets it
+groups = deferred.rank_groups()
+no_from_each = [deferred.agreed(rank != k) for k in range(world)]
+every_yes = deferred.agreed(True)
+first_read = 3 + 2 * rank  # the deferred graph (counted from 1) at which this rank first reads memory
+taken: list[int] = []
+
+
+def capture(gid: int) -> int:
+    taken.append(gid)
+    return 2 * 2**20 if len(taken) >= first_read else 0
+
+
+deferred._free_at_start(capture)
+out.write_text(
+    json.dumps(
+        {
+            "rank": rank,
+            "vllm": vllm.__version__,
+            "group_sizes": [g.size() for g in groups],
+            "no_from_each": no_from_each,
+            "every_yes": every_yes,
+            "free_at_start": deferred.free_ids,
+            "pending_left": len(deferred.pending),
+        }
+    )
+)
