@@ -46,9 +46,13 @@ def _run(version: str, mode: str, tmp: Path) -> list[dict]:
         )
         for rank in range(WORLD)
     ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        for proc in procs:
+            proc.kill()
     return [json.loads(p.read_text()) for p in outs]
 
 
@@ -66,8 +70,8 @@ def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_p
         assert w["mismatch_count"] == 0, w["mismatches"]
         assert w["final_set_is_the_plan"] and w["deferred_in_plan_order"]
         assert w["states"] == core["steps"] + core["idle_rpcs"]  # every broadcast step and call seen
-        # the fallbacks changed as graphs landed (9 distinct dispatch tables: half of each mode's
-        # deferred graphs are the start-up capture's sample)
+        # the fallbacks changed as graphs landed (distinct dispatch tables: some deferred graphs
+        # are captured at start, the start-up sample or, after a profiling pass, the first ones)
         assert w["dispatch_states"] > 5
     assert workers[0]["captured_order"] == workers[1]["captured_order"]
     if RELEASES[version].profiling_capture:
@@ -100,8 +104,7 @@ def test_the_lockstep_check_sees_rank_local_start_up_captures_diverge(version, t
     own readings which deferred graphs it captures before the engine is ready (rank 1 stops after
     the 2nd, rank 2 after the 4th) pairs the ranks' collectives wrongly."""
     core, *workers = _run(version, "rank_local_free", tmp_path)
-    assert any(w["mismatch_count"] or w["error"] for w in workers), [(w["mismatch_count"], w["error"]) for w in workers]
-    assert any(w["mismatch_count"] for w in workers)
+    assert any(w["mismatch_count"] for w in workers), [(w["mismatch_count"], w["error"]) for w in workers]
 
 
 VOTE_WORKER = Path(__file__).parent / "ranks_vote_worker.py"
@@ -130,9 +133,13 @@ def test_vllms_tp_and_pp_groups_carry_the_ranks_vote(version, tmp_path):
         )
         for rank, out in enumerate(outs)
     ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        for proc in procs:
+            proc.kill()
     ranks = [json.loads(out.read_text()) for out in outs]
     for r in ranks:
         assert r["vllm"] == version and r["group_sizes"] == [2, 2]

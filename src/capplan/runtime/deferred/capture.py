@@ -50,7 +50,8 @@ What makes it safe, and where each piece lives:
   before 0.29.0, or with the KV cache's size given, it is the start-up capture, and the
   sampled deferred graphs stay captured (they become ready graphs: nothing is captured
   twice). After a profiling pass the start-up capture goes on, past the ready graphs, with the
-  deferred graphs in plan order while each takes no memory (`_free_at_start`): the profiling
+  deferred graphs in plan order up to the first that takes memory (`_free_at_start`; not for
+  DP ranks that pad to one another): the profiling
   pass leaves the process memory its discarded graphs held, which the next captures take first,
   and a hold for graphs that take it would hold memory for nothing. With several TP or PP ranks
   each rank reads its own memory, and every decision a reading feeds (another round of samples,
@@ -107,13 +108,15 @@ the size of each round of samples. Every rank of an engine captures the same one
 one capture before the engine is ready (40-120 ms on the H200 for a 0.9B model, 5-20 ms for a
 2-layer one)."""
 SAMPLES_MAX = 128
-"""The most deferred graphs of one mode a single-rank engine samples (see `sampled_enough`)."""
+"""The most deferred graphs of one mode sampled by their spread (see `sampled_enough`), and the most
+the start-up capture takes after a profiling pass as they take no memory (`_free_at_start`)."""
 SAMPLE_SPREAD = 10
-"""A single-rank engine samples a mode until its largest reading is at most 1/SAMPLE_SPREAD of
-their total, so that the bound (`per_graph_bound`: the total plus the largest, over the count)
-is at most 1.1 times the readings' mean. Memory moves in 2 MiB steps on the H200, so graphs
-that take less than a step each need many readings: a 2-layer model's FULL graphs took 0.19
-MiB on average, and 19 readings held them at 0.42 MiB each."""
+"""A mode is sampled until its largest reading is at most 1/SAMPLE_SPREAD of their total (with
+several TP or PP ranks, on every rank: `agreed`; not by DP ranks that pad to one another), so
+that the bound (`per_graph_bound`: the total plus the largest, over the count) is at most 1.1
+times the readings' mean. Memory moves in 2 MiB steps on the H200, so graphs that take less than
+a step each need many readings: a 2-layer model's FULL graphs took 0.19 MiB on average, and 19
+readings held them at 0.42 MiB each."""
 
 RANKS_HOOKS = tuple(
     Hook(
@@ -259,6 +262,7 @@ class DeferredCapture:
         self.sampled_bytes: list[int] = []  # their memory, in capture order
         self.free_ids: list[int] = []  # deferred graphs captured at start as they took no memory (now ready)
         self.free_bytes: list[int] = []  # their memory, in capture order (the last may be more than none)
+        self.free_seconds = 0.0  # what capturing them took
         self.start_per_graph: dict[str, int] = {}  # the per-graph bound of each mode the start held
         self.start_readings: dict[str, list[int]] = {}  # the readings it rested on
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
@@ -340,8 +344,11 @@ class DeferredCapture:
         PP ranks, yes only where every one of them says yes (an all-reduce over the TP group's
         and the PP group's CPU side, which every rank reaches at the same point of the capture
         before the engine is ready). A capture runs the ranks' collectives, so what one rank
-        reads of its memory must never make it capture apart from the others. DP ranks that pad
-        to one another decide nothing on readings (`sampled_enough`'s `fixed`): answered as given."""
+        reads of its memory must never make it capture apart from the others. Every rank votes
+        over the same deferred graphs (the plan's, less those made ready for the attention kernels,
+        which every rank reads from the same configuration), as its idle captures already rely
+        on. DP ranks that pad to one another decide nothing on readings (`sampled_enough`'s
+        `fixed`, and no `_free_at_start`): answered as given."""
         if self.one_rank or self.synced:
             return yes
         import torch
@@ -463,8 +470,10 @@ class DeferredCapture:
                     self._sample(self.engine.plan.graphs[gid].descriptor.cg_mode, used, deferred=False)
             if not self.profiled and not self.synced:
                 self._sample_at_start(capture)
-            if self.profiled and not self.synced:
+            if self.profiled:
+                started = time.perf_counter()
                 self._free_at_start(capture)
+                self.free_seconds = time.perf_counter() - started
         finally:
             manager._capture_descs = kept
         if self.sampled_ids or self.free_ids:  # ready from here on: in the manager's list, which the report counts
@@ -507,16 +516,19 @@ class DeferredCapture:
 
     def _free_at_start(self, capture: Any) -> None:
         """After vLLM's profiling pass: the deferred graphs in the order they land while serving
-        (plan order), each captured while the one before it took no memory (on every rank: `agreed`),
+        (plan order), up to and including the first that takes memory (on any rank: `agreed`),
         at most `SAMPLES_MAX` and half of them; they become ready graphs. The profiling pass
         leaves the process memory its discarded graphs held, which the next captures take
         before any more (on the H200, of a 0.9B model's 370 deferred graphs the first 24-26
         took none while serving after the profiling pass's one-graph captures, 1 without
-        them); held at the profiling readings' bound, those graphs alone made the hold 1.32x
-        what the deferred graphs took. The last graph captured here is the first that took
-        memory. None of these readings joins the samples: what a graph takes from memory the
-        process already holds says nothing of what the next take. Not for DP ranks that pad to
-        one another (their ready set stays closed over each size's LoRA cases)."""
+        them); held at the profiling readings' bound, those graphs took the hold from about
+        1.18x to 1.32x what the deferred graphs took (the CPU allocator model, given that
+        model's readings). None of these readings joins the samples: what a graph takes from
+        memory the process already holds says nothing of what the next one takes. None for DP
+        ranks that pad to one another (their ready set stays closed over each size's LoRA
+        cases)."""
+        if self.synced:
+            return
         most = min(SAMPLES_MAX, len(self.pending) // 2)
         while self.pending and len(self.free_ids) < most:
             gid = self.pending.pop(0)
@@ -835,5 +847,6 @@ class DeferredCapture:
             # after vLLM's profiling pass: deferred graphs captured at start while each took no memory
             "free_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.free_ids],
             "free_at_start_mib": [round(b / 2**20, 2) for b in self.free_bytes],
+            "free_at_start_seconds": round(self.free_seconds, 3),
             "captures": self.captures,
         }

@@ -23,8 +23,9 @@
   context's stream, made current inside it, the same one each time.
 - Relied on, not replaced: `sample_tokens` and the runner's step state, `gpu_sync_allowed`
   (a capture synchronizes the device between steps, allowed under VLLM_GPU_SYNC_CHECK),
-  `BlockTables.get_dummy_block_tables` (the dummy rows, zeroed before a capture), and
-  `LoRAModelManager._set_adapter_mapping` (a LoRA graph's dummy mapping).
+  `BlockTables.get_dummy_block_tables` (the dummy rows, zeroed before a capture),
+  `LoRAModelManager._set_adapter_mapping` (a LoRA graph's dummy mapping), and `get_tp_group`,
+  `get_pp_group` (the groups over which several ranks vote on what they capture at start).
 """
 
 from __future__ import annotations
