@@ -18,6 +18,12 @@ MODE:
 - single:   the control: one graph per capture instead of a group, so some states hold one
             LoRA case of a size and not another. The ranks must be seen to disagree.
 
+Where vLLM profiles memory (0.29.0 on) both ranks run its profiling capture first, on a manager
+of their own, as deferred_runtime_check.py does, reading memory differently (rank 0 a granule for
+each capture, rank 1 none): DP ranks that pad to one another must sample the same graphs
+whatever they read, and take none at start for reading no memory (their ready set stays closed
+over each size's LoRA cases).
+
 vLLM's DP group is stood in for by the gloo world group; everything else is vLLM's code.
 """
 
@@ -92,6 +98,22 @@ def main() -> dict:
     adapters = drc.FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
     tables = SimpleNamespace(input_block_tables=[torch.zeros((16, 8), dtype=torch.int32)])
+    capture_one = deferred._capture_one
+
+    def read_by_rank(gid, call, manager=None, capture_fn=None):
+        result, seconds, _ = capture_one(gid, call, manager, capture_fn)
+        return result, seconds, 2 * 2**20 if rank == 0 else 0
+
+    deferred._capture_one = read_by_rank
+    profiled: list[int] = []
+    if drc.RELEASE.profiling_capture:  # vLLM's memory profiling: its own manager, discarded
+        profiling = runtime_check.model_manager(SPEC_OBJ.model_dump(mode="json"))
+        profiling._capture_mem_samples = []
+        profiling._max_full_descs_to_capture = 2
+        profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+                          lora_capture_hook=lambda *a: None)  # fmt: skip
+        profiled = list(LOCKSTEP.captured_order)
+        LOCKSTEP.captured_order.clear()
     manager.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
                     lora_capture_hook=lambda *a: None)  # fmt: skip
     runner = SimpleNamespace(
@@ -125,6 +147,9 @@ def main() -> dict:
         "deferred_in_plan_groups": sorted(LOCKSTEP.captured_order[len(deferred.ready_ids) :])
         == sorted(PLAN.tiers.deferred),
         "pending_after": len(deferred.pending),
+        "profiling_captured": profiled,
+        "profiled_samples": deferred.profiled_ids,
+        "taken_at_start": deferred.sampled_ids + deferred.free_ids,
         "idle_capture_returns": deferred.capture_idle(),
         "report": state.report.to_json()["deferred"],
     }
