@@ -22,7 +22,9 @@ from types import SimpleNamespace
 rank, world, tp, port = (int(a) for a in sys.argv[1:5])
 out = Path(sys.argv[5])
 
-import vllm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+
+import deferred_runtime_check as drc  # noqa: E402  (the deferred checks' spec)
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
 
@@ -30,16 +32,8 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.releases import RELEASES  # noqa: E402
 from capplan.runtime.deferred.capture import DeferredCapture  # noqa: E402
-from capplan.runtime.versions import detect_release  # noqa: E402
 
-RELEASE = detect_release(vllm.__version__)
-SPEC = {
-    "target": {"vllm": RELEASE.version},
-    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 512},
-    "cudagraph": {"mode": "FULL_AND_PIECEWISE"},
-    "lora": {"enabled": True, "max_loras": 4, "specialize_active": True},
-    "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1},
-}
+SPEC = {**drc.SPEC, "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1}}
 PLAN = compile_plan(spec_from_data(SPEC, "ranks-vote"))
 
 with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
@@ -50,7 +44,7 @@ with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=world // tp, backend="gloo"
     )
 
-deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES[RELEASE.version]))
+deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES[drc.RELEASE.version]))
 deferred.one_rank = False  # as the manager of a rank of several sets it
 groups = deferred.rank_groups()
 no_from_each = [deferred.agreed(rank != k) for k in range(world)]
@@ -69,7 +63,7 @@ out.write_text(
     json.dumps(
         {
             "rank": rank,
-            "vllm": vllm.__version__,
+            "vllm": drc.vllm.__version__,
             "group_sizes": [g.size() for g in groups],
             "no_from_each": no_from_each,
             "every_yes": every_yes,

@@ -21,30 +21,22 @@ WORKER = Path(__file__).parent / "tp_deferred_worker.py"
 WORLD = 3  # the engine core and two TP workers
 
 
-def _run(version: str, mode: str, tmp: Path) -> list[dict]:
+def _ranks(version: str, worker: Path, args: list[list[str]], outs: list[Path]) -> list[dict]:
+    """`worker` in one process per rank, each given its `args` (rank first) and its output path,
+    in the oracle's Python for `version`; each rank's report."""
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    port = str(_free_port())
-    outs = [tmp / f"{mode}-{rank}.json" for rank in range(WORLD)]
     procs = [
         subprocess.Popen(
-            [
-                str(ORACLE_DIR / "venv" / "bin" / "python"),
-                str(WORKER),
-                str(rank),
-                str(WORLD),
-                port,
-                mode,
-                str(outs[rank]),
-            ],
+            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(worker), *rank_args, str(out)],
             env=env,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank in range(WORLD)
+        for rank_args, out in zip(args, outs)
     ]
     try:
         for proc in procs:
@@ -53,7 +45,13 @@ def _run(version: str, mode: str, tmp: Path) -> list[dict]:
     finally:
         for proc in procs:
             proc.kill()
-    return [json.loads(p.read_text()) for p in outs]
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def _run(version: str, mode: str, tmp: Path) -> list[dict]:
+    port = str(_free_port())
+    args = [[str(rank), str(WORLD), port, mode] for rank in range(WORLD)]
+    return _ranks(version, WORKER, args, [tmp / f"{mode}-{rank}.json" for rank in range(WORLD)])
 
 
 @pytest.mark.conformance
@@ -117,30 +115,9 @@ def test_vllms_tp_and_pp_groups_carry_the_ranks_vote(version, tmp_path):
     the vote by which ranks decide what they capture before the engine is ready: one rank's no is
     every rank's no, and at start every rank takes the deferred graphs up to the first that any
     rank reads memory for (rank 0's 3rd; the others would go on to their 5th, 7th and 9th)."""
-    if not _oracle_ready(version):
-        _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
     port, world = str(_free_port()), 4
-    outs = [tmp_path / f"vote-{rank}.json" for rank in range(world)]
-    procs = [
-        subprocess.Popen(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(VOTE_WORKER), str(rank), str(world), "2", port, str(out)],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, out in enumerate(outs)
-    ]
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-    finally:
-        for proc in procs:
-            proc.kill()
-    ranks = [json.loads(out.read_text()) for out in outs]
+    args = [[str(rank), str(world), "2", port] for rank in range(world)]
+    ranks = _ranks(version, VOTE_WORKER, args, [tmp_path / f"vote-{rank}.json" for rank in range(world)])
     for r in ranks:
         assert r["vllm"] == version and r["group_sizes"] == [2, 2]
         assert r["no_from_each"] == [False] * world and r["every_yes"] is True
