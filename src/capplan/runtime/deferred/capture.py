@@ -39,31 +39,31 @@ What makes it safe, and where each piece lives:
 - The LoRA mapping a capture warms with is set on the punica wrapper alone, with no adapter
   loaded or evicted, and the next step sets its own (its last mapping is forgotten).
 - Memory: MRV2 allocates the KV cache before any capture, so no capture can take it (from
-  0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on
-  a throwaway pool before the ready capture). What the deferred graphs are held is measured,
-  per mode (PIECEWISE, FULL): captures that each measure one graph's memory (each in a call
-  of its own), `per_graph_bound` of them, times the graphs of that mode pending. The measured
+  0.29.0 vLLM's memory profiling sizes it with the whole plan's graphs, which it captures on a
+  throwaway pool before the ready capture). What the deferred graphs are held is measured, per
+  mode (PIECEWISE, FULL): captures that each measure one graph's memory (each in a call of its
+  own), `per_graph_bound` of them, times the graphs of that mode pending. The measured
   captures are one pass made before the engine is ready: the ready graphs and a spread sample
   of the deferred ones (`sample_deferred`; none at the start-up capture of DP ranks that pad
   to one another). From 0.29.0 that pass is vLLM's profiling pass, made in a process that has
   captured nothing yet (the ready captures after it read near nothing, and are not readings);
   before 0.29.0, or with the KV cache's size given, it is the start-up capture, and the
-  sampled deferred graphs stay captured (they become ready graphs: nothing is captured
-  twice). After a profiling pass the start-up capture goes on, past the ready graphs, with the
+  sampled deferred graphs stay captured (they become ready graphs: nothing is captured twice).
+  After a profiling pass the start-up capture goes on, past the ready graphs, with the
   deferred graphs in plan order up to the first that takes memory (`_free_at_start`; not for
-  DP ranks that pad to one another): the profiling
-  pass leaves the process memory its discarded graphs held, which the next captures take first,
-  and a hold for graphs that take it would hold memory for nothing. With several TP or PP ranks
-  each rank reads its own memory, and every decision a reading feeds (another round of samples,
-  another graph at start) is every rank's at once (`agreed`: an all-reduce over the groups' CPU
-  side), so the ranks capture the same graphs. A mode is held by its deferred graphs' readings
-  once it has `SAMPLES_MIN`, by the ready ones' with them before that. Each mode's first capture is left out: it
-  allocates the pool's base. The bound is held as one block; a start without that much left
-  stops there. Each deferred capture gives the block back and joins its mode's readings, and
-  the bound is held again for the graphs still pending (`reserve_shortfall` in the report
+  DP ranks that pad to one another): the profiling pass leaves the process memory its
+  discarded graphs held, which the next captures take first, and a hold for graphs that take
+  it would hold memory for nothing. With several TP or PP ranks each rank reads its own
+  memory, and every decision a reading feeds (another round of samples, another graph at
+  start) is every rank's at once (`agreed`: an all-reduce over the groups' CPU side), so the
+  ranks capture the same graphs. A mode is held by its deferred graphs' readings once it has
+  `SAMPLES_MIN`, by the ready ones' with them before that. Each mode's first capture is left
+  out: it allocates the pool's base. The bound is held as one block; a start without that much
+  left stops there. Each deferred capture gives the block back and joins its mode's readings,
+  and the bound is held again for the graphs still pending (`reserve_shortfall` in the report
   when it could not be). The report shows the most held beside what the deferred captures
-  took. A capture's memory is read from this process's own device memory (`device_memory`),
-  so other processes on the GPU do not enter it.
+  took. A capture's memory is read from this process's own device memory (`device_memory`), so
+  other processes on the GPU do not enter it.
 - One capture stream: vLLM's `graph_capture` makes a new stream per call, and the caching
   allocator keeps blocks per stream, so every deferred capture would open a new segment of
   the graph pool (34 MiB each on a 2-layer model); every capture runs on one stream.
@@ -844,7 +844,7 @@ class DeferredCapture:
             "sampled_in_profiling": len(self.profiled_ids),
             "sampled_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.sampled_ids],
             "sampled_at_start_mib": [round(b / 2**20, 2) for b in self.sampled_bytes],
-            # after vLLM's profiling pass: deferred graphs captured at start while each took no memory
+            # after vLLM's profiling pass: deferred graphs captured at start, up to the first that took memory
             "free_at_start": [address(self.engine.plan.graphs[g].descriptor) for g in self.free_ids],
             "free_at_start_mib": [round(b / 2**20, 2) for b in self.free_bytes],
             "free_at_start_seconds": round(self.free_seconds, 3),
