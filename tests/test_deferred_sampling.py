@@ -423,3 +423,76 @@ def test_tp_ranks_capture_at_start_until_any_one_reads_memory(kept):
     assert len(ranks[0].free_ids) == min(min(kept) + 1, most)
     if min(kept) < most:
         assert any(r.free_bytes[-1] > 0 for r in ranks)
+
+
+def test_a_mode_is_sampled_at_most_samples_max():
+    """Readings that reach the spread slowly (a granule in every 40th capture, none otherwise):
+    the sample stops at SAMPLES_MAX exactly, not at the end of the round that passes it."""
+    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
+    candidates = [g for g in deferred.pending if PLAN.graphs[g].descriptor.cg_mode == "PIECEWISE"]
+    assert len(candidates) > SAMPLES_MAX + SAMPLES_MIN
+    count = iter(range(10**6))
+    taken = deferred.sample_deferred("PIECEWISE", candidates, lambda gid: GRANULE if next(count) % 40 == 39 else 0)
+    assert len(deferred.samples["PIECEWISE"]) == SAMPLES_MAX
+    assert len(taken) == SAMPLES_MAX + 1  # the mode's first capture is the pool's base, no sample
+
+
+class Block:
+    """A held block of the test's device: given back once at most."""
+
+    given_back = 0
+
+    def give_back(self) -> None:
+        Block.given_back += 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(free=st.lists(st.sampled_from([0, 10 * GRANULE]), min_size=2, max_size=3))
+def test_ranks_refuse_to_start_together_when_any_cannot_hold(free):
+    """Ranks of one engine each hold the deferred graphs' block on their own GPU, which may have
+    less free than the others': where any rank cannot hold it, every rank refuses to start (each
+    rank that held one gives it back), and none goes on alone to wait in a collective; where all
+    can, all start."""
+    import capplan.runtime.deferred.capture as capture
+
+    def take(size: int, have: int, library: Any = None) -> Block | None:
+        return Block() if size <= have else None
+
+    original, capture.HeldBlock.take = capture.HeldBlock.take, take  # type: ignore[method-assign,assignment]
+    Block.given_back = 0
+    try:
+
+        def rank(agreed: Callable[[bool], bool], have: int) -> str | None:
+            deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
+            deferred.one_rank, deferred.agreed = False, agreed
+            try:
+                deferred._take(GRANULE, have, "start")
+            except capture.EngineRefusal as refused:
+                assert deferred.reserve is None and deferred.held_bytes == 0
+                return str(refused)
+            assert deferred.held_bytes == GRANULE
+            return None
+
+        refusals = as_ranks(rank, free)
+    finally:
+        capture.HeldBlock.take = original  # type: ignore[method-assign]
+    if all(free):
+        assert refusals == [None] * len(free)
+        return
+    assert all(r is not None and "refusing to start" in r for r in refusals), refusals
+    assert Block.given_back == sum(1 for f in free if f)  # each block held is given back
+    for have, refused in zip(free, refusals, strict=True):
+        assert ("another rank of this engine" in refused) == bool(have), refused
+
+
+def test_a_block_not_held_again_while_serving_is_recorded_without_a_vote():
+    """While serving no rank votes (the captures are the idle turns every rank takes at once):
+    a block the GPU cannot give again is a recorded shortfall, not a refusal."""
+    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
+
+    def no_vote(yes: bool) -> bool:
+        raise AssertionError("no vote while serving")
+
+    deferred.one_rank, deferred.agreed = False, no_vote
+    deferred._take(GRANULE, 0, "serving")
+    assert deferred.reserve_shortfall and deferred.reserve is None and deferred.held_bytes == 0

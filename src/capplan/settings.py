@@ -121,6 +121,9 @@ class Setting:
     """In the engine: (plan, the plan's value, the engine's) -> true where unequal values agree."""
     unseen_if_none: bool = False
     """In a capturing process: None means the manager cannot see it (not checked there)."""
+    only: str | None = None
+    """A setting no spec field gives (the plan supports its one value): the in-engine check's
+    fix for another value."""
 
     @property
     def label(self) -> str:
@@ -220,6 +223,18 @@ def _draft(plan: Plan) -> str | None:
         f"the plan needs {k} speculative token(s): add --speculative-config with your draft method and "
         f'"num_speculative_tokens": {k}'
     )
+
+
+def _no_pcp(plan: Plan, have: object, shown: str) -> str | None:
+    if have == 1:
+        return None
+    return f"{shown}: {_PCP_FIX}"
+
+
+_PCP_FIX = (
+    "capplan plans no prefill context parallelism (each rank's graph is then chosen by its share "
+    "of the batch, which a plan does not model): run without --prefill-context-parallel-size"
+)
 
 
 def _dense_rank(plan: Plan, want: object, have: object) -> bool:
@@ -406,6 +421,16 @@ SETTINGS: tuple[Setting, ...] = (
         aliases=("-pp",),
         checked=_named("pipeline_parallel_size"),
         on_line=_named("pipeline_parallel_size"),
+    ),
+    Setting(
+        "parallel.prefill_context_parallel_size",
+        lambda p: 1,  # no spec field: every rank dispatches the whole batch, as the plan models it
+        config=Read("parallel_config.prefill_context_parallel_size?", missing=1),
+        flag="--prefill-context-parallel-size",
+        aliases=("-pcp",),
+        on_line=_never,  # never added (1 is vLLM's default); a command's own is checked
+        conflict=_no_pcp,
+        only=_PCP_FIX,
     ),
     Setting(
         "multimodal.tower_connector_lora",

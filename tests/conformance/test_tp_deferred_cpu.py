@@ -72,6 +72,9 @@ def test_tp_and_pp_ranks_capture_and_dispatch_in_lockstep(version, layout, tmp_p
         # are captured at start, the start-up sample or, after a profiling pass, the first ones)
         assert w["dispatch_states"] > 5
     assert workers[0]["captured_order"] == workers[1]["captured_order"]
+    if layout == "pipeline":  # only the first stage reads an attention builder: the stages join what they read
+        assert workers[0]["attention_thresholds"] == workers[1]["attention_thresholds"] == [8]
+        assert workers[0]["warmed"] and workers[0]["warmed"] == workers[1]["warmed"]
     if RELEASES[version].profiling_capture:
         # vLLM's profiling pass samples alike on every rank; after it, the start-up capture takes
         # the first deferred graphs until any rank reads memory: rank 1 reads a granule for the

@@ -57,6 +57,10 @@ CORPUS = [
     (["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'], None, "speculative"),
     (["--config", "{cfg}"], "max_num_batched_tokens: 4096\n", "4096 (in --config"),
     (["--config", "{cfg}"], "enable_lora: true\nmax_loras: 8\n", ("ok", "--max-num-seqs 256")),
+    # a setting no spec field gives: only vLLM's default
+    (["-pcp", "2"], None, "2: capplan plans no prefill context parallelism"),
+    (["--config", "{cfg}"], "prefill_context_parallel_size: 2\n", "capplan plans no prefill context parallelism"),
+    (["--prefill-context-parallel-size", "1"], None, ("ok", "--max-loras 8")),
 ]
 
 

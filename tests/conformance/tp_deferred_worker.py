@@ -20,7 +20,9 @@ it would replay: the ranks must agree on both, at every step.
 MODE:
 - lockstep:   capplan as it runs (more than one TP rank: no step captures, idle turns only).
 - pipeline:   the same with the workers as pipeline stages (TP 1 each): stage 1 sends the padded
-              batch's activations to stage 2, so the stages must replay alike too.
+              batch's activations to stage 2, so the stages must replay alike too. Only the first
+              stage's layers are attention layers (its capture gets TRITON_ATTN's builder, the
+              second none): the stages must make the same graphs ready for the attention kernels.
 - rank_local: the control: step captures left on, each rank's step-pause rule reading its own
               capture times, which differ a little between ranks (rank 1's latest captures here
               read 10 ms, the others' 60 ms). The ranks must be seen to diverge (or hang, which
@@ -158,12 +160,13 @@ def rank_manager():
 
 def read_by_rank(deferred):
     """Each capture's memory as this rank reads it: a granule for one of the first deferred graphs
-    (the 2nd on rank 1, the 4th on rank 2), nothing for the others."""
+    not made ready for the attention kernels (the 2nd on rank 1, the 4th on rank 2), nothing for
+    the others."""
     capture_one = deferred._capture_one
-    reads = PLAN.tiers.deferred[2 * rank - 1]
 
     def measured(gid, call, manager=None, capture_fn=None):
         result, seconds, _ = capture_one(gid, call, manager, capture_fn)
+        reads = [g for g in PLAN.tiers.deferred if g not in deferred.warmed][2 * rank - 1]
         return result, seconds, 2 * 2**20 if gid == reads else 0
 
     return measured
@@ -181,15 +184,16 @@ def worker() -> None:
     if mode == "rank_local":
         deferred.ready_only = _keep_step_captures(deferred.ready_only, deferred)
     tables = SimpleNamespace(input_block_tables=[torch.zeros((16, 8), dtype=torch.int32)])
+    attn_groups = drc.ATTN_GROUPS if mode == "pipeline" and rank == 1 else []  # the stage's attention layers
     if drc.RELEASE.profiling_capture:  # vLLM's memory profiling: its own manager, discarded
         profiling = rank_manager()
         profiling._capture_mem_samples = []
         profiling._max_full_descs_to_capture = 2
-        profiling.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+        profiling.capture("model", "model_state", "buffers", None, tables, attn_groups, "kv", has_lora=True,
                           lora_capture_hook=lambda *a: None)  # fmt: skip
         report["profiling_order"] = list(LOCKSTEP.captured_order)
         LOCKSTEP.captured_order.clear()
-    manager.capture("model", "model_state", "buffers", None, tables, [], "kv", has_lora=True,
+    manager.capture("model", "model_state", "buffers", None, tables, attn_groups, "kv", has_lora=True,
                     lora_capture_hook=lambda *a: None)  # fmt: skip
     report["step_captures"] = deferred.step_captures
     if mode == "rank_local":
@@ -230,8 +234,10 @@ def worker() -> None:
         profiled=deferred.profiled_ids,
         free_at_start=deferred.free_ids,
         free_at_start_bytes=deferred.free_bytes,
+        attention_thresholds=deferred.attention_thresholds,
+        warmed=deferred.warmed,
         deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :]
-        == [g for g in PLAN.tiers.deferred if g not in deferred.sampled_ids and g not in deferred.free_ids],
+        == [g for g in PLAN.tiers.deferred if g not in {*deferred.sampled_ids, *deferred.free_ids, *deferred.warmed}],
         left_to_idle=deferred.left_to_idle,
         dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
     )

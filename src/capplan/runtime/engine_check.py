@@ -22,36 +22,37 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _differences(plan: Plan, theirs: dict[str, object], in_manager: bool) -> list[str]:
-    out = []
+def _differences(plan: Plan, theirs: dict[str, object], in_manager: bool) -> tuple[list[str], bool]:
+    """(each setting where the engine differs, whether the spec can give every engine value)."""
+    out, in_spec = [], True
     for name, want in engine_values(plan).items():
         if name not in theirs:
             continue  # a setting only the manager holds
         setting, have = BY_NAME[name], theirs[name]
         if in_manager and setting.unseen_if_none and have is None:
             continue  # not visible from this manager
-        if not setting.same(plan, have):
+        if setting.same(plan, have):
+            continue
+        if setting.only is not None:
+            out.append(f"{setting.label}: engine {_short(have)}, but {setting.only}")
+            in_spec = False
+        else:
             out.append(f"{setting.label}: plan {_short(want)}, engine {_short(have)}")
-    return out
+    return out, in_spec
+
+
+def _refusal(plan_path: str, diffs: list[str], in_spec: bool, what: str) -> str:
+    fix = " Set the spec to the engine's settings and regenerate: capplan compile SPEC" if in_spec else ""
+    return f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). {what}.{fix}"
 
 
 def engine_problem(plan: Plan, plan_path: str, manager: Any) -> str | None:
     """The one-line refusal for this engine (its CUDA-graph manager), or None when the plan fits it."""
-    diffs = _differences(plan, read_manager(manager), in_manager=True)
-    if not diffs:
-        return None
-    return (
-        f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Nothing was "
-        "captured. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
-    )
+    diffs, in_spec = _differences(plan, read_manager(manager), in_manager=True)
+    return _refusal(plan_path, diffs, in_spec, "Nothing was captured") if diffs else None
 
 
 def config_problem(plan: Plan, plan_path: str, cfg: Any) -> str | None:
     """The one-line refusal for an engine about to start with this config, or None."""
-    diffs = _differences(plan, read_config(cfg), in_manager=False)
-    if not diffs:
-        return None
-    return (
-        f"capplan: {plan_path} does not match this engine ({'; '.join(diffs)}). Refused before the engine "
-        "started. Set the spec to the engine's settings and regenerate: capplan compile SPEC"
-    )
+    diffs, in_spec = _differences(plan, read_config(cfg), in_manager=False)
+    return _refusal(plan_path, diffs, in_spec, "Refused before the engine started") if diffs else None

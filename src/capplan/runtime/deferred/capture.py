@@ -296,12 +296,15 @@ class DeferredCapture:
         attention groups' kernel switch (`planner.tiers.attention_warm`) from the builders the
         capture is given, and make ready the deferred graphs that would be the first to compile
         an attention kernel (with DP ranks that pad to one another, every LoRA case of their
-        sizes, as the planner closes the ready set). Every rank reads the same configuration,
-        so every rank makes the same graphs ready."""
+        sizes, as the planner closes the ready set). A rank reads its own layers' builders (a
+        pipeline stage may hold no attention layer), so the ranks join what they read (`joined`)
+        and every rank makes the same graphs ready: their pending lists, which every later vote
+        and capture walks, stay one list."""
         if self.attention_thresholds is not None:
             return
+        self.one_rank = _one_rank(call["self"])
         builders = [b for groups in call["attn_groups"] for group in groups for b in group.metadata_builders]
-        self.attention_thresholds = sorted(
+        self.attention_thresholds = self.joined(
             {t for b in builders if type(t := getattr(b, "seq_threshold_3D", None)) is int}
         )
         graphs = self.engine.plan.graphs
@@ -345,8 +348,8 @@ class DeferredCapture:
         and the PP group's CPU side, which every rank reaches at the same point of the capture
         before the engine is ready). A capture runs the ranks' collectives, so what one rank
         reads of its memory must never make it capture apart from the others. Every rank votes
-        over the same deferred graphs (the plan's, less those made ready for the attention kernels,
-        which every rank reads from the same configuration), as its idle captures already rely
+        over the same deferred graphs (the plan's, less those made ready for the attention
+        kernels, which the ranks choose together: `joined`), as its idle captures already rely
         on. DP ranks that pad to one another decide nothing on readings (`sampled_enough`'s
         `fixed`, and no `_free_at_start`): answered as given."""
         if self.one_rank or self.synced:
@@ -358,6 +361,19 @@ class DeferredCapture:
         for group in self.rank_groups():
             dist.all_reduce(vote, op=dist.ReduceOp.MIN, group=group)
         return bool(vote.item())
+
+    def joined(self, values: set[int]) -> list[int]:
+        """`values` joined with every TP and PP rank's, sorted (an all-gather over the groups'
+        CPU side, which every rank reaches at its first capture); a single rank's own."""
+        if self.one_rank:
+            return sorted(values)
+        import torch.distributed as dist
+
+        for group in self.rank_groups():
+            gathered: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, sorted(values), group=group)
+            values = {v for got in gathered for v in got}
+        return sorted(values)
 
     def rank_groups(self) -> list[Any]:
         """The process groups (CPU side) of this engine's ranks: vLLM's TP and PP groups of
@@ -380,7 +396,8 @@ class DeferredCapture:
         limit = len(candidates) if most is None else most
         left, taken = list(candidates), list[int]()
         while left and len(taken) < limit and not self.agreed(sampled_enough(self.samples.get(mode, []), self.synced)):
-            for gid in spread_sample(left, min(SAMPLES_MIN, limit - len(taken))):
+            room = min(SAMPLES_MIN, limit - len(taken), SAMPLES_MAX - len(self.samples.get(mode, [])))
+            for gid in spread_sample(left, room):
                 self._sample(mode, capture(gid), deferred=True)
                 taken.append(gid)
             sampled = set(taken)
@@ -578,7 +595,7 @@ class DeferredCapture:
 
     def _hold(self, when: str) -> None:
         """Hold one block for the graphs still pending (their estimate), or record that it could
-        not be held. At start a shortfall refuses the start."""
+        not be held. At start a shortfall on any rank refuses the start on every rank."""
         import torch
 
         if not torch.cuda.is_available():  # capplan's CPU checks of the hooks
@@ -588,20 +605,33 @@ class DeferredCapture:
         want = self.pending_bound()
         if when == "start":
             self.shared_gpu(self.memory.others() if self.memory is not None else None, want)
-        if want <= 0:
-            return
-        self.reserve = HeldBlock.take(want, torch.cuda.mem_get_info()[0])
-        if self.reserve is None:
-            if when == "start":
-                raise EngineRefusal(
-                    f"capplan: {self.engine.plan_path}: not enough GPU memory left to hold back "
-                    f"{want / 2**30:.2f} GiB for its {len(self.pending)} deferred graphs; refusing "
-                    "to start (lower --gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
-                ) from None
+        self._take(want, torch.cuda.mem_get_info()[0], when)
+
+    def _take(self, want: int, free: int, when: str) -> None:
+        """Hold `want` bytes of the device's `free`. At start every rank votes on whether it
+        holds its own (each reads its own memory), so that all refuse to start together: a rank
+        refusing alone would leave the others waiting in their next collective. While serving, a
+        block not held again is recorded (`reserve_shortfall`), not refused."""
+        self._release()
+        self.reserve = HeldBlock.take(want, free) if want > 0 else None
+        held = want <= 0 or self.reserve is not None
+        if when == "start" and not self.agreed(held):
+            self._release()
+            short = (
+                f"not enough GPU memory left to hold back {want / 2**30:.2f} GiB for its {len(self.pending)} "
+                "deferred graphs"
+                if not held
+                else "another rank of this engine has not enough GPU memory left to hold back for its deferred graphs"
+            )
+            raise EngineRefusal(
+                f"capplan: {self.engine.plan_path}: {short}; refusing to start (lower "
+                "--gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
+            ) from None
+        if not held:
             self.reserve_shortfall = True
             return
-        self.held_bytes = want
-        self.held_peak_bytes = max(self.held_peak_bytes, want)
+        self.held_bytes = want if self.reserve is not None else 0
+        self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
 
     def shared_gpu(self, others: int | None, want: int) -> None:
         """Record how many other processes share the GPU as the hold is first taken, and where a
@@ -701,12 +731,12 @@ class DeferredCapture:
             finally:
                 self.manager._capture_descs = kept
             self.pending.remove(gid)
+            self.captured.add(gid)
             self.landed.append(gid)
             self.deferred_bytes.append(used)
             self.samples.setdefault(engine.plan.graphs[gid].descriptor.cg_mode, []).append(used)
             if self.pending:
                 self._hold("serving")  # the estimate, with this capture in it, for the graphs left
-        self.captured.add(gid)
         self.captures.append(
             {
                 "graph": address(engine.plan.graphs[gid].descriptor),
