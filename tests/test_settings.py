@@ -169,6 +169,23 @@ def test_an_integer_flag_contradicts_exactly_when_it_differs(setting, number):
     assert (problems != []) == (number != line_values(PLAN)[setting.name]), problems
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    setting=st.sampled_from([s for s in ON_LINE if s.only is not None]),
+    spelled=st.sampled_from(["flag", "alias", "equals"]),
+    number=st.integers(0, 10**6),
+)
+def test_a_setting_no_spec_gives_contradicts_exactly_when_it_is_not_vllms_default(setting, spelled, number):
+    """A row no spec field gives (the plan supports one value): any other value, however spelled,
+    is refused with the row's own fix; its one value passes and is never added."""
+    flag = setting.aliases[0] if spelled == "alias" and setting.aliases else setting.flag
+    args = [f"{flag}={number}"] if spelled == "equals" else [flag, str(number)]
+    problems = contradictions(PLAN, read_command([*SERVE, SPECULATIVE_FLAGS[1], json.dumps(DRAFT), *args]))
+    assert (problems != []) == (number != setting.value(PLAN)), problems
+    assert all(setting.only in p for p in problems)
+    assert setting.name not in line_values(PLAN)
+
+
 # -- the in-engine checks -----------------------------------------------------------------------
 
 

@@ -123,7 +123,8 @@ _WORDS = st.sampled_from(
     ["--max-num-seqs", "--max_loras", "-O", "-O0", "-O3", "--config", "-cc", "-cc.cudagraph_mode", "-sc",
      "--enforce-eager", "--no-enable-lora", "--max-model-len", "auto", "-1", "8k", "9" * 40, "4_096", "{", "[1,",
      '{"cudagraph_mode": 2}', '{"cudagraph_capture_sizes": [1, "a"]}', "--max-num", "--", "é", "\x00x",
-     "--tensor-parallel-size", "0", "--speculative-config", '{"num_speculative_tokens": "2"}']
+     "--tensor-parallel-size", "0", "--speculative-config", '{"num_speculative_tokens": "2"}', "-pcp",
+     "--prefill-context-parallel-size"]
 )  # fmt: skip
 
 

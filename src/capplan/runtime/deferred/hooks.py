@@ -194,9 +194,9 @@ def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
         estimate = original(*args, **kwargs)
         if estimate and deferred.profiling_extra:
             print(
-                f"capplan: vLLM's CUDA-graph memory estimate {estimate / 2**30:.3f} GiB (the PIECEWISE graphs it captured, "
-                f"ready or sampled, and its extrapolation of the FULL ones) + {deferred.profiling_extra / 2**30:.3f} GiB for the deferred "
-                "PIECEWISE graphs it did not capture",
+                f"capplan: vLLM's CUDA-graph memory estimate {estimate / 2**30:.3f} GiB (the PIECEWISE graphs "
+                "it captured, ready or sampled, and its extrapolation of the FULL ones) + "
+                f"{deferred.profiling_extra / 2**30:.3f} GiB for the deferred PIECEWISE graphs it did not capture",
                 file=sys.stderr,
             )
             return estimate + deferred.profiling_extra
