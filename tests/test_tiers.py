@@ -661,13 +661,15 @@ def test_runtime_makes_the_attention_warm_graphs_ready_before_the_first_capture(
 
     plan = plan_of(tiered(["FULL:1x1@0"]))
 
+    one_rank = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True)  # vLLM's manager
+
     def groups(*thresholds):
         builders = [SimpleNamespace(seq_threshold_3D=t) for t in thresholds] + [SimpleNamespace()]
-        return {"attn_groups": [[SimpleNamespace(metadata_builders=builders)]]}
+        return {"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=builders)]]}
 
     plain = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
     odd = [SimpleNamespace(seq_threshold_3D=v) for v in (True, "16", 16.0, None)]  # not a threshold
-    plain.warm_attention({"attn_groups": [[SimpleNamespace(metadata_builders=odd)], []]})
+    plain.warm_attention({"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=odd)], []]})
     assert plain.warmed == [] and plain.pending == list(plan.tiers.deferred) and plain.attention_thresholds == []
 
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
@@ -692,7 +694,10 @@ def test_dp_ranks_that_pad_to_one_another_make_every_lora_case_of_an_attention_w
 
     plan = plan_of(tiered(["FULL:1x1@0"], parallel={"data_parallel_size": 2, "moe": True}))
     graphs = plan.graphs
-    groups = {"attn_groups": [[SimpleNamespace(metadata_builders=[SimpleNamespace(seq_threshold_3D=16)])]]}
+    groups = {
+        "self": SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True),  # vLLM's manager
+        "attn_groups": [[SimpleNamespace(metadata_builders=[SimpleNamespace(seq_threshold_3D=16)])]],
+    }
     ranks = [DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"])) for _ in range(2)]
     ready_before = set(ranks[0].ready_ids)
     for rank in ranks:
