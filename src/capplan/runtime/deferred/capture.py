@@ -538,10 +538,10 @@ class DeferredCapture:
         leaves the process memory its discarded graphs held, which the next captures take
         before any more (on the H200, of a 0.9B model's 370 deferred graphs the first 24-26
         took none while serving after the profiling pass's one-graph captures, 1 without
-        them); held at the profiling readings' bound, those graphs took the hold from about
-        1.18x to 1.32x what the deferred graphs took (the CPU allocator model, given that
-        model's readings). None of these readings joins the samples: what a graph takes from
-        memory the process already holds says nothing of what the next one takes. None for DP
+        them); held at the profiling readings' bound, those graphs took the hold from 1.19x
+        to 1.32x what the deferred graphs took (that run's readings replayed through this
+        code). None of these readings joins the samples: what a graph takes from memory the
+        process already holds says nothing of what the next one takes. None for DP
         ranks that pad to one another (their ready set stays closed over each size's LoRA
         cases)."""
         if self.synced:
