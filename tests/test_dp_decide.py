@@ -1,6 +1,6 @@
 """The DP plan check's decision, as every rank takes it from the gathered (identity, verdict) pairs."""
 
-from capplan.runtime.dp_check import NO_PLAN, decide
+from capplan.runtime.dp_check import AUDITED, NO_PLAN, decide
 
 A = "sha256:aaaaaaaaaaaaaaaaaaaa|fp1"
 B = "sha256:bbbbbbbbbbbbbbbbbbbb|fp2"
@@ -37,3 +37,12 @@ def test_different_plans_also_carry_a_rank_s_own_refusal():
     why = "capplan: engine mismatch"
     line = decide([(A, None), (B, why)], 0)
     assert "different plans" in line and line.endswith(f"Rank 1 also refused its own plan: {why}")
+
+
+def test_ranks_differing_only_in_the_audit_refuse_naming_it():
+    """CAPPLAN_DP_AUDIT adds an all-reduce to every step: set on one rank alone, it would pair
+    with another rank's next collective. Ranks of one plan that differ in it refuse, saying so."""
+    line = decide([(A + AUDITED, None), (A, None), (A + AUDITED, None)], 1, " (DP rank 1)")
+    assert line.startswith("capplan (DP rank 1): CAPPLAN_DP_AUDIT=1 is set on DP rank(s) 0, 2 only")
+    assert decide([(A + AUDITED, None)] * 2, 0) is None
+    assert "different plans" in decide([(A + AUDITED, None), (B, None)], 0)

@@ -126,6 +126,29 @@ def test_trace_path_per_dp_rank():
     assert trace_path("/t/trace-{rank}.jsonl", 1, 2) == "/t/trace-1.jsonl"
 
 
+@pytest.mark.parametrize(
+    ("tp_rank", "first_stage", "records"), [(0, True, True), (1, True, False), (0, False, False), (1, False, False)]
+)
+def test_one_worker_of_each_dp_rank_records_its_steps(monkeypatch, tp_rank, first_stage, records):
+    """Every TP worker and pipeline stage runs the same steps and would write the same file: TP
+    rank 0 of the first stage alone records (vLLM's groups stood in for)."""
+    import sys
+    import types
+
+    from capplan.runtime.hooks.record import _records_here
+
+    state = types.ModuleType("vllm.distributed.parallel_state")
+    state.get_tensor_model_parallel_rank = lambda: tp_rank  # type: ignore[attr-defined]
+    state.get_pp_group = lambda: types.SimpleNamespace(is_first_rank=first_stage)  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.distributed"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", state)
+    assert _records_here() is records
+    monkeypatch.delitem(sys.modules, "vllm.distributed.parallel_state")
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", None)  # no vLLM groups here
+    assert _records_here() is True
+
+
 def test_apply_trace_refuses_an_unwritable_folder(tmp_path):
     plan = tmp_path / "p.plan.yaml"
     spec = tmp_path / "s.yaml"

@@ -171,7 +171,7 @@ def test_an_integer_flag_contradicts_exactly_when_it_differs(setting, number):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    setting=st.sampled_from([s for s in ON_LINE if s.only is not None]),
+    setting=st.sampled_from([s for s in ON_LINE if s.only is not None and s.kind == "int"]),
     spelled=st.sampled_from(["flag", "alias", "equals"]),
     number=st.integers(0, 10**6),
 )
@@ -183,6 +183,20 @@ def test_a_setting_no_spec_gives_contradicts_exactly_when_it_is_not_vllms_defaul
     problems = contradictions(PLAN, read_command([*SERVE, SPECULATIVE_FLAGS[1], json.dumps(DRAFT), *args]))
     assert (problems != []) == (number != setting.value(PLAN)), problems
     assert all(setting.only in p for p in problems)
+    assert setting.name not in line_values(PLAN)
+
+
+@pytest.mark.parametrize(
+    "setting", [s for s in ON_LINE if s.only is not None and s.kind == "bool"], ids=lambda s: s.name
+)
+def test_a_switch_no_spec_gives_is_refused_on_and_passes_off(setting):
+    """A switch no spec field gives (the plan supports it off): on, alone or with `=true`, it is
+    refused with the row's own fix; off (`--no-` form) passes, and it is never added."""
+    draft = [SPECULATIVE_FLAGS[1], json.dumps(DRAFT)]
+    for on in ([setting.flag], [f"{setting.flag}=true"]):
+        problems = contradictions(PLAN, read_command([*SERVE, *draft, *on]))
+        assert len(problems) == 1 and setting.only in problems[0], (on, problems)
+    assert contradictions(PLAN, read_command([*SERVE, *draft, "--no-" + setting.flag[2:]])) == []
     assert setting.name not in line_values(PLAN)
 
 
@@ -212,7 +226,12 @@ def _config(plan) -> SimpleNamespace:
         ),
         speculative_config=SimpleNamespace(num_speculative_tokens=spec.speculative.num_speculative_tokens),
         parallel_config=SimpleNamespace(
-            data_parallel_size=2, tensor_parallel_size=1, pipeline_parallel_size=1, prefill_context_parallel_size=1
+            data_parallel_size=2,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            prefill_context_parallel_size=1,
+            enable_dbo=False,
+            enable_elastic_ep=False,
         ),
     )
 

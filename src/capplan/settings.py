@@ -225,15 +225,26 @@ def _draft(plan: Plan) -> str | None:
     )
 
 
-def _no_pcp(plan: Plan, have: object, shown: str) -> str | None:
-    if have == 1:
-        return None
-    return f"{shown}: {_PCP_FIX}"
+def _only_value(value: object, fix: str) -> Callable[[Plan, object, str], str | None]:
+    """The command-line check of a row no spec field gives: any value but `value` is refused."""
+
+    def conflict(plan: Plan, have: object, shown: str) -> str | None:
+        return None if have == value else f"{shown}: {fix}"
+
+    return conflict
 
 
 _PCP_FIX = (
     "capplan plans no prefill context parallelism (each rank's graph is then chosen by its share "
     "of the batch, which a plan does not model): run without --prefill-context-parallel-size"
+)
+_DBO_FIX = (
+    "capplan plans no dual batch overlap (a micro-batched step replays graphs no plan holds, so "
+    "it would run eager): run without --enable-dbo"
+)
+_ELASTIC_FIX = (
+    "capplan plans no elastic expert parallelism (a rank added while serving would install its "
+    "plan apart from the others): run without --enable-elastic-ep"
 )
 
 
@@ -429,8 +440,28 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--prefill-context-parallel-size",
         aliases=("-pcp",),
         on_line=_never,  # never added (1 is vLLM's default); a command's own is checked
-        conflict=_no_pcp,
+        conflict=_only_value(1, _PCP_FIX),
         only=_PCP_FIX,
+    ),
+    Setting(
+        "parallel.enable_dbo",
+        lambda p: False,  # no spec field: a plan holds no micro-batch graphs
+        config=Read("parallel_config.enable_dbo?", bool),
+        flag="--enable-dbo",
+        kind="bool",
+        on_line=_never,  # never added (off is vLLM's default); a command's own is checked
+        conflict=_only_value(False, _DBO_FIX),
+        only=_DBO_FIX,
+    ),
+    Setting(
+        "parallel.enable_elastic_ep",
+        lambda p: False,  # no spec field: every rank installs the plan at start
+        config=Read("parallel_config.enable_elastic_ep?", bool),
+        flag="--enable-elastic-ep",
+        kind="bool",
+        on_line=_never,
+        conflict=_only_value(False, _ELASTIC_FIX),
+        only=_ELASTIC_FIX,
     ),
     Setting(
         "multimodal.tower_connector_lora",

@@ -61,6 +61,9 @@ CORPUS = [
     (["-pcp", "2"], None, "2: capplan plans no prefill context parallelism"),
     (["--config", "{cfg}"], "prefill_context_parallel_size: 2\n", "capplan plans no prefill context parallelism"),
     (["--prefill-context-parallel-size", "1"], None, ("ok", "--max-loras 8")),
+    (["--enable-dbo"], None, "capplan plans no dual batch overlap"),
+    (["--config", "{cfg}"], "enable_elastic_ep: true\n", "capplan plans no elastic expert parallelism"),
+    (["--no-enable-dbo", "--no-enable-elastic-ep"], None, ("ok", "--max-loras 8")),
 ]
 
 

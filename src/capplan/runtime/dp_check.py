@@ -22,11 +22,14 @@ from capplan.runtime.engine_check import PlanMismatch
 from capplan.schemas.plan import Plan
 
 NO_PLAN = "no plan"
+AUDITED = "|audit"  # an identity's suffix where CAPPLAN_DP_AUDIT is on: its check is a collective of every step
 
 
-def plan_identity(plan: Plan) -> str:
-    """The spec determines the plan, and the fingerprint the graph set: both must agree."""
-    return f"{plan.spec_hash}|{plan.fingerprint}"
+def plan_identity(plan: Plan, audit: bool = False) -> str:
+    """The spec determines the plan, and the fingerprint the graph set: both must agree. So must
+    `audit` (CAPPLAN_DP_AUDIT), whose check all-reduces at every step: on one rank alone, that
+    collective would pair with another rank's next one."""
+    return f"{plan.spec_hash}|{plan.fingerprint}" + (AUDITED if audit else "")
 
 
 def _short(identity: str) -> str:
@@ -38,6 +41,13 @@ def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = 
     identities = [g[0] for g in gathered]
     refused = [(i, why) for i, (_, why) in enumerate(gathered) if why]
     if len(set(identities)) > 1:
+        if NO_PLAN not in identities and len({i.removesuffix(AUDITED) for i in identities}) == 1:
+            on = ", ".join(str(i) for i, g in enumerate(identities) if g.endswith(AUDITED))
+            return (
+                f"capplan{rank_label}: CAPPLAN_DP_AUDIT=1 is set on DP rank(s) {on} only; its check "
+                "all-reduces at every step, which every rank must do. Nothing was captured. Set it "
+                "alike on every rank"
+            )
         ranks = "; ".join(f"rank {i}: {_short(g)}" for i, g in enumerate(identities))
         also = "".join(f" Rank {i} also refused its own plan: {why}" for i, why in refused)
         return (

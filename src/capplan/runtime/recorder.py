@@ -14,9 +14,10 @@ step and gives the interval between busy steps). Lines are buffered and
 written at most once a second by a background thread, so the step path only
 appends to a list. The file is bounded: at the limit (CAPPLAN_TRACE_MAX_MB,
 default 256, the size `simulate` reads) recording stops and says so on stderr
-and in the file. With data parallelism each rank writes its own file: `{rank}`
-in the path is replaced by the DP rank, or `.rankN` is added before the
-suffix when the path has no `{rank}`. Dummy runs (profiling, warm-up,
+and in the file. One worker of each DP rank writes (TP rank 0 of the first
+pipeline stage: the others run the same steps). With data parallelism each
+DP rank writes its own file: `{rank}` in the path is replaced by the DP rank,
+or `.rankN` is added before the suffix when the path has no `{rank}`. Dummy runs (profiling, warm-up,
 capture, DP idle steps) and vLLM's start-up warm-up steps are not recorded.
 
 Recording reads the batch after vLLM ran it and never changes what runs.

@@ -24,6 +24,13 @@ STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
 SYNC = "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding"
 
 
+def audit_on() -> bool:
+    """Whether CAPPLAN_DP_AUDIT is on in this process (the DP plan check makes the ranks agree)."""
+    import os
+
+    return os.environ.get(AUDIT) == "1"
+
+
 def agree_across_dp(identity: str, problem: str | None) -> None:
     """Exchange this rank's plan identity and verdict over vLLM's DP group; every rank refuses alike."""
     from vllm.distributed.parallel_state import get_dp_group
@@ -66,11 +73,9 @@ def _step(engine: Engine, hook: Hook, original: Any) -> Any:
 
 
 def _sync(engine: Engine, hook: Hook, original: Any) -> Any:
-    import os
-
     manager_cls = resolve(MANAGER)
     bind = binder(original)
-    audit = os.environ.get(AUDIT) == "1"
+    audit = audit_on()
 
     @functools.wraps(original)
     def sync_cudagraph_and_dp_padding(*args: Any, **kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from capplan.runtime.context import Engine
 from capplan.runtime.dp_check import plan_identity
 from capplan.runtime.engine_check import PlanMismatch, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
-from capplan.runtime.hooks.dp import agree_across_dp, launch_rank
+from capplan.runtime.hooks.dp import agree_across_dp, audit_on, launch_rank
 from capplan.schemas.plan import Descriptor
 
 PROFILING_MARK = "_capture_mem_samples"  # a list while vLLM's memory profiling captures, None otherwise
@@ -66,7 +66,7 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         if dp_size > 1:
             # Every rank exchanges its verdict before any rank raises: a rank
             # refusing alone would leave the others blocked in a collective.
-            agree_across_dp(plan_identity(plan), problem)
+            agree_across_dp(plan_identity(plan, audit_on()), problem)
         if problem:
             raise PlanMismatch(problem)  # before anything is captured
         self._capture_descs = {}

@@ -18,14 +18,16 @@ from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 from capplan.runtime.hooks.dp import launch_rank
 
 
-def _tensor_parallel_rank() -> int:
-    """This worker's tensor-parallel rank (0 when vLLM has no TP group here)."""
+def _records_here() -> bool:
+    """Whether this worker records its engine's steps: tensor-parallel rank 0 of the first
+    pipeline stage. Every TP worker and every stage runs the same steps, so one of them writes
+    the DP rank's file (two would truncate and interleave it). True where vLLM has no groups."""
     try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
-        return int(get_tensor_model_parallel_rank())
+        return int(get_tensor_model_parallel_rank()) == 0 and bool(get_pp_group().is_first_rank)
     except Exception:  # noqa: BLE001 - no group (one GPU, a CPU check): the only rank
-        return 0
+        return True
 
 
 def _open(engine: Engine, hook: Hook, runner: Any) -> recorder.Recorder | None:
@@ -33,7 +35,7 @@ def _open(engine: Engine, hook: Hook, runner: Any) -> recorder.Recorder | None:
     rec = engine.recording
     if rec.recorder is not None or rec.off:
         return rec.recorder
-    if _tensor_parallel_rank() != 0:  # every TP worker runs the same steps: rank 0 records them
+    if not _records_here():
         rec.off = True
         return None
     check_attributes(hook, runner)
