@@ -98,7 +98,7 @@ def _draft_args(s: Setting) -> list[str]:
 
 @pytest.mark.parametrize("setting", ON_LINE, ids=[s.name for s in ON_LINE])
 def test_apply_refuses_each_setting_alone_naming_its_flag(setting):
-    pinned = setting.name in line_values(PLAN) or setting.conflict is not None
+    pinned = setting.name in line_values(PLAN) or setting.conflict is not None or setting.only is not None
     args, named = _spelled(setting, _contradicting(setting))
     argv = [*SERVE, *_draft_args(setting), *args]
     if not pinned:  # read (and typed) on the line, compared by the engine only
@@ -113,7 +113,7 @@ def test_apply_refuses_each_setting_alone_naming_its_flag(setting):
 
 @pytest.mark.parametrize("setting", ON_LINE, ids=[s.name for s in ON_LINE])
 def test_apply_refuses_each_setting_as_vllms_parser_resolves_it(setting):
-    if setting.name not in line_values(PLAN) and setting.conflict is None:
+    if setting.name not in line_values(PLAN) and setting.conflict is None and setting.only is None:
         return
     value = _contradicting(setting)
     resolution: dict[str, Any] = {

@@ -122,8 +122,9 @@ class Setting:
     unseen_if_none: bool = False
     """In a capturing process: None means the manager cannot see it (not checked there)."""
     only: str | None = None
-    """A setting no spec field gives (the plan supports its one value): the in-engine check's
-    fix for another value."""
+    """A setting no spec field gives (the plan supports its one value): what to do about another
+    value, which the command line's check and the in-engine checks refuse with it (such a row
+    says `on_line=_never`: its one value is vLLM's default, never added)."""
 
     @property
     def label(self) -> str:
@@ -223,15 +224,6 @@ def _draft(plan: Plan) -> str | None:
         f"the plan needs {k} speculative token(s): add --speculative-config with your draft method and "
         f'"num_speculative_tokens": {k}'
     )
-
-
-def _only_value(value: object, fix: str) -> Callable[[Plan, object, str], str | None]:
-    """The command-line check of a row no spec field gives: any value but `value` is refused."""
-
-    def conflict(plan: Plan, have: object, shown: str) -> str | None:
-        return None if have == value else f"{shown}: {fix}"
-
-    return conflict
 
 
 _PCP_FIX = (
@@ -440,7 +432,6 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--prefill-context-parallel-size",
         aliases=("-pcp",),
         on_line=_never,  # never added (1 is vLLM's default); a command's own is checked
-        conflict=_only_value(1, _PCP_FIX),
         only=_PCP_FIX,
     ),
     Setting(
@@ -450,7 +441,6 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--enable-dbo",
         kind="bool",
         on_line=_never,  # never added (off is vLLM's default); a command's own is checked
-        conflict=_only_value(False, _DBO_FIX),
         only=_DBO_FIX,
     ),
     Setting(
@@ -460,7 +450,6 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--enable-elastic-ep",
         kind="bool",
         on_line=_never,
-        conflict=_only_value(False, _ELASTIC_FIX),
         only=_ELASTIC_FIX,
     ),
     Setting(

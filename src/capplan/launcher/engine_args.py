@@ -38,6 +38,8 @@ def contradictions(plan: Plan, cmd: Command) -> list[str]:
             problem = setting.conflict(plan, have, cmd.flags.get(key, key))
             if problem:
                 out.append(problem)
+        elif setting.only is not None and have != setting.value(plan):
+            out.append(f"{cmd.flags.get(key, key)}: {setting.only}")
         elif key in want and have != want[key]:
             out.append(f"{cmd.flags.get(key, key)}: the plan has {key} {short(want[key])}")
     for setting in SETTINGS:

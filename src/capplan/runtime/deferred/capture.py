@@ -268,7 +268,7 @@ class DeferredCapture:
         self.recent_seconds: dict[str, deque[float]] = {}  # the latest captures' seconds, per mode ("any": all)
         self.left_to_idle = 0  # step captures not taken: expected above STEP_PAUSE_BUDGET_S
         self.step_captures = True  # off with more than one TP or PP rank (set at the ready capture)
-        self.one_rank = True  # the engine's only TP and PP rank (set at its first capture)
+        self.one_rank = True  # the engine's only TP and PP rank (set at its first capture: `warm_attention`)
         # DP ranks that pad to one another: whole groups at DP-synced steps, dummy steps counted too
         self.synced = plan.spec.parallel.synced_size > 1
         self.group_of = {g: group for group in case_groups(plan.graphs, self.pending) for g in group}
@@ -330,7 +330,7 @@ class DeferredCapture:
     def ready_only(self, manager: Any) -> None:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
         # More than one rank: every capture on the idle turns, which reach every rank at once.
-        self.one_rank = self.step_captures = _one_rank(manager)
+        self.step_captures = self.one_rank
         manager._capture_descs = self._ready_descs()
 
     def _ready_descs(self) -> dict[Any, list[Any]]:
@@ -424,7 +424,6 @@ class DeferredCapture:
         all_full = [g for g in range(len(graphs)) if mode_of[g] == "FULL"]
         vllm_sample = all_full[: getattr(manager, "_max_full_descs_to_capture", None) or len(all_full)]
         deferred_of = {m: [g for g in self.pending if mode_of[g] == m] for m in ("PIECEWISE", "FULL")}
-        self.one_rank = _one_rank(manager)
         last: list[Any] = [None]
 
         def capture(gid: int) -> int:
