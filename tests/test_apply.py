@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "examples" / "h200-tiny-llama-025.plan.yaml"
@@ -246,3 +248,29 @@ def test_a_vllm_release_the_plan_was_not_compiled_for_is_refused_before_anything
             f"error: {sys.executable}: the plan was compiled for vLLM 0.25 (runs on 0.25.0, 0.25.1, 0.26.0), "
             f'not for vLLM {version}, which plans differently (recompile it with target.vllm: "{version}")'
         )
+
+
+def test_the_command_gets_capplan_s_prefix_in_vllm_s_list_for_ray_workers_keeping_the_user_s(fake_vllm):
+    """Ray actors get only the environment variables vLLM copies to them: the command runs with
+    capplan's prefix added to vLLM's list (the user's own prefixes kept)."""
+    code = "import os; print(os.environ['VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY'])"
+    assert apply(sys.executable, "-c", code, env=fake_vllm).stdout.split() == ["CAPPLAN_"]
+    given = {**fake_vllm, "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "MY_, LMCACHE_X_"}
+    assert apply(sys.executable, "-c", code, env=given).stdout.split() == ["MY_,LMCACHE_X_,CAPPLAN_"]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["CAPPLAN_", " CAPPLAN_\t", "CAPPLAN", ""]), st.text(alphabet="ACLNP_ \t", max_size=9)
+        ),
+        max_size=5,
+    ).map(",".join)
+)
+def test_capplan_s_ray_prefix_is_added_once_and_the_user_s_kept(value):
+    from capplan.envvars import PREFIX, with_ray_prefix
+
+    out = with_ray_prefix(value).split(",")
+    users = [p.strip() for p in value.split(",") if p.strip()]
+    assert out == (users if PREFIX in users else [*users, PREFIX])  # the user's kept, capplan's added once
+    assert with_ray_prefix(",".join(out)) == ",".join(out)  # applied twice: unchanged

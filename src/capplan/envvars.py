@@ -5,3 +5,17 @@ from __future__ import annotations
 
 PLAN = "CAPPLAN_PLAN"
 """The plan file the vLLM plugin puts in force in every engine and worker process."""
+
+PREFIX = "CAPPLAN_"
+"""What every capplan environment variable starts with (the plan, the report, the DP audit, the trace)."""
+
+RAY_PREFIXES = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+"""vLLM's list of the environment variable prefixes it copies to Ray workers, besides its own
+(`vllm.ray.ray_env.get_env_vars_to_copy`): Ray actors do not inherit the launching process's
+environment, so without `PREFIX` in it the plan never reaches a Ray worker."""
+
+
+def with_ray_prefix(value: str | None) -> str:
+    """`RAY_PREFIXES`' value with capplan's prefix added at the end where the user's list lacks it."""
+    prefixes = [p.strip() for p in (value or "").split(",") if p.strip()]
+    return ",".join(prefixes if PREFIX in prefixes else [*prefixes, PREFIX])

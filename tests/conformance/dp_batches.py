@@ -16,13 +16,16 @@ MAX_LORAS = 4
 
 
 def stand_in_dp_group(rank: int) -> None:
-    """vLLM's DP group, stood in for by the gloo world group (everything else is vLLM's code)."""
+    """vLLM's DP group and world group (the ranks are DP ranks of TP 1), stood in for by the gloo
+    world group (everything else is vLLM's code)."""
     group = SimpleNamespace(
         cpu_group=dist.group.WORLD,
         rank_in_group=rank,
+        world_size=dist.get_world_size(),
         cpu_all_reduce_=lambda t: dist.all_reduce(t, group=dist.group.WORLD),
     )
     ps.get_dp_group = lambda: group
+    ps.get_world_group = lambda: group
     dp_utils.get_dp_group = lambda: group
     if hasattr(dp_utils, "should_skip_dp_coordination"):  # 0.33
         dp_utils.should_skip_dp_coordination = lambda: False

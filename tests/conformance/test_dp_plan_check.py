@@ -69,7 +69,7 @@ def test_different_plans_refuse_on_every_rank(tmp_path):
     b = _write(tmp_path, "b", {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}})
     outs = _run_pair([a, b])
     for rank, line in enumerate(outs):
-        assert line.startswith(f"refused: capplan (DP rank {rank}): data-parallel ranks loaded different plans")
+        assert line.startswith(f"refused: capplan (rank {rank}): the engine's ranks loaded different plans")
         assert "Nothing was captured" in line
 
 

@@ -94,7 +94,7 @@ def test_ranks_agree_on_every_padded_step(version):
 def test_one_rank_refusing_stops_both(version, tmp_path):
     r0, r1 = _pair(version, "mismatch", tmp_path)
     assert "does not match this engine" in r1["refused"] and "lora.max_loras: plan 4, engine 8" in r1["refused"]
-    assert r0["refused"].startswith("capplan (DP rank 0): DP rank 1 refused the plan, so this rank stops too")
+    assert r0["refused"].startswith("capplan (rank 0): rank 1 refused the plan, so this rank stops too")
     assert "lora.max_loras: plan 4, engine 8" in r0["refused"]
 
 
@@ -103,7 +103,7 @@ def test_one_rank_refusing_stops_both(version, tmp_path):
 def test_rank_without_plan_stops_both(version, tmp_path):
     r0, r1 = _pair(version, "noplan", tmp_path)
     for rank, r in enumerate((r0, r1)):
-        assert r["refused"].startswith(f"capplan (DP rank {rank}): data-parallel ranks loaded different plans")
+        assert r["refused"].startswith(f"capplan (rank {rank}): the engine's ranks loaded different plans")
         assert "rank 1: no plan" in r["refused"]
 
 

@@ -66,6 +66,7 @@ import deferred_runtime_check as drc  # noqa: E402  (vLLM's classes, the stand-i
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
 from collectives import Lockstep, stand_in_gpu  # noqa: E402
 from runtime_check import model_manager  # noqa: E402
+from vllm.distributed import parallel_state  # noqa: E402
 from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
 
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
@@ -100,6 +101,8 @@ def broadcast(event):
     return box[0]
 
 
+# vLLM's world group (what the plan check exchanges over) is the workers', as with vLLM's executor.
+parallel_state.get_world_group = lambda: SimpleNamespace(cpu_group=TP, rank_in_group=rank - 1, world_size=TP_SIZE)
 SPEC_OBJ, PLAN = stand_in_gpu(LOCKSTEP, drc.fake_step, SPEC, "tp-deferred")
 state = registry.install(PLAN, "tp-deferred.plan.yaml")
 

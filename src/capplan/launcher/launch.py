@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from capplan.envvars import RAY_PREFIXES, with_ray_prefix
 from capplan.errors import CapplanError, printable
 from capplan.install_hints import pip_install
 
@@ -112,8 +113,9 @@ def check_environment(command: list[str], env: dict[str, str], target: str | Non
         problem = release_problem(target, version)
         if problem:
             raise CapplanError(f"{where}: {problem[0]}", problem[1])
-    # MoE models before vLLM 0.29 default to the V1 runner; the plan needs MRV2.
-    return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
+    # MoE models before vLLM 0.29 default to the V1 runner; the plan needs MRV2. Ray workers get
+    # only the environment variables vLLM copies to them: capplan's prefix joins vLLM's list.
+    return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1", RAY_PREFIXES: with_ray_prefix(env.get(RAY_PREFIXES))}
 
 
 def run_child(command: list[str], env: dict[str, str]) -> int:

@@ -1,17 +1,20 @@
-"""Every data-parallel rank must run the same plan, or none may start.
+"""Every rank of an engine must run the same plan, or none may start.
 
 The ranks of an MoE deployment pad to one token count every step; two ranks
 with different plans would pick graphs of different sizes and desynchronise
-(docs/design.md failure class 7). Before anything is captured, each rank
-all-gathers its plan identity and its own verdict on the plan (does it match
-this rank's engine?) over vLLM's DP group (its CPU/gloo group). Every rank
-then takes the same decision: start, or refuse naming the rank at fault. A
-rank that refuses alone would leave the others blocked in the next
-collective, so nobody raises before the exchange.
+(docs/design.md failure class 7). TP and PP ranks run every capture and every
+step together: a rank capturing vLLM's own graphs (a node started without the
+plan) or another plan's would pair its collectives with the wrong graphs of
+the others. Before anything is captured, each rank all-gathers its plan
+identity and its own verdict on the plan (does it match this rank's engine?)
+over vLLM's world group (its CPU/gloo group: every TP, PP and padded DP rank,
+on every node). Every rank then takes the same decision: start, or refuse
+naming the rank at fault. A rank that refuses alone would leave the others
+blocked in the next collective, so nobody raises before the exchange.
 
 A rank started without a plan takes part too (the plugin installs only this
 check then) and reports "no plan", so a launch that forgot CAPPLAN_PLAN on one
-rank fails at start instead of hanging.
+rank or node fails at start instead of hanging or running another graph set.
 """
 
 from __future__ import annotations
@@ -44,15 +47,16 @@ def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = 
         if NO_PLAN not in identities and len({i.removesuffix(AUDITED) for i in identities}) == 1:
             on = ", ".join(str(i) for i, g in enumerate(identities) if g.endswith(AUDITED))
             return (
-                f"capplan{rank_label}: CAPPLAN_DP_AUDIT=1 is set on DP rank(s) {on} only; its check "
+                f"capplan{rank_label}: CAPPLAN_DP_AUDIT=1 is set on rank(s) {on} only; its check "
                 "all-reduces at every step, which every rank must do. Nothing was captured. Set it "
                 "alike on every rank"
             )
         ranks = "; ".join(f"rank {i}: {_short(g)}" for i, g in enumerate(identities))
         also = "".join(f" Rank {i} also refused its own plan: {why}" for i, why in refused)
         return (
-            f"capplan{rank_label}: data-parallel ranks loaded different plans ({ranks}). Nothing was "
-            f"captured. Start every rank with the same CAPPLAN_PLAN (capplan apply does).{also}"
+            f"capplan{rank_label}: the engine's ranks loaded different plans ({ranks}). Nothing was "
+            f"captured. Start every rank, on every node, with the same CAPPLAN_PLAN (capplan apply "
+            f"does).{also}"
         )
     if not refused:
         return None
@@ -61,7 +65,7 @@ def decide(gathered: list[tuple[str, str | None]], rank: int, rank_label: str = 
         return own
     i, why = refused[0]
     return (
-        f"capplan{rank_label}: DP rank {i} refused the plan, so this rank stops too. Nothing was "
+        f"capplan{rank_label}: rank {i} refused the plan, so this rank stops too. Nothing was "
         f"captured. Rank {i} said: {why}"
     )
 

@@ -3,7 +3,8 @@ plan's fingerprint in the compile-cache key, and the V1 runner refused.
 
 - `EngineArgs.create_engine_config`: in the process that starts the engine (the API
   server, or the script that builds LLM), a mismatched plan or an engine on vLLM's V1
-  runner stops the launch before any process is spawned or weight loaded (class 10).
+  runner, or Ray workers the plan would not reach, stops the launch before any process is
+  spawned or weight loaded (class 10).
 - `VllmConfig.compute_hash`: mixes in the plan fingerprint, so the torch.compile cache is
   never shared between different plans (class 9).
 - `Worker.init_device`: fails closed when vLLM put the engine on its V1 model runner,
@@ -16,6 +17,7 @@ import functools
 import hashlib
 from typing import Any
 
+from capplan.envvars import PLAN, PREFIX, RAY_PREFIXES
 from capplan.releases import Release
 from capplan.runtime.context import Engine
 from capplan.runtime.engine_check import config_problem
@@ -49,14 +51,35 @@ def breakable_problem(plan: Plan, plan_path: str, release: Release) -> str | Non
     )
 
 
+def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
+    """The refusal when the engine's workers are Ray actors that would not get CAPPLAN_PLAN, or
+    None. A Ray actor does not inherit this process's environment: it gets the variables vLLM
+    copies to it (`vllm.ray.ray_env.get_env_vars_to_copy`, asked here), and a worker without
+    the plan would capture vLLM's graphs while this process believes the plan in force."""
+    if not getattr(parallel_config, "use_ray", False):
+        return None
+    from vllm.ray.ray_env import get_env_vars_to_copy
+
+    if PLAN in get_env_vars_to_copy(destination="capplan's check"):
+        return None
+    return (
+        f"capplan: this engine's workers are Ray actors, which get only the environment variables vLLM "
+        f"copies to them, and {PLAN} is not one of them: they would run without the plan {plan_path}; "
+        f"refusing to start (set {RAY_PREFIXES}={PREFIX}, as capplan apply does, and keep the plan at "
+        "this path on every node)"
+    )
+
+
 def _create_engine_config(engine: Engine, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def create_engine_config(*args: Any, **kwargs: Any) -> Any:
         config = original(*args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(engine.plan_path))
-        problem = breakable_problem(engine.plan, engine.plan_path, engine.release) or config_problem(
-            engine.plan, engine.plan_path, config
+        problem = (
+            breakable_problem(engine.plan, engine.plan_path, engine.release)
+            or ray_problem(engine.plan_path, config.parallel_config)
+            or config_problem(engine.plan, engine.plan_path, config)
         )
         if problem:
             raise SystemExit(problem)

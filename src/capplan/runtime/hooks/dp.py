@@ -31,12 +31,20 @@ def audit_on() -> bool:
     return os.environ.get(AUDIT) == "1"
 
 
-def agree_across_dp(identity: str, problem: str | None) -> None:
-    """Exchange this rank's plan identity and verdict over vLLM's DP group; every rank refuses alike."""
-    from vllm.distributed.parallel_state import get_dp_group
+def agree_across_ranks(identity: str, problem: str | None) -> None:
+    """Exchange this process's plan identity and verdict with every rank of the engine (vLLM's
+    world group: its TP and PP ranks, on every node, and the DP ranks that pad to one another);
+    every rank refuses alike. Nothing to exchange in a process of one rank (or outside
+    torch.distributed: the single-process checks)."""
+    import torch.distributed as dist
 
-    dp = get_dp_group()
-    check_same_plan(identity, problem, dp.cpu_group, f" (DP rank {dp.rank_in_group})")
+    if not dist.is_initialized():
+        return
+    from vllm.distributed import parallel_state
+
+    world = parallel_state.get_world_group()
+    if world.world_size > 1:
+        check_same_plan(identity, problem, world.cpu_group, f" (rank {world.rank_in_group})")
 
 
 def launch_rank(parallel_config: Any) -> int:
@@ -108,17 +116,18 @@ def _disagreed(synced: Any) -> bool | None:
 
 
 def guard(original: Any) -> Any:
-    """For a process with no plan: take part in the DP plan check, saying "no plan" (DP > 1).
+    """For a process with no plan: take part in the plan check, saying "no plan" (an engine of
+    several ranks).
 
-    Without it, a DP rank launched without CAPPLAN_PLAN would never join the all-gather and
-    the ranks that have a plan would wait forever. Never changes what vLLM captures or
-    dispatches."""
+    Without it, a rank launched without CAPPLAN_PLAN (a node started without it, a DP rank)
+    would never join the all-gather and the ranks that have a plan would wait forever, or,
+    under TP and PP, capture vLLM's graphs while the others capture the plan's. Never changes
+    what vLLM captures or dispatches."""
 
     @functools.wraps(original)
     def _init_candidates(self: Any) -> None:
         original(self)
-        if self.vllm_config.parallel_config.data_parallel_size > 1:
-            agree_across_dp(NO_PLAN, None)
+        agree_across_ranks(NO_PLAN, None)
 
     return _init_candidates
 
@@ -126,7 +135,7 @@ def guard(original: Any) -> Any:
 GUARD = Hook(
     "dp.guard",
     f"{MANAGER}._init_candidates",
-    "a rank without a plan joins the DP plan check, so a launch missing CAPPLAN_PLAN on one rank fails at start",
+    "a rank without a plan joins the plan check, so a launch missing CAPPLAN_PLAN on one rank or node fails at start",
 )
 HOOKS = (
     Hook(

@@ -1,7 +1,7 @@
 """The graph manager's hooks: the plan's capture list, dispatch table and capture.
 
-- `_init_candidates`: checks the plan against the live manager (and, with DP > 1, that
-  every rank loaded the same plan), then installs the plan's capture list (plan order),
+- `_init_candidates`: checks the plan against the live manager (and, in an engine of several
+  ranks, that every rank loaded the same plan), then installs the plan's capture list (plan order),
   candidate table and LoRA dispatch map in place of vLLM's (failure classes 3, 6, 8).
 - `dispatch`: the plan's O(1) dispatcher in place of vLLM's candidate scan (classes 6, 8).
 - `capture`: timing and graph memory for the report; refuses to capture a list the plan
@@ -20,7 +20,7 @@ from capplan.runtime.context import Engine
 from capplan.runtime.dp_check import plan_identity
 from capplan.runtime.engine_check import PlanMismatch, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
-from capplan.runtime.hooks.dp import agree_across_dp, audit_on, launch_rank
+from capplan.runtime.hooks.dp import agree_across_ranks, audit_on, launch_rank
 from capplan.schemas.plan import Descriptor
 
 PROFILING_MARK = "_capture_mem_samples"  # a list while vLLM's memory profiling captures, None otherwise
@@ -63,10 +63,9 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         problem = engine_problem(plan, plan_path, self)
         dp_size = self.vllm_config.parallel_config.data_parallel_size
-        if dp_size > 1:
-            # Every rank exchanges its verdict before any rank raises: a rank
-            # refusing alone would leave the others blocked in a collective.
-            agree_across_dp(plan_identity(plan, audit_on()), problem)
+        # Every rank exchanges its verdict before any rank raises: a rank
+        # refusing alone would leave the others blocked in a collective.
+        agree_across_ranks(plan_identity(plan, audit_on()), problem)
         if problem:
             raise PlanMismatch(problem)  # before anything is captured
         self._capture_descs = {}
