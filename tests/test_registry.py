@@ -149,6 +149,59 @@ def test_every_problem_is_collected_before_anything_is_installed(monkeypatch):
     assert "vLLM has no" in found[2]
 
 
+def test_where_a_replacement_goes_is_checked_with_the_rest(monkeypatch):
+    """An entry whose replacement goes into a module that imported the target by name (`at`):
+    that module no longer having the name is a problem found before anything is installed."""
+    module = _fake_vllm(monkeypatch)
+    name = module.__name__
+    moved = Hook("t.moved", f"{name}:free", "test", _wrap("f"), at=f"{name}:free_as_imported")
+    found = registry.problems([*_table(module)[:2], moved], _row(module))
+    assert len(found) == 1 and found[0].startswith(f"t.moved: vLLM has no {name}:free_as_imported, where")
+    module.free_as_imported = module.free
+    assert registry.problems([moved], _row(module)) == []
+
+
+def test_an_install_failing_halfway_puts_back_what_it_had_installed(monkeypatch):
+    """vLLM is hooked by every entry or by none: where the third installer fails, the two
+    already in place are put back (the classmethod as a classmethod) and the error goes on."""
+    from capplan.runtime.hooking import install_all
+
+    module = _fake_vllm(monkeypatch)
+    name = module.__name__
+    originals = (module.Manager.__dict__["dispatch"], module.Manager.__dict__["make"], module.free)
+
+    def broken(engine, hook, original):
+        raise RuntimeError("installer failed")
+
+    table = [*_table(module)[:2], Hook("t.broken", f"{name}:free", "test", broken)]
+    with pytest.raises(RuntimeError, match="installer failed"):
+        install_all(table, None)
+    assert (module.Manager.__dict__["dispatch"], module.Manager.__dict__["make"], module.free) == originals
+    assert module.Manager().dispatch(2, 8) == ("vllm", 2, 8, None) and module.Manager.make(3) == ("made", 3)
+    install_all(list(_table(module)), None)  # and installs whole when nothing fails
+    assert getattr(module.free, MARK) == "t.free" and module.Manager().dispatch(2, 8)[0] == "d"
+
+
+def test_a_hook_on_an_inherited_method_is_put_back_by_removing_it(monkeypatch):
+    from capplan.runtime.hooking import install_all
+
+    module = _fake_vllm(monkeypatch)
+
+    class Child(module.Manager):
+        pass
+
+    module.Child = Child
+    name = module.__name__
+    hook = Hook("t.child", f"{name}:Child.dispatch", "test", _wrap("c"))
+
+    def broken(engine, hook, original):
+        raise RuntimeError("installer failed")
+
+    with pytest.raises(RuntimeError):
+        install_all([hook, Hook("t.broken", f"{name}:free", "test", broken)], None)
+    assert "dispatch" not in vars(Child) and Child().dispatch(1, 2) == ("vllm", 1, 2, None)
+
+
 def test_a_parameter_a_hook_reads_must_be_in_the_signature(monkeypatch):
     module = _fake_vllm(monkeypatch)
     hook = Hook("t.reads", f"{module.__name__}:Manager.dispatch", "test", _wrap("d"), reads=("num_active_loras",))

@@ -320,6 +320,14 @@ def main(out: Path, variant: str = "") -> None:
     report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
     report["breakable_off_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)
+    # The same in each process that captures, off the manager vLLM builds with it on (an engine
+    # built from a VllmConfig directly never passes the front-end check).
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    try:
+        model_manager(spec_from_data(SPEC, "breakable").model_dump(mode="json"))
+        report["breakable_manager_refusal"] = None
+    except PlanMismatch as exc:
+        report["breakable_manager_refusal"] = str(exc)
     del os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"]
 
     # A mismatched engine stops before capture.

@@ -52,8 +52,9 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert report["breakable_off_refusal"] is None
     if RELEASES[version].breakable_pads_requests:
         assert "VLLM_USE_BREAKABLE_CUDAGRAPH is on" in report["breakable_refusal"]
+        assert report["breakable_manager_refusal"] == report["breakable_refusal"]  # in every capturing process
     else:
-        assert report["breakable_refusal"] is None
+        assert report["breakable_refusal"] is None and report["breakable_manager_refusal"] is None
     # Dummy runs outside capture: vLLM's real _dummy_run builds what the plan says it does,
     # and with the plan in force what the plan says capplan makes it do.
     assert report["dummy_vllm_layout_as_planned"] is True

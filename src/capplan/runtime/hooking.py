@@ -118,22 +118,58 @@ def check_attributes(hook: Hook, obj: object) -> None:
         )
 
 
-def install_one(hook: Hook, engine: Any) -> None:
-    """Put the entry's replacement in place of the function now there."""
+def at_problem(hook: Hook) -> str | None:
+    """Why the place the entry's replacement goes (`at`, a module that imported the target by
+    name) is not there, or None."""
+    if hook.at is None:
+        return None
+    try:
+        resolve(hook.at)
+    except (ImportError, AttributeError) as exc:
+        return f"vLLM has no {hook.at}, where capplan's {hook.name} hook goes ({type(exc).__name__}: {exc})"
+    return None
+
+
+def install_one(hook: Hook, engine: Any) -> Callable[[], None]:
+    """Put the entry's replacement in place of the function now there; what puts it back."""
     installer = hook.install
     assert installer is not None
-    replace(hook.at or hook.target, lambda current: installer(engine, hook, current), hook.name)
+    return replace(hook.at or hook.target, lambda current: installer(engine, hook, current), hook.name)
 
 
-def replace(path: str, make: Callable[[Any], Any], name: str) -> None:
+def install_all(hooks: list[Hook], engine: Any) -> None:
+    """Install every entry that replaces a function, in order; where one fails, put back the
+    ones already in place before the error goes on: vLLM is hooked by all of them or by none."""
+    undo: list[Callable[[], None]] = []
+    try:
+        for hook in hooks:
+            if hook.install is not None:
+                undo.append(install_one(hook, engine))
+    except BaseException:
+        for put_back in reversed(undo):
+            put_back()
+        raise
+
+
+def replace(path: str, make: Callable[[Any], Any], name: str) -> Callable[[], None]:
     """Set `make(the function now at path)` at path, marked with the hook's name (a
-    classmethod stays one). The only place capplan writes a function into vLLM."""
+    classmethod stays one). The only place capplan writes a function into vLLM. Returns
+    what puts the function that was there back."""
     owner, attr = _owner(path)
     current = inspect.getattr_static(owner, attr)
     wrapped = isinstance(current, classmethod)
     replacement = make(current.__func__ if wrapped else getattr(owner, attr))
     setattr(replacement, MARK, name)
+    had_own = attr in vars(owner)  # not inherited: put back as it was, else removed again
+
+    def put_back() -> None:
+        if had_own:
+            setattr(owner, attr, current)
+        else:
+            delattr(owner, attr)
+
     setattr(owner, attr, classmethod(replacement) if wrapped else replacement)
+    return put_back
 
 
 class Call:

@@ -6,7 +6,7 @@ touches, and why (the failure class it prevents, docs/design.md); its parameters
 release are in the release's row (capplan.releases). If vLLM renamed any of them, a hook
 would write a new attribute while vLLM kept its own, and the plan would quietly not be in
 force; so `install` checks every entry that applies before it installs any, and refuses
-the engine with every problem at once. Entries install in table order.
+the engine with every problem at once. Entries install in table order, all or none.
 """
 
 from __future__ import annotations
@@ -19,7 +19,17 @@ from capplan.releases import Release, release_problem
 from capplan.runtime.context import Engine, adopt, current, layouts_of
 from capplan.runtime.deferred import hooks as deferred_hooks
 from capplan.runtime.deferred.capture import DeferredCapture
-from capplan.runtime.hooking import MARK, Hook, IncompatibleVllm, Need, install_one, replace, resolve, signature_problem
+from capplan.runtime.hooking import (
+    MARK,
+    Hook,
+    IncompatibleVllm,
+    Need,
+    at_problem,
+    install_all,
+    replace,
+    resolve,
+    signature_problem,
+)
 from capplan.runtime.hooks import config, dp, dummy, encoder, lora, manager, record
 from capplan.runtime.report import Report
 from capplan.runtime.versions import detect_release
@@ -51,7 +61,7 @@ def problems(hooks: list[Hook], release: Release) -> list[str]:
     """Every entry checked against the live vLLM; the problems found (empty: all hold)."""
     found = []
     for hook in hooks:
-        problem = signature_problem(hook, release)
+        problem = signature_problem(hook, release) or at_problem(hook)
         if problem is not None:
             found.append(f"{hook.name}: {problem}")
     return found
@@ -99,9 +109,7 @@ def install(
     report.graph_ids = {desc: i for i, desc in enumerate(engine.vllm_descs)}
     if plan.tiers is not None:
         engine.deferred = report.deferred = DeferredCapture(engine)
-    for hook in hooks:
-        if hook.install is not None:
-            install_one(hook, engine)
+    install_all(hooks, engine)
     adopt(engine)
     return engine
 

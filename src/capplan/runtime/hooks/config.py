@@ -33,16 +33,19 @@ def v1_runner_message(plan_path: str) -> str:
     )
 
 
-def breakable_problem(plan: Plan, plan_path: str, release: Release) -> str | None:
+def breakable_problem(plan: Plan, plan_path: str, release: Release, on: bool | None = None) -> str | None:
     """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
     MRV2 captures (a release row's `breakable_pads_requests`: its mixed PIECEWISE graphs),
-    or None. Read after the engine config is built: vLLM turns the setting on itself for
-    some architectures."""
-    import vllm.envs as envs
-
+    or None. `on`: whether they are, as the graph manager resolved it (`use_breakable_cg`, in
+    each process that captures); None reads vLLM's setting, after the engine config is built
+    (vLLM turns it on itself for some architectures)."""
     if not release.breakable_pads_requests or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
         return None
-    if not getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False):
+    if on is None:
+        import vllm.envs as envs
+
+        on = bool(getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False))
+    if not on:
         return None
     return (
         f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release.version} for this "

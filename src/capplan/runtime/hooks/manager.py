@@ -20,6 +20,7 @@ from capplan.runtime.context import Engine
 from capplan.runtime.dp_check import plan_identity
 from capplan.runtime.engine_check import PlanMismatch, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
+from capplan.runtime.hooks.config import breakable_problem
 from capplan.runtime.hooks.dp import agree_across_ranks, audit_on, launch_rank
 from capplan.schemas.plan import Descriptor
 
@@ -61,7 +62,11 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         original(self)  # vLLM's own tables, kept for the report
         check_attributes(hook, self)  # every attribute written below exists on vLLM's side
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
-        problem = engine_problem(plan, plan_path, self)
+        # (a release whose breakable graphs pad requests sets use_breakable_cg before this call; 0.25 after)
+        breakable = engine.release.breakable_pads_requests and breakable_problem(
+            plan, plan_path, engine.release, self.use_breakable_cg
+        )
+        problem = breakable or engine_problem(plan, plan_path, self)
         dp_size = self.vllm_config.parallel_config.data_parallel_size
         # Every rank exchanges its verdict before any rank raises: a rank
         # refusing alone would leave the others blocked in a collective.
