@@ -270,7 +270,10 @@ def test_the_command_gets_capplan_s_prefix_in_vllm_s_list_for_ray_workers_keepin
 def test_capplan_s_ray_prefix_is_added_once_and_the_user_s_kept(value):
     from capplan.envvars import PREFIX, with_ray_prefix
 
-    out = with_ray_prefix(value).split(",")
+    result = with_ray_prefix(value)
+    out = result.split(",")
     users = [p.strip() for p in value.split(",") if p.strip()]
-    assert out == (users if PREFIX in users else [*users, PREFIX])  # the user's kept, capplan's added once
-    assert with_ray_prefix(",".join(out)) == ",".join(out)  # applied twice: unchanged
+    assert PREFIX in out and "" not in out and all(p == p.strip() for p in out)
+    assert [p for p in out if p in users] == users  # every prefix the user gave, in the user's order
+    assert len(out) == len(users) + (PREFIX not in users)  # nothing else but capplan's, and that once
+    assert with_ray_prefix(result) == result  # applied twice: unchanged

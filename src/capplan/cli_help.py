@@ -373,8 +373,9 @@ plan was not compiled for is refused before the command starts. Any other
 command that starts vLLM works too (python my_script.py), checked by each
 engine instead. vLLM loads capplan's plugin (entry point vllm.general_plugins) in every engine
 and worker process, and CAPPLAN_PLAN names the plan. Setting
-CAPPLAN_PLAN=PATH yourself does the same without this wrapper; with Ray
-workers, which get only the variables vLLM copies to them, also set
+CAPPLAN_PLAN=PATH yourself does the same without this wrapper; where Ray
+actors get only the variables vLLM copies to them (--data-parallel-backend
+ray, or vLLM's first Ray executor), also set
 VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_ (this wrapper adds it;
 without it the engine refuses to start).
 """
@@ -423,7 +424,7 @@ they start with CAPPLAN_PLAN=PLAN (what puts the plan in force in the engine's
 environment) and name the spec's model (MODEL when the spec names none).
 Speculative decoding needs your draft method: the line before says what to
 add. --format json lists the arguments alone; set CAPPLAN_PLAN yourself (and,
-with Ray workers, VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_).
+with --data-parallel-backend ray, VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_).
 """
 FlagsFormat = Annotated[
     str,

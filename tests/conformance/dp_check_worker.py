@@ -1,4 +1,4 @@
-"""One rank of the two-process DP plan check (torch.distributed, gloo, CPU).
+"""One rank of the two-process plan check (torch.distributed, gloo, CPU).
 
     python dp_check_worker.py RANK PORT PLAN_PATH
 Prints "ok" or the one-line refusal.

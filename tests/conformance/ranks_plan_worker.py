@@ -6,12 +6,13 @@ nodes of two GPUs each, every rank building vLLM's real `ModelCudaGraphManager`.
 Each rank builds vLLM's world, TP and PP groups as a worker does (`init_distributed_environment`,
 `initialize_model_parallel`), then installs what the plugin installs in it and builds its manager:
 
-- same:    every rank with the plan: every rank starts.
+- plan:    every rank with the plan. First every engine as the plan's: every rank starts. Then
+           the last rank's engine with max_loras 8 against the plan's 4: it refuses its plan, and
+           every other rank must stop too instead of waiting in the next collective.
 - noplan:  the last rank without CAPPLAN_PLAN (a node started without it): the plugin installs the
            plan check alone there. Every rank must refuse, naming that rank, instead of the others
            capturing the plan's graphs while it captures vLLM's.
-- refuses: the last rank's engine has max_loras 8 against the plan's 4: it refuses its plan, and
-           every other rank must stop too instead of waiting in the next collective.
+Then rank 0 alone joins the check as a rank under elastic EP would: it must not wait for the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 rank, world, tp, port = (int(a) for a in sys.argv[1:5])
 mode, out = sys.argv[5], Path(sys.argv[6])
@@ -34,7 +36,9 @@ from vllm.distributed import parallel_state  # noqa: E402
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime.dp_check import NO_PLAN  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
+from capplan.runtime.hooks.dp import agree_across_ranks  # noqa: E402
 
 SPEC = {
     "target": {"vllm": runtime_check.RELEASE.version},
@@ -53,21 +57,28 @@ with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")
     )
 
 
+def build(engine: dict) -> dict:
+    """This rank's manager for `engine`: refused (the line), or what it will capture."""
+    try:
+        manager = runtime_check.model_manager(spec_from_data(engine, "engine").model_dump(mode="json"))
+    except PlanMismatch as exc:
+        return {"refused": str(exc)}
+    in_force = getattr(manager, "_capplan_plan", None) is not None
+    return {"refused": None, "plan_in_force": in_force, "graphs": sum(map(len, manager._capture_descs.values()))}
+
+
 def main() -> dict:
     result: dict = {"rank": rank, "vllm": runtime_check.vllm.__version__, "world": world}
     if mode == "noplan" and LAST:
         mrv2.install_guard()
     else:
         mrv2.install(compile_plan(spec_from_data(SPEC, "ranks")), "ranks.plan.yaml")
-    engine = {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}} if mode == "refuses" and LAST else SPEC
-    try:
-        manager = runtime_check.model_manager(spec_from_data(engine, "engine").model_dump(mode="json"))
-    except PlanMismatch as exc:
-        result["refused"] = str(exc)
-        return result
-    result["refused"] = None
-    result["plan_in_force"] = getattr(manager, "_capplan_plan", None) is not None
-    result["graphs"] = sum(len(descs) for descs in manager._capture_descs.values())
+    result["same"] = build(SPEC)
+    if mode == "plan":
+        result["refuses"] = build({**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}} if LAST else SPEC)
+    if rank == 0:  # under elastic EP the world group is not torch.distributed's: no exchange (alone, no wait)
+        agree_across_ranks(NO_PLAN, None, SimpleNamespace(enable_elastic_ep=True))
+        result["elastic_ep_alone_returned"] = True
     return result
 
 

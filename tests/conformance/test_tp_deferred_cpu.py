@@ -138,21 +138,20 @@ def _plan_check(version: str, mode: str, tmp: Path) -> list[dict]:
 
 
 @pytest.mark.conformance
-@pytest.mark.parametrize("version", ends()[-1:])
+@pytest.mark.parametrize("version", ends())
 def test_every_tp_and_pp_rank_starts_with_the_plan_or_none_does(version, tmp_path):
     """vLLM's world group (TP 2 x PP 2, gloo on CPU, as two nodes of two GPUs) carries the plan
     check, each rank building vLLM's real manager. One plan on every rank: all start with it. The
-    last rank started without CAPPLAN_PLAN (a node launched without it), or refusing its own plan:
+    last rank refusing its own plan, or started without CAPPLAN_PLAN (a node launched without it):
     every rank refuses, naming that rank, where before the others captured the plan's graphs and
     that rank vLLM's (or the others waited in a collective)."""
-    same = _plan_check(version, "same", tmp_path)
-    assert [r["refused"] for r in same] == [None] * 4 and all(r["plan_in_force"] for r in same)
-    assert len({r["graphs"] for r in same}) == 1
+    plan = _plan_check(version, "plan", tmp_path)
+    assert [r["same"]["refused"] for r in plan] == [None] * 4 and all(r["same"]["plan_in_force"] for r in plan)
+    assert len({r["same"]["graphs"] for r in plan}) == 1 and plan[0]["elastic_ep_alone_returned"]
+    assert "lora.max_loras: plan 4, engine 8" in plan[3]["refuses"]["refused"]
+    for rank, r in enumerate(plan[:3]):
+        assert r["refuses"]["refused"].startswith(f"capplan (rank {rank}): rank 3 refused the plan, so this rank stops")
     for rank, r in enumerate(_plan_check(version, "noplan", tmp_path)):
         assert r["vllm"] == version and r["world"] == 4
-        assert r["refused"].startswith(f"capplan (rank {rank}): the engine's ranks loaded different plans")
-        assert "rank 3: no plan" in r["refused"] and "rank 2: sha256:" in r["refused"]
-    refuses = _plan_check(version, "refuses", tmp_path)
-    assert "lora.max_loras: plan 4, engine 8" in refuses[3]["refused"]
-    for rank, r in enumerate(refuses[:3]):
-        assert r["refused"].startswith(f"capplan (rank {rank}): rank 3 refused the plan, so this rank stops too")
+        assert r["same"]["refused"].startswith(f"capplan (rank {rank}): the engine's ranks loaded different plans")
+        assert "rank 3: no plan" in r["same"]["refused"] and "rank 2: sha256:" in r["same"]["refused"]

@@ -232,5 +232,5 @@ def test_mismatched_plan_on_one_rank_stops_both(setup):
     for log in run["logs"]:
         assert "Graph capturing finished" not in log
     for rank, log in enumerate(run["logs"]):
-        assert f"capplan (DP rank {rank}): data-parallel ranks loaded different plans" in log
+        assert f"capplan (rank {rank}): the engine's ranks loaded different plans" in log  # world rank = DP rank (TP 1)
         assert "Rank 1 also refused its own plan" in log and "lora.max_loras: plan 8, engine 4" in log

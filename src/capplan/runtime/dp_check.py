@@ -30,8 +30,8 @@ AUDITED = "|audit"  # an identity's suffix where CAPPLAN_DP_AUDIT is on: its che
 
 def plan_identity(plan: Plan, audit: bool = False) -> str:
     """The spec determines the plan, and the fingerprint the graph set: both must agree. So must
-    `audit` (CAPPLAN_DP_AUDIT), whose check all-reduces at every step: on one rank alone, that
-    collective would pair with another rank's next one."""
+    `audit` (CAPPLAN_DP_AUDIT under DP), whose check all-reduces at every step: on one rank alone,
+    that collective would pair with another rank's next one."""
     return f"{plan.spec_hash}|{plan.fingerprint}" + (AUDITED if audit else "")
 
 

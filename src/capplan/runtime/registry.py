@@ -119,7 +119,7 @@ def installed() -> Engine | None:
 
 
 def install_guard() -> None:
-    """For a process with no plan: only the DP plan check (dp.GUARD), never anything else."""
+    """For a process with no plan: only the plan check across ranks (dp.GUARD), never anything else."""
     import vllm
 
     release = detect_release(vllm.__version__)

@@ -55,22 +55,36 @@ def breakable_problem(plan: Plan, plan_path: str, release: Release, on: bool | N
 
 
 def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
-    """The refusal when the engine's workers are Ray actors that would not get CAPPLAN_PLAN, or
-    None. A Ray actor does not inherit this process's environment: it gets the variables vLLM
-    copies to it (`vllm.ray.ray_env.get_env_vars_to_copy`, asked here), and a worker without
-    the plan would capture vLLM's graphs while this process believes the plan in force."""
-    if not getattr(parallel_config, "use_ray", False):
+    """The refusal when Ray actors of this engine would not get CAPPLAN_PLAN, or None. A Ray
+    actor does not inherit this process's environment; a worker or engine core without the
+    plan would run vLLM's graphs while this process believes the plan in force. What reaches
+    each kind of actor is vLLM's own rule, asked here:
+    - engine cores under `--data-parallel-backend ray`: the variables `get_env_vars_to_copy`
+      names (vLLM's, a few prefixes, `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`);
+    - workers of Ray's executor: vLLM's first one (`VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`, before
+      0.33.0) copies the same list; its second (the default, the only one from 0.33.0) copies
+      the whole environment but what the user's `RAY_NON_CARRY_OVER_ENV_VARS` file excludes."""
+    ray_cores = getattr(parallel_config, "data_parallel_backend", "mp") == "ray"
+    ray_workers = bool(getattr(parallel_config, "use_ray", False))
+    if not (ray_cores or ray_workers):
         return None
-    from vllm.ray.ray_env import get_env_vars_to_copy
+    import vllm.envs as envs
+    from vllm.ray.ray_env import RAY_NON_CARRY_OVER_ENV_VARS, get_env_vars_to_copy
 
-    if PLAN in get_env_vars_to_copy(destination="capplan's check"):
-        return None
-    return (
-        f"capplan: this engine's workers are Ray actors, which get only the environment variables vLLM "
-        f"copies to them, and {PLAN} is not one of them: they would run without the plan {plan_path}; "
-        f"refusing to start (set {RAY_PREFIXES}={PREFIX}, as capplan apply does, and keep the plan at "
-        "this path on every node)"
-    )
+    listed = ray_cores or (ray_workers and not getattr(envs, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", True))
+    if listed and PLAN not in get_env_vars_to_copy(destination="capplan's check"):
+        who = "engine cores are Ray actors (--data-parallel-backend ray)" if ray_cores else "workers are Ray actors"
+        return (
+            f"capplan: this engine's {who}, which get only the environment variables vLLM copies to them, "
+            f"and {PLAN} is not one of them: they would run without the plan {plan_path}; refusing to start "
+            f"(set {RAY_PREFIXES}={PREFIX}, as capplan apply does, and keep the plan at this path on every node)"
+        )
+    if PLAN in RAY_NON_CARRY_OVER_ENV_VARS:
+        return (
+            f"capplan: vLLM's RAY_NON_CARRY_OVER_ENV_VARS file keeps {PLAN} from this engine's Ray actors: they "
+            f"would run without the plan {plan_path}; refusing to start (remove {PLAN} from that file)"
+        )
+    return None
 
 
 def _create_engine_config(engine: Engine, hook: Hook, original: Any) -> Any:

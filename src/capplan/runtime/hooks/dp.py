@@ -25,20 +25,22 @@ SYNC = "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding"
 
 
 def audit_on() -> bool:
-    """Whether CAPPLAN_DP_AUDIT is on in this process (the DP plan check makes the ranks agree)."""
+    """Whether CAPPLAN_DP_AUDIT is on in this process (the plan check makes the DP ranks agree)."""
     import os
 
     return os.environ.get(AUDIT) == "1"
 
 
-def agree_across_ranks(identity: str, problem: str | None) -> None:
+def agree_across_ranks(identity: str, problem: str | None, parallel_config: Any) -> None:
     """Exchange this process's plan identity and verdict with every rank of the engine (vLLM's
     world group: its TP and PP ranks, on every node, and the DP ranks that pad to one another);
-    every rank refuses alike. Nothing to exchange in a process of one rank (or outside
-    torch.distributed: the single-process checks)."""
+    every rank refuses alike. Nothing to exchange in a process of one rank, outside
+    torch.distributed (the single-process checks), or under elastic EP, whose world group is
+    not one torch.distributed knows (a plan refuses elastic EP on every rank alike, by the
+    engine check)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    if not dist.is_initialized() or getattr(parallel_config, "enable_elastic_ep", False):
         return
     from vllm.distributed import parallel_state
 
@@ -127,7 +129,7 @@ def guard(original: Any) -> Any:
     @functools.wraps(original)
     def _init_candidates(self: Any) -> None:
         original(self)
-        agree_across_ranks(NO_PLAN, None)
+        agree_across_ranks(NO_PLAN, None, self.vllm_config.parallel_config)
 
     return _init_candidates
 

@@ -67,10 +67,11 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
             plan, plan_path, engine.release, self.use_breakable_cg
         )
         problem = breakable or engine_problem(plan, plan_path, self)
-        dp_size = self.vllm_config.parallel_config.data_parallel_size
+        parallel = self.vllm_config.parallel_config
+        dp_size = parallel.data_parallel_size
         # Every rank exchanges its verdict before any rank raises: a rank
         # refusing alone would leave the others blocked in a collective.
-        agree_across_ranks(plan_identity(plan, audit_on()), problem)
+        agree_across_ranks(plan_identity(plan, audit_on() and dp_size > 1), problem, parallel)
         if problem:
             raise PlanMismatch(problem)  # before anything is captured
         self._capture_descs = {}
