@@ -557,3 +557,42 @@ def test_the_h200_runs_readings_replayed_hold_within_the_target_with_the_start_u
     assert len(with_free.free_ids) == 27 and with_free.free_bytes[:-1] == [0] * 26 and with_free.free_bytes[-1] > 0
     rest = sum(took[g] for g in with_free.pending)
     assert with_free.pending_bound() / rest <= 1.25, with_free.pending_bound() / rest
+
+
+H200_FREE_RUN = H200_RUN.parent.parent / "free-at-start" / "starts"
+
+
+@pytest.mark.parametrize("start", ["start1-tiers", "start2-tiers"])
+def test_the_h200_run_with_the_start_up_captures_is_reproduced_by_capplans_code(start):
+    """The H200 run with the start-up captures (vLLM 0.33.0, the ~0.9B model at 0.92): capplan's
+    code, given that run's plan, attention thresholds, profiling readings and what each graph
+    read as it was captured, takes the same graphs at start (up to the first that took memory)
+    and holds exactly what the run held: 1.162x what the 344 deferred graphs took."""
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    from deferred_serve import TIERS
+    from served_loop import SPEC as RUN_SPEC
+
+    report = json.loads((H200_FREE_RUN / f"{start}.report.json").read_text())
+    d = report["deferred"]
+    text = RUN_SPEC.replace('vllm: "0.25"', 'vllm: "0.33.0"') + TIERS.format(every=8)
+    plan = compile_plan(spec_from_data(yaml.safe_load(text), "big-tiers"))
+    assert plan.fingerprint == report["fingerprint"]
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p"))
+    one_rank = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True)
+    builders = [SimpleNamespace(seq_threshold_3D=t) for t in d["attention_thresholds"]]
+    deferred.warm_attention({"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=builders)]]})
+    ids = {address(g.descriptor): g.id for g in plan.graphs}
+    read = {ids[c["graph"]]: int(c["memory_mib"] * MiB) for c in d["captures"]}
+    read |= {ids[a]: int(m * MiB) for a, m in zip(d["free_at_start"], d["free_at_start_mib"], strict=True)}
+    deferred.firsts = {"PIECEWISE": 0, "FULL": 0}
+    deferred.samples = {m: [int(u * MiB) for u in us] for m, us in d["readings_mib_at_start"].items()}
+    assert sum(map(len, deferred.samples.values())) == d["sampled_in_profiling"]
+    deferred.profiled = True
+    deferred._free_at_start(read.__getitem__)
+    deferred.fix_start_bounds()
+    assert [address(plan.graphs[g].descriptor) for g in deferred.free_ids] == d["free_at_start"]
+    assert [address(plan.graphs[g].descriptor) for g in deferred.pending] == [c["graph"] for c in d["captures"]]
+    assert round(deferred.pending_bound() / 2**30, 4) == d["reserved_gib"]
+    took = sum(read[g] for g in deferred.pending)
+    assert round(took / 2**30, 4) == d["graph_memory_gib"]
+    assert round(deferred.pending_bound() / took, 2) == 1.16 <= 1.25  # the summary's 1.162: from the GiB figures
