@@ -254,6 +254,16 @@ def main(out: Path, variant: str = "") -> None:
     report["eager_expected"] = expected_eager
     report["eager_counted"] = counters.eager
     report["graph_hits_counted"] = sum(counters.hits.values())
+    # One step through vLLM's step path counts once; a dispatch outside it after that (fast
+    # prefill's padding of the logits batch, from 0.30.0) is no step and is not counted.
+    before = counters.eager + sum(counters.hits.values())
+    step_kwargs = {"num_active_loras": 1}
+    if RELEASE.rules.max_query_len_in_descriptor:
+        step_kwargs["max_query_len"] = 1
+    runner_mod.dispatch_cg_and_sync_dp(manager, 4, 4, 1, 1, 0, **step_kwargs)
+    report["step_counted"] = counters.eager + sum(counters.hits.values()) - before
+    manager.dispatch(num_reqs=4, num_tokens=3, uniform_token_count=None, num_active_loras=0)
+    report["dispatch_after_steps_counted"] = counters.eager + sum(counters.hits.values()) - before - 1
 
     # The runner's LoRA count: kernel slots under lora_slot.
     lora_state = SimpleNamespace(

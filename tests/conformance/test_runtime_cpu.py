@@ -30,6 +30,7 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     assert report["dispatch_checked"] > 5000 and report["dispatch_mismatches"] == 0
     assert report["eager_expected"] > 0 and report["eager_counted"] == report["eager_expected"]
     assert report["graph_hits_counted"] == report["dispatch_checked"] - report["eager_expected"]
+    assert report["step_counted"] == 1 and report["dispatch_after_steps_counted"] == 0
     assert report["slots_for_2_adapters_plus_base"] == 3
     assert report["case5_prompt_ids"] == [0, 1, 2, 3, 4]  # 0 is vLLM's "no adapter" id
     assert report["case5_tokens"] is True

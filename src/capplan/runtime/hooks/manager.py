@@ -137,7 +137,10 @@ def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
                     num_reqs=num_reqs,
                     num_active_loras=result.num_active_loras,
                 )
-        if not step.inside:  # inside a model-runner step the step wrapper counts what runs
+        # vLLM dispatches every step through dispatch_cg_and_sync_dp, whose wrapper counts what
+        # runs; once steps run, a dispatch outside it is no step (from 0.30.0, fast prefill's
+        # padding of the logits batch). Before any step, only a direct caller (a check) is counted.
+        if not step.inside and step.dp_step < 0:
             report.count(desc)
         return desc
 
