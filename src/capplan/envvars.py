@@ -10,9 +10,10 @@ PREFIX = "CAPPLAN_"
 """What every capplan environment variable starts with (the plan, the report, the DP audit, the trace)."""
 
 RAY_PREFIXES = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
-"""vLLM's list of the environment variable prefixes it copies to Ray workers, besides its own
-(`vllm.ray.ray_env.get_env_vars_to_copy`): Ray actors do not inherit the launching process's
-environment, so without `PREFIX` in it the plan never reaches a Ray worker."""
+"""vLLM's list of the environment variable prefixes it copies to Ray actors, besides its own
+(`vllm.ray.ray_env.get_env_vars_to_copy`). Ray actors do not inherit the launching process's
+environment; those that get only that list (engine cores under `--data-parallel-backend ray`,
+the workers of vLLM's first Ray executor) never see the plan without `PREFIX` in it."""
 
 
 def with_ray_prefix(value: str | None) -> str:

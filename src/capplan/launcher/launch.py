@@ -113,8 +113,8 @@ def check_environment(command: list[str], env: dict[str, str], target: str | Non
         problem = release_problem(target, version)
         if problem:
             raise CapplanError(f"{where}: {problem[0]}", problem[1])
-    # MoE models before vLLM 0.29 default to the V1 runner; the plan needs MRV2. Ray workers get
-    # only the environment variables vLLM copies to them: capplan's prefix joins vLLM's list.
+    # MoE models before vLLM 0.29 default to the V1 runner; the plan needs MRV2. Some Ray actors
+    # get only the environment variables vLLM lists for them: capplan's prefix joins that list.
     return {**env, "VLLM_USE_V2_MODEL_RUNNER": "1", RAY_PREFIXES: with_ray_prefix(env.get(RAY_PREFIXES))}
 
 

@@ -4,9 +4,9 @@ Registered as the `vllm.general_plugins` entry point `capplan`, so vLLM
 loads it in every engine and worker process. Without CAPPLAN_PLAN it does
 nothing but join the plan check of an engine of several ranks, so that a
 rank (or node) launched without a plan stops every rank at start instead of
-leaving the ranks that have one waiting, or capturing another graph set. A plan that does not load or a vLLM capplan
-cannot hook stops the process with one clear line, before any graph is
-captured.
+leaving the ranks that have one waiting, or capturing another graph set. A
+plan that does not load or a vLLM capplan cannot hook stops the process with
+one clear line, before any graph is captured.
 """
 
 from __future__ import annotations

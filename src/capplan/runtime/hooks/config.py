@@ -3,7 +3,7 @@ plan's fingerprint in the compile-cache key, and the V1 runner refused.
 
 - `EngineArgs.create_engine_config`: in the process that starts the engine (the API
   server, or the script that builds LLM), a mismatched plan or an engine on vLLM's V1
-  runner, or Ray workers the plan would not reach, stops the launch before any process is
+  runner, or Ray actors the plan would not reach, stops the launch before any process is
   spawned or weight loaded (class 10).
 - `VllmConfig.compute_hash`: mixes in the plan fingerprint, so the torch.compile cache is
   never shared between different plans (class 9).
