@@ -24,7 +24,6 @@ import json
 import os
 import random
 import sys
-import traceback
 from pathlib import Path
 
 rank, port, mode, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -38,6 +37,7 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 import dp_batches  # noqa: E402
 import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
 import vllm.v1.worker.gpu.model_runner as runner_mod  # noqa: E402
+from rank_exit import run_then_leave  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
@@ -93,15 +93,4 @@ def main() -> None:
     out.write_text(json.dumps(result))
 
 
-# Leave without tearing the gloo group down: when the other rank has already gone, its
-# teardown can abort in C++ ("terminate called without an active exception") after the
-# result was written. The result file and the exit code are what the test reads.
-code = 0
-try:
-    main()
-except BaseException:  # noqa: BLE001 - report it, exit non-zero
-    traceback.print_exc()
-    code = 1
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+run_then_leave(main)

@@ -18,9 +18,7 @@ Then rank 0 alone joins the check as a rank under elastic EP would: it must not 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +28,7 @@ mode, out = sys.argv[5], Path(sys.argv[6])
 sys.path.insert(0, str(Path(__file__).parent))
 
 import runtime_check  # noqa: E402  (puts the oracle on the path, imports vLLM)
+from rank_exit import run_then_leave  # noqa: E402
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
 
@@ -82,14 +81,4 @@ def main() -> dict:
     return result
 
 
-# Leave without tearing the gloo groups down: when another rank has already gone, the teardown can
-# abort in C++ after the report was written. The report file and the exit code are what the test reads.
-code = 0
-try:
-    out.write_text(json.dumps(main()))
-except BaseException:  # noqa: BLE001 - report it, exit non-zero
-    traceback.print_exc()
-    code = 1
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+run_then_leave(lambda: out.write_text(json.dumps(main())))
