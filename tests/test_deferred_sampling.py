@@ -508,13 +508,10 @@ def test_a_block_not_held_again_while_serving_is_recorded_without_a_vote():
 H200_RUN = Path(__file__).parent / "gpu" / "results" / "deferred" / "0.33.0" / "sampled-hold" / "starts"
 
 
-def replayed_start(report: dict[str, Any], free: bool) -> tuple[DeferredCapture, dict[str, int]]:
-    """The H200 run's start, replayed through capplan's own code: its plan (compiled here from
-    the run's spec, the fingerprint checked), the attention thresholds it read, vLLM's profiling
-    pass's readings of the deferred samples (24 PIECEWISE, 65 FULL: the first of the report's
-    start readings, to which that runtime appended each later capture's), then, with `free`,
-    the start-up captures of the graphs that take no memory, each reading what the same graph
-    took while serving in that run. Each graph's recorded memory, by id."""
+def run_deferred(report: dict[str, Any]) -> DeferredCapture:
+    """A recorded H200 tiers start's deferred capture, rebuilt by capplan's own code: its plan
+    (compiled here from the run's spec, the fingerprint checked), made ready for the attention
+    thresholds the run read."""
     sys.path.insert(0, str(Path(__file__).parent / "gpu"))
     from deferred_serve import TIERS
     from served_loop import SPEC as RUN_SPEC
@@ -523,10 +520,21 @@ def replayed_start(report: dict[str, Any], free: bool) -> tuple[DeferredCapture,
     plan = compile_plan(spec_from_data(yaml.safe_load(text), "big-tiers"))
     assert plan.fingerprint == report["fingerprint"]
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p"))
-    d = report["deferred"]
     one_rank = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True)
-    builders = [SimpleNamespace(seq_threshold_3D=t) for t in d["attention_thresholds"]]
+    builders = [SimpleNamespace(seq_threshold_3D=t) for t in report["deferred"]["attention_thresholds"]]
     deferred.warm_attention({"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=builders)]]})
+    return deferred
+
+
+def replayed_start(report: dict[str, Any], free: bool) -> tuple[DeferredCapture, dict[str, int]]:
+    """The H200 run's start, replayed through capplan's own code: its plan (compiled here from
+    the run's spec, the fingerprint checked), the attention thresholds it read, vLLM's profiling
+    pass's readings of the deferred samples (24 PIECEWISE, 65 FULL: the first of the report's
+    start readings, to which that runtime appended each later capture's), then, with `free`,
+    the start-up captures of the graphs that take no memory, each reading what the same graph
+    took while serving in that run. Each graph's recorded memory, by id."""
+    deferred = run_deferred(report)
+    plan, d = deferred.engine.plan, report["deferred"]
     names = {g.id: address(g.descriptor) for g in plan.graphs}
     assert [names[g] for g in deferred.warmed] == sorted(d["warmed_for_attention"], key=list(names.values()).index)
     assert [names[g] for g in deferred.pending] == [c["graph"] for c in d["captures"]]  # landed in plan order
@@ -568,19 +576,9 @@ def test_the_h200_run_with_the_start_up_captures_is_reproduced_by_capplans_code(
     code, given that run's plan, attention thresholds, profiling readings and what each graph
     read as it was captured, takes the same graphs at start (up to the first that took memory)
     and holds exactly what the run held: 1.162x what the 344 deferred graphs took."""
-    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
-    from deferred_serve import TIERS
-    from served_loop import SPEC as RUN_SPEC
-
     report = json.loads((H200_FREE_RUN / f"{start}.report.json").read_text())
-    d = report["deferred"]
-    text = RUN_SPEC.replace('vllm: "0.25"', 'vllm: "0.33.0"') + TIERS.format(every=8)
-    plan = compile_plan(spec_from_data(yaml.safe_load(text), "big-tiers"))
-    assert plan.fingerprint == report["fingerprint"]
-    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p"))
-    one_rank = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True)
-    builders = [SimpleNamespace(seq_threshold_3D=t) for t in d["attention_thresholds"]]
-    deferred.warm_attention({"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=builders)]]})
+    deferred = run_deferred(report)
+    plan, d = deferred.engine.plan, report["deferred"]
     ids = {address(g.descriptor): g.id for g in plan.graphs}
     read = {ids[c["graph"]]: int(c["memory_mib"] * MiB) for c in d["captures"]}
     read |= {ids[a]: int(m * MiB) for a, m in zip(d["free_at_start"], d["free_at_start_mib"], strict=True)}
