@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call of the production-size serve-first run (production_serve.py), from the repository
+# root of the GPU machine, after part1 (or part1a and part1b) of a vLLM bundle was unpacked there
+# (../shared/tools/vllm-gpu/README.md). capplan runs from .carry/src.tgz (`git archive` of the
+# commit under test, its hash in COMMIT), not from the working tree, so that the result names the
+# code that produced it.
+#   bash tests/gpu/production_run.sh BUNDLE UNTIL_SECONDS [PAIRS]
+# Resumable: starts already in /tmp/prod are kept; results and compressed logs go to $OUT.
+set -euo pipefail
+B=${1:?bundle folder}; UNTIL=${2:?seconds}; PAIRS=${3:-5}
+[ -f /tmp/vsite/vllm/entrypoints/openai/api_server.py ] || bash "$B/part2/device_setup.sh" part2 "$B" >/dev/null
+if [ ! -f /tmp/capplan-src/COMMIT ]; then
+  rm -rf /tmp/capplan-src && mkdir -p /tmp/capplan-src
+  tar -xzf .carry/src.tgz -C /tmp/capplan-src
+  python3 -m pip install -q --no-deps --no-build-isolation -e /tmp/capplan-src
+fi
+export PYTHONPATH=/tmp/vsite PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+unset VLLM_ENABLE_V1_MULTIPROCESSING
+CAPPLAN_COMMIT=$(cat /tmp/capplan-src/COMMIT)
+export CAPPLAN_COMMIT
+echo "capplan $CAPPLAN_COMMIT; MP=${VLLM_ENABLE_V1_MULTIPROCESSING:-unset}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+cd /tmp/capplan-src
+python3 tests/gpu/production_serve.py /tmp/prod "$OUT/production_8b.json" starts --pairs "$PAIRS" --until "$UNTIL" || true
+cp /tmp/prod/starts.jsonl /tmp/prod/*.plan.yaml /tmp/prod/*.yaml "$OUT/" 2>/dev/null || true
+for f in /tmp/prod/start*.log; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
+ls -la "$OUT"
