@@ -27,8 +27,8 @@ then pairs of counted starts (T F, F T, ...).
 
 Each start, from the moment /health answers: the check groups (requests of k adapters with and
 without base-model requests, k = 1..4, and base only; 16 greedy tokens, top-5 logprobs kept),
-then traffic of the pair's shape (`sustained`: arrivals at a constant rate, no idle gap; `bursts`:
-three bursts with idle gaps), streamed, with every inter-token interval; for tiers and fault
+then traffic of the start's shape (`sustained`: arrivals at a constant rate, no idle gap; `bursts`:
+three bursts with idle gaps; `none`: the check groups alone), streamed, with every inter-token interval; for tiers and fault
 starts the check groups again once every deferred graph landed. Every token and top-5 logprob is
 kept in the start's record. A request's tokens are compared with the first full start's: any
 differing token counts (no near-tie excuse); the controls show whether the rule catches a real
@@ -316,9 +316,10 @@ def start_once(kind: str, shape: str, work: Path, plans: dict, ident: dict) -> d
         during = read_json(report)
         if during and during.get("deferred"):
             result["pending_after_check"] = len(during["deferred"]["pending"])
-        lo = load(port, traffic(shape, seed=n))
-        result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
-        result["load"] = lo
+        if shape != "none":
+            lo = load(port, traffic(shape, seed=n))
+            result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
+            result["load"] = lo
         if kind in ("tiers", "fault"):
             landed = wait_landed(report, 240)
             result["landed_after_load_s"] = None if landed is None else round(landed, 2)
@@ -343,10 +344,11 @@ def start_once(kind: str, shape: str, work: Path, plans: dict, ident: dict) -> d
 
 def order(pairs: int) -> list[tuple[str, str]]:
     """(kind, traffic shape) of every start: the compiling full start, the two controls, then the
-    pairs (T F, F T, ...), the shape alternating by pair (sustained first)."""
-    out = [("full", "bursts"), ("vanilla", "bursts"), ("fault", "sustained")]
+    pairs (T F, F T, ...): the first under sustained load, the second in bursts, the rest with the
+    check groups only (`none`: time to healthy, KV cache and memory need no traffic)."""
+    out = [("full", "bursts"), ("vanilla", "none"), ("fault", "sustained")]
     for i in range(pairs):
-        shape = "sustained" if i % 2 == 0 else "bursts"
+        shape = ("sustained", "bursts")[i] if i < 2 else "none"
         out += [(k, shape) for k in (("tiers", "full") if i % 2 == 0 else ("full", "tiers"))]
     return out
 
