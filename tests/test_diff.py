@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.analysis.diff import GraphDelta, NoLongerScheduled, SpecChange, diff_plans
@@ -226,7 +228,7 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
     assert d.dispatch_unscheduled == (
         NoLongerScheduled(
             "uniform-decode", ((97, 128),), tuple(old.lora_capture_cases), True, "FULL",
-            "97 requests, more than max_num_seqs 96",
+            "97 requests, more than max_num_seqs 96", tuple(old.lora_capture_cases),
         ),
     )  # fmt: skip
     text = render_text(d)
@@ -238,7 +240,7 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
     assert unscheduled["reason"] == "97 requests, more than max_num_seqs 96" and unscheduled["old_mode"] == "FULL"
     back = diff_plans(new, old, load_cost_model(None))
     assert back.dispatch_unscheduled == ()
-    assert "uniform-decode batches of 8 token count(s) (97..104; all LoRA cases): not scheduled -> FULL:104" in (
+    assert "uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): not scheduled -> FULL" in (
         dispatch_lines(back)
     )
     monkeypatch.chdir(tmp_path)
@@ -392,7 +394,7 @@ def test_dispatch_records_render_as_the_planner_s_region_lines():
 
     from capplan.loading import load_spec
     from capplan.planner.dispatch import beyond_spec
-    from capplan.planner.regions import no_longer_scheduled, target_changes
+    from capplan.planner.regions import lora_lanes, no_longer_scheduled, target_changes
     from capplan.present.diff import unscheduled_text
 
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
@@ -400,8 +402,11 @@ def test_dispatch_records_render_as_the_planner_s_region_lines():
         old, new = compile_plan(_seqs(spec, a)), compile_plan(_seqs(spec, b))
         d = diff_plans(old, new, load_cost_model(None))
         refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
-        assert dispatch_lines(d) == target_changes(old, new, exact_sizes=True, refusals=refusals)
-        assert [unscheduled_text(c) for c in d.dispatch_unscheduled] == no_longer_scheduled(old, new, refusals)
+        lanes = lora_lanes(old, new)
+        assert dispatch_lines(d) == target_changes(old, new, exact_sizes=True, refusals=refusals, lanes=lanes)
+        assert [unscheduled_text(c) for c in d.dispatch_unscheduled] == no_longer_scheduled(
+            old, new, refusals, lanes=lanes
+        )
         for change in d.dispatch_changes:
             assert change.token_count == sum(hi - lo + 1 for lo, hi in change.token_runs)
 
@@ -463,3 +468,86 @@ def test_records_round_trip_through_json_for_random_spec_pairs():
         assert render_text(d).startswith(f"capplan diff old -> new: {data['headline']}")
 
     check()
+
+
+# -- a review never hides a regression: every batch a change moves, in every LoRA case ---------
+
+
+def _seqs_loras(seqs, loras, vllm="0.33", specialize_active=False):
+    return make_spec(
+        target={"vllm": vllm},
+        scheduler={"max_num_seqs": seqs, "max_num_batched_tokens": 2048, "max_model_len": 4096},
+        lora={"enabled": True, "max_loras": loras, "specialize": True, "specialize_active": specialize_active},
+    )
+
+
+def test_a_change_of_max_loras_with_another_lists_the_moved_lora_case_going_eager():
+    """max_num_seqs 64 -> 48 with max_loras 4 -> 6: LoRA batches of 97..104 tokens leave their
+    graph (case 5 becomes case 7), and the headline leads with the regression in every form."""
+    old, new = compile_plan(_seqs_loras(64, 4)), compile_plan(_seqs_loras(48, 6))
+    d = diff_plans(old, new, load_cost_model(None))
+    lora_eager = [
+        c
+        for c in d.dispatch_changes
+        if c.new_target == "eager" and c.old_target == "PIECEWISE:104" and 7 in c.lora_cases
+    ]
+    assert lora_eager and lora_eager[0].old_lora_cases[lora_eager[0].lora_cases.index(7)] == 5
+    assert lora_eager[0].token_runs == ((97, 104),)
+    assert d.regression
+    assert {(c.old_lora_case, c.new_lora_case) for c in d.coverage if c.to_eager} == {(0, 0), (5, 7)}
+    assert d.to_eager() == 64
+    assert headline(d).startswith("REGRESSION: 64 batch shape(s) go from a graph to eager (LoRA cases 0, 5 -> 7); ")
+    assert "LoRA cases 0, 5 -> 7): PIECEWISE:104 -> eager" in render_text(d)
+    from capplan.present.diff import render_markdown
+
+    assert "> **Regression**: 64 batch shape(s)" in render_markdown(d)
+    doc = diff_json(d)
+    assert doc["regression"] is True and doc["coverage"]["to_eager"] == 64
+    assert {(x["old_lora_case"], x["new_lora_case"]) for x in doc["coverage"]["shifts"]} == {(0, 0), (5, 7)}
+
+
+def test_a_change_that_only_adds_graphs_is_no_regression():
+    old, new = compile_plan(_seqs_loras(48, 4)), compile_plan(_seqs_loras(64, 4))
+    d = diff_plans(old, new, load_cost_model(None))
+    assert not d.regression and not headline(d).startswith("REGRESSION")
+    assert diff_json(d)["regression"] is False
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seqs=st.tuples(st.integers(8, 96), st.integers(8, 96)),
+    loras=st.tuples(st.integers(1, 8), st.integers(1, 8)),
+    active=st.tuples(st.booleans(), st.booleans()),
+)
+def test_every_batch_a_change_sends_to_eager_is_listed(seqs, loras, active):
+    """Against the dispatcher itself: every batch both deployments schedule (any adapter mix,
+    with and without base requests) that the old plan replays from a graph and the new one
+    runs eager is in a dispatch change to eager and counted as a regression."""
+    from capplan.planner.dispatch import Batch, Dispatcher, beyond_spec
+
+    old = compile_plan(_seqs_loras(seqs[0], loras[0], specialize_active=active[0]))
+    new = compile_plan(_seqs_loras(seqs[1], loras[1], specialize_active=active[1]))
+    d = diff_plans(old, new, load_cost_model(None))
+    listed = {
+        (case, n)
+        for c in d.dispatch_changes
+        if c.batch_kind == "mixed" and c.new_target == "eager" and c.old_target not in ("eager", "not scheduled")
+        for case in c.lora_cases
+        for lo, hi in c.token_runs
+        for n in range(lo, hi + 1)
+    }
+    do, dn = Dispatcher(old), Dispatcher(new)
+    top = max(do.max_tokens, dn.max_tokens)
+    missed = []
+    for adapters in range(min(loras) + 1):
+        for base in (False, True) if adapters else (False,):
+            need = max(1, adapters + base)
+            for n in range(need, top + 1):
+                batch = Batch(need, n, n - need + 1, adapters, base, has_prefill=True)
+                if beyond_spec(batch, old.spec) or beyond_spec(batch, new.spec):
+                    continue
+                if do.dispatch(batch).graph_id >= 0 and dn.dispatch(batch).graph_id < 0:
+                    if (dn.lora_case(dn.lora_count(batch)), n) not in listed:
+                        missed.append((adapters, base, n))
+    assert not missed, missed[:5]
+    assert d.regression == bool(listed)

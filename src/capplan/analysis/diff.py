@@ -15,7 +15,7 @@ from functools import partial
 from typing import Literal
 
 from capplan.planner.dispatch import beyond_spec
-from capplan.planner.regions import Refusal, regions, shared_cases, target_runs, unscheduled_runs
+from capplan.planner.regions import NOT_SCHEDULED, Lane, Refusal, lora_lanes, regions, target_runs, unscheduled_runs
 from capplan.schemas.plan import Descriptor, DummyLayout, Plan
 from capplan.traffic.cost import CostModel, Estimate
 
@@ -86,8 +86,10 @@ class DummyChange:
 @dataclass(frozen=True)
 class DispatchChange:
     """Batches of one kind whose replayed graph changed: their token counts (as runs), the
-    LoRA cases (`every_case`: all the cases both plans capture, when more than one), and the
-    target in each plan (`MODE:TOKENS`, `eager`, or `not scheduled` by the old spec)."""
+    LoRA cases they dispatch to in the new plan and in the old one (`old_lora_cases`, in the
+    same order; another case where the LoRA settings changed; `every_case`: every adapter
+    mix, when more than one), and the target in each plan (`MODE:TOKENS`, `eager`, or `not
+    scheduled` by the old spec)."""
 
     batch_kind: BatchKind
     token_runs: tuple[tuple[int, int], ...]
@@ -95,6 +97,7 @@ class DispatchChange:
     every_case: bool
     old_target: str
     new_target: str
+    old_lora_cases: tuple[int, ...] = ()
 
     @property
     def token_count(self) -> int:
@@ -112,6 +115,7 @@ class NoLongerScheduled:
     every_case: bool
     old_mode: str
     reason: str
+    old_lora_cases: tuple[int, ...] = ()
 
     @property
     def token_count(self) -> int:
@@ -227,6 +231,19 @@ class CostDelta:
 
 
 @dataclass(frozen=True)
+class CoverageShift:
+    """Batch shapes of one kind and LoRA case (the old plan's case, the new plan's) that go
+    from a graph to eager (`to_eager`) or from eager to a graph: how many token counts. A
+    shift to eager is a regression whatever else the change saves."""
+
+    batch_kind: BatchKind
+    old_lora_case: int
+    new_lora_case: int
+    to_eager: bool
+    token_count: int
+
+
+@dataclass(frozen=True)
 class PlanDiff:
     """Every change between two plans, as records (`equal`: the plans are the same)."""
 
@@ -246,6 +263,18 @@ class PlanDiff:
     encoder_changes: tuple[EncoderChange, ...] = ()
     tier_changes: tuple[TierChange, ...] = ()  # graphs moved between ready and deferred
     fix_changes: tuple[FixChange, ...] = ()
+    coverage: tuple[CoverageShift, ...] = ()  # batch shapes that go from a graph to eager or back
+
+    @property
+    def regression(self) -> bool:
+        """Some batch the new spec schedules, which the old plan replayed from a graph, runs eager."""
+        return any(c.to_eager for c in self.coverage)
+
+    def to_eager(self) -> int:
+        return sum(c.token_count for c in self.coverage if c.to_eager)
+
+    def to_graph(self) -> int:
+        return sum(c.token_count for c in self.coverage if not c.to_eager)
 
     @property
     def sizes_in_spec_changes(self) -> bool:
@@ -289,6 +318,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     # Only batches a deployment can make are compared: a reviewer reads a change for a batch
     # the new spec never schedules as a regression that cannot happen.
     refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
+    dispatch = tuple(_dispatch_changes(old, new, refusals))
     return PlanDiff(
         old_name,
         new_name,
@@ -300,13 +330,30 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         added_sample=tuple(added[:SAMPLE]),
         removed_sample=tuple(removed[:SAMPLE]),
         dummy_changes=tuple(_dummy_changes(old, new)),
-        dispatch_changes=tuple(_dispatch_changes(old, new, refusals)),
+        dispatch_changes=dispatch,
         dispatch_unscheduled=tuple(_unscheduled(old, new, refusals)),
         lora_map_changes=tuple(_lora_map_changes(old, new)),
         encoder_changes=tuple(_encoder_changes(old, new)),
         tier_changes=tuple(_tier_changes(old, new)),
         fix_changes=tuple(_fix_changes(old, new)),
+        coverage=_coverage(dispatch),
     )
+
+
+def _coverage(changes: tuple[DispatchChange, ...]) -> tuple[CoverageShift, ...]:
+    """Token counts per batch kind and LoRA case that go from a graph to eager or back, over
+    every dispatch change (every adapter mix, whatever else changed)."""
+    counts: dict[tuple[BatchKind, int, int, bool], int] = {}
+    for c in changes:
+        was_graph = c.old_target not in ("eager", NOT_SCHEDULED)
+        if was_graph == (c.new_target != "eager"):
+            continue  # graph to graph, eager to eager, or a batch only the new spec makes
+        if not was_graph and c.old_target != "eager":
+            continue
+        for old_case, new_case in zip(c.old_lora_cases or c.lora_cases, c.lora_cases):
+            key = (c.batch_kind, old_case, new_case, was_graph)
+            counts[key] = counts.get(key, 0) + c.token_count
+    return tuple(CoverageShift(*key, n) for key, n in sorted(counts.items(), key=lambda kv: (not kv[0][3], kv[0])))
 
 
 def _cost(old: Plan, new: Plan, cost: CostModel) -> CostDelta:
@@ -363,19 +410,28 @@ def _kind(kind: str) -> BatchKind:
     return "mixed" if kind == "mixed" else "uniform-decode"
 
 
+def _lanes(lanes: tuple[Lane, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(lane.new_case for lane in lanes), tuple(lane.old_case for lane in lanes)
+
+
 def _dispatch_changes(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -> Iterator[DispatchChange]:
-    """`planner.regions.target_changes(exact_sizes=True)` as records: what each batch the new
-    spec schedules replays, where that changed; a batch only it schedules was `not scheduled`."""
-    runs = target_runs(old, new, exact_sizes=True, refusals=refusals)
-    for (kind, a, b), token_runs, cases, every in regions(runs, shared_cases(old, new)):
-        yield DispatchChange(_kind(kind), token_runs, cases, every, a, b)
+    """`planner.regions.target_changes(exact_sizes=True)` over every adapter mix as records:
+    what each batch the new spec schedules replays, where that changed; a batch only it
+    schedules was `not scheduled`."""
+    lanes = lora_lanes(old, new)
+    runs = target_runs(old, new, exact_sizes=True, refusals=refusals, lanes=lanes)
+    for (kind, a, b), token_runs, moved, every in regions(runs, lanes):
+        cases, old_cases = _lanes(moved)
+        yield DispatchChange(_kind(kind), token_runs, cases, every, a, b, old_cases)
 
 
 def _unscheduled(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -> Iterator[NoLongerScheduled]:
-    """`planner.regions.no_longer_scheduled` as records."""
-    runs, why = unscheduled_runs(old, new, refusals)
-    for (kind, a, _), token_runs, cases, every in regions(runs, shared_cases(old, new)):
-        yield NoLongerScheduled(_kind(kind), token_runs, cases, every, a, why[(kind, a)])
+    """`planner.regions.no_longer_scheduled` over every adapter mix as records."""
+    lanes = lora_lanes(old, new)
+    runs, why = unscheduled_runs(old, new, refusals, lanes=lanes)
+    for key, token_runs, moved, every in regions(runs, lanes):
+        cases, old_cases = _lanes(moved)
+        yield NoLongerScheduled(_kind(key[0]), token_runs, cases, every, key[1], why[key], old_cases)
 
 
 def _lora_map_changes(old: Plan, new: Plan) -> Iterator[LoraMapChange]:

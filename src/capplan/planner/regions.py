@@ -8,10 +8,11 @@ replay in each LoRA case, merged into token runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from capplan.planner.dispatch import Batch
-from capplan.schemas.plan import Descriptor, DispatchRange, PlannedGraph
+from capplan.planner.dispatch import Batch, Dispatcher, beyond_spec
+from capplan.schemas.plan import Descriptor, DispatchRange, Plan, PlannedGraph
 
 
 class Tables(Protocol):
@@ -58,12 +59,58 @@ Refusal = Callable[[Batch], "str | None"]
 NOT_SCHEDULED = "not scheduled"
 
 
-def _kind_batch(kind: str, n: int, dql: int) -> Batch:
-    """The least demanding batch of its kind and token count: a mixed batch of n tokens can be
-    one request; a uniform-decode one is n / dql requests of dql tokens."""
+@dataclass(frozen=True, order=True)
+class Lane:
+    """Batches of one adapter mix, compared across two plans: the LoRA case each plan
+    dispatches them to (the same case on both sides unless the LoRA settings changed), and
+    the fewest adapters (and base requests) that reach that pair of cases."""
+
+    adapters: int
+    base: bool
+    old_case: int
+    new_case: int
+
+    def label(self) -> str:
+        return f"{self.old_case}" if self.old_case == self.new_case else f"{self.old_case} -> {self.new_case}"
+
+    @property
+    def requests(self) -> int:
+        """The fewest requests such a batch holds: one per adapter, one more for base requests."""
+        return self.adapters + self.base
+
+
+def case_lanes(cases: Sequence[int]) -> list[Lane]:
+    """One lane per LoRA case, the same case on both sides (a plan against its exact-vLLM twin)."""
+    return [Lane(0, False, c, c) for c in cases]
+
+
+def lora_lanes(old: Plan, new: Plan) -> list[Lane]:
+    """Every adapter mix either deployment schedules, as the pair of LoRA cases the two plans
+    dispatch it to: one lane per pair and per which side schedules it. A change of max_loras
+    moves every LoRA case, and each moved case is compared, not only the cases both plans
+    capture."""
+    sides = [(Dispatcher(p), p.spec) for p in (old, new)]
+    top = max((p.spec.lora.max_loras for p in (old, new) if p.spec.lora.enabled), default=0)
+    lanes: dict[tuple[int, int, bool, bool], Lane] = {}
+    for adapters in range(top + 1):
+        for base in (False, True) if adapters else (False,):
+            mix = Batch(1, 1, 1, adapters, base)
+            cases = [d.lora_case(d.lora_count(mix)) for d, _ in sides]
+            scheduled = [beyond_spec(mix, spec) is None for _, spec in sides]
+            lanes.setdefault((*cases, *scheduled), Lane(adapters, base, *cases))
+    return sorted(lanes.values())
+
+
+def _kind_batch(kind: str, n: int, dql: int, lane: Lane) -> Batch | None:
+    """The least demanding batch of its kind, token count and adapter mix, or None when no
+    batch is (a request per adapter): a mixed batch of n tokens can be as few requests as its
+    adapters need; a uniform-decode one is n / dql requests of dql tokens."""
+    need = max(1, lane.requests)
     if kind == "mixed":
-        return Batch(1, n, n)
-    return Batch(n // dql, n, dql, uniform_token_count=dql)
+        return Batch(need, n, n - need + 1, lane.adapters, lane.base) if need <= n else None
+    if n // dql < need:
+        return None
+    return Batch(n // dql, n, dql, lane.adapters, lane.base, uniform_token_count=dql)
 
 
 def _walk(
@@ -71,66 +118,80 @@ def _walk(
     new: Tables,
     reachable: Callable[[int], set[int]] | None,
     refusals: tuple[Refusal, Refusal] | None,
-) -> Iterator[tuple[str, int, int, str, str, str | None, str | None]]:
-    """(kind, LoRA case, tokens, old target, new target, why the old spec never schedules it,
-    why the new one never does) for every batch kind, case and token count both tables cover."""
+    lanes: Sequence[Lane],
+) -> Iterator[tuple[str, Lane, int, str, str, str | None, str | None]]:
+    """(kind, lane, tokens, old target, new target, why the old spec never schedules it,
+    why the new one never does) for every batch kind, lane and token count both tables cover."""
     before, after = _expand(old), _expand(new)
-    shared_cases = set(old.lora_capture_cases) & set(new.lora_capture_cases)
     top = max([k[1] for k in before] + [k[1] for k in after], default=0)
     dql = new.decode_query_len if new.decode_query_len == old.decode_query_len else 0
-    for case in sorted(shared_cases):
+    for lane in lanes:
         for n in range(1, top + 1):
-            o = _targets(old, before.get((case, n), []))
-            w = _targets(new, after.get((case, n), []))
+            o = _targets(old, before.get((lane.old_case, n), []))
+            w = _targets(new, after.get((lane.new_case, n), []))
             kinds = []
-            if reachable is None or case in reachable(n):
+            if lane.requests <= n and (reachable is None or lane.new_case in reachable(n)):
                 kinds.append(("mixed", o[0], w[0]))
-            if dql and n % dql == 0 and (reachable is None or case in reachable(n // dql)):
+            if (
+                dql
+                and n % dql == 0
+                and lane.requests <= n // dql
+                and (reachable is None or lane.new_case in reachable(n // dql))
+            ):
                 kinds.append(("uniform-decode", o[1], w[1]))
             for kind, a, b in kinds:
                 old_no = new_no = None
                 if refusals is not None:
-                    batch = _kind_batch(kind, n, dql)
+                    batch = _kind_batch(kind, n, dql, lane)
+                    if batch is None:
+                        continue
                     old_no, new_no = refusals[0](batch), refusals[1](batch)
-                yield kind, case, n, a, b, old_no, new_no
+                yield kind, lane, n, a, b, old_no, new_no
 
 
-def _add(runs: dict[int, list[list[int]]], case: int, n: int) -> None:
-    case_runs = runs.setdefault(case, [])
-    if case_runs and case_runs[-1][1] == n - 1:
-        case_runs[-1][1] = n
+def _add(runs: dict[Lane, list[list[int]]], lane: Lane, n: int) -> None:
+    lane_runs = runs.setdefault(lane, [])
+    if lane_runs and lane_runs[-1][1] == n - 1:
+        lane_runs[-1][1] = n
     else:
-        case_runs.append([n, n])
+        lane_runs.append([n, n])
 
 
-Runs = dict[tuple[str, str, str], dict[int, list[list[int]]]]
-"""(batch kind, old target, new target) -> LoRA case -> runs of token counts."""
+Runs = dict[tuple[str, str, str], dict[Lane, list[list[int]]]]
+"""(batch kind, old target, new target) -> lane (LoRA cases) -> runs of token counts."""
 
 
 def regions(
-    runs: Runs, all_cases: list[int]
-) -> Iterator[tuple[tuple[str, str, str], tuple[tuple[int, int], ...], tuple[int, ...], bool]]:
-    """(key, token runs, LoRA cases, every case) per line: by batch kind, then by the smallest
-    batch the line covers (not by the targets' text); cases with the same runs share a line."""
+    runs: Runs, all_lanes: Sequence[Lane]
+) -> Iterator[tuple[tuple[str, str, str], tuple[tuple[int, int], ...], tuple[Lane, ...], bool]]:
+    """(key, token runs, lanes, every lane) per line: by batch kind, then by the smallest
+    batch the line covers (not by the targets' text); lanes with the same runs share a line."""
+    every_lane = sorted(all_lanes)
     ordered = sorted(runs.items(), key=lambda item: (item[0][0], min(r[0][0] for r in item[1].values()), item[0]))
-    for key, by_case in ordered:
-        groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
-        for case, case_runs in by_case.items():
-            groups.setdefault(tuple((lo, hi) for lo, hi in case_runs), []).append(case)
-        for token_runs, cases in groups.items():
-            yield key, token_runs, tuple(cases), cases == all_cases and len(all_cases) > 1
+    for key, by_lane in ordered:
+        groups: dict[tuple[tuple[int, int], ...], list[Lane]] = {}
+        for lane, lane_runs in sorted(by_lane.items()):
+            groups.setdefault(tuple((lo, hi) for lo, hi in lane_runs), []).append(lane)
+        for token_runs, lanes in groups.items():
+            yield key, token_runs, tuple(lanes), lanes == every_lane and len(every_lane) > 1
 
 
-def _lines(runs: Runs, all_cases: list[int], tail: Callable[[str, str, str], str]) -> list[str]:
+def where_text(lanes: Sequence[Lane], every: bool) -> str:
+    """`LoRA case 0`, `LoRA cases 0, 5 -> 7`, `all LoRA cases`."""
+    if every:
+        return "all LoRA cases"
+    return "LoRA case" + ("s " if len(lanes) > 1 else " ") + ", ".join(lane.label() for lane in lanes)
+
+
+def _lines(runs: Runs, all_lanes: Sequence[Lane], tail: Callable[[str, str, str], str]) -> list[str]:
     lines = []
-    for (kind, a, b), token_runs, cases, every in regions(runs, all_cases):
+    for (kind, a, b), token_runs, lanes, every in regions(runs, all_lanes):
         count = sum(hi - lo + 1 for lo, hi in token_runs)
         sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in token_runs[:6])
         more = ", ..." if len(token_runs) > 6 else ""
-        where = (
-            "all LoRA cases" if every else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
+        lines.append(
+            f"{kind} batches of {count} token count(s) ({sample}{more}; {where_text(lanes, every)}): {tail(kind, a, b)}"
         )
-        lines.append(f"{kind} batches of {count} token count(s) ({sample}{more}; {where}): {tail(kind, a, b)}")
     return lines
 
 
@@ -145,19 +206,23 @@ def target_runs(
     exact_sizes: bool = False,
     reachable: Callable[[int], set[int]] | None = None,
     refusals: tuple[Refusal, Refusal] | None = None,
+    lanes: Sequence[Lane] | None = None,
 ) -> Runs:
     """What `target_changes` lists, as runs (its docstring says which)."""
     runs: Runs = {}
-    for kind, case, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals):
+    lanes = case_lanes(shared_cases(old, new)) if lanes is None else lanes
+    for kind, lane, n, a, b, old_no, new_no in _walk(old, new, reachable, refusals, lanes):
         if new_no is not None:
             continue
         if not exact_sizes:
             a, b = _shape(a), _shape(b)
         if old_no is not None:
-            a = NOT_SCHEDULED
+            # Batches only the new deployment makes: the mode they replay (the size follows
+            # from the token count), one line per mode rather than one per graph.
+            a, b = NOT_SCHEDULED, _shape(b)
         if a == b:
             continue
-        _add(runs.setdefault((kind, a, b), {}), case, n)
+        _add(runs.setdefault((kind, a, b), {}), lane, n)
     return runs
 
 
@@ -166,14 +231,20 @@ def unscheduled_runs(
     new: Tables,
     refusals: tuple[Refusal, Refusal],
     reachable: Callable[[int], set[int]] | None = None,
-) -> tuple[Runs, dict[tuple[str, str], str]]:
-    """What `no_longer_scheduled` lists, as runs, and why the new deployment never makes each."""
+    lanes: Sequence[Lane] | None = None,
+) -> tuple[Runs, dict[tuple[str, str, str], str]]:
+    """What `no_longer_scheduled` lists, as runs, and why the new deployment never makes each.
+    The key's third part is the reason an adapter mix is refused whatever its size ("" when
+    only the size is: one line per kind of refusal, not per batch)."""
     runs: Runs = {}
-    why: dict[tuple[str, str], str] = {}
-    for kind, case, n, a, _, old_no, new_no in _walk(old, new, reachable, refusals):
+    why: dict[tuple[str, str, str], str] = {}
+    lanes = case_lanes(shared_cases(old, new)) if lanes is None else lanes
+    mix_refused = {lane: refusals[1](Batch(1, 1, 1, lane.adapters, lane.base)) or "" for lane in lanes}
+    for kind, lane, n, a, _, old_no, new_no in _walk(old, new, reachable, refusals, lanes):
         if old_no is None and new_no is not None:
-            why.setdefault((kind, _shape(a)), new_no)
-            _add(runs.setdefault((kind, _shape(a), ""), {}), case, n)
+            key = (kind, _shape(a), mix_refused[lane])
+            why.setdefault(key, new_no)
+            _add(runs.setdefault(key, {}), lane, n)
     return runs, why
 
 
@@ -184,10 +255,12 @@ def target_changes(
     exact_sizes: bool = False,
     reachable: Callable[[int], set[int]] | None = None,
     refusals: tuple[Refusal, Refusal] | None = None,
+    lanes: Sequence[Lane] | None = None,
 ) -> list[str]:
     """One line per (batch kind, old target, new target): token runs and LoRA cases.
 
-    Only LoRA cases both plans capture are compared; with `exact_sizes` the
+    `lanes` says which LoRA cases are compared (`lora_lanes`: every adapter mix, by the case
+    each plan dispatches it to); by default the LoRA cases both plans capture; with `exact_sizes` the
     lines name graph sizes ("PIECEWISE:8"), otherwise modes only. With
     `reachable` (request count -> the LoRA cases a batch of at most that many
     requests can dispatch to), pairs no batch reaches are left out: a mixed
@@ -196,8 +269,9 @@ def target_changes(
     batches the new deployment schedules are compared; one only it schedules
     was "not scheduled" before (`no_longer_scheduled` lists the other way round).
     """
-    runs = target_runs(old, new, exact_sizes=exact_sizes, reachable=reachable, refusals=refusals)
-    return _lines(runs, shared_cases(old, new), lambda kind, a, b: f"{a} -> {b}")
+    lanes = case_lanes(shared_cases(old, new)) if lanes is None else lanes
+    runs = target_runs(old, new, exact_sizes=exact_sizes, reachable=reachable, refusals=refusals, lanes=lanes)
+    return _lines(runs, lanes, lambda kind, a, b: f"{a} -> {b}")
 
 
 def no_longer_scheduled(
@@ -205,13 +279,14 @@ def no_longer_scheduled(
     new: Tables,
     refusals: tuple[Refusal, Refusal],
     reachable: Callable[[int], set[int]] | None = None,
+    lanes: Sequence[Lane] | None = None,
 ) -> list[str]:
     """The batches only the old deployment schedules: one line per batch kind and the mode the
     old plan replayed them with, saying why the new deployment never makes them."""
-    runs, why = unscheduled_runs(old, new, refusals, reachable)
-    shared = shared_cases(old, new)
+    lanes = case_lanes(shared_cases(old, new)) if lanes is None else lanes
+    runs, why = unscheduled_runs(old, new, refusals, reachable, lanes)
     return _lines(
         runs,
-        shared,
-        lambda kind, a, b: f"replayed {a} in the old plan; the new spec never makes them ({why[(kind, a)]})",
+        lanes,
+        lambda kind, a, b: f"replayed {a} in the old plan; the new spec never makes them ({why[(kind, a, b)]})",
     )

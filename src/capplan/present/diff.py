@@ -11,6 +11,7 @@ from typing import Any
 from capplan.analysis.diff import (
     SIZES_KEY,
     CaptureSizesChange,
+    CoverageShift,
     DeferredSwitch,
     DeviationChange,
     DispatchChange,
@@ -30,6 +31,7 @@ from capplan.analysis.diff import (
     TierTotals,
 )
 from capplan.planner.capture_sizes import compact
+from capplan.planner.regions import Lane, where_text
 from capplan.present.jsondoc import record_value
 from capplan.schemas.plan import address
 from capplan.traffic.cost import Estimate
@@ -93,16 +95,14 @@ def dummy_change_text(change: DummyChange) -> str:
 
 
 def _region(change: DispatchChange | NoLongerScheduled) -> str:
-    """`mixed batches of 3 token count(s) (3, 5..6; LoRA case 0)`, as `planner.regions` writes it."""
+    """`mixed batches of 3 token count(s) (3, 5..6; LoRA case 0)`, as `planner.regions` writes it
+    (`LoRA case 5 -> 7` where the batches dispatch to another case in the new plan)."""
     runs = change.token_runs
     sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in runs[:6])
     more = ", ..." if len(runs) > 6 else ""
-    cases = change.lora_cases
-    where = (
-        "all LoRA cases"
-        if change.every_case
-        else "LoRA case" + ("s " if len(cases) > 1 else " ") + ", ".join(map(str, cases))
-    )
+    old_cases = change.old_lora_cases or change.lora_cases
+    lanes = [Lane(0, False, o, n) for o, n in zip(old_cases, change.lora_cases)]
+    where = where_text(lanes, change.every_case)
     return f"{change.batch_kind} batches of {change.token_count} token count(s) ({sample}{more}; {where})"
 
 
@@ -113,6 +113,37 @@ def dispatch_change_text(change: DispatchChange) -> str:
 def unscheduled_text(change: NoLongerScheduled) -> str:
     tail = f"replayed {change.old_mode} in the old plan; the new spec never makes them ({change.reason})"
     return f"{_region(change)}: {tail}"
+
+
+def coverage_text(shift: CoverageShift) -> str:
+    """`REGRESSION: 32 mixed batch shape(s) of LoRA case 0 go from a graph to eager`."""
+    case = (
+        f"LoRA case {shift.new_lora_case}"
+        if shift.old_lora_case == shift.new_lora_case
+        else f"LoRA case {shift.old_lora_case} -> {shift.new_lora_case}"
+    )
+    if shift.to_eager:
+        return f"REGRESSION: {shift.token_count} {shift.batch_kind} batch shape(s) of {case} go from a graph to eager"
+    return f"{shift.token_count} {shift.batch_kind} batch shape(s) of {case} go from eager to a graph"
+
+
+def coverage_headline(d: PlanDiff) -> str:
+    """`REGRESSION: 64 batch shape(s) go from a graph to eager (LoRA cases 0, 5 -> 7)`, or how
+    many come back to a graph; empty when coverage is unchanged."""
+    if d.regression:
+        cases = dict.fromkeys(
+            f"{c.old_lora_case}" if c.old_lora_case == c.new_lora_case else f"{c.old_lora_case} -> {c.new_lora_case}"
+            for c in d.coverage
+            if c.to_eager
+        )
+        back = f", {d.to_graph()} back to a graph" if d.to_graph() else ""
+        return (
+            f"REGRESSION: {d.to_eager()} batch shape(s) go from a graph to eager "
+            f"(LoRA case{'s' if len(cases) > 1 else ''} {', '.join(cases)}){back}"
+        )
+    if d.to_graph():
+        return f"{d.to_graph()} batch shape(s) go from eager to a graph"
+    return ""
 
 
 def lora_map_text(change: LoraMapChange) -> str:
@@ -194,6 +225,10 @@ def dispatch_lines(d: PlanDiff) -> list[str]:
     return [dispatch_change_text(c) for c in d.dispatch_changes]
 
 
+def coverage_lines(d: PlanDiff) -> list[str]:
+    return [coverage_text(c) for c in d.coverage]
+
+
 def lora_map_lines(d: PlanDiff) -> list[str]:
     return [lora_map_text(c) for c in d.lora_map_changes]
 
@@ -233,12 +268,16 @@ def headline(d: PlanDiff) -> str:
     if len(d.spec_changes) > 3:
         what += f"; +{len(d.spec_changes) - 3} more"
     graphs = f"{signed(d.cost.graphs)} graphs"
+    # A regression leads the line: a saving in graphs or memory never hides it.
+    lead = coverage_headline(d)
+    lead = f"{lead}; " if d.regression else ""
+    tail = f"; {coverage_headline(d)}" if coverage_headline(d) and not d.regression else ""
     if o is None or n is None:
-        return f"{what}: {graphs} (capture time and graph memory not estimated)"
+        return f"{lead}{what}: {graphs} (capture time and graph memory not estimated){tail}"
     seconds = signed(n.capture_seconds - o.capture_seconds, ".0f")
     return (
-        f"{what}: {graphs}, {seconds} s "
-        f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated)"
+        f"{lead}{what}: {graphs}, {seconds} s "
+        f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated){tail}"
     )
 
 
@@ -283,6 +322,7 @@ def render_text(d: PlanDiff) -> str:
         ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(dummy_lines(d))),
         ("encoder", encoder_lines(d)),
         ("tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
+        ("coverage (batch shapes that go from a graph to eager or back)", coverage_lines(d)),
         ("dispatch (what a batch replays)", dispatch_lines(d) + unscheduled(d)),
         ("fixes and deviations", fix_lines(d)),
     ]
@@ -367,6 +407,13 @@ def render_markdown(d: PlanDiff) -> str:
     lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{headline(d)}**", ""]
     if d.equal:
         return "\n".join(lines)
+    if d.regression:
+        lines += [
+            "> [!WARNING]",
+            f"> **Regression**: {coverage_headline(d).removeprefix('REGRESSION: ')}.",
+            *[f"> - {coverage_text(c).removeprefix('REGRESSION: ')}" for c in d.coverage if c.to_eager],
+            "",
+        ]
     c = d.cost
     o, n = c.old, c.new
     lines += [
@@ -408,6 +455,7 @@ def render_markdown(d: PlanDiff) -> str:
         ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", dummy_lines(d)),
         ("Encoder", encoder_lines(d)),
         ("Tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
+        ("Coverage", [coverage_text(c) for c in d.coverage if not c.to_eager]),
         ("Dispatch changes", dispatch_lines(d) + unscheduled(d)),
     ):
         if items:
@@ -461,6 +509,12 @@ def diff_json(d: PlanDiff) -> dict[str, Any]:
         "new": d.new_name,
         "equal": d.equal,
         "headline": headline(d),
+        "regression": d.regression,
+        "coverage": {
+            "to_eager": d.to_eager(),
+            "to_graph": d.to_graph(),
+            "shifts": [_record(x, coverage_text(x)) for x in d.coverage],
+        },
         "spec_changes": [_record(s, spec_change_text(s, d.capture_sizes)) for s in d.spec_changes],
         "capture_sizes": {
             "added": list(d.capture_sizes.added),
