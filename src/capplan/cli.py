@@ -370,6 +370,29 @@ def calibrate_trace_cmd(
     )
 
 
+@app.command("calibrate-start", help=h.CALIBRATE_START_HELP)
+@_errors_to_exit
+def calibrate_start_cmd(
+    reports: h.CalibrateStartReports,
+    plan: h.CalibrateStartPlan,
+    output: h.CalibrateOutput,
+    model_config: h.CalibrateStartModelConfig = None,
+    model: h.CalibrateStartModel = None,
+    gpu: h.CalibrateStartGpu = None,
+    vllm: h.CalibrateStartVllm = None,
+    torch: h.CalibrateStartTorch = None,
+    attention_backend: h.CalibrateStartBackend = None,
+    lora_rank: h.CalibrateStartRank = None,
+    name: h.CalibrateStartName = None,
+) -> None:
+    from capplan.commands.calibrate import StartIdentity, calibrate_starts
+
+    ident = StartIdentity(model_config, model, gpu, vllm, torch, attention_backend, lora_rank)
+    done = calibrate_starts(reports, plan, output, ident, name)
+    given = f"; given, not measured: {', '.join(done.given)}" if done.given else ""
+    typer.echo(f"wrote {printable(str(output))}: {done.starts} start(s){given}")
+
+
 @app.command("schema", help=h.SCHEMA_HELP)
 @_errors_to_exit
 def schema_cmd() -> None:

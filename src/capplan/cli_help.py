@@ -480,3 +480,29 @@ CalibrateTraceName = Annotated[
 
 SCHEMA_HELP = """Print the spec's JSON Schema (for editor completion and validation).
 """
+
+
+CALIBRATE_START_HELP = """Make a calibration of this deployment from the reports its starts left. No GPU needed.
+
+Each REPORT is a file `capplan apply --report` (CAPPLAN_REPORT) wrote; each is
+checked against PLAN, the plan the start ran: a report of another plan (another
+fingerprint: another setting or release), of deferred capture, of a capture
+that did not finish, or whose memory reading another process disturbed is
+refused with the reason, and nothing is written. Several starts make one
+calibration, every figure with the spread of its starts. Reports record no
+model shape or GPU: give them (--model-config, --gpu, --vllm, ...); the
+calibration records them as given. Put it in a `.capplan/calibration/` folder
+beside (or above) the plans, and show and diff find it.
+"""
+CalibrateStartReports = Annotated[list[Path], typer.Argument(help="Start reports (capplan apply --report).")]
+CalibrateStartPlan = Annotated[Path, typer.Option("--plan", help="The plan the starts ran.")]
+CalibrateStartModelConfig = Annotated[
+    Path | None, typer.Option("--model-config", help="The model's config.json (its shape), recorded as given.")
+]
+CalibrateStartModel = Annotated[str | None, typer.Option("--model", help="The model's name, recorded as given.")]
+CalibrateStartGpu = Annotated[str | None, typer.Option("--gpu", help="The GPU the starts ran on, e.g. 'NVIDIA H200'.")]
+CalibrateStartVllm = Annotated[str | None, typer.Option("--vllm", help="The vLLM release the starts ran.")]
+CalibrateStartTorch = Annotated[str | None, typer.Option("--torch", help="The torch version the starts ran.")]
+CalibrateStartBackend = Annotated[str | None, typer.Option("--attention-backend", help="vLLM's attention backend.")]
+CalibrateStartRank = Annotated[int | None, typer.Option("--lora-rank", help="max_lora_rank the starts ran with.")]
+CalibrateStartName = Annotated[str | None, typer.Option("--name", help="Calibration name (default: the file's stem).")]

@@ -197,3 +197,66 @@ def _calibration_yaml(data: dict[str, Any]) -> str:
 
     Calibration.model_validate(data)
     return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120))
+
+
+@dataclass(frozen=True)
+class StartsCalibrated:
+    """A calibration made from start reports: where it went and what it holds."""
+
+    output: Path
+    starts: int
+    given: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StartIdentity:
+    """What the operator gives of the deployment for reports that do not record it."""
+
+    model_config: Path | None = None
+    model: str | None = None
+    gpu: str | None = None
+    vllm: str | None = None
+    torch: str | None = None
+    attention_backend: str | None = None
+    lora_rank: int | None = None
+
+
+def calibrate_starts(
+    reports: list[Path], plan: Path, output: Path, identity: StartIdentity, name: str | None = None
+) -> StartsCalibrated:
+    """One calibration of the deployment from its starts' reports (`capplan apply --report`),
+    each checked against PLAN; the identity given is recorded as given. Nothing is written
+    unless every report is accepted."""
+    from capplan.calibration.shape import shape_from_config
+    from capplan.calibration.starts import Given, calibration_from_starts
+    from capplan.files import check_output, write_atomic
+    from capplan.planfile.read import load_plan
+
+    sources = inputs(plan, identity.model_config, *reports)
+    check_output(output, sources)
+    if name is not None and (not 0 < len(name) <= 200 or not name.isprintable()):
+        raise UsageError("--name must be 1 to 200 printable characters")
+    for text, option in ((identity.gpu, "--gpu"), (identity.vllm, "--vllm"), (identity.torch, "--torch"),
+                         (identity.attention_backend, "--attention-backend"), (identity.model, "--model")):  # fmt: skip
+        if text is not None and (not 0 < len(text) <= 200 or not text.isprintable()):
+            raise UsageError(f"{option} must be 1 to 200 printable characters")
+    if identity.lora_rank is not None and not 1 <= identity.lora_rank <= 1 << 16:
+        raise UsageError(f"--lora-rank must be 1 to 65536 (got {identity.lora_rank})")
+    loaded = load_plan(plan)
+    shape = shape_from_config(identity.model_config) if identity.model_config is not None else None
+    given = Given(
+        shape, identity.model, identity.gpu, identity.vllm, identity.torch, identity.attention_backend,
+        identity.lora_rank,
+    )  # fmt: skip
+    cal = calibration_from_starts(list(reports), loaded, given, name or output.stem)
+    data = cal.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
+    data["identity"] = cal.identity.model_dump(mode="json", exclude_none=True) if cal.identity else None
+    header = (
+        f"# Calibration of one deployment from {len(cal.starts)} start report(s) of {printable(plan.name)} "
+        "(capplan calibrate-start).\n"
+        "# identity.given: the fields the operator gave, not read from the starts.\n"
+    )
+    for key in ("runs", "step_times"):
+        data.pop(key, None)
+    write_atomic(output, header + _calibration_yaml(data), sources)
+    return StartsCalibrated(output, len(cal.starts), tuple(cal.identity.given if cal.identity else ()))

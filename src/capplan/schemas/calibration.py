@@ -35,8 +35,30 @@ class StepTime(_Strict):
     ms: float = Field(gt=0, le=1e6)  # a step of over 1000 s is no measurement
 
 
+class ModelShape(_Strict):
+    """The model's shape, as its config.json gives it: what a captured graph's launches and
+    workspace follow (capplan.calibration.shape reads it)."""
+
+    num_layers: int = Field(ge=1, le=1 << 16)
+    hidden_size: int = Field(ge=1, le=1 << 24)
+    intermediate_size: int | None = Field(None, ge=1, le=1 << 26)
+    num_attention_heads: int | None = Field(None, ge=1, le=1 << 16)
+    num_key_value_heads: int | None = Field(None, ge=1, le=1 << 16)
+    vocab_size: int | None = Field(None, ge=1, le=1 << 26)
+    num_experts: int | None = Field(None, ge=1, le=1 << 16)
+    dtype: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
+
+
+IdentityField = Literal[
+    "model", "shape", "gpu", "vllm", "torch", "attention_backend", "tensor_parallel_size",
+    "pipeline_parallel_size", "data_parallel_size", "lora_rank",
+]  # fmt: skip
+
+
 class Identity(_Strict):
-    """What a calibration was measured on."""
+    """What a calibration was measured on. `given`: the fields the operator gave when the
+    calibration was made (a start report of an older runtime does not record them), as
+    opposed to the ones measured."""
 
     model: Model | None = None
     gpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
@@ -44,6 +66,24 @@ class Identity(_Strict):
     torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
     tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
     pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
+    shape: ModelShape | None = None
+    attention_backend: str | None = Field(None, min_length=1, max_length=100, pattern=PRINTABLE)
+    data_parallel_size: int | None = Field(None, ge=1, le=1024)
+    lora_rank: int | None = Field(None, ge=1, le=1 << 16)
+    given: list[IdentityField] = Field(default_factory=list, max_length=20)
+
+
+class Start(_Strict):
+    """One engine start under `capplan apply`, from the report it left (CAPPLAN_REPORT): the
+    plan it captured (its fingerprint, graph counts and largest graph) and what capture took."""
+
+    report: str = Field(min_length=1, max_length=1000, pattern=PRINTABLE)  # the report file, as given
+    fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    graphs: int = Field(ge=1, le=10_000_000)
+    lora_graphs: int = Field(ge=0, le=10_000_000)
+    max_tokens: int = Field(ge=1, le=1 << 24)
+    capture_seconds: float = Field(gt=0, le=1e6)
+    graph_memory_gib: float = Field(gt=0, le=1e5)
 
 
 class Calibration(_Strict):
@@ -51,3 +91,4 @@ class Calibration(_Strict):
     identity: Identity | None = None
     runs: list[CalibrationRun] = Field(default_factory=list, max_length=10_000)
     step_times: list[StepTime] = Field(default_factory=list, max_length=100_000)
+    starts: list[Start] = Field(default_factory=list, max_length=10_000)

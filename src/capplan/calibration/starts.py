@@ -1,0 +1,183 @@
+"""Calibrations from the reports engine starts leave (`capplan apply --report`, CAPPLAN_REPORT).
+
+A start's report holds the plan's fingerprint, the graphs captured and what capture took (its
+seconds, and the fall in the GPU's free memory across it: the graph pool's growth). Checked
+against the plan it ran and the deployment's identity, one report is one `Start`; several
+merge into one calibration, every figure with the spread of its starts (not the last one
+winning). Reports of earlier runtimes record no identity: the operator gives the model's
+config.json, the GPU and the release, and the calibration records that they were given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from capplan.errors import InputError
+from capplan.files import json_value, read_text, shown
+from capplan.schemas.calibration import Calibration, Identity, ModelShape, Start
+from capplan.schemas.plan import Plan
+from capplan.schemas.spec import Model
+
+MAX_REPORT_BYTES = 64 << 20
+FOLDER = ".capplan/calibration"  # found beside the plans, or in a folder above them
+
+
+class _Report(BaseModel):
+    """What a calibration reads of a start report (the report holds more)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    graphs_planned: int = Field(ge=0)
+    graphs_captured: int = Field(ge=0)
+    capture_seconds: float
+    graph_memory_gib: float | None
+    deferred: dict[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class Given:
+    """The identity the operator gives for reports that do not record it."""
+
+    shape: ModelShape | None = None
+    model: str | None = None
+    gpu: str | None = None
+    vllm: str | None = None
+    torch: str | None = None
+    attention_backend: str | None = None
+    lora_rank: int | None = None
+
+
+def read_report(path: Path) -> _Report:
+    """A start report's figures; one line naming the file and what is wrong otherwise."""
+    name = shown(path)
+    try:
+        data = json_value(read_text(path, "start report", InputError, MAX_REPORT_BYTES))
+    except ValueError as exc:
+        raise InputError(f"{name}: not a start report ({exc})", "give the file CAPPLAN_REPORT named") from None
+    if not isinstance(data, dict) or "fingerprint" not in data or "graphs_captured" not in data:
+        raise InputError(
+            f"{name}: not a start report (no fingerprint and graphs captured)",
+            "give the file capplan apply --report (CAPPLAN_REPORT) wrote",
+        )
+    try:
+        return _Report.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise InputError(
+            f"{name}: {where}: {err['msg'].lower()}", "give the file capplan apply --report wrote, unedited"
+        ) from None
+
+
+def start_of(path: Path, plan: Plan) -> Start:
+    """One start, from its report, checked against the plan it ran: a report of another plan,
+    of deferred capture, of a capture that did not finish, or whose memory reading another
+    process disturbed is refused with the reason."""
+    name = shown(path)
+    r = read_report(path)
+    if r.fingerprint != plan.fingerprint:
+        raise InputError(
+            f"{name}: a start of another plan (fingerprint {r.fingerprint[7:19]}, the plan's {plan.fingerprint[7:19]})",
+            "give the plan that start ran (another vLLM release or setting gives another fingerprint)",
+        )
+    if r.deferred is not None:
+        raise InputError(
+            f"{name}: a start with deferred capture: its capture covers only the ready graphs",
+            "calibrate from starts of the plan without tiers",
+        )
+    if r.graphs_captured != r.graphs_planned or r.graphs_captured != len(plan.graphs):
+        raise InputError(
+            f"{name}: captured {r.graphs_captured} of the plan's {len(plan.graphs)} graphs; the start did not finish "
+            "capturing",
+            "give a report written after capture finished",
+        )
+    if r.graph_memory_gib is None or r.graph_memory_gib <= 0:
+        raise InputError(
+            f"{name}: graph memory {r.graph_memory_gib} GiB: the GPU's free memory did not fall across capture "
+            "(another process on the GPU, or no GPU reading)",
+            "calibrate from starts that had the GPU to themselves",
+        )
+    if not 0 < r.capture_seconds <= 1e6:
+        raise InputError(f"{name}: capture_seconds {r.capture_seconds}: not a capture time")
+    lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
+    top = max(g.descriptor.num_tokens for g in plan.graphs)
+    return Start(
+        report=shown(path),
+        fingerprint=r.fingerprint,
+        graphs=len(plan.graphs),
+        lora_graphs=lora,
+        max_tokens=top,
+        capture_seconds=r.capture_seconds,
+        graph_memory_gib=r.graph_memory_gib,
+    )
+
+
+def identity_of(plan: Plan, given: Given) -> Identity:
+    """The deployment's identity: what the plan's spec pins (parallel sizes), and what the
+    operator gave, recorded as given."""
+    spec = plan.spec
+    fields: list[str] = []
+    model = spec.model
+    if given.model is not None or given.shape is not None:
+        shape = given.shape
+        model = Model(
+            name=given.model or (model.name if model else None),
+            hidden_size=shape.hidden_size if shape else None,
+            num_layers=shape.num_layers if shape else None,
+            dtype=shape.dtype if shape else None,
+            architecture=model.architecture if model else None,
+            parameters=model.parameters if model else None,
+        )
+        fields.append("model")
+    values = {
+        "shape": given.shape,
+        "gpu": given.gpu,
+        "vllm": given.vllm,
+        "torch": given.torch,
+        "attention_backend": given.attention_backend,
+        "lora_rank": given.lora_rank,
+    }
+    fields += [k for k, v in values.items() if v is not None]
+    return Identity(
+        model=model,
+        tensor_parallel_size=spec.parallel.tensor_parallel_size or 1,
+        pipeline_parallel_size=spec.parallel.pipeline_parallel_size or 1,
+        data_parallel_size=spec.parallel.data_parallel_size,
+        given=sorted(fields),  # type: ignore[arg-type]
+        **{k: v for k, v in values.items() if v is not None},  # type: ignore[arg-type]
+    )
+
+
+def calibration_from_starts(reports: list[Path], plan: Plan, given: Given, name: str) -> Calibration:
+    """One calibration of the deployment from its starts' reports (at least one), every report
+    checked against the plan; the release the operator gives must be the plan's."""
+    if not reports:
+        raise InputError("no start report given", "give the report(s) capplan apply --report wrote")
+    if given.vllm is not None:
+        from capplan.releases import release_problem
+
+        problem = release_problem(plan.spec.target.vllm, given.vllm)
+        if problem is not None:
+            raise InputError(f"--vllm {given.vllm}: a start of another release: {problem[0]}", problem[1])
+    starts = [start_of(path, plan) for path in reports]
+    seen: dict[str, str] = {}
+    for s, path in zip(starts, reports):
+        key = str(path.resolve())
+        if key in seen:
+            raise InputError(f"{shown(path)}: given twice; each start counts once")
+        seen[key] = s.report
+    return Calibration(name=name, identity=identity_of(plan, given), starts=starts)
+
+
+def find_folder(start: Path) -> Path | None:
+    """The calibration folder (`.capplan/calibration`) in `start`'s folder or the nearest folder
+    above it, the way git finds its config; None when there is none."""
+    here = (start if start.is_dir() else start.parent).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / FOLDER
+        if candidate.is_dir():
+            return candidate
+    return None
