@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
+from capplan.calibration.price import PriceDelta, Pricing, price_pair
 from capplan.planner.dispatch import beyond_spec
 from capplan.planner.regions import NOT_SCHEDULED, Lane, Refusal, lora_lanes, regions, target_runs, unscheduled_runs
 from capplan.schemas.plan import Descriptor, DummyLayout, Plan
@@ -264,6 +265,7 @@ class PlanDiff:
     tier_changes: tuple[TierChange, ...] = ()  # graphs moved between ready and deferred
     fix_changes: tuple[FixChange, ...] = ()
     coverage: tuple[CoverageShift, ...] = ()  # batch shapes that go from a graph to eager or back
+    price: PriceDelta | None = None  # both plans priced with intervals (calibration starts or the shape model)
 
     @property
     def regression(self) -> bool:
@@ -285,8 +287,18 @@ class PlanDiff:
 SAMPLE = 8  # graphs added and removed named in `added_sample` / `removed_sample`
 
 
-def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new_name: str = "new") -> PlanDiff:
+def diff_plans(
+    old: Plan,
+    new: Plan,
+    cost: CostModel,
+    old_name: str = "old",
+    new_name: str = "new",
+    pricing: Pricing | None = None,
+) -> PlanDiff:
+    """Every change between two plans; `pricing` (the deployment's starts or the shape model)
+    prices both with intervals, over the cost model's point estimates."""
     equal = old == new
+    price = price_pair(old, new, pricing)
     old_sizes, new_sizes = set(old.capture_sizes), set(new.capture_sizes)
     counts = len(old.capture_sizes), len(new.capture_sizes)
     sizes = (
@@ -296,7 +308,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
     )
     estimates = _cost(old, new, cost)
     if equal:
-        return PlanDiff(old_name, new_name, True, estimates, sizes)
+        return PlanDiff(old_name, new_name, True, estimates, sizes, price=price)
     a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
     spec_changes = tuple(
         SpecChange(k, a.get(k), b.get(k))
@@ -337,6 +349,7 @@ def diff_plans(old: Plan, new: Plan, cost: CostModel, old_name: str = "old", new
         tier_changes=tuple(_tier_changes(old, new)),
         fix_changes=tuple(_fix_changes(old, new)),
         coverage=_coverage(dispatch),
+        price=price,
     )
 
 

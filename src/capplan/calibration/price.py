@@ -225,6 +225,11 @@ class ShapeModel:
             out.append(f"GPU not given; measured on {', '.join(gpus)}")
         elif _gpu_key(gpu) not in {_gpu_key(g) for g in gpus}:
             out.append(f"extrapolated: GPU {gpu} not measured (measured: {', '.join(gpus)})")
+        from capplan.releases import runs_on
+
+        measured = sorted({h.vllm for h in self.held})
+        if not set(runs_on(plan.spec.target.vllm)) & set(measured):
+            out.append(f"extrapolated: vLLM {plan.spec.target.vllm} not measured (measured: {', '.join(measured)})")
         tp = plan.spec.parallel.tensor_parallel_size or 1
         if tp > 1:
             out.append(f"extrapolated: tensor parallel {tp}; only TP 1 was measured")
@@ -286,3 +291,70 @@ def project_calibrations() -> list[Calibration]:
     from capplan.loading import load_calibration
 
     return [load_calibration(p) for p in sorted(DATA.glob("*.yaml"))]
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What prices plans: the deployment's own calibration (starts), the shape model, and a
+    shape the operator gave (`--model-config`) over the spec's `model`."""
+
+    deployment: Calibration | None
+    model: ShapeModel | None
+    shape: ModelShape | None = None
+
+    def price(self, plan: Plan) -> Priced | None:
+        """Measured data of the deployment first, else the shape model's prediction, else None
+        (no calibration of this deployment and no model shape to predict from)."""
+        from capplan.calibration.shape import shape_from_spec
+        from capplan.traffic.cost import judge
+
+        why_not = ""
+        if self.deployment is not None:
+            basis = judge(self.deployment, plan.spec)
+            if basis.usable:
+                priced = price_from_starts(plan, self.deployment)
+                if priced is not None:
+                    return priced
+            why_not = f"calibration {self.deployment.name} not used: {basis.note}"
+        shape = self.shape or shape_from_spec(plan.spec)
+        if shape is None or self.model is None:
+            return None
+        priced = self.model.predict(plan, shape, plan.spec.target.gpu)
+        notes = priced.notes + ((why_not,) if why_not else ())
+        if shape.intermediate_size is None:
+            notes += ("intermediate size not given (--model-config): the workspace counts 4 x hidden per token",)
+        return Priced(priced.graphs, priced.seconds, priced.gib, priced.kind, priced.basis, notes)
+
+
+@dataclass(frozen=True)
+class PriceDelta:
+    """Both plans priced, and the change: new minus old, bound by bound (both rest on the same
+    rates, so a start that ran slow prices both plans slow)."""
+
+    old: Priced
+    new: Priced
+
+    @property
+    def seconds(self) -> Figure:
+        return _minus(self.new.seconds, self.old.seconds)
+
+    @property
+    def gib(self) -> Figure:
+        return _minus(self.new.gib, self.old.gib)
+
+    @property
+    def kind(self) -> str:
+        kinds = dict.fromkeys((self.old.kind, self.new.kind))
+        return " / ".join(kinds)
+
+
+def _minus(a: Figure, b: Figure) -> Figure:
+    lo, hi = a.lo - b.lo, a.hi - b.hi
+    return Figure(a.value - b.value, min(lo, hi), max(lo, hi))
+
+
+def price_pair(old: Plan, new: Plan, pricing: Pricing | None) -> PriceDelta | None:
+    if pricing is None:
+        return None
+    a, b = pricing.price(old), pricing.price(new)
+    return None if a is None or b is None else PriceDelta(a, b)

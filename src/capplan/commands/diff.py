@@ -42,11 +42,16 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
+    from capplan.calibration.price import Pricing
+    from capplan.calibration.starts import load_pricing
+
+    pricing = load_pricing(calibration, new)
     cost = load_cost_model(calibration)
     a, b = _load(old, specs), _load(new, specs)
     if isinstance(a, CapplanError) or isinstance(b, CapplanError):
         raise _mixup(old, new, a, b, specs)
-    return diff_plans(a, b, cost, printable(str(old)), printable(str(new))), a, b
+    assert pricing is None or isinstance(pricing, Pricing)
+    return diff_plans(a, b, cost, printable(str(old)), printable(str(new)), pricing), a, b
 
 
 def _load(path: Path, specs: bool) -> Plan | CapplanError:

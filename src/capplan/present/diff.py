@@ -30,6 +30,7 @@ from capplan.analysis.diff import (
     TierMove,
     TierTotals,
 )
+from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.planner.regions import Lane, where_text
 from capplan.present.jsondoc import record_value
@@ -272,6 +273,12 @@ def headline(d: PlanDiff) -> str:
     lead = coverage_headline(d)
     lead = f"{lead}; " if d.regression else ""
     tail = f"; {coverage_headline(d)}" if coverage_headline(d) and not d.regression else ""
+    if d.price is not None:
+        p = d.price
+        return (
+            f"{lead}{what}: {graphs}, {_delta(p.seconds, '.1f')} s capture, {_delta(p.gib, '.3f')} GiB graph memory "
+            f"({p.kind}){tail}"
+        )
     if o is None or n is None:
         return f"{lead}{what}: {graphs} (capture time and graph memory not estimated){tail}"
     seconds = signed(n.capture_seconds - o.capture_seconds, ".0f")
@@ -279,6 +286,23 @@ def headline(d: PlanDiff) -> str:
         f"{lead}{what}: {graphs}, {seconds} s "
         f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated){tail}"
     )
+
+
+def _delta(f: Figure, fmt: str) -> str:
+    """`+1.2 [+0.8..+1.9]`: a change and its interval."""
+    return f"{f.value:+{fmt}} [{f.lo:+{fmt}}..{f.hi:+{fmt}}]"
+
+
+def price_lines(d: PlanDiff) -> list[str]:
+    """Both plans priced, what the prices rest on, and what is extrapolated."""
+    p = d.price
+    if p is None:
+        return []
+    lines = [f"old: {p.old.text()} ({p.old.kind})", f"new: {p.new.text()} ({p.new.kind})"]
+    bases = dict.fromkeys((p.old.basis, p.new.basis))
+    lines += [f"basis: {b}" for b in bases]
+    lines += list(dict.fromkeys((*p.old.notes, *p.new.notes)))
+    return lines
 
 
 def _sample(items: list[str], shown: int = 8) -> list[str]:
@@ -303,7 +327,9 @@ def render_text(d: PlanDiff) -> str:
         return lines[0] + "\n"
     c = d.cost
     o, n = c.old, c.new
-    if o is None or n is None:
+    if d.price is not None:
+        lines += [f"  {line}" for line in price_lines(d)]
+    elif o is None or n is None:
         lines.append(
             f"  estimate: none; {c.old_graphs} -> {c.new_graphs} graphs (calibration {c.calibration}: {c.basis})"
         )
@@ -421,7 +447,18 @@ def render_markdown(d: PlanDiff) -> str:
         "|---|---:|---:|---:|",
         f"| graphs | {c.old_graphs} | {c.new_graphs} | {signed(c.graphs)} |",
     ]
-    if o is not None and n is not None:
+    if d.price is not None:
+        p = d.price
+        lines += [
+            f"| capture time ({p.kind}) | {p.old.seconds.text('.1f', 's')} | {p.new.seconds.text('.1f', 's')} | "
+            f"{_delta(p.seconds, '.1f')} s |",
+            f"| graph memory ({p.kind}) | {p.old.gib.text('.3f', 'GiB')} | {p.new.gib.text('.3f', 'GiB')} | "
+            f"{_delta(p.gib, '.3f')} GiB |",
+            "",
+            *[f"<sub>{line}</sub>" for line in price_lines(d)[2:]],
+            "",
+        ]
+    elif o is not None and n is not None:
         lines += [
             f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
             f"{signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
@@ -489,6 +526,37 @@ def _estimate(e: Estimate | None) -> dict[str, Any] | None:
     }
 
 
+def _figure(f: Figure, digits: int) -> dict[str, float]:
+    return {"value": round(f.value, digits), "lo": round(f.lo, digits), "hi": round(f.hi, digits)}
+
+
+def _priced(p: Priced) -> dict[str, Any]:
+    return {
+        "graphs": p.graphs,
+        "capture_seconds": _figure(p.seconds, 2),
+        "graph_memory_gib": _figure(p.gib, 4),
+        "kind": p.kind,
+        "basis": p.basis,
+        "notes": list(p.notes),
+    }
+
+
+def _price_json(d: PlanDiff) -> dict[str, Any]:
+    """Both plans priced with intervals, and the change (`kind`: measured, scaled or predicted)."""
+    p = d.price
+    assert p is not None
+    return {
+        "old": _priced(p.old),
+        "new": _priced(p.new),
+        "delta": {
+            "graphs": d.cost.graphs,
+            "capture_seconds": _figure(p.seconds, 2),
+            "graph_memory_gib": _figure(p.gib, 4),
+            "kind": p.kind,
+        },
+    }
+
+
 RECORD_TYPES: dict[type, str] = {
     LoraKeyChange: "key",
     LoraCountChange: "count",
@@ -541,6 +609,7 @@ def diff_json(d: PlanDiff) -> dict[str, Any]:
         "encoder_changes": [_record(x, encoder_change_text(x)) for x in d.encoder_changes],
         "tier_changes": [_record(x, tier_change_text(x), RECORD_TYPES[type(x)]) for x in d.tier_changes],
         "fix_changes": [_record(x, fix_change_text(x), RECORD_TYPES[type(x)]) for x in d.fix_changes],
+        "price": None if d.price is None else _price_json(d),
         "estimate": {
             "old": _estimate(c.old),
             "new": _estimate(c.new),
