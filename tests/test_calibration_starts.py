@@ -1,0 +1,240 @@
+"""Calibrations from start reports, the shape model, and diffs priced by them."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capplan.calibration.price import fit_shape_model, project_calibrations
+from capplan.calibration.shape import shape_from_config
+from capplan.calibration.starts import read_report
+from capplan.cli import app
+from capplan.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "src" / "capplan" / "data"
+RESULTS = "tests/gpu/results"
+runner = CliRunner()
+
+
+def _gpu_specs():
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from release_run import MAIN
+    from release_run import SPEC as TINY
+    from served_loop import SPEC as BIG
+
+    return BIG.replace('vllm: "0.25"', 'vllm: "0.33.0"'), TINY.format(release="0.33.0", max_loras=3, **MAIN)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """The plans of the kept 0.33.0 starts, compiled again from the GPU runs' specs."""
+    work = tmp_path_factory.mktemp("plans")
+    big, tiny = _gpu_specs()
+    out = {}
+    for name, text in (("big", big), ("tiny", tiny)):
+        (work / f"{name}.yaml").write_text(text)
+        assert runner.invoke(app, ["compile", str(work / f"{name}.yaml")]).exit_code == 0
+        out[name] = work / f"{name}.plan.yaml"
+    return out
+
+
+BIG_REPORTS = sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / RESULTS / "deferred" / "0.33.0").glob("**/starts/**/*full.report.json")
+)
+TINY_REPORTS = [
+    f"{RESULTS}/releases/0.33.0/serve/planned.report.json",
+    f"{RESULTS}/registry/0.33.0/planned.report.json",
+]
+
+
+def _calibrate(args, out):
+    return runner.invoke(app, ["calibrate-start", *args, "-o", str(out)])
+
+
+@pytest.mark.parametrize(
+    "name, reports, extra",
+    [
+        ("h200-vllm033-llama0.9b", BIG_REPORTS, ["--attention-backend", "TRITON_ATTN"]),
+        ("h200-vllm033-tiny-llama", TINY_REPORTS, []),
+    ],
+)
+def test_the_shipped_calibrations_are_what_the_kept_reports_give(plans, tmp_path, monkeypatch, name, reports, extra):
+    monkeypatch.chdir(ROOT)
+    big = "llama0.9b" in name
+    model = "llama0.9b" if big else "tiny-llama"
+    out = tmp_path / "cal.yaml"
+    result = _calibrate(
+        [*reports, "--plan", str(plans["big" if big else "tiny"]), "--model-config",
+         f"src/capplan/data/models/{model}.config.json", "--model", model, "--gpu", "NVIDIA H200", "--vllm", "0.33.0",
+         "--lora-rank", "8", "--name", name, *extra],
+        out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    made = yaml.safe_load(out.read_text())
+    shipped = yaml.safe_load((DATA / "calibrations" / f"{name}.yaml").read_text())
+    assert made == shipped
+    assert len(made["starts"]) == len(reports) and made["identity"]["given"]
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+
+
+def _refused(args, out, says):
+    result = _calibrate(args, out)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert says in result.stderr
+    assert not out.exists()
+
+
+def test_a_report_of_another_plan_release_or_start_kind_is_refused_with_the_reason(plans, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "cal.yaml"
+    tiny = ["--plan", str(plans["tiny"])]
+    _refused([f"{RESULTS}/registry/0.33.0/dummy.report.json", *tiny], out, "a start of another plan")
+    _refused([f"{RESULTS}/deferred/0.33.0/check/full.report.json", *tiny], out, "did not fall across capture")
+    _refused([f"{RESULTS}/deferred/0.33.0/step-budget/check/tiers.report.json", *tiny], out, "deferred capture")
+    _refused([TINY_REPORTS[0], *tiny, "--vllm", "0.29.0"], out, "a start of another release")
+    _refused([TINY_REPORTS[0], TINY_REPORTS[0], *tiny], out, "given twice")
+    # One bad report among good ones: nothing written.
+    _refused([*TINY_REPORTS, f"{RESULTS}/registry/0.33.0/dummy.report.json", *tiny], out, "another plan")
+
+
+def test_a_diff_of_the_tiny_model_s_plan_gets_its_measured_numbers(plans, tmp_path, monkeypatch):
+    """A spec naming the tiny model of the kept reports, with its calibration in the folder
+    beside the plans: the plan those starts ran is measured (their interval), another scaled."""
+    _, tiny = _gpu_specs()
+    monkeypatch.chdir(tmp_path)
+    named = tiny.replace(
+        'target: {runner: mrv2, vllm: "0.33.0"}',
+        'target: {runner: mrv2, vllm: "0.33.0", gpu: NVIDIA H200}\n'
+        "model: {name: tiny-llama, hidden_size: 256, num_layers: 2, dtype: bfloat16}\n"
+        "parallel: {tensor_parallel_size: 1, pipeline_parallel_size: 1}",
+    )
+    Path("old.yaml").write_text(named)
+    Path("new.yaml").write_text(named.replace("max_loras: 3", "max_loras: 4"))
+    Path(".capplan/calibration").mkdir(parents=True)
+    (tmp_path / ".capplan/calibration/tiny.yaml").write_text(
+        (DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml").read_text()
+    )
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
+    old, new = data["price"]["old"], data["price"]["new"]
+    assert old["kind"] == "measured" and new["kind"] == "scaled"
+    reports = [yaml.safe_load(open(ROOT / r))["capture_seconds"] for r in TINY_REPORTS]
+    assert old["capture_seconds"]["lo"] == round(min(reports), 2) and old["capture_seconds"]["hi"] == round(
+        max(reports), 2
+    )
+    assert "registry/0.33.0/planned.report.json" in old["basis"]
+    assert data["price"]["delta"]["capture_seconds"]["lo"] <= data["price"]["delta"]["capture_seconds"]["value"]
+    text = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"]).stdout
+    assert "(measured / scaled)" in text.splitlines()[0]
+
+
+def test_an_8b_llama_on_an_h100_is_predicted_and_extrapolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = (
+        'target: {runner: mrv2, vllm: "0.33", gpu: NVIDIA H100}\n'
+        "model: {name: meta-llama/Llama-3.1-8B-Instruct, hidden_size: 4096, num_layers: 32, dtype: bfloat16}\n"
+        "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 8192, max_model_len: 8192}\n"
+        "lora: {enabled: true, max_loras: 4, specialize: true}\n"
+    )
+    Path("old.yaml").write_text(spec)
+    Path("new.yaml").write_text(spec.replace("max_num_seqs: 64", "max_num_seqs: 128"))
+    result = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"])
+    head = result.stdout.splitlines()[0]
+    assert "GiB graph memory (predicted); 256 batch shape(s) go from eager to a graph" in head, head
+    assert "extrapolated: layers 32, 2.0x the largest measured (16)" in result.stdout
+    assert "extrapolated: GPU NVIDIA H100 not measured (measured: NVIDIA H200)" in result.stdout
+    data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
+    delta = data["price"]["delta"]["capture_seconds"]
+    assert delta["lo"] < delta["value"] < delta["hi"]
+
+
+def test_the_shape_model_s_held_out_errors_are_the_ones_the_benchmarks_state():
+    model = fit_shape_model(project_calibrations())
+    assert model is not None and len(model.held) == 2 and len(model.held_out) == 2
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    for h in model.held_out:
+        row = f"| {h.name} | {100 * h.seconds_error:+.0f}% | {100 * h.gib_error:+.0f}% |"
+        assert row in doc, row
+
+
+# -- bad input to every new reader: one line, nothing written ---------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=6),
+            max_leaves=20,
+        ).map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries(
+            {"fingerprint": st.text(max_size=80), "graphs_planned": st.integers(-5, 10**6),
+             "graphs_captured": st.one_of(st.integers(-5, 10**6), st.text(max_size=4), st.booleans()),
+             "capture_seconds": st.one_of(st.floats(), st.integers(), st.none()),
+             "graph_memory_gib": st.one_of(st.floats(), st.none(), st.text(max_size=3))},
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)  # fmt: skip
+def test_a_bad_report_is_one_line(tmp_path, body):
+    path = tmp_path / "r.json"
+    path.write_bytes(body)
+    try:
+        read_report(path)
+    except InputError as exc:
+        assert "\n" not in exc.message and exc.message.startswith(str(path))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.one_of(
+        st.binary(max_size=200),
+        st.dictionaries(
+            st.sampled_from(["num_hidden_layers", "hidden_size", "intermediate_size", "torch_dtype", "text_config",
+                             "num_local_experts", "vocab_size"]),
+            st.one_of(st.integers(-3, 1 << 30), st.booleans(), st.text(max_size=5), st.floats(), st.none(),
+                      st.dictionaries(st.text(max_size=5), st.integers(), max_size=2)),
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)  # fmt: skip
+def test_a_bad_config_json_is_one_line(tmp_path, body):
+    path = tmp_path / "config.json"
+    path.write_bytes(body)
+    try:
+        shape = shape_from_config(path)
+    except InputError as exc:
+        assert "\n" not in exc.message and exc.message.startswith(str(path))
+    else:
+        assert shape.num_layers >= 1 and shape.hidden_size >= 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(st.binary(max_size=120), st.text(max_size=120).map(str.encode)))
+def test_a_bad_calibration_folder_or_config_is_one_line_and_writes_nothing(tmp_path_factory, body):
+    """A calibration folder beside the plans with a bad file, and a bad --model-config to
+    calibrate-start: exit 1 with one line, no traceback, nothing written."""
+    work = tmp_path_factory.mktemp("w")
+    _, tiny = _gpu_specs()
+    (work / "old.yaml").write_text(tiny)
+    (work / "new.yaml").write_text(tiny.replace("max_loras: 3", "max_loras: 4"))
+    (work / ".capplan/calibration").mkdir(parents=True)
+    (work / ".capplan/calibration/bad.yaml").write_bytes(body)
+    result = runner.invoke(app, ["diff", "--spec", str(work / "old.yaml"), str(work / "new.yaml")])
+    if result.exit_code not in (0, 2):
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    (work / "config.json").write_bytes(body)
+    out = work / "cal.yaml"
+    made = _calibrate(
+        [str(ROOT / TINY_REPORTS[0]), "--plan", str(work / "old.yaml"), "--model-config", str(work / "config.json")],
+        out,
+    )
+    assert made.exit_code == 1 and "Traceback" not in made.output and not out.exists()
+    assert len(made.stderr.strip().splitlines()) == 1, made.stderr
