@@ -42,7 +42,7 @@ CORPUS = [
     (["-O1"], None, "cudagraph mode PIECEWISE): the plan has cudagraph.mode FULL_AND_PIECEWISE"),
     (["-O", "3"], None, ("ok", "--max-loras 8")),
     (["-cc", '{"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1k}'], None, "cudagraph_mode FULL:"),
-    (["--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, "does not merge into"),
+    (["--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, ("ok", "(in --compilation_config)")),
     (["-cc", "{}", "-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], None, ("ok", "(in -cc)")),
     # one line per pinned setting, against the plan
     (["-dp", "2"], None, "--data-parallel-size 2: the plan has parallel.data_parallel_size 1"),

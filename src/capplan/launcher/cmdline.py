@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from capplan.errors import CapplanError, printable
 from capplan.files import json_depth
 from capplan.launcher.vllm_cli import Resolved, resolve_lines
@@ -57,6 +59,8 @@ def human_int(text: str) -> int:
     number, suffix = match.groups()
     if not suffix:
         return int(number)
+    if suffix.isupper() and "." in number:  # vLLM refuses decimals with a binary suffix (1.5K)
+        raise ValueError(text)
     scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix) or 2 ** (10 * "KMGT".index(suffix) + 10)
     return int(float(number) * scale)
 
@@ -77,6 +81,7 @@ class Command:
     flags: dict[str, str] = field(default_factory=dict)  # plan setting -> how the command set it
     json_at: dict[str, int] = field(default_factory=dict)  # "compilation"/"speculative" -> index of its JSON
     dotted: set[str] = field(default_factory=set)  # JSON args given as dotted keys
+    in_file: set[str] = field(default_factory=set)  # JSON args whose object comes from the --config file
     unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
     resolved: Resolved | None = None  # vLLM's own reading of the command, when vLLM was importable
 
@@ -102,36 +107,203 @@ def server_start(argv: list[str]) -> int | None:
 
 
 def parser_args(argv: list[str]) -> list[str]:
-    """The arguments vLLM's server parser reads from a server command (`vllm serve`'s model first)."""
-    name = Path(argv[0]).name
-    if name == "vllm":
-        return argv[2:]
+    """The arguments vLLM's entry point parses from a server command: `serve ...` for the `vllm`
+    command (its parser moves `--model` to the model's place, so it must see `serve`), the
+    engine arguments for the api_server module."""
+    if Path(argv[0]).name == "vllm":
+        return argv[1:]
     at = argv.index("-m")
-    rest = argv[at + 2 :]
-    return rest[1:] if argv[at + 1] == "vllm.entrypoints.cli.main" else rest
+    return argv[at + 2 :]
+
+
+# What capplan's own reader does not read, where vLLM is not importable, is refused, never
+# completed around: a flag appended after a part it did not read could replace the operator's value.
+OWN_READER = "capplan's own reader (vLLM is not importable here)"
+CHECK_WITH_VLLM = (
+    "spell it out as `capplan flags PLAN` does, or run the dry run where vLLM is installed: its own parser reads it"
+)
+SPEC_FLAGS = ("--spec-tokens", "--spec-method", "--spec-model")  # vLLM's speculative shorthands
+OFF = {  # a switch's off forms: --no-FLAG, and vLLM 0.33's --disable-X for --enable-X
+    **{"--no-" + f[2:]: f for f in SWITCHES},
+    **{"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")},
+}
+ON = {"--no-disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")}  # vLLM 0.33's hidden double negative
+LEVEL = "--optimization-level"
+KNOWN = {*SCALARS, *SWITCHES, *OFF, *ON, *LISTS, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
+
+
+@dataclass(frozen=True)
+class _Arg:
+    text: str  # as vLLM's parser reads it (`_` in a flag's name read as `-`)
+    at: int | None  # its index in the command; None: from the --config file
+
+
+def _refuse(what: str, why: str) -> CapplanError:
+    return CapplanError(f"{printable(what)[:60]}: {OWN_READER} {why}", CHECK_WITH_VLLM)
+
+
+def _normalized(text: str) -> str:
+    """A `--flag` as vLLM's parser reads it: `_` as `-` in its name, up to a `.` or `=`."""
+    if not text.startswith("--"):
+        return text
+    key, eq, value = text.partition("=")
+    head, dot, rest = key.partition(".")
+    return head.replace("_", "-") + dot + rest + eq + value
+
+
+def _engine_args(argv: list[str], start: int) -> tuple[list[_Arg], str | None]:
+    """The engine arguments in the order vLLM's parser reads them (a `--config FILE`'s values
+    first, the command line's after them, so that the command line wins), and the file."""
+    rest = list(range(start, len(argv)))
+    named = [i for i in rest if argv[i] == "--config"]
+    if not named:
+        return [_Arg(_normalized(argv[i]), i) for i in rest], None
+    if len(named) > 1:
+        raise CapplanError("--config is given twice: vLLM refuses the command", "give one config file")
+    at = named[0]
+    if at + 1 >= len(argv):
+        raise CapplanError("--config needs a file: vLLM refuses the command", "give the YAML file after --config")
+    path = argv[at + 1]
+    from_file = [_Arg(_normalized(text), None) for text in config_args(path)]
+    return from_file + [_Arg(_normalized(argv[i]), i) for i in rest if i not in (at, at + 1)], path
+
+
+def config_args(path: str) -> list[str]:
+    """A vLLM `--config` YAML file as the arguments vLLM's parser reads from it: each key a flag
+    (`--KEY`), a true switch alone, a list's items after it, a mapping as its JSON, anything
+    else as its text. yaml.safe_load reads it, as vLLM does. A false switch vLLM's releases read
+    differently (dropped, or `--no-KEY`): refused where it is a flag this reader reads."""
+    from capplan.files import check_shape, read_text
+
+    name = printable(path)
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise CapplanError(f"--config {name}: vLLM reads only a .yaml or .yml config file", "rename it")
+    text = read_text(Path(path), "vLLM config file", CapplanError)
+    try:
+        data = yaml.safe_load(text)
+        check_shape(data, f"--config {name}")
+    except yaml.YAMLError as exc:
+        raise CapplanError(f"--config {name}: not YAML ({printable(str(exc).splitlines()[0])[:80]})") from None
+    except RecursionError:
+        raise CapplanError(f"--config {name}: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise CapplanError(f"--config {name}: not a YAML mapping of flags to values", "vLLM refuses it too")
+    out: list[str] = []
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise CapplanError(f"--config {name}: the key {printable(repr(key))[:40]} is not a flag name")
+        flag = _normalized("--" + key)
+        if isinstance(value, bool):
+            if not value and (flag in SWITCHES or flag in OFF or flag in ON):
+                raise _refuse(f"--config {name}: {key}: false", "does not read a false switch in a config file")
+            out += [flag] if value else []
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            try:
+                out += [flag, json.dumps(value)]
+            except (TypeError, ValueError):
+                raise CapplanError(
+                    f"--config {name}: {printable(key)[:40]}: not JSON data", "vLLM refuses it too"
+                ) from None
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def json_places(args: list[_Arg]) -> dict[str, int | None]:
+    """Where vLLM's parser takes each JSON config ("compilation", "speculative") from: the index
+    in `args` of the last JSON object given, or None where dotted keys are given (vLLM gives
+    their merged object last, so it replaces every JSON object)."""
+    places: dict[str, int | None] = {}
+    for k, arg in enumerate(args):
+        name, eq, _ = arg.text.partition("=")
+        head = name.split(".", 1)[0]
+        if head in JSON_ARGS and "." in name:
+            places[JSON_ARGS[head]] = None
+        elif name in JSON_ARGS and places.get(JSON_ARGS[name], 0) is not None and (eq or k + 1 < len(args)):
+            places[JSON_ARGS[name]] = k if eq else k + 1
+    return places
+
+
+def _prefix_of_known(name: str) -> bool:
+    """Whether vLLM's parser could read `name` as an abbreviation of a flag this reader reads."""
+    if name.startswith("--"):
+        return any(k.startswith(name) and k != name for k in KNOWN if k.startswith("--"))
+    shorts = [*SHORT, *(f for f in JSON_ARGS if not f.startswith("--"))]
+    return len(name) > 1 and name[1].isalpha() and any(k.startswith(name) and k != name for k in shorts)
+
+
+def _dotted_value(raw: str, plus: bool) -> object:
+    """A dotted key's value as vLLM's parser reads it: `+` items split at commas, else JSON,
+    else a human-readable integer, else the text."""
+    if plus:
+        return raw.split(",")
+    try:
+        return _json("-cc", raw)
+    except ValueError:
+        try:
+            return human_int(raw)
+        except ValueError:
+            return raw
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    """vLLM's merge of dotted keys: mappings merge, lists concatenate, anything else is replaced."""
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        elif isinstance(v, list) and isinstance(into.get(k), list):
+            into[k] = into[k] + v
+        else:
+            into[k] = v
 
 
 def read_command(argv: list[str]) -> Command | None:
     """The plan settings a vLLM server command sets, or None when `argv` is not a vLLM server command.
-    CapplanError names a flag whose value vLLM itself would refuse."""
+    CapplanError names a flag whose value vLLM itself would refuse, or a part of the command this
+    reader does not read (an optimization level, an abbreviated flag), which it never completes."""
     start = server_start(argv)
     if start is None:
         return None
     cmd = Command(list(argv), start)
-    i = start
-    while i < len(argv):
-        token = argv[i]
+    serve = Path(argv[0]).name == "vllm" or "vllm.entrypoints.cli.main" in argv
+    if serve and not argv[start - 1].startswith("-") and argv[start - 1] != "serve":
+        twice = next((a for a in argv[start:] if re.match(r"^--model(=.+|$)", a)), None)
+        if twice is not None:
+            raise CapplanError(
+                f"`serve {printable(argv[start - 1])[:40]} ... {printable(twice)[:40]}` names the model twice: "
+                "vLLM's parser moves --model to the model's place and refuses the command",
+                "give the model once, after `serve`",
+            )
+    args, config = _engine_args(argv, start)
+    where = f" (in --config {printable(config)})" if config is not None else ""
+    json_objects: dict[int, tuple[dict[str, Any], str]] = {}  # index in args -> a JSON object, its flag
+    dotted: dict[str, dict[str, Any]] = {}  # the dotted keys of each, merged
+    dotted_flag: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        token = arg.text
         name, eq, inline = token.partition("=")
         name = SHORT.get(name, name)
+        said = argv[arg.at].partition("=")[0] if arg.at is not None else name  # as the user wrote it (-tp)
+        origin = "" if arg.at is not None else where
 
         def value(name: str = name, eq: str = eq, inline: str = inline, i: int = i) -> str:
             if eq:
                 return inline
-            if i + 1 >= len(argv):
+            if i + 1 >= len(args):
                 raise CapplanError(f"{printable(name)} needs a value")
-            return argv[i + 1]
+            return args[i + 1].text
 
         step = 1 if eq else 2
+        if token == "--":
+            raise _refuse("--", "does not read past a bare `--` (vLLM's parser takes what follows as positionals)")
+        if token.startswith("-O") or name == LEVEL:
+            raise _refuse(
+                token, "does not read vLLM's optimization levels (each release's table sets the cudagraph mode)"
+            )
         if name in SCALARS:
             setting = SCALARS[name]
             raw = value()
@@ -140,28 +312,28 @@ def read_command(argv: list[str]) -> Command | None:
             else:
                 number = _integer(name, raw, setting.human)
                 cmd.values[setting.name] = number
-                written = token.partition("=")[0]  # as the user wrote it (-tp, not --tensor-parallel-size)
-                shown = f"{written} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
-                cmd.flags[setting.name] = shown
+                shown = f"{said} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
+                cmd.flags[setting.name] = shown + origin
             i += step
-        elif name in SWITCHES or (name.startswith("--no-") and "--" + name[5:] in SWITCHES):
-            on = not name.startswith("--no-")
-            setting = SWITCHES[name if on else "--" + name[5:]]
-            cmd.values[setting.name] = on
-            cmd.flags[setting.name] = name
+        elif name in SWITCHES or name in OFF or name in ON:
+            if eq:
+                raise CapplanError(f"{printable(token)[:60]}: {name} takes no value: vLLM refuses the command")
+            setting = SWITCHES[OFF.get(name) or ON.get(name) or name]
+            cmd.values[setting.name] = name not in OFF
+            cmd.flags[setting.name] = name + origin
             i += 1
         elif name in LISTS:
             setting = LISTS[name]
             j = i + 1
             items = [inline] if eq else []
-            while not eq and j < len(argv) and re.fullmatch(r"\d+", argv[j]):
-                items.append(argv[j])
+            while not eq and j < len(args) and not re.match(r"-[^\d]", args[j].text):
+                items.append(args[j].text)  # vLLM's parser takes every argument up to the next flag
                 j += 1
             if not items:
                 raise CapplanError(f"{name} needs one or more token counts")
             numbers: list[Any] = [_integer(name, s, False) for s in items]
             cmd.values[setting.name] = setting.canon(numbers) if setting.canon is not None else numbers
-            cmd.flags[setting.name] = f"{name} {' '.join(items)}"
+            cmd.flags[setting.name] = f"{name} {' '.join(items)}" + origin
             i = j if not eq else i + 1
         elif name in JSON_ARGS:
             which = JSON_ARGS[name]
@@ -172,29 +344,52 @@ def read_command(argv: list[str]) -> Command | None:
                 raise CapplanError(f"{name}: not JSON ({printable(raw[:60])})", "give a JSON object") from None
             if not isinstance(data, dict):
                 raise CapplanError(f"{name}: not a JSON object", "give a JSON object")
-            cmd.json_at[which] = i + (0 if eq else 1)
-            _read_json(cmd, which, data, name)
+            json_objects[i if eq else i + 1] = (data, name)
             i += step
         elif "." in name and name.split(".", 1)[0] in JSON_ARGS:
             head, _, key = name.partition(".")
             which = JSON_ARGS[head]
             if key.count(".") >= MAX_DEPTH:
                 raise CapplanError(f"{printable(name)[:60]}...: dotted key deeper than {MAX_DEPTH} levels")
+            plus = key.endswith("+")
+            got: Any = _dotted_value(value(), plus)
+            for part in reversed(key.removesuffix("+").split(".")):
+                got = {part: got}
+            _merge(dotted.setdefault(which, {}), got)
+            dotted_flag[which] = head
+            i += step
+        elif name in SPEC_FLAGS:
             raw = value()
-            try:
-                parsed: object = _json(name, raw)
-            except ValueError:
-                parsed = raw
-            cmd.dotted.add(which)
-            _read_json(cmd, which, {key: parsed}, head, dotted=True)
+            cmd.values["speculative.present"] = True
+            if name == "--spec-tokens":
+                cmd.values[SPECULATIVE.name] = _integer(name, raw, False)
+                cmd.flags[SPECULATIVE.name] = f"{name} {raw}" + origin
             i += step
         elif name == "--config":
-            cmd.unread.append(f"--config {value()}")
-            i += step
-        elif token.startswith("-") and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            cmd.unread.append(f"--config={inline} (vLLM reads a config file only as `--config FILE`: it ignores it)")
+            i += 1
+        elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
+            raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
+        elif token.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].text.startswith("-"):
             i += 2  # another flag with its value (--port 8000)
         else:
             i += 1
+    places = json_places(args)
+    for which, place in places.items():
+        if place is None:
+            cmd.dotted.add(which)
+            _read_json(cmd, which, dotted[which], dotted_flag[which], dotted=True)
+        else:
+            data, name = json_objects[place]
+            at = args[place].at
+            if at is not None:
+                cmd.json_at[which] = at
+            else:
+                cmd.in_file.add(which)
+            _read_json(cmd, which, data, name, origin="" if at is not None else where)
+    if "speculative" in places:
+        if any(a.text.partition("=")[0] in SPEC_FLAGS for a in args):
+            raise _refuse("--spec-tokens", "does not decide between --spec-* flags and a speculative config")
     return cmd
 
 
@@ -213,12 +408,17 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
     start = server_start(argv)
     assert start is not None
     cmd = Command(list(argv), start)
-    try:  # where the command's own JSON sits, for complete() to merge into it
-        syntax = read_command(argv)
-    except CapplanError:
-        syntax = None
-    if syntax is not None:
-        cmd.json_at, cmd.dotted = syntax.json_at, syntax.dotted
+    # where the command's own JSON sits, for complete() to merge into (the file's are vLLM's to report)
+    line = [_Arg(_normalized(a), i) for i, a in enumerate(argv) if i >= start]
+    if any(a.text == "--config" for a in line):
+        skip = next(k for k, a in enumerate(line) if a.text == "--config")
+        line = line[:skip] + line[skip + 2 :]
+    for which, place in json_places(line).items():
+        found = None if place is None else line[place].at
+        if place is None:
+            cmd.dotted.add(which)
+        elif found is not None:
+            cmd.json_at[which] = found
     config = next((a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
                    if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")), None)  # fmt: skip
 
@@ -316,29 +516,34 @@ _KIND_WORDS: dict[Kind, str] = {
 
 
 def _typed(where: str, kind: Kind, got: object) -> object:
-    """`got`, when it has the type vLLM gives the key (null: vLLM's default); else CapplanError:
-    a wrong type is refused by vLLM too, so it is refused here, naming the key, before anything starts."""
+    """`got` as vLLM's config reads it, where it has a type vLLM gives the key (null: vLLM's
+    default; true and false stand for 1 and 0 where vLLM takes an integer, as its pydantic
+    models read them); else CapplanError naming the key, before anything starts."""
     if got is None:
         return None
 
-    def is_int(v: object) -> bool:
-        return type(v) is int
+    def number(v: object) -> bool:
+        return type(v) is int or type(v) is bool
 
     ok = {
-        "mode": isinstance(got, str) or is_int(got),
-        "int_list": isinstance(got, list) and all(is_int(v) for v in got),
-        "int": is_int(got),
+        "mode": isinstance(got, str) or type(got) is int,
+        "int_list": isinstance(got, list) and all(number(v) for v in got),
+        "int": number(got),
         "bool": isinstance(got, bool),
     }[kind]
     if not ok:
         raise CapplanError(
             f"{where}: must be {_KIND_WORDS[kind]} (got {printable(json.dumps(got))[:40]})",
-            "vLLM refuses this value too; fix it in the command",
+            "give it so in the command (where vLLM is installed, its own parser reads the line)",
         )
-    return got
+    if kind == "int_list" and isinstance(got, list):
+        return [int(v) for v in got]
+    return int(got) if kind == "int" and isinstance(got, bool) else got
 
 
-def _read_json(cmd: Command, which: str, data: dict[str, Any], flag: str, dotted: bool = False) -> None:
+def _read_json(
+    cmd: Command, which: str, data: dict[str, Any], flag: str, dotted: bool = False, origin: str = ""
+) -> None:
     def shown(key: str) -> str:
         return f"{flag}.{key}" if dotted else f"{flag} {key}"
 
@@ -347,7 +552,7 @@ def _read_json(cmd: Command, which: str, data: dict[str, Any], flag: str, dotted
         if key is not None and key in data:
             got = _typed(shown(key), SPECULATIVE.kind, data[key])
             cmd.values[SPECULATIVE.name] = got
-            cmd.flags[SPECULATIVE.name] = shown(key)
+            cmd.flags[SPECULATIVE.name] = shown(key) + origin
         cmd.values.setdefault("speculative.present", True)
         return
     for key, setting in COMPILATION.items():
@@ -356,4 +561,4 @@ def _read_json(cmd: Command, which: str, data: dict[str, Any], flag: str, dotted
             if setting.canon is not None and isinstance(got, list):
                 got = setting.canon(got)
             cmd.values[setting.name] = got
-            cmd.flags[setting.name] = f"{shown(key)} {short(got)}"
+            cmd.flags[setting.name] = f"{shown(key)} {short(got)}" + origin

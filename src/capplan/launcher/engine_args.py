@@ -79,7 +79,9 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
     }  # (`unless`: vLLM derives the sizes from the ceiling given)
     merged: list[str] = []  # keys put into the command's own --compilation-config JSON
     given = cmd.resolved.json_keys.get("compilation_config", []) if cmd.resolved is not None else []
-    from_file = cmd.resolved is not None and "compilation_config" in cmd.resolved.from_config
+    from_file = "compilation" in cmd.in_file or (
+        cmd.resolved is not None and "compilation_config" in cmd.resolved.from_config
+    )
     here = "compilation" in cmd.json_at or "compilation" in cmd.dotted  # capplan's reader found it on the line
     if missing and (from_file or (given and not here)):
         # vLLM keeps the last compilation config it is given: one more would replace the operator's, so

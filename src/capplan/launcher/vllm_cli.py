@@ -22,10 +22,13 @@ from typing import Any
 from capplan.errors import CapplanError, printable
 
 # Runs in the command's Python. Reads {"lines": [[...], ...], "fields": [...], "keys": [...]}
-# on stdin: each line the engine arguments of one command (`vllm serve`'s model first when
-# given), the EngineArgs fields and compilation-config keys to report; prints {"unavailable": why} when
-# vLLM's parser cannot be imported there, else {"results": [...]}, one per line: {"refused":
-# line} when vLLM's parser refuses it, else the resolution.
+# on stdin: each line the arguments of one command as vLLM's entry point gets them (`serve ...`
+# for the `vllm` command, whose parser moves `--model` first; the engine arguments alone for the
+# api_server module), the EngineArgs fields and compilation-config keys to report; prints
+# {"unavailable": why} when vLLM's parser cannot be built there, else {"results": [...]}, one per
+# line: {"refused": line} when vLLM's parser refuses it, else the resolution. On a machine without
+# an accelerator vLLM infers no device and its parser's defaults cannot be built: the CPU platform
+# stands in, as vLLM's own `vllm bench` does (the arguments read are the same).
 RESOLVER = r"""
 import argparse, contextlib, io, json, sys
 
@@ -35,6 +38,11 @@ try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         from vllm.entrypoints.cli import serve as serve_cli
         from vllm.engine.arg_utils import EngineArgs
+        from vllm import platforms
+        if platforms.current_platform.is_unspecified():
+            from vllm.platforms.cpu import CpuPlatform
+            platforms.current_platform = CpuPlatform()
+        serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 except Exception as exc:
     print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}"[:300]}))
     raise SystemExit(0)
@@ -51,8 +59,14 @@ except ImportError:
 raw = {}
 
 
-def make(record, suppress):
-    p = serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+def make(record, suppress, serve):
+    # vLLM's parser as its entry point builds it: the `vllm` command's with its serve subcommand,
+    # or the api_server module's
+    if serve:
+        top = FlexibleArgumentParser(prog="vllm")
+        p = serve_cli.ServeSubcommand().subparser_init(top.add_subparsers(required=False, dest="subparser"))
+    else:
+        top = p = serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     for a in p._actions:
         if suppress and a.dest != "help":
             a.default = argparse.SUPPRESS
@@ -67,16 +81,18 @@ def make(record, suppress):
             a.type = typed
     if suppress:
         p._defaults.clear()
-    return p
+    return top
 
 
-def parse(p, args):
+def parse(p, args, refusals=(SystemExit,)):
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             return p.parse_args(args), None
-    except SystemExit:
+    except refusals as exc:
         lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        if not isinstance(exc, SystemExit):
+            lines.append(f"{type(exc).__name__}: {exc}")
         return None, (lines[-1] if lines else "vLLM's argument parser refused the command")
 
 
@@ -93,17 +109,20 @@ def plain(v):
 
 def one(args):
     raw.clear()
+    serve = args[:1] == ["serve"]
     try:
-        ns, refused = parse(make(True, False), args)
+        ns, refused = parse(make(True, False, serve), args)
         if refused:
             return {"refused": refused}
-        return resolution(args, ns)
+        return resolution(args, ns, serve)
     except Exception as exc:  # vLLM's own classes refuse a value: so would vLLM
         return {"refused": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def resolution(args, ns):
-    given_ns, _ = parse(make(False, True), args)
+def resolution(args, ns, serve):
+    # what the operator gave: parsed again with no defaults, with and without the --config file
+    # (vLLM's parser may refuse the line without its file, e.g. a model named only there)
+    given_ns, _ = parse(make(False, True, serve), args, Exception)
     cli_args, skip = [], False
     for i, a in enumerate(args):
         if skip:
@@ -115,9 +134,9 @@ def resolution(args, ns):
         if a.startswith("--config="):
             continue
         cli_args.append(a)
-    cli_ns, _ = parse(make(False, True), cli_args)
+    cli_ns, _ = parse(make(False, True, serve), cli_args, Exception)
     given = sorted(vars(given_ns)) if given_ns is not None else []
-    on_cli = set(vars(cli_ns)) if cli_ns is not None else set()
+    on_cli = set(vars(cli_ns)) if cli_ns is not None else set()  # unknown: all counted as the file's
     ea = EngineArgs.from_cli_args(ns)
     cc = ea.compilation_config
     sc = ea.speculative_config
