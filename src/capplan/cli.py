@@ -136,16 +136,21 @@ def show_cmd(
     calibration: h.CalibrationOption = None,
     plot: h.ShowPlot = None,
     full: h.ShowFull = False,
+    model_config: h.ModelConfigOption = None,
 ) -> None:
     from capplan.commands.inspect import show
     from capplan.present.show import render_show, render_show_short, show_json
 
-    shown = show(plan, calibration, plot)
+    shown = show(plan, calibration, plot, model_config)
     if as_json:
-        typer.echo(dumps(show_json(shown.plan, shown.estimate, shown.cost.name, shown.basis.note), indent=2))
+        data = show_json(shown.plan, shown.estimate, shown.cost.name, shown.basis.note, shown.priced)
+        typer.echo(dumps(data, indent=2))
     else:
+        from capplan.present.show import price_lines
+
         render = render_show if full else render_show_short
-        sys.stdout.write(render(shown.plan, str(plan), shown.cost.estimate_line(shown.plan)))
+        line = "\n  ".join(price_lines(shown.priced)) if shown.priced else shown.cost.estimate_line(shown.plan)
+        sys.stdout.write(render(shown.plan, str(plan), line))
 
 
 @app.command("dispatch", help=h.DISPATCH_HELP)
@@ -261,11 +266,12 @@ def diff_cmd(
     specs: h.DiffSpecs = False,
     calibration: h.CalibrationOption = None,
     plot: h.DiffPlot = None,
+    model_config: h.ModelConfigOption = None,
 ) -> None:
     from capplan.commands.diff import diff
     from capplan.present.diff import diff_json, render_markdown, render_text
 
-    result = diff(old, new, fmt, specs, calibration, plot)
+    result = diff(old, new, fmt, specs, calibration, plot, model_config)
     if fmt == "json":
         typer.echo(dumps(diff_json(result), indent=2))
     elif fmt == "markdown":

@@ -10,7 +10,16 @@ import typer
 
 PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
 CalibrationOption = Annotated[
-    Path | None, typer.Option("--calibration", help="Cost calibration YAML (default: H200, vLLM 0.25).")
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="Cost calibration YAML (default: a .capplan/calibration folder beside the plans or above them; "
+        "else the shape model, where the spec gives the model's layers and hidden size; else H200, vLLM 0.25).",
+    ),
+]
+ModelConfigOption = Annotated[
+    Path | None,
+    typer.Option("--model-config", help="The model's config.json: its shape, for the shape model's prediction."),
 ]
 
 COMPILE_HELP = """Compile SPEC into a capture plan (atomic write; summary on stderr).

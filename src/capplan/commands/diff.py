@@ -15,11 +15,19 @@ from capplan.schemas.plan import Plan
 FORMATS = ("text", "markdown", "json")
 
 
-def diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None, plot: Path | None) -> PlanDiff:
+def diff(
+    old: Path,
+    new: Path,
+    fmt: str,
+    specs: bool,
+    calibration: Path | None,
+    plot: Path | None,
+    model_config: Path | None = None,
+) -> PlanDiff:
     """The semantic diff of two plans (or specs); with `plot`, drawn there. A refusal
     exits 1, since this command's exit 2 means "the plans differ"."""
     try:
-        result, a, b = _diff(old, new, fmt, specs, calibration)
+        result, a, b = _diff(old, new, fmt, specs, calibration, model_config)
         if plot is not None:
             from capplan.files import write_atomic
             from capplan.present.diff import headline
@@ -28,14 +36,16 @@ def diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None, 
 
             grids, legend = diff_grids(a, b)
             caption = f"capplan diff {old.name} -> {new.name}: {headline(result)}"
-            write_atomic(plot, plot_plan(plot, grids, caption, legend), inputs(old, new, calibration))
+            write_atomic(plot, plot_plan(plot, grids, caption, legend), inputs(old, new, calibration, model_config))
     except UsageError as exc:
         exc.exit_code = 1
         raise
     return result
 
 
-def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None) -> tuple[PlanDiff, Plan, Plan]:
+def _diff(
+    old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None, model_config: Path | None = None
+) -> tuple[PlanDiff, Plan, Plan]:
     """Load both sides (plans, or specs compiled in memory) and compare them."""
     from capplan.analysis.diff import diff_plans
     from capplan.loading import load_cost_model
@@ -45,7 +55,7 @@ def _diff(old: Path, new: Path, fmt: str, specs: bool, calibration: Path | None)
     from capplan.calibration.price import Pricing
     from capplan.calibration.starts import load_pricing
 
-    pricing = load_pricing(calibration, new)
+    pricing = load_pricing(calibration, new, model_config)
     cost = load_cost_model(calibration)
     a, b = _load(old, specs), _load(new, specs)
     if isinstance(a, CapplanError) or isinstance(b, CapplanError):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from capplan.analysis.verify import VerifyReport
+from capplan.calibration.price import Priced
 from capplan.commands import inputs
 from capplan.errors import UsageError
 from capplan.planfile.read import load_plan
@@ -23,13 +24,20 @@ class Shown:
     cost: CostModel
     basis: Basis
     estimate: Estimate | None
+    priced: Priced | None = None  # with intervals: the deployment's starts, or the shape model
 
 
-def show(plan_path: Path, calibration: Path | None = None, plot: Path | None = None) -> Shown:
+def show(
+    plan_path: Path, calibration: Path | None = None, plot: Path | None = None, model_config: Path | None = None
+) -> Shown:
     """Load a plan and estimate its cost; with `plot`, draw it there."""
+    from capplan.calibration.price import Pricing
+    from capplan.calibration.starts import load_pricing
     from capplan.loading import load_cost_model
 
     plan = load_plan(plan_path)
+    pricing = load_pricing(calibration, plan_path, model_config)
+    priced = pricing.price(plan) if isinstance(pricing, Pricing) else None
     cost = load_cost_model(calibration)
     basis = cost.basis(plan.spec)
     estimate = cost.estimate(plan) if basis.usable else None
@@ -43,7 +51,7 @@ def show(plan_path: Path, calibration: Path | None = None, plot: Path | None = N
         caption = f"capplan show {plan_path.name}: {plan.stats['total']['graphs']} graphs ({totals or 'all eager'})"
         picture = plot_plan(plot, grids, caption, legend, eager_note(plan))
         write_atomic(plot, picture, inputs(plan_path, calibration))
-    return Shown(plan, cost, basis, estimate)
+    return Shown(plan, cost, basis, estimate, priced)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
 from capplan.traffic.cost import Estimate
@@ -262,8 +263,11 @@ def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def show_json(plan: Plan, estimate: Estimate | None, calibration: str, basis: str) -> dict[str, Any]:
-    """`show --json`: the plan's machine-readable form plus its cost estimate."""
+def show_json(
+    plan: Plan, estimate: Estimate | None, calibration: str, basis: str, priced: Priced | None = None
+) -> dict[str, Any]:
+    """`show --json`: the plan's machine-readable form plus its cost estimate, and `price` (with
+    intervals, from the deployment's starts or the shape model) where there is one."""
     from capplan.planfile.write import plan_to_json
 
     data = plan_to_json(plan)
@@ -274,4 +278,47 @@ def show_json(plan: Plan, estimate: Estimate | None, calibration: str, basis: st
         "calibration": calibration,
         "basis": basis,
     }
+    data["price"] = price_json(priced)
     return data
+
+
+GRAPH_MARGIN = 0.10  # the margin on the largest measured graph memory, in the reserve `show` gives
+
+
+def price_lines(priced: Priced) -> list[str]:
+    """The plan's capture cost with its interval and basis, and the graph memory to leave
+    free beside the KV cache where it was measured for this deployment."""
+    lines = [f"{priced.text()} ({priced.kind}; {priced.basis})", *priced.notes]
+    if priced.kind == "measured":
+        reserve = priced.gib.hi * (1 + GRAPH_MARGIN)
+        lines.append(
+            f"graph memory to leave free beside the KV cache: {reserve:.3f} GiB ({int(reserve * 2**30)} bytes: "
+            f"the largest of the starts' readings + {GRAPH_MARGIN:.0%}); size the KV cache "
+            "(--kv-cache-memory-bytes, or --gpu-memory-utilization) to leave that, in place of vLLM's "
+            "profiling estimate of its graphs"
+        )
+    else:
+        lines.append(
+            "graph memory not measured for this deployment: vLLM's own estimate stays in charge of the KV cache "
+            "(calibrate-start from a start of this plan measures it)"
+        )
+    return lines
+
+
+def price_json(priced: Priced | None) -> dict[str, Any] | None:
+    if priced is None:
+        return None
+
+    def figure(f: Figure, digits: int) -> dict[str, float]:
+        return {"value": round(f.value, digits), "lo": round(f.lo, digits), "hi": round(f.hi, digits)}
+
+    reserve = priced.gib.hi * (1 + GRAPH_MARGIN) if priced.kind == "measured" else None
+    return {
+        "graphs": priced.graphs,
+        "capture_seconds": figure(priced.seconds, 2),
+        "graph_memory_gib": figure(priced.gib, 4),
+        "kind": priced.kind,
+        "basis": priced.basis,
+        "notes": list(priced.notes),
+        "graph_memory_reserve_bytes": None if reserve is None else int(reserve * 2**30),
+    }
