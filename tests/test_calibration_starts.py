@@ -238,3 +238,57 @@ def test_a_bad_calibration_folder_or_config_is_one_line_and_writes_nothing(tmp_p
     )
     assert made.exit_code == 1 and "Traceback" not in made.output and not out.exists()
     assert len(made.stderr.strip().splitlines()) == 1, made.stderr
+
+
+def _tiny_named():
+    _, tiny = _gpu_specs()
+    return tiny.replace(
+        'target: {runner: mrv2, vllm: "0.33.0"}',
+        'target: {runner: mrv2, vllm: "0.33.0", gpu: NVIDIA H200}\n'
+        "model: {name: tiny-llama, hidden_size: 256, num_layers: 2, dtype: bfloat16}\n"
+        "parallel: {tensor_parallel_size: 1, pipeline_parallel_size: 1}",
+    )
+
+
+def test_show_gives_the_graph_memory_to_leave_free_only_where_measured(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("tiny.yaml").write_text(_tiny_named())
+    assert runner.invoke(app, ["compile", "tiny.yaml"]).exit_code == 0
+    cal = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    data = json.loads(runner.invoke(app, ["show", "tiny.plan.yaml", "--json", "--calibration", str(cal)]).stdout)
+    price = data["price"]
+    assert price["kind"] == "measured"
+    assert price["graph_memory_reserve_bytes"] == int(price["graph_memory_gib"]["hi"] * 1.1 * 2**30)
+    text = runner.invoke(app, ["show", "tiny.plan.yaml", "--calibration", str(cal)]).stdout
+    assert "graph memory to leave free beside the KV cache" in text
+    # Another model: only predicted, and vLLM's estimator stays in charge.
+    Path("big.yaml").write_text(
+        _tiny_named().replace("hidden_size: 256, num_layers: 2", "hidden_size: 4096, num_layers: 32")
+    )
+    assert runner.invoke(app, ["compile", "big.yaml"]).exit_code == 0
+    big = json.loads(runner.invoke(app, ["show", "big.plan.yaml", "--json", "--calibration", str(cal)]).stdout)
+    assert big["price"]["kind"] == "predicted" and big["price"]["graph_memory_reserve_bytes"] is None
+    assert any("calibration h200-vllm033-tiny-llama not used" in n for n in big["price"]["notes"])
+    text = runner.invoke(app, ["show", "big.plan.yaml", "--calibration", str(cal)]).stdout
+    assert "vLLM's own estimate stays in charge of the KV cache" in text
+
+
+def test_a_model_config_gives_the_shape_model_the_intermediate_size(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("a.yaml").write_text(
+        _tiny_named().replace("hidden_size: 256, num_layers: 2", "hidden_size: 4096, num_layers: 32")
+    )
+    Path("b.yaml").write_text(Path("a.yaml").read_text().replace("max_loras: 3", "max_loras: 4"))
+    Path("config.json").write_text(
+        json.dumps(
+            {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "torch_dtype": "bfloat16"}
+        )
+    )
+    plain = json.loads(runner.invoke(app, ["diff", "--spec", "a.yaml", "b.yaml", "--format", "json"]).stdout)
+    given = runner.invoke(
+        app, ["diff", "--spec", "a.yaml", "b.yaml", "--format", "json", "--model-config", "config.json"]
+    )
+    priced = json.loads(given.stdout)["price"]["old"]
+    assert any("intermediate size not given" in n for n in plain["price"]["old"]["notes"])
+    assert not any("intermediate size not given" in n for n in priced["notes"])
+    assert priced["graph_memory_gib"]["value"] > plain["price"]["old"]["graph_memory_gib"]["value"]
