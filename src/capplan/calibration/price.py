@@ -227,9 +227,9 @@ class ShapeModel:
             out.append(f"extrapolated: GPU {gpu} not measured (measured: {', '.join(gpus)})")
         from capplan.releases import runs_on
 
-        measured = sorted({h.vllm for h in self.held})
-        if not set(runs_on(plan.spec.target.vllm)) & set(measured):
-            out.append(f"extrapolated: vLLM {plan.spec.target.vllm} not measured (measured: {', '.join(measured)})")
+        releases = sorted({h.vllm for h in self.held})
+        if not set(runs_on(plan.spec.target.vllm)) & set(releases):
+            out.append(f"extrapolated: vLLM {plan.spec.target.vllm} not measured (measured: {', '.join(releases)})")
         tp = plan.spec.parallel.tensor_parallel_size or 1
         if tp > 1:
             out.append(f"extrapolated: tensor parallel {tp}; only TP 1 was measured")

@@ -95,9 +95,9 @@ def lora_lanes(old: Plan, new: Plan) -> list[Lane]:
     for adapters in range(top + 1):
         for base in (False, True) if adapters else (False,):
             mix = Batch(1, 1, 1, adapters, base)
-            cases = [d.lora_case(d.lora_count(mix)) for d, _ in sides]
-            scheduled = [beyond_spec(mix, spec) is None for _, spec in sides]
-            lanes.setdefault((*cases, *scheduled), Lane(adapters, base, *cases))
+            old_case, new_case = (d.lora_case(d.lora_count(mix)) for d, _ in sides)
+            old_ok, new_ok = (beyond_spec(mix, spec) is None for _, spec in sides)
+            lanes.setdefault((old_case, new_case, old_ok, new_ok), Lane(adapters, base, old_case, new_case))
     return sorted(lanes.values())
 
 
