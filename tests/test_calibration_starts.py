@@ -292,3 +292,39 @@ def test_a_model_config_gives_the_shape_model_the_intermediate_size(tmp_path, mo
     assert any("intermediate size not given" in n for n in plain["price"]["old"]["notes"])
     assert not any("intermediate size not given" in n for n in priced["notes"])
     assert priced["graph_memory_gib"]["value"] > plain["price"]["old"]["graph_memory_gib"]["value"]
+
+
+def test_the_runtime_records_the_deployment_and_calibrate_start_takes_it_as_measured(plans, tmp_path, monkeypatch):
+    """A report of this runtime carries the identity read from vLLM's config: calibrate-start
+    records it as measured (nothing given), refuses a given value that contradicts it, and a
+    start whose release is not the plan's."""
+    from types import SimpleNamespace
+
+    from capplan.runtime.report import deployment_identity
+
+    hf = SimpleNamespace(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=2048, num_local_experts=None)  # fmt: skip
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_text_config=hf, dtype="torch.bfloat16", model="/models/tiny"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1),
+        lora_config=SimpleNamespace(max_lora_rank=8),
+        attention_config=SimpleNamespace(backend=SimpleNamespace(name="TRITON_ATTN")),
+    )
+    ident = deployment_identity(config)
+    assert ident["shape"] == {"num_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "vocab_size": 2048, "dtype": "bfloat16"}  # fmt: skip
+    assert ident["model"] == "/models/tiny" and ident["lora_rank"] == 8 and ident["attention_backend"] == "TRITON_ATTN"
+    ident |= {"gpu": "NVIDIA H200", "vllm": "0.33.0"}
+    report = json.loads((ROOT / TINY_REPORTS[0]).read_text()) | {"identity": ident}
+    path = tmp_path / "start.report.json"
+    path.write_text(json.dumps(report, indent=2))
+    out = tmp_path / "cal.yaml"
+    made = _calibrate([str(path), "--plan", str(plans["tiny"])], out)
+    assert made.exit_code == 0, made.output
+    cal = yaml.safe_load(out.read_text())
+    assert cal["identity"]["given"] == [] and cal["identity"]["gpu"] == "NVIDIA H200"
+    assert cal["identity"]["shape"]["num_layers"] == 2 and cal["identity"]["model"]["name"] == "/models/tiny"
+    out.unlink()
+    _refused([str(path), "--plan", str(plans["tiny"]), "--gpu", "NVIDIA H100"], out, "but the starts recorded")
+    path.write_text(json.dumps(report | {"identity": ident | {"vllm": "0.29.0"}}))
+    _refused([str(path), "--plan", str(plans["tiny"])], out, "the starts ran vLLM 0.29.0: a start of another release")

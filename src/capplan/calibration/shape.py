@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -27,6 +28,17 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def shape_values(get: Callable[[str], object]) -> dict[str, object]:
+    """ModelShape's fields from a config's keys (`get`: a dict's get, or getattr on vLLM's
+    hf_config), the first key of each that is set; nothing checked yet."""
+    values: dict[str, object] = {}
+    for field, keys in KEYS.items():
+        value = next((v for v in (get(k) for k in keys) if v is not None), None)
+        if value is not None:
+            values[field] = value
+    return values
+
+
 def shape_from_config(path: Path) -> ModelShape:
     """The shape a model's config.json gives (its `text_config` for a multimodal model);
     every failure is one line naming the file and the key."""
@@ -44,11 +56,7 @@ def shape_from_config(path: Path) -> ModelShape:
     text = data.get("text_config")
     if isinstance(text, dict) and not any(k in data for k in KEYS["num_layers"]):
         data = text
-    values: dict[str, object] = {}
-    for field, keys in KEYS.items():
-        key = next((k for k in keys if data.get(k) is not None), None)
-        if key is not None:
-            values[field] = data[key]
+    values = shape_values(data.get)
     for field in ("num_layers", "hidden_size"):
         if field not in values:
             raise InputError(
@@ -60,7 +68,7 @@ def shape_from_config(path: Path) -> ModelShape:
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         field = str(err["loc"][0])
-        key = next(k for k in KEYS[field] if k in data)
+        key = next(k for k in KEYS[field] if data.get(k) is not None)
         raise InputError(
             f"{name}: {key} must be {'a name' if field == 'dtype' else 'a positive whole number'}, "
             f"got {str(data[key])[:60]!r}",

@@ -25,6 +25,22 @@ MAX_REPORT_BYTES = 64 << 20
 FOLDER = ".capplan/calibration"  # found beside the plans, or in a folder above them
 
 
+class _Measured(BaseModel):
+    """The deployment as the runtime read it from vLLM's config (`runtime.report.identify`)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    shape: ModelShape | None = None
+    model: str | None = Field(None, min_length=1, max_length=500)
+    gpu: str | None = Field(None, min_length=1, max_length=200)
+    vllm: str | None = Field(None, min_length=1, max_length=50)
+    torch: str | None = Field(None, min_length=1, max_length=50)
+    attention_backend: str | None = Field(None, min_length=1, max_length=100)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
+    data_parallel_size: int | None = Field(None, ge=1, le=1024)
+    lora_rank: int | None = Field(None, ge=1, le=1 << 16)
+
+
 class _Report(BaseModel):
     """What a calibration reads of a start report (the report holds more)."""
 
@@ -35,6 +51,7 @@ class _Report(BaseModel):
     capture_seconds: float
     graph_memory_gib: float | None
     deferred: dict[str, object] | None = None
+    identity: _Measured | None = None  # reports of earlier runtimes have none
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,7 @@ def read_report(path: Path) -> _Report:
         ) from None
 
 
-def start_of(path: Path, plan: Plan) -> Start:
+def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
     """One start, from its report, checked against the plan it ran: a report of another plan,
     of deferred capture, of a capture that did not finish, or whose memory reading another
     process disturbed is refused with the reason."""
@@ -104,7 +121,7 @@ def start_of(path: Path, plan: Plan) -> Start:
         raise InputError(f"{name}: capture_seconds {r.capture_seconds}: not a capture time")
     lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
     top = max(g.descriptor.num_tokens for g in plan.graphs)
-    return Start(
+    start = Start(
         report=shown(path),
         fingerprint=r.fingerprint,
         graphs=len(plan.graphs),
@@ -113,42 +130,85 @@ def start_of(path: Path, plan: Plan) -> Start:
         capture_seconds=r.capture_seconds,
         graph_memory_gib=r.graph_memory_gib,
     )
+    return start, r.identity or _Measured()
 
 
-def identity_of(plan: Plan, given: Given) -> Identity:
-    """The deployment's identity: what the plan's spec pins (parallel sizes), and what the
-    operator gave, recorded as given."""
+SHAPE_DECIDES = ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "vocab_size", "num_experts")  # fmt: skip
+
+
+def identity_of(plan: Plan, given: Given, measured: _Measured) -> Identity:
+    """The deployment's identity: what the starts recorded (measured), what the operator gave
+    for what they did not (recorded as given), and the parallel sizes the plan's spec pins
+    where neither says. A given value that contradicts a recorded one is refused."""
     spec = plan.spec
-    fields: list[str] = []
+    values: dict[str, object] = {}
+    given_fields: list[str] = []
+    for key in ("shape", "model", "gpu", "vllm", "torch", "attention_backend", "lora_rank"):
+        have, want = getattr(measured, key), getattr(given, key)
+        if have is not None and want is not None and not _agrees(key, have, want):
+            raise InputError(
+                f"--{'model-config' if key == 'shape' else key.replace('_', '-')}: {_said(want)}, but the starts "
+                f"recorded {_said(have)}",
+                "leave it out: the reports record it",
+            )
+        if have is not None:
+            values[key] = have
+        elif want is not None:
+            values[key] = want
+            given_fields.append(key)
+    shape = values.get("shape")
+    assert shape is None or isinstance(shape, ModelShape)
+    name = values.pop("model", None)
     model = spec.model
-    if given.model is not None or given.shape is not None:
-        shape = given.shape
+    if name is not None or shape is not None:
         model = Model(
-            name=given.model or (model.name if model else None),
+            name=name if isinstance(name, str) else (model.name if model else None),
             hidden_size=shape.hidden_size if shape else None,
             num_layers=shape.num_layers if shape else None,
             dtype=shape.dtype if shape else None,
             architecture=model.architecture if model else None,
             parameters=model.parameters if model else None,
         )
-        fields.append("model")
-    values = {
-        "shape": given.shape,
-        "gpu": given.gpu,
-        "vllm": given.vllm,
-        "torch": given.torch,
-        "attention_backend": given.attention_backend,
-        "lora_rank": given.lora_rank,
+    sizes = {
+        "tensor_parallel_size": measured.tensor_parallel_size or spec.parallel.tensor_parallel_size or 1,
+        "pipeline_parallel_size": measured.pipeline_parallel_size or spec.parallel.pipeline_parallel_size or 1,
+        "data_parallel_size": measured.data_parallel_size or spec.parallel.data_parallel_size,
     }
-    fields += [k for k, v in values.items() if v is not None]
-    return Identity(
-        model=model,
-        tensor_parallel_size=spec.parallel.tensor_parallel_size or 1,
-        pipeline_parallel_size=spec.parallel.pipeline_parallel_size or 1,
-        data_parallel_size=spec.parallel.data_parallel_size,
-        given=sorted(fields),  # type: ignore[arg-type]
-        **{k: v for k, v in values.items() if v is not None},  # type: ignore[arg-type]
-    )
+    if "model" in given_fields or ("shape" in given_fields and name is None):
+        given_fields.append("model")
+    return Identity(model=model, given=sorted(set(given_fields)), **sizes, **values)  # type: ignore[arg-type]
+
+
+def _agrees(key: str, have: object, want: object) -> bool:
+    if isinstance(have, ModelShape) and isinstance(want, ModelShape):
+        return all(
+            getattr(have, f) is None or getattr(want, f) is None or getattr(have, f) == getattr(want, f)
+            for f in SHAPE_DECIDES
+        )
+    if key == "vllm":
+        return str(have).split("+", 1)[0] == str(want).split("+", 1)[0]
+    return have == want
+
+
+def _said(value: object) -> str:
+    if isinstance(value, ModelShape):
+        return f"{value.num_layers} layers, hidden {value.hidden_size}"
+    return str(value)
+
+
+def _one_deployment(measured: list[_Measured], reports: list[Path]) -> _Measured:
+    """The identity every start recorded (they must agree: starts of one deployment)."""
+    first = measured[0]
+    for m, path in zip(measured[1:], reports[1:]):
+        for key in _Measured.model_fields:
+            a, b = getattr(first, key), getattr(m, key)
+            if a is not None and b is not None and not _agrees(key, a, b):
+                raise InputError(
+                    f"{shown(path)}: a start of another deployment ({key} {_said(b)}; {shown(reports[0])}: {_said(a)})",
+                    "calibrate each deployment apart",
+                )
+    return first
 
 
 def calibration_from_starts(reports: list[Path], plan: Plan, given: Given, name: str) -> Calibration:
@@ -156,20 +216,23 @@ def calibration_from_starts(reports: list[Path], plan: Plan, given: Given, name:
     checked against the plan; the release the operator gives must be the plan's."""
     if not reports:
         raise InputError("no start report given", "give the report(s) capplan apply --report wrote")
-    if given.vllm is not None:
-        from capplan.releases import release_problem
-
-        problem = release_problem(plan.spec.target.vllm, given.vllm)
-        if problem is not None:
-            raise InputError(f"--vllm {given.vllm}: a start of another release: {problem[0]}", problem[1])
-    starts = [start_of(path, plan) for path in reports]
-    seen: dict[str, str] = {}
-    for s, path in zip(starts, reports):
+    read = [start_of(path, plan) for path in reports]
+    seen: set[str] = set()
+    for path in reports:
         key = str(path.resolve())
         if key in seen:
             raise InputError(f"{shown(path)}: given twice; each start counts once")
-        seen[key] = s.report
-    return Calibration(name=name, identity=identity_of(plan, given), starts=starts)
+        seen.add(key)
+    measured = _one_deployment([m for _, m in read], reports)
+    release = measured.vllm or given.vllm
+    if release is not None:
+        from capplan.releases import release_problem
+
+        problem = release_problem(plan.spec.target.vllm, release)
+        if problem is not None:
+            said = "the starts ran" if measured.vllm else "--vllm"
+            raise InputError(f"{said} vLLM {release}: a start of another release: {problem[0]}", problem[1])
+    return Calibration(name=name, identity=identity_of(plan, given, measured), starts=[s for s, _ in read])
 
 
 def find_folder(start: Path) -> Path | None:

@@ -51,6 +51,7 @@ class Report:
         self.dp_rank = 0
         self.recorder: Recorder | None = None  # when CAPPLAN_TRACE is set
         self.deferred: Section | None = None  # capplan.runtime.deferred.capture, when the plan defers graphs
+        self.identity: dict[str, Any] | None = None  # the deployment this start ran (`identify`)
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
@@ -72,6 +73,17 @@ class Report:
 
     def planned(self, vllm_planned_count: int) -> None:
         self.vllm_planned = vllm_planned_count
+
+    def identify(self, vllm_config: Any) -> None:
+        """The deployment this start runs, read once from vLLM's config (`capplan calibrate-start`
+        records it as measured): a field this vLLM does not have is left out, and a failure
+        leaves the identity empty (a report must never break the engine)."""
+        if self.identity is not None:
+            return
+        try:
+            self.identity = deployment_identity(vllm_config)
+        except Exception:  # noqa: BLE001 - a report must never break the engine
+            self.identity = {}
 
     def capture_started(self) -> None:
         self._t0 = time.perf_counter()
@@ -158,6 +170,7 @@ class Report:
             "dp": None if self.dp is None else self.dp.to_json(),
             "trace": None if self.recorder is None else self.recorder.to_json(),
             "deferred": None if self.deferred is None else self.deferred.to_json(),
+            "identity": self.identity,
         }
 
     def path(self) -> str | None:
@@ -254,6 +267,50 @@ class DPCounters:
             "audited_steps": self.audited,
             "token_disagreements": self.disagreements if self.audited else None,
         }
+
+
+def deployment_identity(vllm_config: Any) -> dict[str, Any]:
+    """The model's shape (its hf_config, read with the keys config.json gives), dtype and name,
+    the GPU, vLLM and torch versions, the attention backend, the parallel sizes and the LoRA
+    rank, as far as this vLLM's config has them."""
+    from capplan.calibration.shape import shape_values
+
+    model = getattr(vllm_config, "model_config", None)
+    hf = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
+    out: dict[str, Any] = {}
+    if hf is not None:
+        shape = {k: v for k, v in shape_values(lambda key: getattr(hf, key, None)).items() if k != "dtype"}
+        if type(shape.get("num_experts")) is not int:
+            shape.pop("num_experts", None)
+        out["shape"] = {k: v for k, v in shape.items() if type(v) is int}
+    dtype = getattr(model, "dtype", None)
+    if dtype is not None:
+        out.setdefault("shape", {})["dtype"] = str(dtype).removeprefix("torch.")
+    name = getattr(model, "model", None)
+    if isinstance(name, str):
+        out["model"] = name
+    parallel = getattr(vllm_config, "parallel_config", None)
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        value = getattr(parallel, key, None)
+        if type(value) is int:
+            out[key] = value
+    rank = getattr(getattr(vllm_config, "lora_config", None), "max_lora_rank", None)
+    if type(rank) is int:
+        out["lora_rank"] = rank
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if backend is not None:
+        out["attention_backend"] = str(getattr(backend, "name", backend))
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("vllm", "torch"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    torch = sys.modules.get("torch")  # the engine imported it; never imported here
+    if torch is not None and torch.cuda.is_available():
+        out["gpu"] = str(torch.cuda.get_device_name())
+    return out
 
 
 def _captured(manager: Any) -> Counter[tuple[str, int]]:

@@ -86,6 +86,7 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         self._max_lora_case = max(plan.lora_dispatch_map.values(), default=0)
         engine.report.dp_rank = launch_rank(self.vllm_config.parallel_config)
         engine.report.planned(vllm_planned_count=len(vllm_planned))
+        engine.report.identify(self.vllm_config)
         where = f", DP rank {engine.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
         if not engine.in_force:  # once: vLLM's memory profiling may build a manager of its own first
             print(
