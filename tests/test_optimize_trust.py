@@ -97,7 +97,7 @@ def test_padding_fallback_only_when_asked_and_said_on_the_last_line(tmp_path):
     assert chosen.exit_code == 0, chosen.output
     *_, fallback, last = chosen.stdout.strip().splitlines()
     assert fallback.startswith("chosen by padded tokens, not step time (--padding-fallback)")
-    assert last.startswith("rests on the first 80% of the trace (800 steps); on the held-out last 20% (200 steps)")
+    assert last.startswith("on the held-out last 20% of the trace (200 steps; fitted on the first 80%, 800 steps)")
     assert out.exists() and "# chosen by padded tokens" in out.read_text()
 
 

@@ -250,11 +250,16 @@ def optimize_cmd(
     )  # fmt: skip
     outcome = optimize(request, _note)
     if as_json:
-        typer.echo(dumps(optimize_json(outcome.result, outcome.output, outcome.ready, outcome.held_out), indent=2))
+        typer.echo(
+            dumps(
+                optimize_json(outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default),
+                indent=2,
+            )
+        )
         return
     if outcome.result is not None:
-        typer.echo(render_curve(outcome.result, full=full_curve))
-    _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready, outcome.held_out))
+        typer.echo(render_curve(outcome.result, full=full_curve, held_out=outcome.held_out))
+    _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default))
 
 
 @app.command("diff", help=h.DIFF_HELP)

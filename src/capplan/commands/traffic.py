@@ -101,19 +101,26 @@ class HeldOut:
     worst_pad: float  # the most any batch, traced or not, pads by under the chosen sizes
     max_pad: float | None
 
+    def part(self) -> str:
+        """Which steps the figures are on."""
+        return (
+            f"on the held-out last {self.share:.0%} of the trace ({self.steps} steps; fitted on the first "
+            f"{1 - self.share:.0%}, {self.fitted_steps} steps)"
+        )
+
+    def worse(self) -> str | None:
+        """Why the fitted sizes do worse than the default on the held-out steps, or None."""
+        if self.padding > self.default_padding:
+            return f"padding {self.padding:.2%} against {self.default_padding:.2%}"
+        if self.eager > self.default_eager:
+            return f"{self.eager} eager steps against {self.default_eager}"
+        return None
+
     def line(self) -> str:
         bound = f" (bound {self.max_pad:g}x)" if self.max_pad is not None else " (unbounded)"
         return (
-            f"rests on the first {1 - self.share:.0%} of the trace ({self.fitted_steps} steps); on the held-out last "
-            f"{self.share:.0%} ({self.steps} steps): padding {self.padding:.2%} vs {self.default_padding:.2%} by "
-            f"default, {self.eager} eager steps vs {self.default_eager}; no batch pads past "
-            f"{self.worst_pad:.2f}x{bound}"
-            + (
-                "; it pads more than the default there: the sizes fit the first part closely (raise the budget, "
-                "or --shared-sizes)"
-                if self.padding > self.default_padding
-                else ""
-            )
+            f"{self.part()}: padding {self.padding:.2%} vs {self.default_padding:.2%} by default, {self.eager} eager "
+            f"steps vs {self.default_eager}; no batch pads past {self.worst_pad:.2f}x{bound}"
         )
 
 
@@ -168,6 +175,7 @@ class OptimizeOutcome:
     output: Path
     ready: ReadyChoice | None = None
     held_out: HeldOut | None = None  # None: --holdout 0, or DP rank traces
+    kept_default: str | None = None  # why the spec's own sizes were written instead of the fitted ones
 
 
 def optimized_path(spec: Path) -> Path:
@@ -181,6 +189,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     from capplan.batches import read_rank_traces
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_cost_model, load_spec
+    from capplan.planner.compiler import compile_plan
     from capplan.traffic.optimize import optimize as choose
 
     r = request
@@ -230,6 +239,9 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         max_pad=r.max_pad_ratio,
     )
     held_out = _held_out(result, fitted[0], held, r.holdout, r.max_pad_ratio) if held is not None else None
+    kept = _keep_default(result, held_out)
+    if kept is not None:  # the spec's own sizes: the user's spec as it is
+        result = replace(result, spec=loaded, plan=compile_plan(loaded), point=result.default)
     tiered: ReadyChoice | None = None
     if r.ready_share is not None:
         tiered = choose_ready(result.spec, [f.batches for f in files], r.ready_share)
@@ -245,15 +257,42 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
             f"padding {d.padding_overhead:.2%}"
         )
         picture = plot_curve(r.plot, result.curve, result.point, r.max_graphs, caption)
-    text = optimized_spec_text(r.spec, r.traces, result)
-    if held_out is not None:
-        text = f"# {printable(held_out.line())}\n" + text
+    text = optimized_spec_text(r.spec, r.traces, result, held_out, kept)
     if tiered is not None:
         text = f"# {printable(describe(tiered))}\n" + text
     write_atomic(out, text, sources)
     if r.plot is not None and picture is not None:
         write_atomic(r.plot, picture, sources)
-    return OptimizeOutcome(result, out, tiered, held_out)
+    return OptimizeOutcome(result, out, tiered, held_out, kept)
+
+
+def _keep_default(result: Optimized, held_out: HeldOut | None) -> str | None:
+    """Why the spec's own sizes are the better choice, or None: the fitted sizes pad more (or run
+    more steps eager) than the spec's own on the held-out steps, under the padded-tokens objective
+    (under step time the held-out figures are reported, and the choice stands)."""
+    if held_out is None or result.objective != "padding" or result.point.capture_sizes == result.default.capture_sizes:
+        return None
+    why = held_out.worse()
+    if why is None:
+        return None
+    p = result.point
+    return (
+        f"the best {p.sizes} sizes within {result.budget} ({p.graphs} graphs) do worse than the spec's own "
+        f"{held_out.part()}: {why}"
+    )
+
+
+def user_comment(spec: Path) -> str:
+    """The comment lines at the top of the user's spec (its header), to keep in the spec optimize writes."""
+    from capplan.errors import SpecError
+    from capplan.files import read_text
+
+    lines = []
+    for line in read_text(spec, "spec", SpecError).splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "".join(f"{printable(line)}\n" for line in lines)
 
 
 def _check_verifies(plan, out: Path) -> None:
@@ -287,11 +326,18 @@ def tiers_spec_text(spec: Path, traces: list[Path], choice: ReadyChoice) -> str:
         f"# capplan optimize {printable(spec.name)} {trace_names} --ready-share {choice.share:g}\n"
         f"# {printable(describe(choice))}\n"
     )
-    return header + render_spec(choice.spec)
+    return header + user_comment(spec) + render_spec(choice.spec)
 
 
-def optimized_spec_text(spec: Path, traces: list[Path], result: Optimized) -> str:
-    """The optimized spec file: a header saying how it was chosen, then the spec."""
+def optimized_spec_text(
+    spec: Path,
+    traces: list[Path],
+    result: Optimized,
+    held_out: HeldOut | None = None,
+    kept_default: str | None = None,
+) -> str:
+    """The optimized spec file: a header saying how it was chosen (and on which steps each
+    padding figure is), the user's own header comment, then the spec."""
     from capplan.planfile.write import render_spec
 
     p, d = result.point, result.default
@@ -299,13 +345,20 @@ def optimized_spec_text(spec: Path, traces: list[Path], result: Optimized) -> st
     header = (
         f"# capplan optimize {printable(spec.name)} {trace_names} (budget {result.budget}, "
         f"objective {result.objective})\n"
-        f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
-        f"of real tokens on the trace (default {d.padding_overhead:.2%})\n"
     )
+    if kept_default is not None:
+        header += f"# the spec's own capture sizes ({d.sizes} sizes, {d.graphs} graphs): {printable(kept_default)}\n"
+    elif held_out is not None:
+        header += f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}); {printable(held_out.line())}\n"
+    else:
+        header += (
+            f"# {p.sizes} capture sizes, {p.graphs} graphs (default {d.graphs}), padding {p.padding_overhead:.2%} "
+            f"of real tokens on the whole trace (default {d.padding_overhead:.2%})\n"
+        )
     if result.objective == "step-time" and p.step_seconds is not None and d.step_seconds is not None:
         header += (
             f"# predicted steps {p.step_seconds:.3f} s (default {d.step_seconds:.3f} s); {printable(result.basis)}\n"
         )
     if result.fallback:
         header += f"# chosen by padded tokens: {printable(result.fallback)}\n"
-    return header + render_spec(result.spec)
+    return header + user_comment(spec) + render_spec(result.spec)

@@ -10,15 +10,27 @@ from capplan.traffic.optimize import Optimized
 from capplan.traffic.tiers import ReadyChoice, describe
 
 
-def render_curve(result: Optimized, full: bool = False) -> str:
+def fitted_part(held_out: Any) -> str:
+    """The steps the curve's figures are on: the fitted part when some was held out."""
+    if held_out is None:
+        return "the whole trace"
+    return f"the fitted first {1 - held_out.share:.0%} of the trace ({held_out.fitted_steps} steps)"
+
+
+def render_curve(result: Optimized, full: bool = False, held_out: Any = None) -> str:
     """The trade-off curve as text: by default the points near the choice (up to twice its
-    graph count, at most 40 rows), the rest summarized in one line; `full` prints them all."""
+    graph count, at most 40 rows), the rest summarized in one line; `full` prints them all.
+    Every padding figure is on the fitted part (`held_out`: what was held out, if anything)."""
     d = result.default
     timed = result.objective == "step-time"
+    part = fitted_part(held_out)
     if timed:
-        goal = "predicted step time on the trace (the simulator's replay priced by measured step times)"
+        goal = f"predicted step time on {part} (the simulator's replay priced by measured step times)"
     else:
-        goal = f"padded tokens on the trace (largest graph kept at {d.capture_sizes[-1]} tokens)"
+        folds = any(p.fold_padded_tokens is not None for p in result.curve)
+        goal = f"padded tokens on {part}, largest graph kept at {d.capture_sizes[-1]} tokens" + (
+            ", each set judged on blocks of those steps it was not fitted on" if folds else ""
+        )
 
     def num(value: float | None, fmt: str, width: int) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
@@ -26,11 +38,12 @@ def render_curve(result: Optimized, full: bool = False) -> str:
     default_steps = ""
     if timed:
         default_steps = f", ~{d.step_seconds:.2f} s of steps" if d.step_seconds is not None else ", steps not priced"
+    memory = "graph memory not estimated" if d.graph_memory_gib is None else f"~{d.graph_memory_gib:.2f} GiB"
     lines = [
         f"capplan optimize: budget {result.budget}; objective: {goal}",
         f"  estimates and step times: {result.basis}",
-        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, ~{num(d.graph_memory_gib, '.2f', 0)} GiB, "
-        f"padding {d.padding_overhead:.2%}" + default_steps,
+        f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, {memory}, "
+        f"padding {d.padding_overhead:.2%} on {part}" + default_steps,
         "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
     ]
     shown = result.curve if full else [p for p in result.curve if p.graphs <= 2 * result.point.graphs]
@@ -58,11 +71,15 @@ def render_curve(result: Optimized, full: bool = False) -> str:
 
 
 def written_lines(
-    result: Optimized | None, output: Path, ready: ReadyChoice | None = None, held_out: Any = None
+    result: Optimized | None,
+    output: Path,
+    ready: ReadyChoice | None = None,
+    held_out: Any = None,
+    kept_default: str | None = None,
 ) -> list[str]:
-    """What optimize says after writing the spec: what was chosen against the default, the
-    ready tier when one was chosen, and last what the choice rests on and how it did on the
-    held-out part of the trace."""
+    """What optimize says after writing the spec: what was chosen against the default (one
+    padding figure each, on the held-out steps when some were held out), why the spec's own
+    sizes were kept when they were, and the ready tier when one was chosen."""
     if result is None:
         assert ready is not None
         return [f"wrote {printable(str(output))}: {describe(ready)}; its plan verifies"]
@@ -72,21 +89,39 @@ def written_lines(
         steps = f", predicted steps {p.step_seconds:.2f} s" + (
             f" vs {d.step_seconds:.2f} s" if d.step_seconds is not None else " (the default plan is not priced)"
         )
-    lines = [
-        f"wrote {printable(str(output))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
-        f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%}{steps}; its plan verifies"
-    ]
+        steps += f" on {fitted_part(held_out)}"
+    if kept_default is not None:
+        lines = [
+            f"wrote {printable(str(output))}: the spec's own capture sizes ({d.sizes} sizes, {d.graphs} graphs); "
+            f"its plan verifies"
+        ]
+    elif held_out is not None:
+        lines = [
+            f"wrote {printable(str(output))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default{steps}; "
+            "its plan verifies"
+        ]
+    else:
+        lines = [
+            f"wrote {printable(str(output))}: {p.sizes} sizes, {p.graphs} graphs vs {d.graphs} by default, padding "
+            f"{p.padding_overhead:.2%} vs {d.padding_overhead:.2%} on the whole trace{steps}; its plan verifies"
+        ]
     if result.fallback:
         lines.append(f"chosen by padded tokens, not step time (--padding-fallback): {printable(result.fallback)}")
     if ready is not None:
         lines.append(printable(describe(ready)))
-    if held_out is not None:
-        lines.append(printable(held_out.line()))
+    if kept_default is not None:
+        lines.append(f"kept: {printable(kept_default)}")  # last: why the fitted sizes were not written
+    elif held_out is not None:
+        lines.append(printable(held_out.line()))  # last: how the choice does on steps it was not fitted on
     return lines
 
 
 def optimize_json(
-    result: Optimized | None, output: Path, ready: ReadyChoice | None = None, held_out: Any = None
+    result: Optimized | None,
+    output: Path,
+    ready: ReadyChoice | None = None,
+    held_out: Any = None,
+    kept_default: str | None = None,
 ) -> dict[str, Any]:
     """`optimize --json`: the curve, the choice and the default, the ready tier, and where the
     spec went (the curve's keys are null when only the ready tier was chosen)."""
@@ -116,4 +151,5 @@ def optimize_json(
         "default": result.default.to_json(),
         "curve": [c.to_json() for c in result.curve],
         "held_out": None if held_out is None else {k: v for k, v in held_out.__dict__.items()},
+        "kept_default": kept_default,
     }

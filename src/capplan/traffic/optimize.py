@@ -39,6 +39,7 @@ from capplan.planner.compiler import compile_plan
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Spec
 from capplan.traffic.cost import CostModel, Point
+from capplan.traffic.folds import BANDWIDTHS, BLOCKS, Weights, held_out_scores, padded, smoothed, time_blocks
 from capplan.traffic.simulate import Simulation, TraceBatch, simulate, simulate_ranks
 
 INF = float("inf")
@@ -92,6 +93,7 @@ class Bucketing:
         eager=None,
         sizes: list[int] | None = None,
         max_pad: float | None = None,
+        required: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         self.max_pad = max_pad  # no batch of n tokens pads past max_pad * n (None: unbounded)
         counts = {t for w in weights.values() for t in w}
@@ -153,10 +155,18 @@ class Bucketing:
             floors = [max_pad * ((self.sizes[i - 1] if i else 0) + 1) for i in range(m)]
             for j in range(1, m + 1):
                 self.first[j] = min(bisect.bisect_left(floors, self.sizes[j - 1]), j - 1)
+        # a required size is chosen: no bucket reaches across it (first only grows, as above)
+        for size in required:
+            p = bisect.bisect_left(self.sizes, size) + 1
+            if p <= m and self.sizes[p - 1] == size:
+                for j in range(p + 1, m + 1):
+                    self.first[j] = max(self.first[j], p)
 
     def cost(self, i: int, j: int) -> float:
         """Cost when sizes[j-1] serves every count in (sizes[i-1], sizes[j-1]] (1-based j);
         infinite when the smallest of those counts, traced or not, would pad past max_pad."""
+        if i < self.first[j]:
+            return INF  # past the padding bound, or across a required size
         if self.max_pad is not None and self.sizes[j - 1] > self.max_pad * ((self.sizes[i - 1] if i else 0) + 1):
             return INF
         total = 0.0
@@ -199,10 +209,21 @@ class Bucketing:
                 continue
             start = max(opt_lo, self.first[mid])  # below it every bucket breaks the padding bound
             best, arg = INF, start
-            for i in range(start, min(mid - 1, opt_hi) + 1):
-                v = prev[i] + self.cost(i, mid)
-                if v < best:
-                    best, arg = v, i
+            end = min(mid - 1, opt_hi)
+            if self.padding and len(self.w) == 1 and start <= end and self.cost(start, mid) < INF:
+                # padded tokens of one group, the cost inlined (the loop optimize spends its time in):
+                # from `start` on every bucket meets the padding bound (it only gets narrower)
+                w, t, size = self.w[0], self.t, self.sizes[mid - 1]
+                wj, tj = w[mid], t[mid]
+                for i in range(start, end + 1):
+                    v = prev[i] + size * (wj - w[i]) - (tj - t[i])
+                    if v < best:
+                        best, arg = v, i
+            else:
+                for i in range(start, end + 1):
+                    v = prev[i] + self.cost(i, mid)
+                    if v < best:
+                        best, arg = v, i
             cur[mid], par[mid] = best, arg
             if best == INF:  # no argmin to narrow the search by (unpriced sizes)
                 stack.append((lo, mid - 1, opt_lo, opt_hi))
@@ -243,6 +264,7 @@ class CurvePoint:
     step_seconds_bounds: tuple[float, float] | None = None  # where the true total lies (interpolated prices)
     unpriced: tuple[tuple[Point, int], ...] = ()  # points its replay needs that the calibration lacks
     slowdown_bound: float | None = None  # at most this fraction slower than the default plan (step time)
+    fold_padded_tokens: int | None = None  # padded tokens of the fitted blocks, each under sizes fitted without it
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("spec", "unpriced", "step_seconds_bounds")}
@@ -310,6 +332,7 @@ class Objective:
         cost: CostModel,
         name: str,
         max_pad: float | None = None,
+        blocks: int = BLOCKS,
     ) -> None:
         from capplan.planner.dispatch import Dispatcher, derive_uniform
 
@@ -327,6 +350,15 @@ class Objective:
         self.groups: dict[int, dict[tuple[int, str], dict[int, int]]] = {}  # case -> (case, kind) -> weights
         self.measured: set[int] = set()
         self.default_sim: Simulation | None = None  # the default plan's replay, once scored
+        self.default_sizes = list(plan.capture_sizes)
+        self.dql = spec.decode_query_len
+        # the fitted trace in time-ordered blocks, per LoRA case: sizes are judged on steps they
+        # were not fitted on (capplan.traffic.folds); one trace and the padding objective only
+        self.blocks: list[dict[int, dict[int, int]]] = []
+        if self.steps is None and len(traces) == 1 and name == "padding":
+            parts = time_blocks(traces[0], blocks)
+            if len(parts) > 1:
+                self.blocks = [case_weights(part, top, plan) for part in parts]
         if self.steps is None:
             return
         self.measured = self.steps.measured_tokens("graph") | self.steps.measured_tokens("piecewise")
@@ -381,6 +413,66 @@ class Objective:
         if not sizes:
             return None
         return Bucketing(groups, top, self.price, self.eager if open_top else None, sizes, self.max_pad)
+
+    def required(self, weights: dict) -> set[int]:
+        """Sizes always kept: one decode step's tokens when the trace has single decodes (a lone
+        request must not pad to twice its tokens because it is rare)."""
+        return {self.dql} if weights.get(self.dql) else set()
+
+    def chooser(self, weights: Weights, top: int, required: set[int]):
+        """k -> the k sizes of least padded tokens on `weights` (None: none meets the bound)."""
+        candidates = sorted(set(weights) | {top} | {f for f in self.fillers if f <= top} | required)
+        solver = Bucketing({0: weights}, top, sizes=candidates, max_pad=self.max_pad, required=required)
+
+        def choose(k: int) -> list[int] | None:
+            value, sizes = solver.best(k)
+            return None if value == INF else sizes
+
+        return choose
+
+    def options(self, cases: list[int], top: int, limit: int) -> list[tuple[float, float | None, list[int]]]:
+        """Ways to choose one size list for these LoRA cases (padding objective): (fitted padded
+        tokens, padded tokens on the folds or None, sizes), for each smoothing width and number
+        of sizes up to `limit`, and vLLM's default sizes."""
+        merged: Weights = {}
+        for c in cases:
+            for t, n in self.per_case.get(c, {}).items():
+                merged[t] = merged.get(t, 0.0) + n
+        required = self.required(merged)
+        blocks: list[Weights] = []
+        for part in self.blocks:
+            block: Weights = {}
+            for c in cases:
+                for t, n in part.get(c, {}).items():
+                    block[t] = block.get(t, 0.0) + n
+            blocks.append(block)
+        out: list[tuple[float, float | None, list[int]]] = []
+        for width in BANDWIDTHS if blocks else (0.0,):
+            fitted = smoothed(merged, width, top)
+            candidates = sorted(set(fitted) | {top} | {f for f in self.fillers if f <= top} | required)
+            solver = Bucketing({0: fitted}, top, sizes=candidates, max_pad=self.max_pad, required=required)
+            chosen: list[tuple[int, float, list[int]]] = []
+            # smoothed weights cover every count near a traced one, so the fitted cost falls a little
+            # with every size added: up to twice the default's sizes (a budget past that is rare)
+            most = limit if width == 0 else min(limit, 2 * len(self.default_sizes))
+            for k in range(1, min(len(solver.sizes), most) + 1):
+                value, sizes = solver.best(k)
+                if value == INF:
+                    continue  # no set of k sizes meets the padding bound
+                if chosen and value >= chosen[-1][1]:
+                    break
+                chosen.append((k, value, sizes))
+                if value == 0:
+                    break
+            ks = [k for k, _, _ in chosen]
+            scores: list[float | None] = [None] * len(ks)
+            if blocks:
+                scores = list(held_out_scores(blocks, width, top, lambda w: self.chooser(w, top, required), ks))
+            out += [(padded(sizes, merged), score, sizes) for (_, _, sizes), score in zip(chosen, scores)]
+        default = [s for s in self.default_sizes if s <= top]
+        if default and default[-1] == top and (self.max_pad is None or worst_pad(default) <= self.max_pad):
+            out.append((padded(default, merged), sum(padded(default, b) for b in blocks) if blocks else None, default))
+        return out
 
     def score(self, plan: Plan) -> Simulation:
         """The trace replayed through a compiled plan: padded tokens and predicted step time."""
@@ -445,9 +537,12 @@ def optimize(
     padding_fallback: bool = False,
     max_points: int = 400,
     max_pad: float | None = None,
+    blocks: int = BLOCKS,
 ) -> Optimized:
     """Choose capture sizes. `trace`: one trace, or one per DP rank (a list of traces).
-    `max_pad`: no batch of n tokens, traced or not, pads past max_pad * n (None: unbounded)."""
+    `max_pad`: no batch of n tokens, traced or not, pads past max_pad * n (None: unbounded).
+    `blocks`: the time-ordered blocks sets are judged on (capplan.traffic.folds); 1: by the
+    padding on the whole trace, as fitted."""
     if max_pad is not None and not 1.0 <= max_pad <= 1e6:
         raise UsageError(
             f"--max-pad-ratio must be from 1 to 1000000 (got {max_pad:g})", "2 lets a batch at most double"
@@ -492,12 +587,16 @@ def optimize(
     else:
         budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
     try:
-        return _optimize(spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label(), max_pad)
+        return _optimize(
+            spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label(), max_pad, blocks
+        )
     except Unpriced as exc:
         if not padding_fallback or max_slowdown is not None:
             offer = "" if padding_fallback or max_slowdown is not None else FALLBACK_HINT
             raise UsageError(exc.message, MEASURE_HINT + offer) from None
-        result = _optimize(spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label(), max_pad)
+        result = _optimize(
+            spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label(), max_pad, blocks
+        )
         return Optimized(**{**result.__dict__, "fallback": exc.message})
 
 
@@ -517,11 +616,12 @@ def _optimize(
     max_points: int,
     basis: str,
     max_pad: float | None = None,
+    blocks: int = BLOCKS,
 ) -> Optimized:
     default_sizes, top = resolve_capture_sizes(spec)
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
-    goal = Objective(spec, traces, top, default_plan, cost, objective, max_pad)
+    goal = Objective(spec, traces, top, default_plan, cost, objective, max_pad, blocks)
     goal.default_sim = goal.score(default_plan)
     default = _point(default_plan, cost, default_sizes, spec, goal, goal.default_sim)  # its slowdown bound: 0
     per_case = (
@@ -536,6 +636,12 @@ def _optimize(
         curve = _shared_curve(base, goal, cost, top, budget.fits, max_points)
     feasible = [p for p in curve if budget.fits(p)]
     if not feasible:
+        if not curve and objective == "padding":
+            raise UsageError(
+                f"no capture set keeps every batch within the padding bound of {max_pad:g}x",
+                "raise --max-pad-ratio: the candidate sizes (the trace's token counts and vLLM's default sizes) "
+                "leave wider gaps; 2 lets a batch at most double",
+            )
         if not curve:
             bound = f" (or none meets the padding bound of {max_pad:g}x)" if max_pad is not None else ""
             raise Unpriced(
@@ -574,8 +680,11 @@ def _optimize(
             )
         else:
             best = min(priced, key=lambda p: (p.step_seconds or 0.0, p.graphs))
-    else:
-        best = min(feasible, key=lambda p: (p.padded_tokens, p.graphs))
+    else:  # on steps each set was not fitted on, where the folds score them
+        best = min(
+            feasible,
+            key=lambda p: (p.padded_tokens if p.fold_padded_tokens is None else p.fold_padded_tokens, p.graphs),
+        )
     notes = [n for n in (goal.default_sim.assumption, goal.left_out()) if n]
     return Optimized(
         best.spec,
@@ -593,8 +702,22 @@ def _optimize(
 def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, max_points: int) -> list[CurvePoint]:
     """One size set for every LoRA case (what vLLM can express; required under DP). Under the
     step-time objective the largest size is chosen too: batches above it are priced eager."""
-    solver = goal.solver(sorted(goal.per_case), top, open_top=True)
     curve: list[CurvePoint] = []
+    if goal.steps is None:  # padding: each way of choosing, scored on the folds when there are any
+        missed, seen = 0, set()
+        for _, folds, sizes in sorted(goal.options(sorted(goal.per_case), top, max_points), key=lambda o: len(o[2])):
+            if tuple(sizes) in seen:
+                continue
+            seen.add(tuple(sizes))
+            chosen = with_sizes(spec, sizes)
+            point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, chosen, goal, folds=folds)
+            curve.append(point)
+            missed = 0 if fits(point) else missed + 1
+            if missed >= 2 and any(fits(p) for p in curve):
+                break  # two past the budget: graph counts only grow from here
+        curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
+        return curve
+    solver = goal.solver(sorted(goal.per_case), top, open_top=True)
     if solver is None:
         return curve
     for k in range(1, min(len(solver.sizes), max_points) + 1):
@@ -626,7 +749,15 @@ def _per_case_curve(
     """
     cases = default_plan.lora_capture_cases
     per_case = {c: goal.per_case.get(c, {}) for c in cases}
-    candidates = sorted({t for w in per_case.values() for t in w} | {top} | {s for s in goal.measured if s <= top})
+    # padding objective: each case's ways to choose, scored on the folds when the trace has them
+    # (fitted, folds, sizes); the knapsack below minimises the folds' padded tokens
+    ways = {c: goal.options([c], top, max_points) for c in cases} if goal.steps is None else {}
+    candidates = sorted(
+        {t for w in per_case.values() for t in w}
+        | {top}
+        | {s for s in goal.measured if s <= top}
+        | {s for way in ways.values() for _, _, sizes in way for s in sizes}
+    )
     union = compile_plan(with_sizes(spec, candidates), with_deviations=False)
     dql = spec.decode_query_len
     per_size: dict[tuple[int, int], int] = {}
@@ -641,7 +772,20 @@ def _per_case_curve(
         return sum(per_size.get(k, 0) for k in keys)
 
     options: dict[int, list[tuple[int, float, list[int]]]] = {}
-    for c in cases:
+    fitted_of: dict[tuple[int, tuple[int, ...]], float] = {}
+    for c, way in ways.items():
+        ranked = sorted(
+            (graphs_for(c, sizes), fitted if folds is None else folds, fitted, sizes) for fitted, folds, sizes in way
+        )
+        kept: list[tuple[int, float, list[int]]] = []
+        for count, value, fitted, sizes in ranked:  # the least graphs for each better score
+            if not kept or value < kept[-1][1]:
+                kept.append((count, value, sizes))
+                fitted_of[(c, tuple(sizes))] = fitted
+        if not kept:
+            return []  # no size set of this case meets the padding bound
+        options[c] = kept
+    for c in cases if not ways else ():
         solver = goal.solver([c], top, open_top=False)
         opts: list[tuple[int, float, list[int]]] = []
         if solver is None:
@@ -678,10 +822,11 @@ def _per_case_curve(
     for b in budgets:
         if best[b] == INF:
             continue
-        chosen, rest = {}, b
+        chosen, rest, folds = {}, b, 0.0
         for c, pick in zip(reversed(cases), reversed(picks)):
-            count, _, sizes = options[c][pick[rest]]
+            count, value, sizes = options[c][pick[rest]]
             chosen[c] = sizes
+            folds += value
             rest -= count
         key = tuple(tuple(chosen[c]) for c in cases)
         if key in seen:
@@ -695,13 +840,20 @@ def _per_case_curve(
         if not data["cudagraph"]["lora_case_sizes"]:
             data["cudagraph"]["lora_case_sizes"] = None
         cand = Spec.model_validate(data)
-        curve.append(_point(compile_plan(cand, with_deviations=False), cost, union_sizes, cand, goal))
+        scored = folds if ways and goal.blocks else None
+        curve.append(_point(compile_plan(cand, with_deviations=False), cost, union_sizes, cand, goal, folds=scored))
     curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
     return curve
 
 
 def _point(
-    plan: Plan, cost: CostModel, sizes: list[int], spec: Spec, goal: Objective, sim: Simulation | None = None
+    plan: Plan,
+    cost: CostModel,
+    sizes: list[int],
+    spec: Spec,
+    goal: Objective,
+    sim: Simulation | None = None,
+    folds: float | None = None,
 ) -> CurvePoint:
     """A curve point, scored by replaying the trace through its compiled plan (`sim`: that
     replay, when the caller has it)."""
@@ -729,4 +881,5 @@ def _point(
         None if seconds is None or clock is None else (round(clock.lo / 1000, 3), round(clock.hi / 1000, 3)),
         tuple(sim.unpriced_points()),
         slowdown,
+        None if folds is None else round(folds),
     )

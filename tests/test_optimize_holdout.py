@@ -1,0 +1,185 @@
+"""optimize on traffic it did not fit: time-ordered folds, the spec's own sizes kept when the
+fitted ones do worse on the held-out steps, single decodes kept, every figure labelled with
+the steps it is on, and the user's spec header kept."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from itertools import combinations
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capplan.cli import app
+from capplan.loading import load_cost_model
+from capplan.planner import Batch
+from capplan.traffic.folds import held_out_scores, padded, smoothed, time_blocks
+from capplan.traffic.optimize import INF, Bucketing, optimize, worst_pad
+from capplan.traffic.simulate import TraceBatch
+from tests.conftest import make_spec
+
+runner = CliRunner()
+HEADER = "# our chat deployment: owned by the platform team\n# keep max_num_seqs in step with the gateway\n"
+SPEC = "scheduler: {max_num_seqs: 128, max_num_batched_tokens: 512}\n"
+
+
+def _decodes(tokens: int, count: int) -> dict:
+    return {"num_reqs": tokens, "num_tokens": tokens, "max_query_len": 1, "count": count}
+
+
+def _write(tmp_path, rows: list[dict]):
+    spec = tmp_path / "deploy.yaml"
+    spec.write_text(HEADER + SPEC)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return spec, trace
+
+
+def test_drifting_traffic_keeps_the_specs_own_sizes_and_says_why(tmp_path):
+    """Fitted on small batches, held out on large ones: the fitted set pads the large ones
+    far more than vLLM's sizes do, so the spec's own sizes are written, with the reason."""
+    rows = [_decodes(3, 300), _decodes(5, 300), _decodes(9, 200)] + [_decodes(t, 20) for t in range(97, 107)]
+    spec, trace = _write(tmp_path, rows)
+    out = tmp_path / "o.yaml"
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "30", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("kept: the best ") and "do worse than the spec's own on the held-out last 20%" in last
+    assert "padding " in last and "against" in last
+    written = out.read_text()
+    assert HEADER in written  # the user's header comment survives
+    assert yaml.safe_load(written)["cudagraph"]["capture_sizes"] is None  # the spec's own sizes
+    assert "# the spec's own capture sizes" in written
+    data = json.loads(
+        runner.invoke(
+            app, ["optimize", str(spec), str(trace), "--max-graphs", "30", "-o", str(tmp_path / "j.yaml"), "--json"]
+        ).stdout
+    )
+    assert data["kept_default"] == last.removeprefix("kept: ")
+
+
+def test_fitted_spec_keeps_the_users_header_and_labels_each_padding_figure(tmp_path):
+    rows = [_decodes(t, 50) for t in (3, 5, 9, 17, 30)] * 4
+    spec, trace = _write(tmp_path, rows)
+    out = tmp_path / "o.yaml"
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert "padded tokens on the fitted first 80% of the trace (800 steps)" in lines[0]
+    default_line = next(x for x in lines if x.startswith("  default capture set:"))
+    assert default_line.endswith("on the fitted first 80% of the trace (800 steps)")
+    wrote = next(x for x in lines if x.startswith("wrote "))
+    assert "padding" not in wrote  # one padding figure per set: the held-out one, on the last line
+    assert lines[-1].startswith("on the held-out last 20% of the trace (200 steps; fitted on the first 80%, 800 steps)")
+    written = out.read_text()
+    assert HEADER in written and written.index("# capplan optimize") < written.index(HEADER)
+    whole = runner.invoke(
+        app, ["optimize", str(spec), str(trace), "--max-graphs", "40", "-o", str(out), "--holdout", "0"]
+    )
+    assert whole.exit_code == 0, whole.output
+    assert "on the whole trace" in whole.stdout.strip().splitlines()[-1]
+
+
+def test_a_padding_bound_no_set_meets_is_one_line_even_with_the_fallback(tmp_path):
+    """--max-pad-ratio 1 leaves no candidate set: a one-line refusal, nothing written (under
+    --padding-fallback too, which used to end in a traceback)."""
+    spec, trace = _write(tmp_path, [_decodes(t, 30) for t in (3, 5, 9, 17, 30)])
+    out = tmp_path / "o.yaml"
+    for extra in ([], ["--padding-fallback"]):
+        result = runner.invoke(
+            app,
+            ["optimize", str(spec), str(trace), "--max-graphs", "40", "--max-pad-ratio", "1", "-o", str(out), *extra],
+        )
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "within the padding bound of 1x" in result.stderr
+        assert not out.exists()
+
+
+def test_single_decodes_keep_size_one():
+    """A rare single-request decode still gets its own graph: padding it to 2 doubles its work."""
+    spec = make_spec(scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 256})
+    trace = [TraceBatch(Batch(1, 1, 1), 1)] + [TraceBatch(Batch(n, n, 1), 500) for n in (2, 6, 12, 24, 48)]
+    result = optimize(spec, trace, load_cost_model(), max_graphs=10, blocks=1)
+    assert result.point.capture_sizes[0] == 1
+    without = optimize(spec, [t for t in trace if t.batch.num_tokens > 1], load_cost_model(), max_graphs=10, blocks=1)
+    assert 1 not in without.point.capture_sizes  # the rule, not the trace's weight, keeps it
+
+
+def test_withheld_estimates_print_no_placeholder():
+    from capplan.present.optimize import render_curve
+
+    spec = make_spec(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64})
+    trace = [TraceBatch(Batch(n, n, 1), 10) for n in (1, 3, 7, 12)]
+    result = optimize(spec, trace, load_cost_model(), max_graphs=40)
+    withheld = dataclasses.replace(result, default=dataclasses.replace(result.default, graph_memory_gib=None))
+    text = render_curve(withheld)
+    assert "~- GiB" not in text and "graph memory not estimated" in text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.dictionaries(st.integers(1, 30), st.integers(1, 50), min_size=1, max_size=7),
+    required=st.sets(st.integers(1, 30), max_size=2),
+    ratio=st.sampled_from([None, 2.0, 3.0]),
+    k=st.integers(1, 6),
+)
+def test_required_sizes_bucketing_matches_brute_force(weights, required, ratio, k):
+    """With required sizes, the exact bucketing equals the best subset that holds them all."""
+    top = 30
+    sizes = sorted(set(weights) | required | {top})
+    solver = Bucketing({0: weights}, top, sizes=sizes, max_pad=ratio, required=required)
+    value, chosen = solver.best(k)
+    best = INF
+    for r in range(1, min(k, len(sizes)) + 1):
+        for subset in combinations(sizes, r):
+            if top in subset and required <= set(subset) and (ratio is None or worst_pad(list(subset)) <= ratio):
+                best = min(best, padded(list(subset), weights))
+    assert value == best
+    if best < INF:
+        assert required <= set(chosen) and padded(chosen, weights) == best
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=1, max_size=25),
+    blocks=st.integers(1, 6),
+)
+def test_time_blocks_cut_the_steps_in_order_into_near_equal_parts(counts, blocks):
+    trace = [TraceBatch(Batch(t, t, 1), n) for t, n in counts]
+    parts = time_blocks(trace, blocks)
+    total = sum(n for _, n in counts)
+    assert len(parts) == min(blocks, total)
+    flat = [item.batch.num_tokens for part in parts for item in part for _ in range(item.count)]
+    assert flat == [t for t, n in counts for _ in range(n)]  # every step once, in time order
+    sizes = [sum(item.count for item in part) for part in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.dictionaries(st.integers(1, 60), st.floats(0.5, 50), min_size=1, max_size=10),
+    width=st.sampled_from([0.0, 0.04, 0.2, 0.5]),
+)
+def test_smoothing_moves_weight_only_to_neighbours_and_keeps_it(weights, width):
+    out = smoothed(weights, width, 60)
+    assert abs(sum(out.values()) - sum(weights.values())) < 1e-6
+    lo = min(max(1, t - int(width * t)) for t in weights)
+    hi = max(min(60, t + int(width * t)) for t in weights)
+    assert all(lo <= u <= hi for u in out)
+
+
+def test_each_block_is_scored_by_sizes_fitted_without_it():
+    blocks = [{4: 10.0}, {4: 10.0}, {9: 10.0}]
+    seen = []
+
+    def fit(weights):
+        seen.append(dict(weights))
+        return lambda k: sorted({*weights, 16})
+
+    [score] = held_out_scores(blocks, 0.0, 16, fit, range(1, 2))
+    assert seen == [{4: 10.0, 9: 10.0}, {4: 10.0, 9: 10.0}, {4: 20.0}]
+    assert score == 0 + 0 + 10 * (16 - 9)  # the last block pads to 16: its 9 was never fitted
