@@ -302,3 +302,20 @@ def test_verify_messages_render_from_records(spec):
     assert err == [f"violation: [{v['kind']}] {v['message']}" for v in data["violations"]]
     out, _ = verify_lines(report, "p", False)
     assert [f"eager: {r['text']}" for r in data["eager_regions"]] == [line for line in out if line.startswith("eager")]
+
+
+def test_every_violation_record_is_in_the_closed_union_that_verify_renders():
+    """`AnyViolation` names every Violation subclass, so the type checker holds
+    `violation_message`'s `match` (ending in `assert_never`) to a message for each: a record
+    left out of the union would type-check and then fail at run time."""
+    import typing
+
+    from capplan.analysis import verify as analysis
+
+    def subclasses(cls: type) -> set[type]:
+        return {c for s in cls.__subclasses__() for c in (s, *subclasses(s))}
+
+    records = typing.get_args(analysis.AnyViolation)
+    assert set(records) == subclasses(analysis.Violation) and len(records) == len(set(records))
+    assert all(r.kind in analysis.FAILURE_CLASSES for r in records)
+    assert len({r.code for r in records}) == len(records)  # each named apart in JSON

@@ -391,6 +391,41 @@ class FallbackCannotReplay(Violation):
 # -- eager regions: batches no captured graph can hold (reported, not violations) ----------------
 
 
+AnyViolation = (
+    GraphMisplaced
+    | MalformedRange
+    | CandidateCannotHold
+    | RangesOverlap
+    | DummyLayoutMismatch
+    | DummyMaxQueryLen
+    | KernelGridMismatch
+    | TiersMalformed
+    | CoverageHole
+    | DummyTooLong
+    | DummyRunTooLong
+    | PiledRemainder
+    | LoraOffGraphCarriesLora
+    | NoLoraGraphWarmed
+    | WrongAdapterCount
+    | BadAdapterIds
+    | KernelsShortCircuit
+    | ShortKernelGrid
+    | ShortFallbackGrid
+    | DpDisagreement
+    | DpMoreDisagreements
+    | DpSizeMismatch
+    | DpInvariantMismatch
+    | SpecHashMismatch
+    | FieldDiffers
+    | EncoderLoraSkipped
+    | AnchorDeferred
+    | FallbackLoop
+    | FallbackCannotReplay
+)
+"""Every kind of violation: a closed union, so that a renderer that `match`es on it with
+`assert_never` is told by the type checker which one it does not handle."""
+
+
 @dataclass(frozen=True)
 class EagerRegion:
     """Batches of a kind (more than `served` requests; 0: any) that run eager in these LoRA
@@ -422,7 +457,7 @@ Eager = EagerRegion | AboveLargestGraph
 
 @dataclass
 class VerifyReport:
-    violations: list[Violation] = field(default_factory=list)
+    violations: list[AnyViolation] = field(default_factory=list)
     eager_regions: list[Eager] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
 
@@ -430,7 +465,7 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.violations
 
-    def add(self, violation: Violation) -> None:
+    def add(self, violation: AnyViolation) -> None:
         self.violations.append(violation)
 
 

@@ -5,11 +5,12 @@ fields and its sentence."""
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from capplan.analysis.verify import (
     AboveLargestGraph,
     AnchorDeferred,
+    AnyViolation,
     BadAdapterIds,
     CandidateCannotHold,
     CoverageHole,
@@ -40,7 +41,6 @@ from capplan.analysis.verify import (
     SpecHashMismatch,
     TiersMalformed,
     VerifyReport,
-    Violation,
     WrongAdapterCount,
 )
 from capplan.present.jsondoc import dumps, record_value
@@ -76,124 +76,130 @@ DUMMY_RUN_FIX = {
 }
 
 
-def violation_message(v: Violation) -> str:
+def violation_message(v: AnyViolation) -> str:
     """The sentence `capplan verify` prints for a violation (after `[kind] `)."""
-    if isinstance(v, GraphMisplaced):
-        return f"graph #{v.graph_id} is listed at position {v.position}"
-    if isinstance(v, MalformedRange):
-        if v.unknown_ids:
+    match v:
+        case GraphMisplaced():
+            return f"graph #{v.graph_id} is listed at position {v.position}"
+        case MalformedRange():
+            if v.unknown_ids:
+                return (
+                    f"dispatch range case {v.lora_case} tokens {v.lo}..{v.hi} "
+                    f"is malformed (unknown graph ids {list(v.unknown_ids)})"
+                )
+            return f"dispatch range case {v.lora_case} has lo {v.lo} > hi {v.hi}"
+        case CandidateCannotHold():
+            return f"case {v.lora_case} tokens {v.lo}..{v.hi} lists graph {address(v.graph)} that cannot hold them"
+        case RangesOverlap():
+            (a_lo, a_hi), (b_lo, b_hi) = v.first, v.second
+            return f"case {v.lora_case}: dispatch ranges {a_lo}..{a_hi} and {b_lo}..{b_hi} overlap"
+        case DummyLayoutMismatch():
             return (
-                f"dispatch range case {v.lora_case} tokens {v.lo}..{v.hi} "
-                f"is malformed (unknown graph ids {list(v.unknown_ids)})"
+                f"graph {address(v.graph)}: dummy layout of {v.dummy_reqs} requests / {v.dummy_tokens} tokens "
+                f"does not capture {v.reqs} requests / {v.tokens} tokens"
             )
-        return f"dispatch range case {v.lora_case} has lo {v.lo} > hi {v.hi}"
-    if isinstance(v, CandidateCannotHold):
-        return f"case {v.lora_case} tokens {v.lo}..{v.hi} lists graph {address(v.graph)} that cannot hold them"
-    if isinstance(v, RangesOverlap):
-        (a_lo, a_hi), (b_lo, b_hi) = v.first, v.second
-        return f"case {v.lora_case}: dispatch ranges {a_lo}..{a_hi} and {b_lo}..{b_hi} overlap"
-    if isinstance(v, DummyLayoutMismatch):
-        return (
-            f"graph {address(v.graph)}: dummy layout of {v.dummy_reqs} requests / {v.dummy_tokens} tokens "
-            f"does not capture {v.reqs} requests / {v.tokens} tokens"
-        )
-    if isinstance(v, DummyMaxQueryLen):
-        return f"graph {address(v.graph)}: dummy max_query_len {v.max_query_len} != longest request {v.longest}"
-    if isinstance(v, KernelGridMismatch):
-        return f"graph {address(v.graph)}: kernel_grid {v.kernel_grid} does not follow from its dummy ({v.expected})"
-    if isinstance(v, TiersMalformed):
-        if v.field == "deferred":
-            return "tiers.deferred lists a graph twice or a graph the plan does not have"
-        return "tiers.fallback does not name exactly one graph of the plan per deferred graph"
-    if isinstance(v, CoverageHole):
-        return f"{_where(v)} run eager although a captured {v.cg_mode} graph could serve them"
-    if isinstance(v, DummyTooLong):
-        if v.limit == "max_model_len":
+        case DummyMaxQueryLen():
+            return f"graph {address(v.graph)}: dummy max_query_len {v.max_query_len} != longest request {v.longest}"
+        case KernelGridMismatch():
             return (
-                f"graph {address(v.graph)}: dummy request of {v.longest} tokens exceeds max_model_len {v.limit_tokens}"
+                f"graph {address(v.graph)}: kernel_grid {v.kernel_grid} does not follow from its dummy ({v.expected})"
             )
-        return f"graph {address(v.graph)}: dummy request of {v.longest} tokens exceeds the graph's max_query_len"
-    if isinstance(v, DummyRunTooLong):
-        fix = DUMMY_RUN_FIX.get(v.fix) or (
-            "a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
-            f"(cudagraph.max_capture_size) at most {v.max_model_len}"
-        )
-        return (
-            f"{v.run} dummy run of {v.tokens} tokens: a request of {v.longest} "
-            f"tokens exceeds max_model_len {v.max_model_len} ({fix})"
-        )
-    if isinstance(v, PiledRemainder):
-        return (
-            f"{v.count} dummy batch(es) pile the token remainder on one request "
-            f"(worst: graph {address(v.graph)}, {v.longest} tokens where an even split needs {v.even})"
-        )
-    if isinstance(v, LoraOffGraphCarriesLora):
-        return f"graph {address(v.graph)}: LoRA is off but the graph carries a LoRA case or dummy adapters"
-    if isinstance(v, NoLoraGraphWarmed):
-        return f"graph {address(v.graph)}: a no-LoRA graph is warmed with adapters {list(v.adapters)}"
-    if isinstance(v, WrongAdapterCount):
-        return f"graph {address(v.graph)}: warmed with {v.warmed} adapters, the case needs {v.needed}"
-    if isinstance(v, BadAdapterIds):
-        return f"graph {address(v.graph)}: dummy adapter ids {list(v.lora_ids)} are not -1 or 1..{v.max_loras}"
-    if isinstance(v, KernelsShortCircuit):
-        return (
-            f"graph {address(v.graph)}: every dummy request is -1, so the LoRA kernels "
-            "short-circuit and are not recorded in the graph"
-        )
-    if isinstance(v, ShortKernelGrid):
-        return (
-            f"LoRA case {v.lora_case}: {len(v.graphs)} graph(s) ({_sample(v.graphs)}) record a kernel grid "
-            f"of {v.kernel_grid} but serve {v.example} ({v.slots} kernel slots): an adapter is skipped"
-        )
-    if isinstance(v, ShortFallbackGrid):
-        pairs = [f"{address(g)} -> {address(f)}" for g, f in v.fallbacks]
-        return (
-            f"{len(pairs)} deferred graph(s) fall back to a graph whose kernel grid ({v.kernel_grid}) is smaller "
-            f"than the {v.slots} adapter slots their batches bring "
-            f"({', '.join(pairs[:3])}{', ...' if len(pairs) > 3 else ''}): until captured, an adapter is skipped"
-        )
-    if isinstance(v, DpDisagreement):
+        case TiersMalformed():
+            if v.field == "deferred":
+                return "tiers.deferred lists a graph twice or a graph the plan does not have"
+            return "tiers.fallback does not name exactly one graph of the plan per deferred graph"
+        case CoverageHole():
+            return f"{_where(v)} run eager although a captured {v.cg_mode} graph could serve them"
+        case DummyTooLong():
+            if v.limit == "max_model_len":
+                return (
+                    f"graph {address(v.graph)}: dummy request of {v.longest} tokens exceeds max_model_len "
+                    f"{v.limit_tokens}"
+                )
+            return f"graph {address(v.graph)}: dummy request of {v.longest} tokens exceeds the graph's max_query_len"
+        case DummyRunTooLong():
+            fix = DUMMY_RUN_FIX.get(v.fix) or (
+                "a one-request batch: no remainder fix shortens it; keep the largest PIECEWISE graph "
+                f"(cudagraph.max_capture_size) at most {v.max_model_len}"
+            )
+            return (
+                f"{v.run} dummy run of {v.tokens} tokens: a request of {v.longest} "
+                f"tokens exceeds max_model_len {v.max_model_len} ({fix})"
+            )
+        case PiledRemainder():
+            return (
+                f"{v.count} dummy batch(es) pile the token remainder on one request "
+                f"(worst: graph {address(v.graph)}, {v.longest} tokens where an even split needs {v.even})"
+            )
+        case LoraOffGraphCarriesLora():
+            return f"graph {address(v.graph)}: LoRA is off but the graph carries a LoRA case or dummy adapters"
+        case NoLoraGraphWarmed():
+            return f"graph {address(v.graph)}: a no-LoRA graph is warmed with adapters {list(v.adapters)}"
+        case WrongAdapterCount():
+            return f"graph {address(v.graph)}: warmed with {v.warmed} adapters, the case needs {v.needed}"
+        case BadAdapterIds():
+            return f"graph {address(v.graph)}: dummy adapter ids {list(v.lora_ids)} are not -1 or 1..{v.max_loras}"
+        case KernelsShortCircuit():
+            return (
+                f"graph {address(v.graph)}: every dummy request is -1, so the LoRA kernels "
+                "short-circuit and are not recorded in the graph"
+            )
+        case ShortKernelGrid():
+            return (
+                f"LoRA case {v.lora_case}: {len(v.graphs)} graph(s) ({_sample(v.graphs)}) record a kernel grid "
+                f"of {v.kernel_grid} but serve {v.example} ({v.slots} kernel slots): an adapter is skipped"
+            )
+        case ShortFallbackGrid():
+            pairs = [f"{address(g)} -> {address(f)}" for g, f in v.fallbacks]
+            return (
+                f"{len(pairs)} deferred graph(s) fall back to a graph whose kernel grid ({v.kernel_grid}) is smaller "
+                f"than the {v.slots} adapter slots their batches bring "
+                f"({', '.join(pairs[:3])}{', ...' if len(pairs) > 3 else ''}): until captured, an adapter is skipped"
+            )
+        case DpDisagreement():
 
-        def side(padded: int) -> str:
-            return "runs eager" if padded == v.tokens else f"pads to {padded}"
+            def side(padded: int) -> str:
+                return "runs eager" if padded == v.tokens else f"pads to {padded}"
 
-        return (
-            f"an agreed {v.batch_kind} batch of {v.tokens} tokens {side(v.low_padded)} on a rank with LoRA "
-            f"case {v.low_case} and {v.low_reqs} request(s) but {side(v.high_padded)} on one with case "
-            f"{v.high_case} and {v.high_reqs}"
-        )
-    if isinstance(v, DpMoreDisagreements):
-        return f"... and {v.count} more token counts where DP ranks can disagree"
-    if isinstance(v, DpSizeMismatch):
-        return f"dp.data_parallel_size {v.plan_size} != spec {v.spec_size}"
-    if isinstance(v, DpInvariantMismatch):
-        return f"dp.padded_tokens_lora_invariant says {v.plan_says}, the tables say {v.tables_say}"
-    if isinstance(v, SpecHashMismatch):
-        return "spec_hash does not match the embedded spec"
-    if isinstance(v, FieldDiffers):
-        return f"{v.field} differs from what the embedded spec compiles to"
-    if isinstance(v, EncoderLoraSkipped):
-        return (
-            f"{len(v.budgets)} encoder graph(s) {', '.join(f'ENCODER:{b}' for b in v.budgets)} are captured "
-            "with tower/connector LoRA on and specialize_active_lora: the LoRA kernels launch with 0 active "
-            "adapters at capture, so vision requests with an adapter get base-tower outputs (fix: encoder_lora_eager)"
-        )
-    if isinstance(v, AnchorDeferred):
-        return (
-            f"graph {address(v.graph)} is the largest of its mode and LoRA case but deferred: its batches have no "
-            "captured graph to fall back on (and vLLM sizes the FULL output buffer by it)"
-        )
-    if isinstance(v, FallbackLoop):
-        return f"graph {address(v.graph)}: its fallbacks loop or end in a deferred graph"
-    if isinstance(v, FallbackCannotReplay):
-        return (
-            f"graph {address(v.graph)} falls back to {address(v.fallback)}, which cannot replay its batches "
-            "(mode, decode shape, tokens or requests)"
-        )
-    raise TypeError(f"no message for {type(v).__name__}")  # pragma: no cover - every record has one
+            return (
+                f"an agreed {v.batch_kind} batch of {v.tokens} tokens {side(v.low_padded)} on a rank with LoRA "
+                f"case {v.low_case} and {v.low_reqs} request(s) but {side(v.high_padded)} on one with case "
+                f"{v.high_case} and {v.high_reqs}"
+            )
+        case DpMoreDisagreements():
+            return f"... and {v.count} more token counts where DP ranks can disagree"
+        case DpSizeMismatch():
+            return f"dp.data_parallel_size {v.plan_size} != spec {v.spec_size}"
+        case DpInvariantMismatch():
+            return f"dp.padded_tokens_lora_invariant says {v.plan_says}, the tables say {v.tables_say}"
+        case SpecHashMismatch():
+            return "spec_hash does not match the embedded spec"
+        case FieldDiffers():
+            return f"{v.field} differs from what the embedded spec compiles to"
+        case EncoderLoraSkipped():
+            return (
+                f"{len(v.budgets)} encoder graph(s) {', '.join(f'ENCODER:{b}' for b in v.budgets)} are captured "
+                "with tower/connector LoRA on and specialize_active_lora: the LoRA kernels launch with 0 active "
+                "adapters at capture, so vision requests with an adapter get base-tower outputs "
+                "(fix: encoder_lora_eager)"
+            )
+        case AnchorDeferred():
+            return (
+                f"graph {address(v.graph)} is the largest of its mode and LoRA case but deferred: its batches have no "
+                "captured graph to fall back on (and vLLM sizes the FULL output buffer by it)"
+            )
+        case FallbackLoop():
+            return f"graph {address(v.graph)}: its fallbacks loop or end in a deferred graph"
+        case FallbackCannotReplay():
+            return (
+                f"graph {address(v.graph)} falls back to {address(v.fallback)}, which cannot replay its batches "
+                "(mode, decode shape, tokens or requests)"
+            )
+        case _:
+            assert_never(v)
 
 
-def violation_line(v: Violation) -> str:
+def violation_line(v: AnyViolation) -> str:
     """The violation as `capplan verify` lists it: its kind, then its sentence."""
     return f"[{v.kind}] {violation_message(v)}"
 
@@ -220,7 +226,7 @@ def _fields(record: object) -> dict[str, Any]:
     return out
 
 
-def violation_json(v: Violation) -> dict[str, Any]:
+def violation_json(v: AnyViolation) -> dict[str, Any]:
     """One violation: what it is (`type`, `kind`, its failure class), its fields, its sentence."""
     c = v.failure_class
     return {
