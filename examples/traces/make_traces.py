@@ -125,12 +125,15 @@ def bursty(rng: random.Random, limits: Limits, n: int = 6000) -> list[tuple]:
             adapters, base = _lora_mix(rng, reqs, 0.5, min(4, limits.max_loras))
             steps.append((reqs, reqs, 1, adapters, base, False))
         pending = sum(_prompt(rng, 1500, 0.7, limits) for _ in range(rng.randint(4, 32)))
-        decoding = rng.randint(min(2, quiet_max), quiet_max)
+        most = min(quiet_max, limits.seqs - 1)  # requests decoding beside the prefill
+        decoding = rng.randint(min(2, most), most)
+        longest = limits.max_model_len - 1  # no request's chunk is longer than a prompt can be
         while pending > 0:  # burst: chunked prefill fills the budget
-            chunk = min(pending, limits.budget - decoding)
-            reqs = decoding + min(chunk, rng.randint(1, 4), limits.seqs - decoding)
+            chunk = min(pending, limits.budget - decoding, (limits.seqs - decoding) * longest)
+            new = max(min(chunk, rng.randint(1, 4), limits.seqs - decoding), -(-chunk // longest))
+            reqs = decoding + new
             adapters, base = _lora_mix(rng, reqs, 0.5, min(4, limits.max_loras))
-            steps.append((reqs, decoding + chunk, -(-chunk // (reqs - decoding)), adapters, base, True))
+            steps.append((reqs, decoding + chunk, -(-chunk // new), adapters, base, True))
             pending -= chunk
     return steps[:n]
 

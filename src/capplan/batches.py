@@ -79,12 +79,12 @@ class BatchFile:
     times: list[float] | None = None  # `t` of every line (a trace capplan recorded), else None
     stopped: bool = False  # the recorder stopped at its size limit: the trace is the run's beginning
     cut: str | None = None  # what read_rank_traces cut, and why
+    dropped: str | None = None  # the batches the deployment never schedules, left out on request
 
     @property
     def note(self) -> str | None:
-        if self.source == "vllm-log":
-            return LOG_NOTE
-        return self.cut
+        notes = [n for n in (LOG_NOTE if self.source == "vllm-log" else None, self.cut, self.dropped) if n]
+        return "; ".join(notes) or None
 
 
 def batch_problem(batch: Batch) -> str | None:
@@ -203,15 +203,16 @@ def parse_batch(item: object) -> TraceBatch:
     return TraceBatch(batch, count, dp_step)
 
 
-def read_rank_traces(paths: list[Path], spec: Spec) -> list[BatchFile]:
-    """One trace, or one per DP rank (as many as the spec's data_parallel_size)."""
+def read_rank_traces(paths: list[Path], spec: Spec, drop_unschedulable: bool = False) -> list[BatchFile]:
+    """One trace, or one per DP rank (as many as the spec's data_parallel_size); with
+    `drop_unschedulable`, batches the deployment never schedules are left out, not refused."""
     size = spec.parallel.synced_size
     if len(paths) > 1 and len(paths) != size:
         raise UsageError(
             f"{len(paths)} traces for a plan of data_parallel_size {size}",
             "give one trace, or one per DP rank" if size > 1 else "give one trace",
         )
-    files = [read_batches(p, spec, allow_empty=len(paths) > 1) for p in paths]
+    files = [read_batches(p, spec, allow_empty=len(paths) > 1, drop_unschedulable=drop_unschedulable) for p in paths]
     if len(files) > 1 and not any(f.batches for f in files):
         raise UsageError("every rank trace is empty", "pass the traces of a run that served requests")
     if len(files) > 1:
@@ -303,9 +304,13 @@ def trace_layout(path: Path) -> dict[str, int]:
     return {name: int(size) for name, size in _LAYOUT.findall(first)}
 
 
-def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False) -> BatchFile:
+def read_batches(
+    path: Path, spec: Spec | None = None, allow_empty: bool = False, drop_unschedulable: bool = False
+) -> BatchFile:
     """Every batch of a JSON-lines file or vLLM log, all checked before any is used
-    (`allow_empty`: a DP rank's trace may hold none: the rank served nothing)."""
+    (`allow_empty`: a DP rank's trace may hold none: the rank served nothing;
+    `drop_unschedulable`: a batch the spec's deployment never schedules is left out and
+    counted, not refused: a trace recorded on another deployment, fitted to this one)."""
     name = shown(path)
     json_lines: list[tuple[int, str]] = []
     stats: list[tuple[int, str]] = []
@@ -392,7 +397,13 @@ def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False
         source = "jsonl"
     if not batches and not allow_empty:
         raise BatchFileError(f"{name}: holds no batches", "one JSON object per line; see capplan simulate --help")
-    if spec is not None:
+    dropped = None
+    if spec is not None and drop_unschedulable:
+        batches, dropped = _drop_unschedulable(batches, spec)
+        if not batches and not allow_empty:
+            raise BatchFileError(f"{name}: holds no batch this deployment schedules: {dropped}")
+        dropped = dropped and f"{name}: {dropped}"
+    elif spec is not None:
         checked: set[int] = set()
         for number, item in _numbered(json_lines, batches, source):
             if id(item) in checked:
@@ -402,9 +413,39 @@ def read_batches(path: Path, spec: Spec | None = None, allow_empty: bool = False
             if problem:
                 raise BatchFileError(
                     f"{name}:{number}: {problem}: this deployment never schedules it",
-                    "record the trace on the deployment the plan is for",
+                    "record the trace on the deployment the plan is for, or leave such batches out with "
+                    "--drop-unschedulable (simulate, optimize)",
                 )
-    return BatchFile(batches, source, times if source == "jsonl" and times else None, _stopped(path))
+    if dropped is not None:
+        times = None  # the kept steps' intervals are not the run's
+    return BatchFile(batches, source, times if source == "jsonl" and times else None, _stopped(path), None, dropped)
+
+
+def _drop_unschedulable(batches: list[TraceBatch], spec: Spec) -> tuple[list[TraceBatch], str | None]:
+    """The batches the deployment schedules, and what was left out: steps by reason."""
+    problems: dict[Batch, str | None] = {}
+    kept: list[TraceBatch] = []
+    reasons: dict[str, int] = {}
+    lines = steps = total = 0
+    for item in batches:
+        total += item.count
+        if item.batch not in problems:
+            problems[item.batch] = beyond_spec(item.batch, spec)
+        problem = problems[item.batch]
+        if problem is None:
+            kept.append(item)
+            continue
+        lines += 1
+        steps += item.count
+        if "more than " in problem:
+            why = "more than " + problem.split("more than ", 1)[1]
+        else:
+            why = "adapters while LoRA is off" if "LoRA is off" in problem else problem
+        reasons[why] = reasons.get(why, 0) + item.count
+    if not lines:
+        return kept, None
+    shown_reasons = ", ".join(f"{n} with {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return kept, f"dropped {steps} of {total} steps ({lines} line(s)) this deployment never schedules: {shown_reasons}"
 
 
 class _Progress:

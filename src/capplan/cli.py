@@ -208,11 +208,12 @@ def simulate_cmd(
     as_json: h.SimulateAsJson = False,
     plot: h.SimulatePlot = None,
     calibration: h.SimulateCalibration = None,
+    drop_unschedulable: h.DropUnschedulable = False,
 ) -> None:
     from capplan.commands.traffic import simulate
     from capplan.present.simulate import render_simulation
 
-    result = simulate(plan, traces, calibration, plot, _note)
+    result = simulate(plan, traces, calibration, plot, _note, drop_unschedulable)
     if as_json:
         typer.echo(dumps(result.data, indent=2))
     else:
@@ -240,6 +241,7 @@ def optimize_cmd(
     ready_share: h.OptimizeReadyShare = None,
     max_pad_ratio: h.OptimizeMaxPadRatio = 2.0,
     holdout: h.OptimizeHoldout = 0.2,
+    drop_unschedulable: h.DropUnschedulable = False,
 ) -> None:
     from capplan.commands.traffic import OptimizeRequest, optimize
     from capplan.present.optimize import optimize_json, render_curve, written_lines
@@ -247,6 +249,7 @@ def optimize_cmd(
     request = OptimizeRequest(
         spec, traces, max_graphs, max_graph_memory, max_capture_seconds, max_slowdown, objective,
         padding_fallback, output, plot, calibration, shared_sizes, ready_share, max_pad_ratio, holdout,
+        drop_unschedulable,
     )  # fmt: skip
     outcome = optimize(request, _note)
     if as_json:

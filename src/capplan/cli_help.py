@@ -233,6 +233,15 @@ the spec's capture sizes and only chooses the tiers. The share rests on the
 trace alone; the planner adds the largest graph of each mode and LoRA case.
 """
 OptimizeSpec = Annotated[Path, typer.Argument(help="Spec YAML to start from.", show_default=False)]
+DropUnschedulable = Annotated[
+    bool,
+    typer.Option(
+        "--drop-unschedulable",
+        help="Leave out the trace's batches this deployment never schedules (more requests than max_num_seqs, "
+        "tokens than max_num_batched_tokens, adapters than max_loras) instead of refusing the trace, and say how "
+        "many steps were dropped and why: a trace recorded on another deployment, fitted to this one.",
+    ),
+]
 OptimizeTraces = Annotated[
     list[Path],
     typer.Argument(help="Batch trace (see capplan simulate --help); under DP, one per rank.", show_default=False),

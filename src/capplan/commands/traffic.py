@@ -36,8 +36,10 @@ def simulate(
     calibration: Path | None = None,
     plot: Path | None = None,
     notes: Notes = no_notes,
+    drop_unschedulable: bool = False,
 ) -> Simulated:
-    """Replay the traces through the plan's dispatcher; with `plot`, draw hits and padding there."""
+    """Replay the traces through the plan's dispatcher; with `plot`, draw hits and padding there;
+    `drop_unschedulable`: leave out (and count) batches the plan's deployment never schedules."""
     from capplan.batches import read_rank_traces
     from capplan.loading import load_cost_model
     from capplan.planfile.read import load_plan
@@ -45,7 +47,7 @@ def simulate(
     from capplan.traffic.simulate import simulate_ranks
 
     loaded = load_plan(plan_path)
-    files = read_rank_traces(traces, loaded.spec)
+    files = read_rank_traces(traces, loaded.spec, drop_unschedulable)
     _trace_notes(files, notes)
     cost = load_cost_model(calibration)
     if len(files) == 1:
@@ -84,6 +86,7 @@ class OptimizeRequest:
     ready_share: float | None = None
     max_pad_ratio: float | None = 2.0
     holdout: float = 0.2
+    drop_unschedulable: bool = False  # leave out batches the spec's deployment never schedules, counted
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         if target is not None:
             check_output(target, sources)
     loaded = load_spec(r.spec)
-    files = read_rank_traces(r.traces, loaded)
+    files = read_rank_traces(r.traces, loaded, r.drop_unschedulable)
     _trace_notes(files, notes)
     budgets = (r.max_graphs, r.max_graph_memory, r.max_capture_seconds, r.max_slowdown)
     if r.ready_share is not None and all(b is None for b in budgets):
