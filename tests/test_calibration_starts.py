@@ -328,3 +328,26 @@ def test_the_runtime_records_the_deployment_and_calibrate_start_takes_it_as_meas
     _refused([str(path), "--plan", str(plans["tiny"]), "--gpu", "NVIDIA H100"], out, "but the starts recorded")
     path.write_text(json.dumps(report | {"identity": ident | {"vllm": "0.29.0"}}))
     _refused([str(path), "--plan", str(plans["tiny"])], out, "the starts ran vLLM 0.29.0: a start of another release")
+
+
+def test_a_calibration_folder_of_two_deployments_is_refused_and_one_is_found_from_below(tmp_path, monkeypatch):
+    """The folder is found from a plan's folder or any folder below it, the way git finds its
+    config; calibrations of two deployments in it are refused with one line naming both."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".capplan/calibration").mkdir(parents=True)
+    for name in ("h200-vllm033-tiny-llama", "h200-vllm033-llama0.9b"):
+        (tmp_path / ".capplan/calibration" / f"{name}.yaml").write_text(
+            (DATA / "calibrations" / f"{name}.yaml").read_text()
+        )
+    deep = tmp_path / "deploy" / "plans"
+    deep.mkdir(parents=True)
+    (deep / "a.yaml").write_text(_tiny_named())
+    (deep / "b.yaml").write_text(_tiny_named().replace("max_loras: 3", "max_loras: 4"))
+    result = runner.invoke(app, ["diff", "--spec", str(deep / "a.yaml"), str(deep / "b.yaml")])
+    assert result.exit_code == 1 and "are of different deployments" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / ".capplan/calibration/h200-vllm033-llama0.9b.yaml").unlink()
+    data = json.loads(
+        runner.invoke(app, ["diff", "--spec", str(deep / "a.yaml"), str(deep / "b.yaml"), "--format", "json"]).stdout
+    )
+    assert data["price"]["old"]["kind"] == "measured" and ".capplan/calibration" in data["price"]["old"]["basis"]

@@ -31,6 +31,7 @@ GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "float8_e4m3fn": 1}
 
 Kind = Literal["measured", "scaled", "predicted"]
+GRAPH_MARGIN = 0.10  # on the largest measured graph memory, in what to leave free beside the KV cache
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,14 @@ class Priced:
 
     def text(self) -> str:
         return f"{self.graphs} graphs, {self.seconds.text('.1f', 's')} capture, {self.gib.text('.3f', 'GiB')}"
+
+    def reserve_bytes(self) -> int | None:
+        """The graph memory to leave free beside the KV cache (`show`; `flags` may call it): the
+        largest of the starts' readings plus GRAPH_MARGIN, where it was measured for this plan;
+        None where it is only scaled or predicted (vLLM's own estimate stays in charge)."""
+        if self.kind != "measured":
+            return None
+        return int(self.gib.hi * (1 + GRAPH_MARGIN) * GIB)
 
 
 def dtype_bytes(shape: ModelShape | None) -> int:

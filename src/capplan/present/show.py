@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.calibration.price import Figure, Priced
+from capplan.calibration.price import GRAPH_MARGIN, Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
 from capplan.traffic.cost import Estimate
@@ -282,17 +282,14 @@ def show_json(
     return data
 
 
-GRAPH_MARGIN = 0.10  # the margin on the largest measured graph memory, in the reserve `show` gives
-
-
 def price_lines(priced: Priced) -> list[str]:
     """The plan's capture cost with its interval and basis, and the graph memory to leave
     free beside the KV cache where it was measured for this deployment."""
     lines = [f"{priced.text()} ({priced.kind}; {priced.basis})", *priced.notes]
-    if priced.kind == "measured":
-        reserve = priced.gib.hi * (1 + GRAPH_MARGIN)
+    reserve = priced.reserve_bytes()
+    if reserve is not None:
         lines.append(
-            f"graph memory to leave free beside the KV cache: {reserve:.3f} GiB ({int(reserve * 2**30)} bytes: "
+            f"graph memory to leave free beside the KV cache: {reserve / 2**30:.3f} GiB ({reserve} bytes: "
             f"the largest of the starts' readings + {GRAPH_MARGIN:.0%}); size the KV cache "
             "(--kv-cache-memory-bytes, or --gpu-memory-utilization) to leave that, in place of vLLM's "
             "profiling estimate of its graphs"
@@ -312,7 +309,6 @@ def price_json(priced: Priced | None) -> dict[str, Any] | None:
     def figure(f: Figure, digits: int) -> dict[str, float]:
         return {"value": round(f.value, digits), "lo": round(f.lo, digits), "hi": round(f.hi, digits)}
 
-    reserve = priced.gib.hi * (1 + GRAPH_MARGIN) if priced.kind == "measured" else None
     return {
         "graphs": priced.graphs,
         "capture_seconds": figure(priced.seconds, 2),
@@ -320,5 +316,5 @@ def price_json(priced: Priced | None) -> dict[str, Any] | None:
         "kind": priced.kind,
         "basis": priced.basis,
         "notes": list(priced.notes),
-        "graph_memory_reserve_bytes": None if reserve is None else int(reserve * 2**30),
+        "graph_memory_reserve_bytes": priced.reserve_bytes(),
     }
