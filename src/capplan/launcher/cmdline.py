@@ -80,7 +80,7 @@ class Command:
     values: dict[str, object] = field(default_factory=dict)  # plan setting -> the command's value
     flags: dict[str, str] = field(default_factory=dict)  # plan setting -> how the command set it
     json_at: dict[str, int] = field(default_factory=dict)  # "compilation"/"speculative" -> index of its JSON
-    dotted: set[str] = field(default_factory=set)  # JSON args given as dotted keys
+    dotted: dict[str, str] = field(default_factory=dict)  # JSON args given as dotted keys -> the flag vLLM keeps
     in_file: set[str] = field(default_factory=set)  # JSON args whose object comes from the --config file
     unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
     resolved: Resolved | None = None  # vLLM's own reading of the command, when vLLM was importable
@@ -164,7 +164,15 @@ def _engine_args(argv: list[str], start: int) -> tuple[list[_Arg], str | None]:
     if at + 1 >= len(argv):
         raise CapplanError("--config needs a file: vLLM refuses the command", "give the YAML file after --config")
     path = argv[at + 1]
-    from_file = [_Arg(_normalized(text), None) for text in config_args(path)]
+    given = config_args(path)
+    model = argv[start - 1] != "serve" or any(re.match(r"^--model(=.+|$)", a) for a in argv[start:])
+    if Path(argv[0]).name == "vllm" or "vllm.entrypoints.cli.main" in argv:
+        if not model and "--model" not in given:
+            raise CapplanError(
+                f"`serve --config {printable(path)}` names no model: vLLM refuses the command",
+                "give the model after `serve`, or as `model:` in the file",
+            )
+    from_file = [_Arg(_normalized(text), None) for text in given]
     return from_file + [_Arg(_normalized(argv[i]), i) for i in rest if i not in (at, at + 1)], path
 
 
@@ -211,18 +219,24 @@ def config_args(path: str) -> list[str]:
     return out
 
 
-def json_places(args: list[_Arg]) -> dict[str, int | None]:
-    """Where vLLM's parser takes each JSON config ("compilation", "speculative") from: the index
-    in `args` of the last JSON object given, or None where dotted keys are given (vLLM gives
-    their merged object last, so it replaces every JSON object)."""
-    places: dict[str, int | None] = {}
+def json_places(args: list[_Arg]) -> dict[str, tuple[int | None, str]]:
+    """Where vLLM's parser takes each JSON config ("compilation", "speculative") from: (the index
+    in `args` of the last JSON object given, its flag), or (None, the flag) where dotted keys
+    are given. vLLM gathers dotted keys by their flag as written (`-cc.x` and
+    `--compilation-config.y` apart) and gives each gathering as one more JSON object at the
+    end, in the order its flag first appears: the last one replaces every other."""
+    places: dict[str, tuple[int | None, str]] = {}
+    heads: dict[str, list[str]] = {}
     for k, arg in enumerate(args):
         name, eq, _ = arg.text.partition("=")
         head = name.split(".", 1)[0]
         if head in JSON_ARGS and "." in name:
-            places[JSON_ARGS[head]] = None
-        elif name in JSON_ARGS and places.get(JSON_ARGS[name], 0) is not None and (eq or k + 1 < len(args)):
-            places[JSON_ARGS[name]] = k if eq else k + 1
+            order = heads.setdefault(JSON_ARGS[head], [])
+            order += [] if head in order else [head]
+        elif name in JSON_ARGS and (eq or k + 1 < len(args)):
+            places[JSON_ARGS[name]] = (k if eq else k + 1, name)
+    for which, order in heads.items():
+        places[which] = (None, order[-1])
     return places
 
 
@@ -279,8 +293,8 @@ def read_command(argv: list[str]) -> Command | None:
     args, config = _engine_args(argv, start)
     where = f" (in --config {printable(config)})" if config is not None else ""
     json_objects: dict[int, tuple[dict[str, Any], str]] = {}  # index in args -> a JSON object, its flag
-    dotted: dict[str, dict[str, Any]] = {}  # the dotted keys of each, merged
-    dotted_flag: dict[str, str] = {}
+    dotted: dict[str, dict[str, Any]] = {}  # flag as written -> its dotted keys, merged
+    dotted_in_file: set[str] = set()  # flags with dotted keys from the --config file: complete() cannot add to them
     i = 0
     while i < len(args):
         arg = args[i]
@@ -348,15 +362,15 @@ def read_command(argv: list[str]) -> Command | None:
             i += step
         elif "." in name and name.split(".", 1)[0] in JSON_ARGS:
             head, _, key = name.partition(".")
-            which = JSON_ARGS[head]
             if key.count(".") >= MAX_DEPTH:
                 raise CapplanError(f"{printable(name)[:60]}...: dotted key deeper than {MAX_DEPTH} levels")
             plus = key.endswith("+")
             got: Any = _dotted_value(value(), plus)
             for part in reversed(key.removesuffix("+").split(".")):
                 got = {part: got}
-            _merge(dotted.setdefault(which, {}), got)
-            dotted_flag[which] = head
+            _merge(dotted.setdefault(head, {}), got)
+            if arg.at is None:
+                dotted_in_file.add(head)
             i += step
         elif name in SPEC_FLAGS:
             raw = value()
@@ -375,10 +389,12 @@ def read_command(argv: list[str]) -> Command | None:
         else:
             i += 1
     places = json_places(args)
-    for which, place in places.items():
+    for which, (place, flag) in places.items():
         if place is None:
-            cmd.dotted.add(which)
-            _read_json(cmd, which, dotted[which], dotted_flag[which], dotted=True)
+            cmd.dotted[which] = flag
+            if flag in dotted_in_file:
+                cmd.in_file.add(which)
+            _read_json(cmd, which, dotted[flag], flag, dotted=True)
         else:
             data, name = json_objects[place]
             at = args[place].at
@@ -413,10 +429,10 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
     if any(a.text == "--config" for a in line):
         skip = next(k for k, a in enumerate(line) if a.text == "--config")
         line = line[:skip] + line[skip + 2 :]
-    for which, place in json_places(line).items():
+    for which, (place, flag) in json_places(line).items():
         found = None if place is None else line[place].at
         if place is None:
-            cmd.dotted.add(which)
+            cmd.dotted[which] = flag
         elif found is not None:
             cmd.json_at[which] = found
     config = next((a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)

@@ -99,7 +99,8 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
         argv[at] = f"{head}={joined}" if eq else joined
         merged = [f"{k} (in {head or argv[at - 1]})" for k in missing]
     elif missing and "compilation" in cmd.dotted:
-        added += [f"{COMPILATION_FLAGS[1]}.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in missing.items()]
+        flag = cmd.dotted["compilation"]  # the flag whose dotted keys vLLM keeps
+        added += [f"{flag}.{k}={json.dumps(v, separators=(',', ':'))}" for k, v in missing.items()]
     elif missing:
         added += [COMPILATION_FLAGS[0], json.dumps(missing, separators=(",", ":"))]
     return argv + added, added + merged

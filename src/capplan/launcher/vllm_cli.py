@@ -179,8 +179,10 @@ class Resolved:
     json_keys: dict[str, list[list[str] | None]] = field(default_factory=dict)
 
     def compilation_given(self) -> set[str]:
-        """The compilation-config keys the operator gave, in any `-cc`, dotted key or file."""
-        return {k for obj in self.json_keys.get("compilation_config", []) if obj for k in obj}
+        """The compilation-config keys the operator gave (in a `-cc`, dotted keys or the file): the
+        keys of the last object vLLM's parser read, which replaces any before it."""
+        objects = self.json_keys.get("compilation_config", [])
+        return set(objects[-1] or []) if objects else set()
 
 
 def resolve_lines(
