@@ -23,17 +23,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capplan.errors import EngineRefusal
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
 from capplan.releases import RELEASES
-from capplan.runtime.deferred.capture import (
-    SAMPLE_SPREAD,
-    SAMPLES_MAX,
-    SAMPLES_MIN,
-    DeferredCapture,
-    sampled_enough,
-    spread_sample,
-)
+from capplan.runtime.deferred.capture import DeferredCapture
+from capplan.runtime.deferred.estimate import SAMPLE_SPREAD, SAMPLES_MAX, SAMPLES_MIN, sampled_enough, spread_sample
+from capplan.runtime.deferred.vllm_capture import Captured
 from capplan.schemas.plan import address
 
 MiB = 2**20
@@ -71,6 +67,18 @@ def take(pool: Pool, costs: dict[str, int], gid: int) -> int:
     return pool.take(costs[PLAN.graphs[gid].descriptor.cg_mode])
 
 
+class Voting:
+    """Ranks that vote through `agreed` (one of several TP ranks), and join values as given."""
+
+    single = False
+
+    def __init__(self, agreed: Callable[[bool], bool]) -> None:
+        self.agreed = agreed
+
+    def joined(self, values: set[int]) -> list[int]:
+        return sorted(values)
+
+
 def together(ranks: int) -> list[Callable[[bool], bool]]:
     """Each of `ranks` ranks' `agreed`, run in threads of one process: yes where every rank says
     yes, as the all-reduce over the engine's groups answers. A rank that votes a different
@@ -104,16 +112,14 @@ def started(
     """A deferred capture after the start-up capture: the ready graphs read, then (as
     `capture_ready` does without a profiling pass) the deferred graphs sampled; with `agreed`,
     as one of several TP ranks, deciding by it."""
-    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
-    if agreed is not None:
-        deferred.one_rank = deferred.step_captures = False
-        deferred.agreed = agreed
+    ranks = None if agreed is None else Voting(agreed)
+    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]), ranks=ranks)
     pool = Pool(room)
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
-    for gid in deferred.ready_ids:
-        deferred._sample(mode[gid], pool.take(costs[mode[gid]]), deferred=False)
-    deferred._sample_at_start(lambda gid: pool.take(costs[mode[gid]]))
-    deferred.fix_start_bounds()
+    for gid in deferred.state.graphs.ready_ids:
+        deferred.state.estimate.reading(mode[gid], pool.take(costs[mode[gid]]), deferred=False)
+    deferred.startup.sample_at_start(lambda gid: pool.take(costs[mode[gid]]))
+    deferred.state.estimate.fix_start_bounds()
     return deferred, pool
 
 
@@ -124,11 +130,11 @@ def landed(deferred: DeferredCapture, pool: Pool, costs: dict[str, int]) -> tupl
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     holds, taken = [], []
     while deferred.pending:
-        holds.append(deferred.pending_bound())
+        holds.append(deferred.state.pending_bound())
         gid = deferred.pending.pop(0)
         used = pool.take(costs[mode[gid]])
         taken.append(used)
-        deferred.samples.setdefault(mode[gid], []).append(used)
+        deferred.state.estimate.landed(mode[gid], used)
     shortfalls = [max(0, sum(taken[i:]) - hold) for i, hold in enumerate(holds)]
     return max(holds, default=0), sum(taken), shortfalls
 
@@ -161,8 +167,8 @@ def test_rounds_of_samples_are_each_spread_over_the_graphs_not_sampled_yet():
         order.append(gid)
         return 2 * MiB if len(order) % 10 == 0 else 0  # a granule in ten readings: never a tenth of their total
 
-    deferred._sample("PIECEWISE", 0, deferred=False)  # the pool's base
-    taken = deferred.sample_deferred("PIECEWISE", candidates, capture, most=60)
+    deferred.state.estimate.reading("PIECEWISE", 0, deferred=False)  # the pool's base
+    taken = deferred.startup.sample_deferred("PIECEWISE", candidates, capture, most=60)
     assert taken == order and len(taken) == 60
     first = spread_sample(candidates, SAMPLES_MIN)
     second = spread_sample([g for g in candidates if g not in first], SAMPLES_MIN)
@@ -196,22 +202,24 @@ def test_the_check_models_graphs_are_held_within_the_target_once_sampled():
 
     alone = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
     pool = Pool(int(0.3 * GRANULE))
-    for gid in alone.ready_ids:
-        alone._sample(mode[gid], pool.take(ready_cost[mode[gid]]), deferred=False)
-    alone.fix_start_bounds()
+    for gid in alone.state.graphs.ready_ids:
+        alone.state.estimate.reading(mode[gid], pool.take(ready_cost[mode[gid]]), deferred=False)
+    alone.state.estimate.fix_start_bounds()
     peak, took, _ = landed(alone, pool, deferred_cost)
     assert peak / took > 1.4
 
     for room in range(0, GRANULE, GRANULE // 8):
         deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"]))
         pool = Pool(room)
-        for gid in deferred.ready_ids:
-            deferred._sample(mode[gid], pool.take(ready_cost[mode[gid]]), deferred=False)
-        deferred._sample_at_start(functools.partial(take, pool, deferred_cost))
-        deferred.fix_start_bounds()
-        sampled = len(deferred.sampled_ids)
+        for gid in deferred.state.graphs.ready_ids:
+            deferred.state.estimate.reading(mode[gid], pool.take(ready_cost[mode[gid]]), deferred=False)
+        deferred.startup.sample_at_start(functools.partial(take, pool, deferred_cost))
+        deferred.state.estimate.fix_start_bounds()
+        sampled = len(deferred.state.start.sampled_ids)
         assert SAMPLES_MIN <= sampled < counts["PIECEWISE"] + counts["FULL"] - 100
-        assert set(deferred.sampled_ids) <= deferred.captured and not set(deferred.sampled_ids) & set(deferred.pending)
+        assert set(deferred.state.start.sampled_ids) <= deferred.state.graphs.captured and not set(
+            deferred.state.start.sampled_ids
+        ) & set(deferred.pending)
         peak, took, shortfalls = landed(deferred, pool, deferred_cost)
         assert peak / took <= 1.25 and max(shortfalls) < GRANULE, (room, sampled, peak / MiB, took / MiB)
 
@@ -231,7 +239,7 @@ def test_a_single_rank_sample_holds_within_the_target_and_never_short(pw, full, 
     a granule short; a graph's bound adds one granule over the readings' count)."""
     costs = {"PIECEWISE": pw, "FULL": full}
     deferred, pool = started(costs, room)
-    sampled = {m: list(deferred.samples.get(m, [])) for m in ("PIECEWISE", "FULL")}
+    sampled = {m: list(deferred.state.estimate.samples.get(m, [])) for m in ("PIECEWISE", "FULL")}
     spread = all(max(u) * SAMPLE_SPREAD <= sum(u) for u in sampled.values())  # neither stopped at a limit
     peak, took, shortfalls = landed(deferred, pool, costs)
     assert max(shortfalls) < GRANULE
@@ -245,8 +253,8 @@ def enough_or_half(deferred: DeferredCapture) -> bool:
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     for m in ("PIECEWISE", "FULL"):
         half = sum(1 for g in PLAN.tiers.deferred if mode[g] == m) // 2
-        taken = sum(1 for g in deferred.sampled_ids if mode[g] == m)
-        if taken != half and not sampled_enough(deferred.samples.get(m, []), False):
+        taken = sum(1 for g in deferred.state.start.sampled_ids if mode[g] == m)
+        if taken != half and not sampled_enough(deferred.state.estimate.samples.get(m, []), False):
             return False
     return True
 
@@ -259,7 +267,7 @@ def test_several_ranks_sample_the_same_graphs_until_every_one_has_enough(pw, ful
     and each stops only once its own readings are enough (or half are taken)."""
     costs = [{"PIECEWISE": pw, "FULL": full}, {"PIECEWISE": 2 * MiB, "FULL": int(0.19 * MiB)}]
     (one, _), (other, _) = as_ranks(lambda agreed, c, r: started(c, r, agreed), costs, [room, 0])
-    assert one.sampled_ids == other.sampled_ids
+    assert one.state.start.sampled_ids == other.state.start.sampled_ids
     assert enough_or_half(one) and enough_or_half(other)
 
 
@@ -268,7 +276,7 @@ def test_ranks_deciding_each_on_its_own_readings_would_capture_apart():
     (so the agreement above is what keeps them together)."""
     one, _ = started({"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}, 0)
     other, _ = started({"PIECEWISE": 2 * MiB, "FULL": 2 * MiB}, 0)
-    assert one.sampled_ids != other.sampled_ids
+    assert one.state.start.sampled_ids != other.state.start.sampled_ids
 
 
 def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones():
@@ -276,8 +284,8 @@ def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones()
     start's record; the sample and the ready readings are reported apart."""
     costs = {"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}
     deferred, pool = started(costs, 0)
-    at_start = {m: len(u) for m, u in deferred.start_readings.items()}
-    sampled = len(deferred.sampled_ids)
+    at_start = {m: len(u) for m, u in deferred.state.estimate.start_readings.items()}
+    sampled = len(deferred.state.start.sampled_ids)
     landed(deferred, pool, costs)
     report = deferred.to_json()
     assert {m: len(u) for m, u in report["readings_mib_at_start"].items()} == at_start
@@ -291,31 +299,28 @@ def profiled(
     tp_size: int = 1,
     synced: bool = False,
     agreed: Callable[[bool], bool] | None = None,
-    rank_groups: Callable[[], list[Any]] | None = None,
+    ranks: Any = None,
 ) -> DeferredCapture:
     """A deferred capture after vLLM's profiling pass, its captures read from a pool of their own
-    (with `agreed`, as one of several ranks, deciding by it; `rank_groups` stands in for vLLM's)."""
+    (with `agreed`, as one of several ranks, deciding by it; `ranks` stands in for vLLM's groups)."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
-    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs))
-    deferred.synced = synced
-    if agreed is not None:
-        deferred.agreed = agreed
-    if rank_groups is not None:
-        deferred.rank_groups = rank_groups
     pool = Pool(0)
 
-    def capture_one(gid, call, manager=None, capture_fn=None):
-        return None, 0.01, pool.take(costs[mode[gid]])
+    def capture_one(gid: int, call: Any, manager: Any, capture_fn: Any) -> Captured:
+        return Captured(None, 0.01, pool.take(costs[mode[gid]]))
 
-    deferred._capture_one = capture_one
+    if agreed is not None:
+        ranks = Voting(agreed)
+    deferred = DeferredCapture(
+        SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs), ranks=ranks, capture_one=capture_one
+    )
+    deferred.state.synced = synced
     manager = SimpleNamespace(
         tp_size=tp_size, is_first_pp_rank=True, is_last_pp_rank=True, _max_full_descs_to_capture=2, _capture_descs={}
     )
-    deferred.joined = sorted  # the ranks' all-gather, stood in for: none reads an attention builder here
     deferred.warm_attention({"self": manager, "attn_groups": []})  # the hook's first call, at every capture
     deferred.profile_ready(manager, None, SimpleNamespace(copy=lambda: None))
-    del deferred._capture_one
     return deferred
 
 
@@ -329,15 +334,18 @@ def after_profiling(
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     deferred = profiled(profiling or costs)
     pool = Pool(room, kept)
-    for gid in deferred.ready_ids:
+    for gid in deferred.state.graphs.ready_ids:
         pool.take(costs[mode[gid]])  # after a profiling pass the ready captures are not readings
     if free:
         pending = list(deferred.pending)
-        deferred._free_at_start(lambda gid: pool.take(costs[mode[gid]]))
-        assert deferred.free_ids == pending[: len(deferred.free_ids)]  # the order they land in
-        assert deferred.pending == pending[len(deferred.free_ids) :] and set(deferred.free_ids) <= deferred.captured
-    deferred.fix_start_bounds()
-    return (*landed(deferred, pool, costs), deferred.free_bytes)
+        deferred.startup.free_at_start(lambda gid: pool.take(costs[mode[gid]]))
+        assert deferred.state.start.free_ids == pending[: len(deferred.state.start.free_ids)]  # the order they land in
+        assert (
+            deferred.pending == pending[len(deferred.state.start.free_ids) :]
+            and set(deferred.state.start.free_ids) <= deferred.state.graphs.captured
+        )
+    deferred.state.estimate.fix_start_bounds()
+    return (*landed(deferred, pool, costs), deferred.state.start.free_bytes)
 
 
 def test_after_profiling_graphs_that_take_memory_the_process_holds_are_captured_at_start_not_held():
@@ -348,7 +356,7 @@ def test_after_profiling_graphs_that_take_memory_the_process_holds_are_captured_
     the last), the hold for the rest is within it and never a granule short."""
     costs = {"PIECEWISE": int(2.39 * MiB), "FULL": int(0.92 * MiB)}
     profiling = {"PIECEWISE": int(2.67 * MiB), "FULL": int(0.92 * MiB)}
-    ready = profiled(costs).ready_ids
+    ready = profiled(costs).state.graphs.ready_ids
     kept = sum(costs[PLAN.graphs[g].descriptor.cg_mode] for g in ready) + 26 * costs["PIECEWISE"]
     peak, took, _, _ = after_profiling(costs, 0, kept, free=False, profiling=profiling)
     assert peak / took > 1.25
@@ -384,19 +392,24 @@ def test_the_profiling_pass_samples_on_readings_except_for_dp_ranks_that_pad(syn
     no graph at start as it takes no memory. No graph leaves the pending list in the pass."""
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
 
-    def no_vote() -> list[Any]:
+    def no_vote(yes: bool) -> bool:
         raise AssertionError("DP ranks that pad to one another never vote")
 
     costs = {"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}
-    deferred = profiled(costs, tp_size=tp_size, synced=synced, rank_groups=no_vote)
-    sampled = {m: sum(1 for g in deferred.profiled_ids if mode[g] == m) for m in ("PIECEWISE", "FULL")}
+    ranks = Voting(no_vote) if synced else None  # a single rank: the manager's, which never votes
+    deferred = profiled(costs, tp_size=tp_size, synced=synced, ranks=ranks)
+    sampled = {m: sum(1 for g in deferred.state.start.profiled_ids if mode[g] == m) for m in ("PIECEWISE", "FULL")}
     if synced:
         assert sampled == {"PIECEWISE": SAMPLES_MIN, "FULL": SAMPLES_MIN}
     else:
         assert sampled["FULL"] > SAMPLES_MIN
-    assert deferred.profiled and deferred.pending == list(PLAN.tiers.deferred) and not deferred.sampled_ids
-    deferred._free_at_start(lambda gid: 0)
-    assert (deferred.free_ids == []) is synced
+    assert (
+        deferred.state.start.profiled
+        and deferred.pending == list(PLAN.tiers.deferred)
+        and not deferred.state.start.sampled_ids
+    )
+    deferred.startup.free_at_start(lambda gid: 0)
+    assert (deferred.state.start.free_ids == []) is synced
 
 
 def test_tp_ranks_profile_the_same_graphs_each_until_its_readings_are_enough():
@@ -405,9 +418,9 @@ def test_tp_ranks_profile_the_same_graphs_each_until_its_readings_are_enough():
     mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
     costs = [{"PIECEWISE": int(0.42 * MiB), "FULL": int(0.19 * MiB)}, {"PIECEWISE": 2 * MiB, "FULL": 2 * MiB}]
     one, other = as_ranks(lambda agreed, c: profiled(c, tp_size=2, agreed=agreed), costs)
-    assert one.profiled_ids == other.profiled_ids
-    assert sum(1 for g in one.profiled_ids if mode[g] == "FULL") > SAMPLES_MIN
-    assert all(sampled_enough(d.samples[m], False) for d in (one, other) for m in ("PIECEWISE", "FULL"))
+    assert one.state.start.profiled_ids == other.state.start.profiled_ids
+    assert sum(1 for g in one.state.start.profiled_ids if mode[g] == "FULL") > SAMPLES_MIN
+    assert all(sampled_enough(d.state.estimate.samples[m], False) for d in (one, other) for m in ("PIECEWISE", "FULL"))
 
 
 @settings(max_examples=30, deadline=None)
@@ -422,14 +435,14 @@ def test_tp_ranks_capture_at_start_until_any_one_reads_memory(kept):
     def rank(agreed: Callable[[bool], bool], kept_graphs: int) -> DeferredCapture:
         deferred = profiled(costs, tp_size=2, agreed=agreed)
         pool = Pool(0, kept_graphs * costs["PIECEWISE"])
-        deferred._free_at_start(functools.partial(take, pool, costs))
+        deferred.startup.free_at_start(functools.partial(take, pool, costs))
         return deferred
 
     ranks = as_ranks(rank, kept)
-    assert all(r.free_ids == ranks[0].free_ids for r in ranks)
-    assert len(ranks[0].free_ids) == min(min(kept) + 1, most)
+    assert all(r.state.start.free_ids == ranks[0].state.start.free_ids for r in ranks)
+    assert len(ranks[0].state.start.free_ids) == min(min(kept) + 1, most)
     if min(kept) < most:
-        assert any(r.free_bytes[-1] > 0 for r in ranks)
+        assert any(r.state.start.free_bytes[-1] > 0 for r in ranks)
 
 
 def test_a_mode_is_sampled_at_most_samples_max():
@@ -439,8 +452,10 @@ def test_a_mode_is_sampled_at_most_samples_max():
     candidates = [g for g in deferred.pending if PLAN.graphs[g].descriptor.cg_mode == "PIECEWISE"]
     assert len(candidates) > SAMPLES_MAX + SAMPLES_MIN
     count = iter(range(10**6))
-    taken = deferred.sample_deferred("PIECEWISE", candidates, lambda gid: GRANULE if next(count) % 40 == 39 else 0)
-    assert len(deferred.samples["PIECEWISE"]) == SAMPLES_MAX
+    taken = deferred.startup.sample_deferred(
+        "PIECEWISE", candidates, lambda gid: GRANULE if next(count) % 40 == 39 else 0
+    )
+    assert len(deferred.state.estimate.samples["PIECEWISE"]) == SAMPLES_MAX
     assert len(taken) == SAMPLES_MAX + 1  # the mode's first capture is the pool's base, no sample
 
 
@@ -460,29 +475,27 @@ def test_ranks_refuse_to_start_together_when_any_cannot_hold(free):
     less free than the others': where any rank cannot hold it, every rank refuses to start (each
     rank that held one gives it back), and none goes on alone to wait in a collective; where all
     can, all start."""
-    import capplan.runtime.deferred.capture as capture
 
-    def take(size: int, have: int, library: Any = None) -> Block | None:
+    def take(size: int, have: int) -> Any:
         return Block() if size <= have else None
 
-    original, capture.HeldBlock.take = capture.HeldBlock.take, take  # type: ignore[method-assign,assignment]
     Block.given_back = 0
-    try:
 
-        def rank(agreed: Callable[[bool], bool], have: int) -> str | None:
-            deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
-            deferred.one_rank, deferred.agreed = False, agreed
-            try:
-                deferred._take(GRANULE, have, "start")
-            except capture.EngineRefusal as refused:
-                assert deferred.reserve is None and deferred.held_bytes == 0
-                return str(refused)
-            assert deferred.held_bytes == GRANULE
-            return None
+    def rank(agreed: Callable[[bool], bool], have: int) -> str | None:
+        deferred = DeferredCapture(
+            SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"),
+            ranks=Voting(agreed),
+            take_block=take,
+        )
+        try:
+            deferred.state.take(GRANULE, have, "start")
+        except EngineRefusal as refused:
+            assert deferred.state.hold.block is None and deferred.state.hold.held_bytes == 0
+            return str(refused)
+        assert deferred.state.hold.held_bytes == GRANULE
+        return None
 
-        refusals = as_ranks(rank, free)
-    finally:
-        capture.HeldBlock.take = original  # type: ignore[method-assign]
+    refusals = as_ranks(rank, free)
     if all(free):
         assert refusals == [None] * len(free)
         return
@@ -495,14 +508,15 @@ def test_ranks_refuse_to_start_together_when_any_cannot_hold(free):
 def test_a_block_not_held_again_while_serving_is_recorded_without_a_vote():
     """While serving no rank votes (the captures are the idle turns every rank takes at once):
     a block the GPU cannot give again is a recorded shortfall, not a refusal."""
-    deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
 
     def no_vote(yes: bool) -> bool:
         raise AssertionError("no vote while serving")
 
-    deferred.one_rank, deferred.agreed = False, no_vote
-    deferred._take(GRANULE, 0, "serving")
-    assert deferred.reserve_shortfall and deferred.reserve is None and deferred.held_bytes == 0
+    deferred = DeferredCapture(
+        SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"), ranks=Voting(no_vote)
+    )
+    deferred.state.take(GRANULE, 0, "serving")
+    assert deferred.state.hold.shortfall and deferred.state.hold.block is None and deferred.state.hold.held_bytes == 0
 
 
 H200_RUN = Path(__file__).parent / "gpu" / "results" / "deferred" / "0.33.0" / "sampled-hold" / "starts"
@@ -534,18 +548,22 @@ def replayed_start(report: dict[str, Any], free: bool) -> tuple[DeferredCapture,
     the start-up captures of the graphs that take no memory, each reading what the same graph
     took while serving in that run. Each graph's recorded memory, by id."""
     deferred = run_deferred(report)
-    plan, d = deferred.engine.plan, report["deferred"]
+    plan, d = deferred.state.engine.plan, report["deferred"]
     names = {g.id: address(g.descriptor) for g in plan.graphs}
-    assert [names[g] for g in deferred.warmed] == sorted(d["warmed_for_attention"], key=list(names.values()).index)
+    assert [names[g] for g in deferred.state.start.warmed] == sorted(
+        d["warmed_for_attention"], key=list(names.values()).index
+    )
     assert [names[g] for g in deferred.pending] == [c["graph"] for c in d["captures"]]  # landed in plan order
     took = {g: int(c["memory_mib"] * MiB) for g, c in zip(deferred.pending, d["captures"], strict=True)}
     sampled = {"PIECEWISE": 24, "FULL": d["sampled_in_profiling"] - 24}
-    deferred.firsts = {"PIECEWISE": 0, "FULL": 0}
-    deferred.samples = {m: [int(u * MiB) for u in d["readings_mib_at_start"][m][:n]] for m, n in sampled.items()}
-    deferred.profiled = True
+    deferred.state.estimate.firsts = {"PIECEWISE": 0, "FULL": 0}
+    deferred.state.estimate.samples = {
+        m: [int(u * MiB) for u in d["readings_mib_at_start"][m][:n]] for m, n in sampled.items()
+    }
+    deferred.state.start.profiled = True
     if free:
-        deferred._free_at_start(took.__getitem__)
-    deferred.fix_start_bounds()
+        deferred.startup.free_at_start(took.__getitem__)
+    deferred.state.estimate.fix_start_bounds()
     return deferred, took
 
 
@@ -559,12 +577,16 @@ def test_the_h200_runs_readings_replayed_hold_within_the_target_with_the_start_u
     graph takes as it was."""
     report = json.loads((H200_RUN / "start2-tiers.report.json").read_text())
     without, took = replayed_start(report, free=False)
-    assert round(without.pending_bound() / 2**30, 4) == report["deferred"]["reserved_gib"]
-    assert without.pending_bound() / sum(took.values()) > 1.25
+    assert round(without.state.pending_bound() / 2**30, 4) == report["deferred"]["reserved_gib"]
+    assert without.state.pending_bound() / sum(took.values()) > 1.25
     with_free, _ = replayed_start(report, free=True)
-    assert len(with_free.free_ids) == 27 and with_free.free_bytes[:-1] == [0] * 26 and with_free.free_bytes[-1] > 0
+    assert (
+        len(with_free.state.start.free_ids) == 27
+        and with_free.state.start.free_bytes[:-1] == [0] * 26
+        and with_free.state.start.free_bytes[-1] > 0
+    )
     rest = sum(took[g] for g in with_free.pending)
-    assert with_free.pending_bound() / rest <= 1.25, with_free.pending_bound() / rest
+    assert with_free.state.pending_bound() / rest <= 1.25, with_free.state.pending_bound() / rest
 
 
 H200_FREE_RUN = H200_RUN.parent.parent / "free-at-start" / "starts"
@@ -578,19 +600,19 @@ def test_the_h200_run_with_the_start_up_captures_is_reproduced_by_capplans_code(
     and holds exactly what the run held: 1.162x what the 344 deferred graphs took."""
     report = json.loads((H200_FREE_RUN / f"{start}.report.json").read_text())
     deferred = run_deferred(report)
-    plan, d = deferred.engine.plan, report["deferred"]
+    plan, d = deferred.state.engine.plan, report["deferred"]
     ids = {address(g.descriptor): g.id for g in plan.graphs}
     read = {ids[c["graph"]]: int(c["memory_mib"] * MiB) for c in d["captures"]}
     read |= {ids[a]: int(m * MiB) for a, m in zip(d["free_at_start"], d["free_at_start_mib"], strict=True)}
-    deferred.firsts = {"PIECEWISE": 0, "FULL": 0}
-    deferred.samples = {m: [int(u * MiB) for u in us] for m, us in d["readings_mib_at_start"].items()}
-    assert sum(map(len, deferred.samples.values())) == d["sampled_in_profiling"]
-    deferred.profiled = True
-    deferred._free_at_start(read.__getitem__)
-    deferred.fix_start_bounds()
-    assert [address(plan.graphs[g].descriptor) for g in deferred.free_ids] == d["free_at_start"]
+    deferred.state.estimate.firsts = {"PIECEWISE": 0, "FULL": 0}
+    deferred.state.estimate.samples = {m: [int(u * MiB) for u in us] for m, us in d["readings_mib_at_start"].items()}
+    assert sum(map(len, deferred.state.estimate.samples.values())) == d["sampled_in_profiling"]
+    deferred.state.start.profiled = True
+    deferred.startup.free_at_start(read.__getitem__)
+    deferred.state.estimate.fix_start_bounds()
+    assert [address(plan.graphs[g].descriptor) for g in deferred.state.start.free_ids] == d["free_at_start"]
     assert [address(plan.graphs[g].descriptor) for g in deferred.pending] == [c["graph"] for c in d["captures"]]
-    assert round(deferred.pending_bound() / 2**30, 4) == d["reserved_gib"]
+    assert round(deferred.state.pending_bound() / 2**30, 4) == d["reserved_gib"]
     took = sum(read[g] for g in deferred.pending)
     assert round(took / 2**30, 4) == d["graph_memory_gib"]
-    assert round(deferred.pending_bound() / took, 2) == 1.16 <= 1.25  # the summary's 1.162: from the GiB figures
+    assert round(deferred.state.pending_bound() / took, 2) == 1.16 <= 1.25  # the summary's 1.162: from the GiB figures

@@ -420,7 +420,7 @@ def test_every_deferred_graph_shares_its_kernel_class_with_a_ready_graph():
 def test_per_graph_memory_bound_is_the_readings_total_and_largest_over_their_count():
     import math
 
-    from capplan.runtime.deferred.capture import per_graph_bound
+    from capplan.runtime.deferred.estimate import per_graph_bound
 
     mib = 2**20
     assert per_graph_bound([2 * mib, 4 * mib, 0]) == math.ceil(10 * mib / 3)
@@ -445,7 +445,7 @@ def test_per_graph_memory_bound_covers_graphs_taken_in_whole_granules(cost, gran
     """The allocator hands out whole granules: a graph that does not fit the room left in the
     open one opens more, the rest fit without a reading. Whatever the room at the start, once
     any reading moved, the bound of n readings is at least what each graph took."""
-    from capplan.runtime.deferred.capture import per_graph_bound
+    from capplan.runtime.deferred.estimate import per_graph_bound
 
     left = int(room * granule)
     readings = []
@@ -464,7 +464,7 @@ def test_per_graph_memory_bound_covers_graphs_taken_in_whole_granules(cost, gran
 def test_per_graph_memory_bound_is_between_the_mean_and_twice_the_largest(sizes):
     """Generated capture readings (memory given back included): a whole number of bytes, never
     negative, never under the mean it bounds, never over twice the largest reading."""
-    from capplan.runtime.deferred.capture import per_graph_bound
+    from capplan.runtime.deferred.estimate import per_graph_bound
 
     bound = per_graph_bound(sizes)
     use = [max(s, 0) for s in sizes]
@@ -566,7 +566,7 @@ class _Runtime:
 
 
 def test_held_block_is_driver_memory_given_back_without_leaving_an_error():
-    from capplan.runtime.deferred.capture import HeldBlock
+    from capplan.runtime.deferred.held import HeldBlock
 
     rt = _Runtime()
     block = HeldBlock.take(64, free=100, library=rt)
@@ -589,7 +589,8 @@ def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
     own readings stand alone once there are SAMPLES_MIN of them."""
     from types import SimpleNamespace
 
-    from capplan.runtime.deferred.capture import DeferredCapture, per_graph_bound
+    from capplan.runtime.deferred.capture import DeferredCapture
+    from capplan.runtime.deferred.estimate import per_graph_bound
 
     plan = plan_of(tiered(["FULL:1x1@0"]))
     assert plan.tiers is not None
@@ -598,24 +599,26 @@ def test_the_hold_is_each_modes_bound_times_its_pending_graphs():
     pending = {m: sum(1 for g in deferred.pending if mode[g] == m) for m in ("PIECEWISE", "FULL")}
     assert pending["PIECEWISE"] and pending["FULL"]
     mib = 2**20
-    deferred._sample("PIECEWISE", 40 * mib, deferred=False)  # the pool's base: not a reading
-    assert deferred.pending_bound() == 80 * mib * len(deferred.pending)  # only a first: it stands in, twice
+    deferred.state.estimate.reading("PIECEWISE", 40 * mib, deferred=False)  # the pool's base: not a reading
+    assert deferred.state.pending_bound() == 80 * mib * len(deferred.pending)  # only a first: it stands in, twice
     for used in (2, 4, 0, 2):
-        deferred._sample("PIECEWISE", used * mib, deferred=False)
+        deferred.state.estimate.reading("PIECEWISE", used * mib, deferred=False)
     pw = per_graph_bound([2 * mib, 4 * mib, 0, 2 * mib])
-    assert deferred.per_graph_bytes("FULL") == pw  # no FULL reading yet: the PIECEWISE ones
-    deferred._sample("FULL", 9 * mib, deferred=False)
-    deferred._sample("FULL", 1 * mib, deferred=False)
-    assert deferred.per_graph_bytes("FULL") == 2 * mib
-    assert deferred.pending_bound() == pw * pending["PIECEWISE"] + 2 * mib * pending["FULL"]
+    assert deferred.state.estimate.per_graph_bytes("FULL") == pw  # no FULL reading yet: the PIECEWISE ones
+    deferred.state.estimate.reading("FULL", 9 * mib, deferred=False)
+    deferred.state.estimate.reading("FULL", 1 * mib, deferred=False)
+    assert deferred.state.estimate.per_graph_bytes("FULL") == 2 * mib
+    assert deferred.state.pending_bound() == pw * pending["PIECEWISE"] + 2 * mib * pending["FULL"]
     # Deferred graphs' own readings join the ready ones, and replace them once there are enough.
-    from capplan.runtime.deferred.capture import SAMPLES_MIN
+    from capplan.runtime.deferred.estimate import SAMPLES_MIN
 
     for _ in range(SAMPLES_MIN - 1):
-        deferred._sample("FULL", 0, deferred=True)
-    assert deferred.per_graph_bytes("FULL") == per_graph_bound([mib] + [0] * (SAMPLES_MIN - 1))  # 9 MiB: the base
-    deferred._sample("FULL", mib, deferred=True)
-    assert deferred.per_graph_bytes("FULL") == per_graph_bound([0] * (SAMPLES_MIN - 1) + [mib])
+        deferred.state.estimate.reading("FULL", 0, deferred=True)
+    assert deferred.state.estimate.per_graph_bytes("FULL") == per_graph_bound(
+        [mib] + [0] * (SAMPLES_MIN - 1)
+    )  # 9 MiB: the base
+    deferred.state.estimate.reading("FULL", mib, deferred=True)
+    assert deferred.state.estimate.per_graph_bytes("FULL") == per_graph_bound([0] * (SAMPLES_MIN - 1) + [mib])
 
 
 def test_attention_warm_makes_ready_the_first_graph_of_each_attention_kernel():
@@ -670,17 +673,24 @@ def test_runtime_makes_the_attention_warm_graphs_ready_before_the_first_capture(
     plain = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
     odd = [SimpleNamespace(seq_threshold_3D=v) for v in (True, "16", 16.0, None)]  # not a threshold
     plain.warm_attention({"self": one_rank, "attn_groups": [[SimpleNamespace(metadata_builders=odd)], []]})
-    assert plain.warmed == [] and plain.pending == list(plan.tiers.deferred) and plain.attention_thresholds == []
+    assert (
+        plain.state.start.warmed == []
+        and plain.pending == list(plan.tiers.deferred)
+        and plain.state.start.attention_thresholds == []
+    )
 
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"]))
-    ready_before = set(deferred.ready_ids)
+    ready_before = set(deferred.state.graphs.ready_ids)
     deferred.warm_attention(groups(16, 16))
     extra = attention_warm(plan.graphs, ready_before, BASE["scheduler"]["max_num_seqs"], [16])
-    assert extra and deferred.warmed == sorted(extra) and deferred.attention_thresholds == [16]
+    assert extra and deferred.state.start.warmed == sorted(extra) and deferred.state.start.attention_thresholds == [16]
     assert deferred.pending == [g for g in plan.tiers.deferred if g not in extra]
-    assert deferred.ready_ids == sorted(ready_before | extra) and deferred.captured == ready_before | extra
+    assert (
+        deferred.state.graphs.ready_ids == sorted(ready_before | extra)
+        and deferred.state.graphs.captured == ready_before | extra
+    )
     deferred.warm_attention(groups(8))  # read once: a later capture's builders change nothing
-    assert deferred.attention_thresholds == [16] and deferred.warmed == sorted(extra)
+    assert deferred.state.start.attention_thresholds == [16] and deferred.state.start.warmed == sorted(extra)
 
 
 def test_dp_ranks_that_pad_to_one_another_make_every_lora_case_of_an_attention_warm_size_ready():
@@ -699,16 +709,16 @@ def test_dp_ranks_that_pad_to_one_another_make_every_lora_case_of_an_attention_w
         "attn_groups": [[SimpleNamespace(metadata_builders=[SimpleNamespace(seq_threshold_3D=16)])]],
     }
     ranks = [DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"])) for _ in range(2)]
-    ready_before = set(ranks[0].ready_ids)
+    ready_before = set(ranks[0].state.graphs.ready_ids)
     for rank in ranks:
         assert rank.synced
         rank.warm_attention(groups)
-    assert ranks[0].warmed == ranks[1].warmed and ranks[0].pending == ranks[1].pending
+    assert ranks[0].state.start.warmed == ranks[1].state.start.warmed and ranks[0].pending == ranks[1].pending
     alone = attention_warm(graphs, ready_before, BASE["scheduler"]["max_num_seqs"], [16])
     sizes = {across_cases(graphs[g].descriptor) for g in alone}
     want = {g.id for g in graphs if across_cases(g.descriptor) in sizes} - ready_before
     assert alone < want  # one case of a size would leave the other ranks' cases deferred
-    assert set(ranks[0].warmed) == want
+    assert set(ranks[0].state.start.warmed) == want
     assert not want & set(ranks[0].pending)
 
 
@@ -812,8 +822,8 @@ def test_a_shared_gpu_is_said_where_a_capture_was_read_by_the_device(capsys):
         (by_process, None, None),
         (mixed, 3, "3 other process(es) hold memory on this GPU, and 1 capture(s)"),
     ):
-        deferred.readings = readings
-        deferred.shared_gpu(others, 3 * 2**30)
+        deferred.state.vllm.readings = readings
+        deferred.state.shared_gpu(others, 3 * 2**30)
         err = capsys.readouterr().err
         if said is None:
             assert err == ""
@@ -822,8 +832,8 @@ def test_a_shared_gpu_is_said_where_a_capture_was_read_by_the_device(capsys):
             assert err.count("\n") == 1
         report = deferred.to_json()
         assert report["other_gpu_processes_at_start"] == others and report["memory_readings"] == readings
-    deferred.readings = by_device
-    deferred.shared_gpu(2, 0)  # nothing held: nothing to qualify
+    deferred.state.vllm.readings = by_device
+    deferred.state.shared_gpu(2, 0)  # nothing held: nothing to qualify
     assert capsys.readouterr().err == ""
 
 
@@ -960,7 +970,7 @@ def test_a_capture_is_read_by_this_process_where_both_readings_have_it(monkeypat
 
 
 def fake_gpu(monkeypatch, nvml, state):
-    """torch.cuda and vLLM's gpu_sync_allowed as `_capture_one` uses them, on a fake GPU whose
+    """torch.cuda and vLLM's gpu_sync_allowed as vLLM's capture call (`VllmCapture`) uses them, on a fake GPU whose
     device memory is `state["device"]` (this process's NVML figure: `nvml.processes`)."""
     import contextlib
     import sys
@@ -983,7 +993,7 @@ def fake_gpu(monkeypatch, nvml, state):
 
 
 def test_captures_are_read_by_this_process_and_counted_where_nvml_lists_it(monkeypatch):
-    """Through `_capture_one`: NVML opened once, each capture's memory the growth of this
+    """Through vLLM's capture call (`VllmCapture`): NVML opened once, each capture's memory the growth of this
     process's figure while another process allocates on the same GPU, counted as read by the
     process; where NVML stops listing this process, the device's growth, counted as such."""
     import inspect
@@ -1014,14 +1024,14 @@ def test_captures_are_read_by_this_process_and_counted_where_nvml_lists_it(monke
     runs = []
     for takes, others_take in ((6 * MiB, 3072 * MiB), (2 * MiB, -2048 * MiB), (0, 512 * MiB)):
         call = Call(signature, (), {"takes": takes, "others_take": others_take})
-        result, _, used = deferred._capture_one(0, call, manager, capture)
-        runs.append((result, used))
+        got = deferred.state.vllm(0, call, manager, capture)
+        runs.append((got.result, got.used))
     assert runs == [("done", 6 * MiB), ("done", 2 * MiB), ("done", 0)]
-    assert deferred.readings == {"process": 3, "device": 0} and nvml.calls == ["init"]
+    assert deferred.state.vllm.readings == {"process": 3, "device": 0} and nvml.calls == ["init"]
     del nvml.processes[me]  # NVML no longer lists this process: the device's reading, said so
     call = Call(signature, (), {"takes": 4 * MiB, "others_take": 100 * MiB})
-    _, _, used = deferred._capture_one(0, call, manager, capture)
-    assert used == 104 * MiB and deferred.readings == {"process": 3, "device": 1}
+    used = deferred.state.vllm(0, call, manager, capture).used
+    assert used == 104 * MiB and deferred.state.vllm.readings == {"process": 3, "device": 1}
     assert deferred.to_json()["memory_readings"] == {"process": 3, "device": 1}
 
 
@@ -1050,8 +1060,8 @@ def test_without_nvml_every_capture_is_read_by_the_device(monkeypatch):
     deferred = DeferredCapture(engine)
     for takes in (2**20, 3 * 2**20):
         call = Call(inspect.signature(capture), (), {"takes": takes})
-        assert deferred._capture_one(0, call, SimpleNamespace(), capture)[2] == takes
-    assert deferred.memory is None and deferred.readings == {"process": 0, "device": 2}
+        assert deferred.state.vllm(0, call, SimpleNamespace(), capture).used == takes
+    assert deferred.state.vllm.memory is None and deferred.state.vllm.readings == {"process": 0, "device": 2}
 
 
 VALUES = st.one_of(
@@ -1096,7 +1106,7 @@ def test_process_memory_answers_any_listing_with_a_count_and_an_int_or_none(monk
 
 
 def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(monkeypatch, capsys):
-    """`_hold` where torch sees a GPU (fakes of torch.cuda, NVML and vLLM's CudaRTLibrary): at
+    """The hold (`DeferredState.hold_pending`) where torch sees a GPU (fakes of torch.cuda, NVML and vLLM's CudaRTLibrary): at
     start the bound is taken as one block and the other processes NVML lists are recorded (quiet:
     every capture was read by the process); a start with less free memory than the bound stops
     with one line naming the plan; while serving, no room is a recorded shortfall, as is a
@@ -1126,37 +1136,47 @@ def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(
 
     plan = plan_of(tiered(["FULL:1x1@0"]))
     deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
-    deferred.memory = ProcessMemory.open("1234")
-    deferred.readings = {"process": 4, "device": 0}
+    deferred.state.vllm.memory = ProcessMemory.open("1234")
+    deferred.state.vllm.readings = {"process": 4, "device": 0}
     for mode in ("PIECEWISE", "FULL"):
         for used in (40, 2, 0, 2):  # each mode's first is the pool's base
-            deferred._sample(mode, used * MiB, deferred=False)
-    want = deferred.pending_bound()
+            deferred.state.estimate.reading(mode, used * MiB, deferred=False)
+    want = deferred.state.pending_bound()
     assert want > 0
-    deferred._hold("start")
-    assert deferred.held_bytes == deferred.held_peak_bytes == want and deferred.reserve is not None
+    deferred.state.hold_pending("start")
+    assert (
+        deferred.state.hold.held_bytes == deferred.state.hold.peak_bytes == want
+        and deferred.state.hold.block is not None
+    )
     assert runtimes[-1].calls == [("cudaMalloc", want)]
-    assert deferred.other_processes == 2 and capsys.readouterr().err == ""
+    assert deferred.state.other_processes == 2 and capsys.readouterr().err == ""
     report = deferred.to_json()
     assert report["other_gpu_processes_at_start"] == 2 and report["reserve_shortfall"] is False
     assert set(report["held_per_graph_mib_at_start"]) == {"PIECEWISE", "FULL"}
-    deferred._release()
-    assert deferred.reserve is None and deferred.held_bytes == 0 and runtimes[-1].calls[-1][0] == "cudaFree"
+    deferred.state.hold.release()
+    assert (
+        deferred.state.hold.block is None
+        and deferred.state.hold.held_bytes == 0
+        and runtimes[-1].calls[-1][0] == "cudaFree"
+    )
 
     state["device"] = 140_000 * MiB - want + 1  # one byte too few free
-    deferred._hold("serving")
-    assert deferred.reserve_shortfall and deferred.reserve is None and deferred.held_bytes == 0
+    deferred.state.hold_pending("serving")
+    assert deferred.state.hold.shortfall and deferred.state.hold.block is None and deferred.state.hold.held_bytes == 0
     state["device"] = 10_000 * MiB
     state["refuse"] = True  # free by the count, but the driver refuses: another process took it
-    deferred.reserve_shortfall = False
-    deferred._hold("serving")
-    assert deferred.reserve_shortfall and runtimes[-1].calls[-1] == ("cudaGetLastError", None)
+    deferred.state.hold.shortfall = False
+    deferred.state.hold_pending("serving")
+    assert deferred.state.hold.shortfall and runtimes[-1].calls[-1] == ("cudaGetLastError", None)
 
     fresh = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], plan_path="p.plan.yaml"))
-    fresh.ready_readings, fresh.firsts = deferred.ready_readings, deferred.firsts
+    fresh.state.estimate.ready_readings, fresh.state.estimate.firsts = (
+        deferred.state.estimate.ready_readings,
+        deferred.state.estimate.firsts,
+    )
     state["device"], state["refuse"] = 140_000 * MiB - want + 1, False
     with pytest.raises(EngineRefusal) as refused:
-        fresh._hold("start")
+        fresh.state.hold_pending("start")
     message = str(refused.value)
     assert message.startswith("capplan: p.plan.yaml: not enough GPU memory left to hold back")
     assert "refusing to start" in message and "\n" not in message

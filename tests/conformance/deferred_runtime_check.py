@@ -37,7 +37,7 @@ from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.planner.tiers import attention_warm  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
-from capplan.runtime.deferred.capture import SAMPLES_MAX, SAMPLES_MIN, spread_sample  # noqa: E402
+from capplan.runtime.deferred.estimate import SAMPLES_MAX, SAMPLES_MIN, spread_sample  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
 RELEASE = detect_release(vllm.__version__)
@@ -221,7 +221,7 @@ def main(out: Path) -> None:
             "FULL": all_full,
         }
         report["profiling_did_not_start_deferral"] = not deferred.active and len(deferred.pending) == len(DEFERRED)
-        deferred.profiling_extra = 7 * 2**20
+        deferred.state.start.profiling_extra = 7 * 2**20
         report["profiled_estimate_plus_extra"] = runner_mod.GPUModelRunner.profile_cudagraph_memory(None) == (
             1000 + 7 * 2**20
         )
@@ -244,7 +244,9 @@ def main(out: Path) -> None:
     free = DEFERRED[: min(SAMPLES_MAX, len(DEFERRED) // 2)] if RELEASE.profiling_capture else []
     report["sampled_at_start"] = len(sampled)
     report["free_at_start"] = len(free)
-    report["startup_sampled_as_planned"] = deferred.sampled_ids == sampled and deferred.free_ids == free
+    report["startup_sampled_as_planned"] = (
+        deferred.state.start.sampled_ids == sampled and deferred.state.start.free_ids == free
+    )
     report["startup_captured_ready_in_plan_order"] = [address_of(plan, d) for c in captures for d in c] == [
         *ready,
         *sampled,
@@ -276,31 +278,31 @@ def main(out: Path) -> None:
     runner.execute_model_state = None
     for _ in range(4):
         result = runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
-        n, p = check_state(plan, manager, deferred.captured)
+        n, p = check_state(plan, manager, deferred.state.graphs.captured)
         states, checked, problems = states + 1, checked + n, problems + p
     report["step_result_passed_through"] = result == "stepped"
     report["captures_in_4_steps_every_2"] = len(captures) - before
     report["one_graph_per_capture"] = all(len(c) == 1 for c in captures[startup_calls:])
     # A capture expected to pause a step longer than the budget (one of the latest captures of
     # its mode took longer) is not taken before a step: it is left to the idle turns.
-    measured = {mode: list(times) for mode, times in deferred.recent_seconds.items()}
+    measured = {mode: list(times) for mode, times in deferred.state.serving.recent_seconds.items()}
     report["capture_times_measured"] = set(measured) >= {"PIECEWISE", "any"}
-    for times in deferred.recent_seconds.values():
+    for times in deferred.state.serving.recent_seconds.values():
         times.append(1.0)  # one slow capture among the latest
     before = len(captures)
     for _ in range(4):
         runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
-    report["slow_captures_left_to_idle"] = len(captures) == before and deferred.left_to_idle == 2
-    for mode, times in deferred.recent_seconds.items():
+    report["slow_captures_left_to_idle"] = len(captures) == before and deferred.state.serving.left_to_idle == 2
+    for mode, times in deferred.state.serving.recent_seconds.items():
         times.clear()
         times.extend(measured[mode])
     # With more than one TP or PP rank no step captures (their time is rank-local): idle turns only.
-    deferred.step_captures = False
-    before, steps = len(captures), deferred.steps
+    deferred.state.serving.step_captures = False
+    before, steps = len(captures), deferred.state.serving.steps
     for _ in range(4):
         runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
-    report["multi_rank_steps_never_capture"] = len(captures) == before and deferred.steps == steps + 4
-    deferred.step_captures = True
+    report["multi_rank_steps_never_capture"] = len(captures) == before and deferred.state.serving.steps == steps + 4
+    deferred.state.serving.step_captures = True
     # The async output thread takes the capture lock.
     async_utils.AsyncOutput.get_output(SimpleNamespace())
     report["output_takes_capture_lock"] = seen_lock_held == [True]
@@ -310,7 +312,7 @@ def main(out: Path) -> None:
     def collective_rpc(fn):
         result = fn(None)
         calls.append(result)
-        n, p = check_state(plan, manager, deferred.captured)
+        n, p = check_state(plan, manager, deferred.state.graphs.captured)
         nonlocal states, checked, problems
         states, checked, problems = states + 1, checked + n, problems + p
         return [result]
@@ -364,7 +366,7 @@ def main(out: Path) -> None:
     # Nothing pending: vLLM's own blocking wait is back, its setting restored.
     report["idle_loop_returns_original"] = turn() == "blocked" and core.process_input_queue_block is True
     report["pending_after_idle"] = len(deferred.pending)
-    report["final_set_is_the_plan"] = deferred.captured == set(range(len(plan.graphs)))
+    report["final_set_is_the_plan"] = deferred.state.graphs.captured == set(range(len(plan.graphs)))
     captured_order = [address_of(plan, c[0]) for c in captures[startup_calls:]]
     report["deferred_captured_in_plan_order"] = captured_order == list(DEFERRED)
     # Deferred LoRA graphs: the mapping went to the punica wrapper with slot i read as adapter
@@ -385,7 +387,7 @@ def main(out: Path) -> None:
     report["states_checked"] = states
     report["batches_checked"] = checked
     report["problems"] = problems[:10]
-    report["fallback_steps_counted"] = deferred.fallback_steps
+    report["fallback_steps_counted"] = deferred.state.graphs.fallback_steps
     report["report_json"] = state.report.to_json()["deferred"]
     out.write_text(json.dumps(report, indent=2, default=str))
 

@@ -36,6 +36,7 @@ import os
 import random
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -94,17 +95,16 @@ def main() -> dict:
     deferred = state.deferred
     MANAGER = manager = runtime_check.model_manager(SPEC_OBJ.model_dump(mode="json"))
     if mode == "single":
-        deferred.group_of = {g: [g] for g in deferred.pending}  # the control: one graph per capture
+        deferred.state.graphs.group_of = {g: [g] for g in deferred.pending}  # the control: one graph per capture
     adapters = drc.FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
     tables = SimpleNamespace(input_block_tables=[torch.zeros((16, 8), dtype=torch.int32)])
-    capture_one = deferred._capture_one
+    capture_one = deferred.state.capture_one
 
-    def read_by_rank(gid, call, manager=None, capture_fn=None):
-        result, seconds, _ = capture_one(gid, call, manager, capture_fn)
-        return result, seconds, 2 * 2**20 if rank == 0 else 0
+    def read_by_rank(gid, call, manager, capture_fn):
+        return replace(capture_one(gid, call, manager, capture_fn), used=2 * 2**20 if rank == 0 else 0)
 
-    deferred._capture_one = read_by_rank
+    deferred.state.capture_one = read_by_rank
     profiled: list[int] = []
     if drc.RELEASE.profiling_capture:  # vLLM's memory profiling: its own manager, discarded
         profiling = runtime_check.model_manager(SPEC_OBJ.model_dump(mode="json"))
@@ -127,13 +127,13 @@ def main() -> dict:
     for i in range(1500):
         reqs, tokens, uniform, max_q, loras, line = dp_batches.batch(rng)
         so = SimpleNamespace(batch=(reqs, tokens, uniform, max_q, loras))
-        before = deferred.fallback_steps
+        before = deferred.state.graphs.fallback_steps
         desc = runner_mod.GPUModelRunner.execute_model(runner, so, None, line is None)
-        fallback_steps += deferred.fallback_steps > before
+        fallback_steps += deferred.state.graphs.fallback_steps > before
         name = desc.cg_mode.name
         if name != "NONE":
             gid = drc.address_of(PLAN, desc)
-            if gid not in deferred.captured:
+            if gid not in deferred.state.graphs.captured:
                 uncaptured.append(f"step {i}: {desc} is not captured")
         agree(2, -1 if name == "NONE" else desc.num_tokens, f"step {i}: replayed size")
         agree(3, {"NONE": 0, "PIECEWISE": 1, "FULL": 2}[name], f"step {i}: replayed mode")
@@ -143,13 +143,13 @@ def main() -> dict:
         "uncaptured": uncaptured[:10],
         "fallback_steps": fallback_steps,
         "captured_order": LOCKSTEP.captured_order,
-        "ready": len(deferred.ready_ids),
-        "deferred_in_plan_groups": sorted(LOCKSTEP.captured_order[len(deferred.ready_ids) :])
+        "ready": len(deferred.state.graphs.ready_ids),
+        "deferred_in_plan_groups": sorted(LOCKSTEP.captured_order[len(deferred.state.graphs.ready_ids) :])
         == sorted(PLAN.tiers.deferred),
         "pending_after": len(deferred.pending),
         "profiling_captured": profiled,
-        "profiled_samples": deferred.profiled_ids,
-        "taken_at_start": deferred.sampled_ids + deferred.free_ids,
+        "profiled_samples": deferred.state.start.profiled_ids,
+        "taken_at_start": deferred.state.start.sampled_ids + deferred.state.start.free_ids,
         "idle_capture_returns": deferred.capture_idle(),
         "report": state.report.to_json()["deferred"],
     }

@@ -32,6 +32,7 @@ from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.releases import RELEASES  # noqa: E402
 from capplan.runtime.deferred.capture import DeferredCapture  # noqa: E402
+from capplan.runtime.deferred.ranks import RankGroups  # noqa: E402
 
 SPEC = {**drc.SPEC, "tiers": {"ready": ["FULL:1x1@0"], "every_steps": 1}}
 PLAN = compile_plan(spec_from_data(SPEC, "ranks-vote"))
@@ -44,11 +45,11 @@ with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=world // tp, backend="gloo"
     )
 
-deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES[drc.RELEASE.version]))
-deferred.one_rank = False  # as the manager of a rank of several sets it
-groups = deferred.rank_groups()
-no_from_each = [deferred.agreed(rank != k) for k in range(world)]
-every_yes = deferred.agreed(True)
+ranks = RankGroups()  # vLLM's TP and PP groups, as the manager of a rank of several has them
+deferred = DeferredCapture(SimpleNamespace(plan=PLAN, release=RELEASES[drc.RELEASE.version]), ranks=ranks)
+groups = ranks.groups()
+no_from_each = [deferred.state.agreed(rank != k) for k in range(world)]
+every_yes = deferred.state.agreed(True)
 first_read = 3 + 2 * rank  # the deferred graph (counted from 1) at which this rank first reads memory
 taken: list[int] = []
 
@@ -58,7 +59,7 @@ def capture(gid: int) -> int:
     return 2 * 2**20 if len(taken) >= first_read else 0
 
 
-deferred._free_at_start(capture)
+deferred.startup.free_at_start(capture)
 out.write_text(
     json.dumps(
         {
@@ -67,7 +68,7 @@ out.write_text(
             "group_sizes": [g.size() for g in groups],
             "no_from_each": no_from_each,
             "every_yes": every_yes,
-            "free_at_start": deferred.free_ids,
+            "free_at_start": deferred.state.start.free_ids,
             "pending_left": len(deferred.pending),
         }
     )

@@ -46,6 +46,7 @@ import json
 import os
 import queue
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,6 +72,7 @@ from vllm.v1.engine.core import EngineCoreProc  # noqa: E402
 
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
+from capplan.runtime.deferred.ranks import RankGroups  # noqa: E402
 
 TP_SIZE = world - 1
 # The plan leaves tensor_parallel_size unpinned (it changes no graph), so the oracle's TP-1 config passes
@@ -165,22 +167,28 @@ def read_by_rank(deferred):
     """Each capture's memory as this rank reads it: a granule for one of the first deferred graphs
     not made ready for the attention kernels (the 2nd on rank 1, the 4th on rank 2), nothing for
     the others."""
-    capture_one = deferred._capture_one
+    capture_one = deferred.state.capture_one
 
-    def measured(gid, call, manager=None, capture_fn=None):
-        result, seconds, _ = capture_one(gid, call, manager, capture_fn)
-        reads = [g for g in PLAN.tiers.deferred if g not in deferred.warmed][2 * rank - 1]
-        return result, seconds, 2 * 2**20 if gid == reads else 0
+    def measured(gid, call, manager, capture_fn):
+        got = capture_one(gid, call, manager, capture_fn)
+        reads = [g for g in PLAN.tiers.deferred if g not in deferred.state.start.warmed][2 * rank - 1]
+        return replace(got, used=2 * 2**20 if gid == reads else 0)
 
     return measured
 
 
+class OwnReadings(RankGroups):
+    """The control: each rank decides on its own readings (what it reads is still joined)."""
+
+    def agreed(self, yes):
+        return yes
+
+
 def worker() -> None:
     deferred = state.deferred
-    deferred.rank_groups = lambda: [TP]  # vLLM's TP and PP groups, stood in for by the workers'
-    deferred._capture_one = read_by_rank(deferred)
-    if mode == "rank_local_free":
-        deferred.agreed = lambda yes: yes  # the control: each rank decides on its own readings
+    groups = lambda: [TP]  # noqa: E731 - vLLM's TP and PP groups, stood in for by the workers'
+    deferred.state.ranks = OwnReadings(groups) if mode == "rank_local_free" else RankGroups(groups)
+    deferred.state.capture_one = read_by_rank(deferred)
     manager = rank_manager()
     adapters = drc.FakeAdapterManager()
     deferred.runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=adapters))
@@ -198,9 +206,9 @@ def worker() -> None:
         LOCKSTEP.captured_order.clear()
     manager.capture("model", "model_state", "buffers", None, tables, attn_groups, "kv", has_lora=True,
                     lora_capture_hook=lambda *a: None)  # fmt: skip
-    report["step_captures"] = deferred.step_captures
+    report["step_captures"] = deferred.state.serving.step_captures
     if mode == "rank_local":
-        for times in deferred.recent_seconds.values():
+        for times in deferred.state.serving.recent_seconds.values():
             times.append(0.01 if rank == 1 else 0.06)
     runner = SimpleNamespace(
         execute_model_state=None,
@@ -227,21 +235,26 @@ def worker() -> None:
         states += 1
     report.update(
         states=states,
-        captured=sorted(deferred.captured),
+        captured=sorted(deferred.state.graphs.captured),
         captured_order=LOCKSTEP.captured_order,
-        final_set_is_the_plan=deferred.captured == set(range(len(PLAN.graphs))),
+        final_set_is_the_plan=deferred.state.graphs.captured == set(range(len(PLAN.graphs))),
         # the start-up capture: the ready graphs, then (without a profiling pass) each mode's sample
         # of the deferred ones, or (after one) the first deferred graphs while none reads memory,
         # the same on every rank; the rest while serving, in plan order
-        sampled_at_start=deferred.sampled_ids,
-        profiled=deferred.profiled_ids,
-        free_at_start=deferred.free_ids,
-        free_at_start_bytes=deferred.free_bytes,
-        attention_thresholds=deferred.attention_thresholds,
-        warmed=deferred.warmed,
-        deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.ready_ids) :]
-        == [g for g in PLAN.tiers.deferred if g not in {*deferred.sampled_ids, *deferred.free_ids, *deferred.warmed}],
-        left_to_idle=deferred.left_to_idle,
+        sampled_at_start=deferred.state.start.sampled_ids,
+        profiled=deferred.state.start.profiled_ids,
+        free_at_start=deferred.state.start.free_ids,
+        free_at_start_bytes=deferred.state.start.free_bytes,
+        attention_thresholds=deferred.state.start.attention_thresholds,
+        warmed=deferred.state.start.warmed,
+        deferred_in_plan_order=LOCKSTEP.captured_order[len(deferred.state.graphs.ready_ids) :]
+        == [
+            g
+            for g in PLAN.tiers.deferred
+            if g
+            not in {*deferred.state.start.sampled_ids, *deferred.state.start.free_ids, *deferred.state.start.warmed}
+        ],
+        left_to_idle=deferred.state.serving.left_to_idle,
         dispatch_states=len(set(digests)),  # how many different dispatch tables the ranks went through
     )
 
@@ -249,7 +262,7 @@ def worker() -> None:
 def _keep_step_captures(original, deferred):
     def ready_only(manager):
         original(manager)
-        deferred.step_captures = True  # the control: each rank's own step-pause rule decides
+        deferred.state.serving.step_captures = True  # the control: each rank's own step-pause rule decides
 
     return ready_only
 

@@ -24,12 +24,16 @@ from capplan.schemas.plan import DummyLayout, Plan
 class Deferral(Protocol):
     """What the other hooks ask of deferred capture (capplan.runtime.deferred.capture)."""
 
-    active: bool  # the ready graphs are captured
-    pending: list[int]
-    lock: threading.Lock
-    runner: Any
+    lock: threading.Lock  # held by a capture: the async output thread waits on it
+    runner: Any  # vLLM's model runner, whose LoRA manager warms a deferred LoRA graph
     synced: bool  # DP ranks that pad to one another: captures at DP-synced steps, dummy steps too
-    profiling_extra: int  # bytes added to vLLM's CUDA-graph memory estimate (releases that profile it)
+
+    @property
+    def active(self) -> bool: ...  # the ready graphs are captured
+    @property
+    def pending(self) -> list[int]: ...
+    @property
+    def profiling_extra(self) -> int: ...  # bytes added to vLLM's CUDA-graph memory estimate
 
     def resolve(self, graph_id: int) -> int: ...
     def warm_attention(self, call: Call) -> None: ...

@@ -16,17 +16,17 @@ import sys
 
 if os.environ.get("CAPPLAN_FAULT") == "fallback-one-slot-short":
     try:
-        from capplan.runtime.deferred import capture as _capture
+        from capplan.runtime.deferred import graphs as _graphs
     except Exception as exc:  # noqa: BLE001 - said in the log, the control then shows no fault
         print(f"capplan-fault: not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
     else:
-        _original = _capture.DeferredCapture.resolve
+        _original = _graphs.GraphSets.resolve
 
         def _one_slot_short(self, graph_id: int) -> int:  # type: ignore[no-untyped-def]
             got = _original(self, graph_id)
             if got < 0 or got == graph_id:
                 return got
-            graphs = self.engine.plan.graphs
+            graphs = [g.descriptor for g in self.graphs]
             want = graphs[graph_id]
             fell = graphs[got]
             cases = sorted({g.num_active_loras for g in graphs})
@@ -48,5 +48,5 @@ if os.environ.get("CAPPLAN_FAULT") == "fallback-one-slot-short":
             self.fault_swaps = getattr(self, "fault_swaps", 0) + 1
             return min(fits, key=lambda gid: graphs[gid].num_tokens)
 
-        _capture.DeferredCapture.resolve = _one_slot_short  # type: ignore[method-assign]
+        _graphs.GraphSets.resolve = _one_slot_short  # type: ignore[method-assign]
         print("capplan-fault: installed", file=sys.stderr)

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from capplan.releases import CUDART, RUNNER, Release
 from capplan.runtime.context import Engine, current
-from capplan.runtime.deferred.capture import DUMMY_TABLES_HOOK, HELD_BLOCK_HOOK, RANKS_HOOKS
+from capplan.runtime.deferred.held import HELD_BLOCK_HOOK
+from capplan.runtime.deferred.ranks import RANKS_HOOKS
+from capplan.runtime.deferred.startup import DUMMY_TABLES_HOOK
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
+from capplan.runtime.log import log
 
 SAMPLING = Hook(
     "deferred.sampling",
@@ -121,10 +123,10 @@ def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
             if key not in own:
                 check_attributes(hook, core)
                 own[key] = core.process_input_queue_block
-                print(
-                    f"capplan: engine idle: capturing deferred graphs (the plan defers {pending[0]}; the workers "
-                    "capture those they did not make ready at start)",
-                    file=sys.stderr,
+                log.info(
+                    "engine idle: capturing deferred graphs (the plan defers %d; the workers capture those they "
+                    "did not make ready at start)",
+                    pending[0],
                 )
             idle = not core.has_work() and core.is_running() and not core.is_sleeping()
             if idle and core.input_queue.empty():  # input first: vLLM's pass below handles it
@@ -193,11 +195,12 @@ def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
     def profile_cudagraph_memory(*args: Any, **kwargs: Any) -> Any:
         estimate = original(*args, **kwargs)
         if estimate and deferred.profiling_extra:
-            print(
-                f"capplan: vLLM's CUDA-graph memory estimate {estimate / 2**30:.3f} GiB (the PIECEWISE graphs "
-                "it captured, ready or sampled, and its extrapolation of the FULL ones) + "
-                f"{deferred.profiling_extra / 2**30:.3f} GiB for the deferred PIECEWISE graphs it did not capture",
-                file=sys.stderr,
+            log.info(
+                "vLLM's CUDA-graph memory estimate %.3f GiB (the PIECEWISE graphs it captured, ready or sampled, "
+                "and its extrapolation of the FULL ones) + %.3f GiB for the deferred PIECEWISE graphs it did not "
+                "capture",
+                estimate / 2**30,
+                deferred.profiling_extra / 2**30,
             )
             return estimate + deferred.profiling_extra
         return estimate
