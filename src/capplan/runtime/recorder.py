@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from capplan.files import open_stream
+from capplan.runtime.log import log
 
 ENV = "CAPPLAN_TRACE"
 ENV_MAX_MB = "CAPPLAN_TRACE_MAX_MB"
@@ -138,13 +138,13 @@ class Recorder:
                         f"stopped at the {self.max_bytes // 2**20} MiB limit ({ENV_MAX_MB}) after {self.steps} steps"
                     )
                     self._write(f"# capplan: trace {self.stopped}\n")
-                    print(f"capplan: trace {self.path} {self.stopped}", file=sys.stderr)
+                    log.warning("trace %s %s", self.path, self.stopped)
                     break
                 self._write(line + "\n")
             self._file.flush()
         except OSError as exc:  # a trace must never break the engine
             self.stopped = f"stopped: cannot write ({exc.strerror})"
-            print(f"capplan: trace {self.path} {self.stopped}", file=sys.stderr)
+            log.warning("trace %s %s", self.path, self.stopped)
 
     def close(self) -> None:
         if self._closed:
@@ -176,10 +176,7 @@ def max_trace_mb(value: str | None) -> float:
     except ValueError:
         number = float("nan")
     if not 1 <= number <= 2**20:  # NaN fails every comparison
-        print(
-            f"capplan: {ENV_MAX_MB}={value[:40]!r} is not a size in MiB (1 <= MB <= 1048576); using {DEFAULT_MAX_MB}",
-            file=sys.stderr,
-        )
+        log.warning("%s=%r is not a size in MiB (1 <= MB <= 1048576); using %d", ENV_MAX_MB, value[:40], DEFAULT_MAX_MB)
         return DEFAULT_MAX_MB
     return number
 

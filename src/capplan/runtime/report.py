@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from capplan.runtime.log import PREFIX, log
 from capplan.schemas.plan import Plan
 
 if TYPE_CHECKING:
@@ -122,8 +123,9 @@ class Report:
                     self._dirty = True
                     if not said:
                         said = True
-                        print(f"capplan: the report could not be refreshed ({type(exc).__name__}: {exc}); "
-                              "retrying every second", file=sys.stderr)  # fmt: skip
+                        log.warning(
+                            "the report could not be refreshed (%s: %s); retrying every second", type(exc).__name__, exc
+                        )
 
     def _capture_finished(self, manager: Any) -> None:
         self.capture_seconds = time.perf_counter() - self._t0
@@ -194,7 +196,7 @@ class Report:
         else:
             problem = write_for_runtime(Path(path), json.dumps(self.to_json(), indent=2))
         if problem is not None:  # a report must never break the engine
-            print(f"capplan: could not write the report: {problem}", file=sys.stderr)
+            log.warning("could not write the report: %s", problem)
 
     def _owns(self, path: str) -> bool:
         """Whether the report may replace `path`: a new file, an empty one, or an earlier report
@@ -216,7 +218,7 @@ class Report:
             self.recorder.close()
         from capplan.present.report import render_report
 
-        print(render_report(self.to_json()), file=sys.stderr)
+        log.info("%s", render_report(self.to_json()).removeprefix(PREFIX))
         self.write()
 
 

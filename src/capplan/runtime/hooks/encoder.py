@@ -6,13 +6,13 @@ LoRA applies (failure class 11)."""
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from capplan.releases import Release
 from capplan.runtime.context import Engine
 from capplan.runtime.engine_check import PlanMismatch
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
+from capplan.runtime.log import log
 
 
 def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
@@ -33,10 +33,10 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
                 "captured. Set the spec's multimodal section to the model's and regenerate: capplan compile SPEC"
             )
         if not enc.budgets:
-            print(
-                f"capplan: plan {engine.plan_path}: encoder runs eager, no encoder graphs captured "
-                "(encoder_lora_eager: tower/connector LoRA with specialize_active_lora)",
-                file=sys.stderr,
+            log.info(
+                "plan %s: encoder runs eager, no encoder graphs captured (encoder_lora_eager: tower/connector "
+                "LoRA with specialize_active_lora)",
+                engine.plan_path,
             )
             return None
         return original(*args, **kwargs)

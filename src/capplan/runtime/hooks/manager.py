@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from capplan.releases import MANAGER, Release
@@ -22,6 +21,7 @@ from capplan.runtime.engine_check import PlanMismatch, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
 from capplan.runtime.hooks.config import breakable_problem
 from capplan.runtime.hooks.dp import agree_across_ranks, audit_on, launch_rank
+from capplan.runtime.log import log
 from capplan.schemas.plan import Descriptor
 
 PROFILING_MARK = "_capture_mem_samples"  # a list while vLLM's memory profiling captures, None otherwise
@@ -89,10 +89,13 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         engine.report.identify(self.vllm_config)
         where = f", DP rank {engine.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
         if not engine.in_force:  # once: vLLM's memory profiling may build a manager of its own first
-            print(
-                f"capplan: plan {plan_path} in force: capturing {len(vllm_descs)} graphs (vLLM alone: "
-                f"{len(vllm_planned)}; fixes: {', '.join(plan.fixes) or 'none'}){where}",
-                file=sys.stderr,
+            log.info(
+                "plan %s in force: capturing %d graphs (vLLM alone: %d; fixes: %s)%s",
+                plan_path,
+                len(vllm_descs),
+                len(vllm_planned),
+                ", ".join(plan.fixes) or "none",
+                where,
             )
         engine.in_force = True
         self._capplan_plan = plan_path  # this manager's capture list is the plan's (checked by capture)
