@@ -23,7 +23,7 @@ from vllm.v1.worker.gpu.lora_utils import create_lora_capture_hook
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
 from capplan.planfile import load_plan
-from capplan.runtime import mrv2
+from capplan.runtime import registry
 
 ROUNDS = 5
 
@@ -65,8 +65,8 @@ def main(argv: list[str]) -> int:
     config = LoRAConfig(max_loras=lora.max_loras, max_lora_rank=8, specialize_active_lora=lora.specialize_active)
     vllm_runner, ours_runner = Runner(), Runner()
     vllm_hook = create_lora_capture_hook(config, vllm_runner)
-    state = mrv2.Installed(plan, str(path))
-    ours_hook = mrv2._capture_hook_factory(state, SimpleNamespace(attributes=()))(config, ours_runner)
+    state = registry.Installed(plan, str(path))
+    ours_hook = registry._capture_hook_factory(state, SimpleNamespace(attributes=()))(config, ours_runner)
     vllm_us, ours_us = time_hook(vllm_hook, graphs), time_hook(ours_hook, graphs)
     assert vllm_runner.calls == ours_runner.calls == ROUNDS * len(graphs)
     sizes = statistics.median(t for _, _, t in graphs)

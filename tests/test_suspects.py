@@ -66,13 +66,13 @@ def test_lora_slot_lists_grid_changes_where_vllm_recorded_no_grid():
 def plugin(monkeypatch):
     """The plugin with CAPPLAN_PLAN naming an example plan, and install() recorded, not run."""
     import capplan.planfile
-    import capplan.runtime.mrv2 as mrv2
+    import capplan.runtime.registry as registry
     from capplan.runtime import plugin
 
     calls: dict[str, list] = {"load_plan": [], "install": []}
     load_plan = capplan.planfile.load_plan
     monkeypatch.setattr(capplan.planfile, "load_plan", lambda p: calls["load_plan"].append(p) or load_plan(p))
-    monkeypatch.setattr(mrv2, "install", lambda plan, path: calls["install"].append((plan, path)))
+    monkeypatch.setattr(registry, "install", lambda plan, path: calls["install"].append((plan, path)))
     monkeypatch.setenv("CAPPLAN_PLAN", str(PLAN))
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     return plugin, calls
@@ -97,14 +97,14 @@ def test_the_plugin_loads_the_plan_it_is_given_as_a_path(plugin):
     ],
 )
 def test_the_plugin_stops_the_engine_with_one_line_by_the_refusal_type(plugin, monkeypatch, error, line):
-    import capplan.runtime.mrv2 as mrv2
+    import capplan.runtime.registry as registry
 
     module, _ = plugin
 
     def refuse(plan, path):
         raise error
 
-    monkeypatch.setattr(mrv2, "install", refuse)
+    monkeypatch.setattr(registry, "install", refuse)
     with pytest.raises(SystemExit) as stopped:
         module.register()
     assert str(stopped.value.code).startswith(line)
@@ -112,7 +112,7 @@ def test_the_plugin_stops_the_engine_with_one_line_by_the_refusal_type(plugin, m
 
 
 def test_the_contract_refusal_stops_the_engine_with_its_own_line(plugin, monkeypatch):
-    import capplan.runtime.mrv2 as mrv2
+    import capplan.runtime.registry as registry
     from capplan.runtime.hooking import IncompatibleVllm
 
     module, _ = plugin
@@ -120,7 +120,7 @@ def test_the_contract_refusal_stops_the_engine_with_its_own_line(plugin, monkeyp
     def refuse(plan, path):
         raise IncompatibleVllm("capplan: vLLM's X has no y; this vLLM is not supported")
 
-    monkeypatch.setattr(mrv2, "install", refuse)
+    monkeypatch.setattr(registry, "install", refuse)
     with pytest.raises(SystemExit) as stopped:
         module.register()
     assert stopped.value.code == "capplan: vLLM's X has no y; this vLLM is not supported"

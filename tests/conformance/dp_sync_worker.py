@@ -41,7 +41,7 @@ from rank_exit import run_then_leave  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
-from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime import registry  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 
 dp_batches.stand_in_dp_group(rank)
@@ -64,9 +64,9 @@ def main() -> None:
     result: dict = {"rank": rank}
     try:
         if mode == "noplan" and rank == 1:
-            mrv2.install_guard()
+            registry.install_guard()
         else:
-            mrv2.install(compile_plan(spec), "dp.plan.yaml")
+            registry.install(compile_plan(spec), "dp.plan.yaml")
         engine = SPEC if not (mode == "mismatch" and rank == 1) else {**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}}
         manager = runtime_check.model_manager(spec_from_data(engine, "e").model_dump(mode="json"))
     except PlanMismatch as exc:
@@ -87,8 +87,8 @@ def main() -> None:
         desc, _ = runner_mod.dispatch_cg_and_sync_dp(manager, reqs, tokens, uniform, 2, rank, **kwargs)
         steps.append([desc.cg_mode.name, desc.num_tokens, loras])
         if line is not None:  # what the recorder writes after a real step
-            trace.append({**line, "dp_step": mrv2.installed().step.dp_step})
-    report = mrv2.installed().report.to_json()
+            trace.append({**line, "dp_step": registry.installed().step.dp_step})
+    report = registry.installed().report.to_json()
     result.update(steps=steps, report=report, trace=trace, spec=SPEC)
     out.write_text(json.dumps(result))
 

@@ -22,7 +22,7 @@ from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager  # noqa: E4
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
-from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime import registry  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
@@ -58,7 +58,7 @@ def main(out: Path, variant: str) -> None:
         "encoder",
     )
     plan = compile_plan(spec)
-    mrv2.install(plan, "encoder.plan.yaml")
+    registry.install(plan, "encoder.plan.yaml")
     report: dict = {"plan_budgets": plan.encoder.budgets, "vllm_budgets": plan.encoder.vllm_budgets}
     same, captured = manager([64, 4096])
     same.capture(graph_pool="pool")

@@ -34,7 +34,7 @@ from vllm.distributed import parallel_state  # noqa: E402
 
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
-from capplan.runtime import mrv2  # noqa: E402
+from capplan.runtime import registry  # noqa: E402
 from capplan.runtime.dp_check import NO_PLAN  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
 from capplan.runtime.hooks.dp import agree_across_ranks  # noqa: E402
@@ -69,9 +69,9 @@ def build(engine: dict) -> dict:
 def main() -> dict:
     result: dict = {"rank": rank, "vllm": runtime_check.vllm.__version__, "world": world}
     if mode == "noplan" and LAST:
-        mrv2.install_guard()
+        registry.install_guard()
     else:
-        mrv2.install(compile_plan(spec_from_data(SPEC, "ranks")), "ranks.plan.yaml")
+        registry.install(compile_plan(spec_from_data(SPEC, "ranks")), "ranks.plan.yaml")
     result["same"] = build(SPEC)
     if mode == "plan":
         result["refuses"] = build({**SPEC, "lora": {**SPEC["lora"], "max_loras": 8}} if LAST else SPEC)

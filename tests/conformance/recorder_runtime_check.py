@@ -21,7 +21,7 @@ import vllm.v1.worker.gpu.model_runner as runner_mod
 
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
-from capplan.runtime import mrv2
+from capplan.runtime import registry
 from capplan.runtime.versions import detect_release
 
 
@@ -52,7 +52,7 @@ def main(trace: Path, out: Path) -> None:
     runner_cls = runner_mod.GPUModelRunner
     runner_cls.execute_model = stand_in(runner_cls.execute_model)
     spec = spec_from_data({"target": {"vllm": release}, "lora": {"enabled": True, "max_loras": 4}}, "recorder")
-    state = mrv2.install(compile_plan(spec), "recorder.plan.yaml")
+    state = registry.install(compile_plan(spec), "recorder.plan.yaml")
     runner = SimpleNamespace(
         lora_config=SimpleNamespace(max_loras=4),
         lora_state=LoraState({"a": "lora1", "b": "lora2", "c": "lora1"}),

@@ -287,7 +287,7 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
     # Leave at once (vLLM's teardown of an engine can hang after the JSON is
     # written), but first let capplan write its final report, which atexit would have done.
     try:
-        from capplan.runtime.mrv2 import installed
+        from capplan.runtime.registry import installed
 
         state = installed()
         if state is not None:

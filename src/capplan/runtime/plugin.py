@@ -35,7 +35,7 @@ def register() -> None:
     except CapplanError as exc:
         raise SystemExit(f"capplan: {ENV}={path}: {exc.one_line()}") from None
     from capplan.errors import EngineRefusal
-    from capplan.runtime.mrv2 import install
+    from capplan.runtime.registry import install
 
     try:
         install(plan, path)
@@ -47,7 +47,7 @@ def register() -> None:
 
 def _guard_only() -> None:
     try:
-        from capplan.runtime.mrv2 import install_guard
+        from capplan.runtime.registry import install_guard
 
         install_guard()
     except Exception:  # noqa: BLE001 - without a plan, capplan must never break a vLLM it cannot hook
