@@ -166,13 +166,14 @@ def dispatch_cmd(
     has_prefill: h.DispatchHasPrefill = False,
     queries: h.DispatchQueries = None,
     encoder_items: h.DispatchEncoderItems = None,
+    dp_ranks: h.DispatchDpRanks = None,
     as_json: h.DispatchAsJson = False,
 ) -> None:
     from capplan.commands.inspect import Answers, DispatchQuestion, Explained, dispatch
     from capplan.present.dispatch import descriptor_lines, encoder_lines, explained_lines
 
     question = DispatchQuestion(
-        plan, reqs, tokens, loras, base, uniform, max_query_len, has_prefill, queries, encoder_items
+        plan, reqs, tokens, loras, base, uniform, max_query_len, has_prefill, queries, encoder_items, dp_ranks
     )
     result = dispatch(question)
     if isinstance(result, Explained):

@@ -133,6 +133,15 @@ DispatchEncoderItems = Annotated[
         "comma-separated, e.g. 300,1200,40; prints how vLLM packs it onto the plan's encoder graphs.",
     ),
 ]
+DispatchDpRanks = Annotated[
+    str | None,
+    typer.Option(
+        "--dp-ranks",
+        help="Under DP sync (an MoE model, data_parallel_size > 1): the other ranks' batches in the same step, "
+        "comma-separated, each TOKENS (that many one-token requests), REQSxTOKENS or idle, e.g. 64x64,idle,8x900; "
+        "prints what this rank replays once the ranks have padded to one another.",
+    ),
+]
 DispatchAsJson = Annotated[bool, typer.Option("--json", help="Print the descriptor as a JSON object.")]
 
 VERIFY_HELP = """Prove the plan free of every failure class in docs/design.md.

@@ -9,7 +9,7 @@ from typing import Any
 from capplan.analysis.verify import VerifyReport
 from capplan.calibration.price import Priced
 from capplan.commands import inputs
-from capplan.errors import UsageError
+from capplan.errors import UsageError, printable
 from capplan.planfile.read import load_plan
 from capplan.planner.dispatch import Batch, Dispatch
 from capplan.schemas.plan import Plan
@@ -68,6 +68,7 @@ class DispatchQuestion:
     has_prefill: bool = False
     queries: Path | None = None
     encoder_items: str | None = None
+    dp_ranks: str | None = None  # the other DP ranks' batches: TOKENS, REQSxTOKENS or idle, comma-separated
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,85 @@ def dispatch(question: DispatchQuestion) -> Explained | Answers | EncoderPacking
     spec = loaded.spec
     batch = batch_from_args(q.reqs, q.tokens, q.max_query_len, q.loras, q.base, q.has_prefill, q.uniform, spec)
     trace: list[str] = []
-    desc = Dispatcher(loaded).explain(batch, trace)
+    dispatcher = Dispatcher(loaded)
+    desc = dispatcher.explain(batch, trace)
+    if q.dp_ranks is not None:
+        desc = dp_synced(dispatcher, loaded, batch, q.dp_ranks, trace)
     trace += deferred_note(loaded, desc.graph_id)
     return Explained(batch, desc, trace)
+
+
+def other_ranks(text: str, plan: Plan) -> list[Batch | None]:
+    """`--dp-ranks`: the other DP ranks' batches, comma-separated: TOKENS (that many one-token
+    requests), REQSxTOKENS, or idle (the rank runs vLLM's dummy batch); one per other rank."""
+    from capplan.batches import batch_problem
+    from capplan.planner.dispatch import beyond_spec
+
+    spec = plan.spec
+    size = spec.parallel.synced_size
+    if size == 1:
+        why = "data_parallel_size 1" if spec.parallel.data_parallel_size == 1 else "a dense model's DP ranks"
+        raise UsageError(
+            f"--dp-ranks: this plan's ranks never pad to one another ({why}: each is an engine of its own)",
+            "drop --dp-ranks; DP ranks sync only for an MoE model (parallel.moe: true) with data_parallel_size > 1",
+        )
+    parts = text.split(",")
+    if len(parts) != size - 1:
+        raise UsageError(
+            f"--dp-ranks: give the other {size - 1} rank(s)' batches, comma-separated (got {len(parts)})",
+            "each TOKENS, REQSxTOKENS or idle, e.g. " + ",".join(["64x64", "idle", "8x900"][: size - 1] or ["idle"]),
+        )
+    out: list[Batch | None] = []
+    for n, part in enumerate(parts, 1):
+        entry = part.strip().lower()
+        if entry == "idle":
+            out.append(None)
+            continue
+        reqs_text, _, tokens_text = entry.rpartition("x")
+        try:
+            tokens = int(tokens_text)
+            reqs = int(reqs_text) if reqs_text else tokens
+        except ValueError:
+            raise UsageError(
+                f"--dp-ranks: rank entry {n} is {printable(part)[:40]!r}, not TOKENS, REQSxTOKENS or idle"
+            ) from None
+        if not 1 <= reqs <= 1 << 30 or not 1 <= tokens <= 1 << 30:
+            raise UsageError(f"--dp-ranks: rank entry {n}: requests and tokens must be from 1 to {1 << 30}")
+        other = Batch(reqs, tokens, -(-tokens // reqs) if tokens >= reqs else tokens)
+        problem = batch_problem(other) or beyond_spec(other, spec)
+        if problem:
+            raise UsageError(f"--dp-ranks: rank entry {n} ({printable(part)[:40]}): {problem}")
+        out.append(other)
+    return out
+
+
+def dp_synced(dispatcher: Any, plan: Plan, batch: Batch, text: str, trace: list[str]) -> Dispatch:
+    """What this rank replays once vLLM's DP sync has settled the step with the other ranks'
+    batches (`--dp-ranks`), and why (appended to `trace`)."""
+    from capplan.traffic.simulate import sync_step
+
+    others = other_ranks(text, plan)
+    step = sync_step(dispatcher, plan.spec, (batch, *others))
+    tokens = ", ".join(str(b.num_tokens) if b is not None else "idle" for b in (batch, *others))
+    trace.append(
+        f"with DP sync over {len(others) + 1} ranks (this one first; tokens {tokens}): "
+        + (
+            "some rank would run eager, so every rank runs eager with its own tokens"
+            if step.mode == "NONE"
+            else f"every rank pads to {step.tokens} tokens, mode {step.mode} (the lowest any rank wanted), "
+            + (
+                f"uniform decode count {step.uniform} (every rank has it)"
+                if step.uniform is not None
+                else "no uniform decode count (the ranks differ)"
+            )
+        )
+    )
+    final = step.ranks[0][1]
+    trace.append(
+        "this rank's batch then dispatches "
+        + ("eager" if final.graph_id < 0 else f"at {final.num_tokens} tokens with its own LoRA count")
+    )
+    return final
 
 
 def deferred_note(plan: Plan, graph_id: int) -> list[str]:

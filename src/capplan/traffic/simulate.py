@@ -358,38 +358,57 @@ def _aligned(traces: list[list[TraceBatch]]) -> tuple[Counter, int, str]:
     )
 
 
+@dataclass(frozen=True)
+class SyncedStep:
+    """One DP step as vLLM's DP sync settles it: what the ranks agreed and what each replays."""
+
+    tokens: int  # every rank pads to the largest token count (unless eager)
+    mode: str  # the lowest mode any rank wanted: NONE makes every rank run eager
+    uniform: int | None  # the uniform-decode count, kept only when every rank has the same one
+    ranks: list[tuple[Batch, Dispatch]]  # each rank's batch (the idle dummy for an idle rank) and its dispatch
+
+
+def sync_step(d: Dispatcher, spec, row: tuple[Batch | None, ...]) -> SyncedStep:
+    """vLLM's DP sync of one step (see the module docstring): each rank's batch (None: idle, it
+    runs vLLM's dummy batch) -> the token count, mode and uniform count the ranks agree on, and
+    the graph each rank then replays with its own LoRA count."""
+    dql = spec.decode_query_len
+    idle_count = spec.lora.max_loras + 1 if spec.lora.enabled else 0
+    idle = Batch(1, dql, dql)
+    local: list[tuple[Batch, int | None, int, Dispatch]] = []
+    for item in row:
+        if item is None:
+            local.append((idle, dql, idle_count, d.lookup(1, dql, dql, idle_count)))
+        else:
+            local.append((item, derive_uniform(item, d.rules), d.lora_count(item), d.dispatch(item)))
+    lowest = min((desired.cg_mode for _, _, _, desired in local), key=MODE_ORDER.__getitem__)
+    uniforms = {u for _, u, _, _ in local}
+    synced_uniform = uniforms.pop() if len(uniforms) == 1 else None
+    synced_tokens = max(b.num_tokens for b, _, _, _ in local)
+    out = []
+    for b, _, count, _ in local:
+        if lowest == "NONE":
+            final = Dispatch("NONE", b.num_tokens, b.num_reqs, None, None, d.lora_case(count), -1)
+        else:
+            final = d.lookup(b.num_reqs, synced_tokens, synced_uniform, count)
+        out.append((b, final))
+    return SyncedStep(synced_tokens, lowest, synced_uniform, out)
+
+
 def simulate_ranks(
     plan: Plan, traces: list[list[TraceBatch]], cost: CostModel | None = None, leave_out_above: int | None = None
 ) -> Simulation:
     """Replay one trace per DP rank through vLLM's DP sync (see the module docstring). A step in
     which any rank has more than `leave_out_above` tokens is counted but not priced."""
     d = Dispatcher(plan)
-    spec = plan.spec
-    dql = spec.decode_query_len
-    idle_count = spec.lora.max_loras + 1 if spec.lora.enabled else 0
-    idle = Batch(1, dql, dql)
     rows, dp_steps, assumption = _aligned(traces)
     ranks = [SimResult() for _ in traces]
     clock, model = _clock(plan, cost)
     largest = plan.max_capture_size
     for row, n in rows.items():
-        local: list[tuple[Batch, int | None, int, Dispatch]] = []
-        for item in row:
-            if item is None:
-                local.append((idle, dql, idle_count, d.lookup(1, dql, dql, idle_count)))
-            else:
-                b = item
-                local.append((b, derive_uniform(b, d.rules), d.lora_count(b), d.dispatch(b)))
-        lowest = min(MODE_ORDER[desired.cg_mode] for _, _, _, desired in local)
-        uniforms = {u for _, u, _, _ in local}
-        synced_uniform = uniforms.pop() if len(uniforms) == 1 else None
-        synced_tokens = max(b.num_tokens for b, _, _, _ in local)
+        step = sync_step(d, plan.spec, row)
         points = []
-        for rank, (item, (b, _, count, _)) in enumerate(zip(row, local)):
-            if lowest == 0:
-                final = Dispatch("NONE", b.num_tokens, b.num_reqs, None, None, d.lora_case(count), -1)
-            else:
-                final = d.lookup(b.num_reqs, synced_tokens, synced_uniform, count)
+        for rank, (item, (b, final)) in enumerate(zip(row, step.ranks)):
             ranks[rank].add(final, None if item is None else b, n, largest)
             if clock is not None:
                 points.append(clock.point(final, b.num_tokens))
