@@ -88,16 +88,17 @@ def _compile(spec: Spec, with_deviations: bool) -> Plan:
         ),
         stats=_stats(ordered, cases),
         encoder=_encoder(spec),
-        tiers=None,
+        tiers=tier_plan(spec, graphs) if spec.tiers is not None else None,
     )
-    if spec.tiers is not None:
-        plan.__dict__["tiers"] = tier_plan(spec, graphs)
-    if with_deviations and spec.fixes:
+    if not with_deviations:
+        return plan
+    deviations = []
+    if spec.fixes:  # what each fix changed: the plan against its twin without the fix
         twin = ExactTwin(plan, lambda per_mode: build_ranges(by_mode, cases, ids, per_mode), dropped)
-        plan.__dict__["deviations"] = describe_deviations(plan, twin)
-    if with_deviations and spec.cudagraph.lora_case_sizes is not None:
-        plan.__dict__["deviations"] = [*plan.deviations, _case_sizes_deviation(spec, sizes)]
-    return plan
+        deviations += describe_deviations(plan, twin)
+    if spec.cudagraph.lora_case_sizes is not None:
+        deviations.append(_case_sizes_deviation(spec, sizes))
+    return plan.model_copy(update={"deviations": deviations}) if deviations else plan
 
 
 TOWER_LORA = (
