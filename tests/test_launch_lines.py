@@ -1,0 +1,186 @@
+"""capplan's own reader of launch lines (where vLLM is not importable): it reads a `--config`
+file, flag names with `_`, and the JSON configs as vLLM's parser does, and refuses what it does
+not read (optimization levels, abbreviated flags, the model given twice); it never completes a
+line around a part it did not read. tests/conformance/test_launch_corpus.py judges it against
+vLLM's own parser."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capplan.errors import CapplanError
+from capplan.launcher.cmdline import read_command
+from capplan.launcher.engine_args import complete, prepare
+from capplan.planfile.read import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = load_plan(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml")  # 256 seqs, 8192 tokens, 8 LoRAs
+SERVE = ["vllm", "serve", "M"]
+
+
+def own(argv: list[str]) -> tuple[list[str], list[str]]:
+    with patch("capplan.launcher.engine_args.read_with_vllm", return_value=None):
+        return prepare(PLAN, "p.plan.yaml", argv)
+
+
+def test_a_config_file_is_read_and_its_values_are_never_replaced(tmp_path):
+    cfg = tmp_path / "vllm.yaml"
+    cfg.write_text("max_num_seqs: 256\nmax-loras: 8\ncompilation-config:\n  cudagraph_mode: FULL_AND_PIECEWISE\n")
+    cmd = read_command([*SERVE, "--config", str(cfg)])
+    assert cmd.values["scheduler.max_num_seqs"] == 256 and cmd.values["lora.max_loras"] == 8
+    assert cmd.flags["lora.max_loras"] == f"--max-loras 8 (in --config {cfg})"
+    # the plan's capture sizes would have to go into the file's compilation config: refused, not appended
+    with pytest.raises(CapplanError, match="in its --config file"):
+        own([*SERVE, "--config", str(cfg)])
+    cfg.write_text("max_num_seqs: 256\nmax-loras: 8\n")
+    full, added = own([*SERVE, "--config", str(cfg)])
+    assert "--max-num-seqs" not in full and "--max-loras" not in full and "--enable-lora" in full
+    cfg.write_text("max-num-seqs: 8\n")
+    with pytest.raises(CapplanError, match=r"--max-num-seqs 8 \(in --config .*\): the plan has scheduler.max_num_seqs"):
+        own([*SERVE, "--config", str(cfg)])
+    cfg.write_text("enforce-eager: true\n")
+    with pytest.raises(CapplanError, match="--enforce-eager .*runs no CUDA graph"):
+        own([*SERVE, "--config", str(cfg)])
+    cfg.write_text("max-num-seqs: 8\n")  # the command line ranks above the file, as in vLLM
+    full, _ = own([*SERVE, "--config", str(cfg), "--max-num-seqs", "256"])
+    assert full.count("--max-num-seqs") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("enable-lora: false\n", "does not read a false switch"),
+        ("- max-num-seqs\n", "not a YAML mapping"),
+        ("max-num-seqs: [8\n", "not YAML"),
+        ("max-num-se: 8\n", "does not resolve abbreviated flags"),
+        ("optimization-level: 0\n", "optimization levels"),
+    ],
+)
+def test_what_a_config_file_holds_and_the_own_reader_does_not_read_is_refused(tmp_path, text, why):
+    cfg = tmp_path / "vllm.yaml"
+    cfg.write_text(text)
+    with pytest.raises(CapplanError, match=why):
+        own([*SERVE, "--config", str(cfg)])
+    other = tmp_path / "vllm.json"
+    other.write_text("{}")
+    with pytest.raises(CapplanError, match="only a .yaml or .yml"):
+        own([*SERVE, "--config", str(other)])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-O0"], ["-O", "0"], ["-O3"], ["-O=1"], ["--optimization-level=1"], ["--optimization_level", "2"]],
+)
+def test_optimization_levels_are_refused_not_overridden(args):
+    # vLLM reads each as a level whose cudagraph mode the plan's appended mode would replace
+    with pytest.raises(CapplanError, match="does not read vLLM's optimization levels"):
+        own([*SERVE, *args])
+
+
+@pytest.mark.parametrize("args", [["--max-num-se", "8"], ["--enforce-eag"], ["--conf", "x.yaml"], ["-t", "2"]])
+def test_abbreviated_flags_are_refused(args):
+    with pytest.raises(CapplanError, match="does not resolve abbreviated flags"):
+        own([*SERVE, *args])
+
+
+def test_underscores_and_off_forms_are_read_as_vllm_reads_them():
+    with pytest.raises(CapplanError, match="--max_num_seqs 8: the plan has scheduler.max_num_seqs 256"):
+        own([*SERVE, "--max_num_seqs", "8"])
+    with pytest.raises(CapplanError, match="--disable-lora: the plan has lora.enabled true"):
+        own([*SERVE, "--disable-lora"])
+    full, _ = own([*SERVE, "--max_num_seqs=256", "--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'])
+    assert "--max-num-seqs" not in full and not any(a == "--compilation-config" for a in full)
+    assert json.loads(full[full.index("--compilation_config") + 1])["cudagraph_capture_sizes"] == PLAN.capture_sizes
+
+
+def test_the_json_config_vllm_keeps_is_the_one_read():
+    # vLLM gives the dotted keys last, as one more object: the -cc JSON before them is dropped
+    cmd = read_command([*SERVE, "-cc", '{"cudagraph_mode": "PIECEWISE"}', "-cc.max_cudagraph_capture_size=512"])
+    assert "cudagraph.mode" not in cmd.values and cmd.values["cudagraph.max_capture_size"] == 512
+    # dotted keys are gathered by the flag as written; the last gathering wins
+    cmd = read_command([*SERVE, "-cc.cudagraph_mode=PIECEWISE", "--compilation-config.compile_sizes=[8]"])
+    assert "cudagraph.mode" not in cmd.values and cmd.dotted == {"compilation": "--compilation-config"}
+    full, added = complete(PLAN, cmd)
+    assert any(a.startswith("--compilation-config.cudagraph_mode=") for a in added)
+    # true is 1 where vLLM takes an integer
+    cmd = read_command([*SERVE, "-cc", json.dumps({"cudagraph_capture_sizes": [True, 2, 4]})])
+    assert cmd.values["cudagraph.capture_sizes"] == [1, 2, 4]
+
+
+def test_the_model_given_twice_is_refused_as_vllm_refuses_it():
+    with pytest.raises(CapplanError, match="names the model twice"):
+        own([*SERVE, "--model", "other"])
+    full, _ = own(["vllm", "serve", "--model", "other", "-tp", "2"])  # one model: vLLM moves it first
+    assert full[:6] == ["vllm", "serve", "--model", "other", "-tp", "2"]
+
+
+def test_a_bare_double_dash_is_refused():
+    with pytest.raises(CapplanError, match="bare `--`"):
+        own([*SERVE, "--", "--max-num-seqs", "8"])
+
+
+# Generated: settings given on the line (any of vLLM's spellings) and in a --config file.
+FLAGS = {
+    "scheduler.max_num_seqs": "--max-num-seqs",
+    "lora.max_loras": "--max-loras",
+    "scheduler.max_model_len": "--max-model-len",
+    "parallel.data_parallel_size": "--data-parallel-size",
+}
+
+
+@st.composite
+def _spelled(draw, flag: str, value: int) -> list[str]:
+    name = draw(st.sampled_from([flag, "--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("-", "_", 1)]))
+    return [f"{name}={value}"] if draw(st.booleans()) else [name, str(value)]
+
+
+@st.composite
+def _line(draw):
+    cli: list[list[str]] = []
+    file: dict[str, int] = {}
+    expected: dict[str, int] = {}
+    for setting, flag in FLAGS.items():
+        where = draw(st.sampled_from(["none", "cli", "file", "both"]))
+        if where in ("file", "both"):
+            key = draw(st.sampled_from([flag[2:], flag[2:].replace("-", "_")]))
+            file[key] = expected[setting] = draw(st.integers(1, 99999))
+        if where in ("cli", "both"):
+            expected[setting] = draw(st.integers(1, 99999))
+            cli.append(draw(_spelled(flag, expected[setting])))
+    noise = draw(st.lists(st.sampled_from([["--port", "8000"], ["--trust-remote-code"], ["--seed=3"]]), max_size=2))
+    unread = draw(
+        st.sampled_from([None, ["-O0"], ["-O", "3"], ["--max-num-se", "8"], ["--max-lo=2"], ["--enforce-eag"]])
+    )
+    cli = draw(st.permutations(cli + noise + ([unread] if unread else [])))
+    return cli, file, expected, unread
+
+
+@settings(max_examples=150, deadline=None)
+@given(_line(), st.integers(0, 6))
+def test_nothing_the_operator_gives_is_replaced_or_the_line_is_refused(line, at):
+    cli, file, expected, unread = line
+    args = [a for piece in cli for a in piece]
+    with tempfile.TemporaryDirectory() as tmp:
+        if file:
+            cfg = Path(tmp) / "vllm.yaml"
+            cfg.write_text("".join(f"{k}: {v}\n" for k, v in file.items()))
+            cut = sum(len(p) for p in cli[: min(at, len(cli))])
+            args = args[:cut] + ["--config", str(cfg)] + args[cut:]
+        try:
+            cmd = read_command([*SERVE, *args])
+        except CapplanError as exc:
+            assert unread is not None, exc.one_line()  # only what it does not read is refused
+            return
+    assert unread is None, f"{unread} was not refused"
+    assert cmd is not None
+    for setting, value in expected.items():
+        assert cmd.values[setting] == value
+    _, added = complete(PLAN, cmd)
+    assert not set(added) & {FLAGS[s] for s in expected}
