@@ -46,8 +46,6 @@ class Rules:
     of every mode's sizes, each range offering only the graphs of its upper size."""
     speculative_decode_sizes: bool = False
     """With speculative decoding, decode sizes n * (1 + num_speculative_tokens) join the default sizes."""
-    dp_sync_state: bool = False
-    """DP sync returns a state object (DPSyncState) with the agreed descriptor, not a tensor."""
     max_num_seqs_size: bool = False
     """Without speculative decoding, max_num_seqs joins the default sizes (when within the ceiling)."""
     encoder_packing_defers: bool = False
@@ -65,7 +63,7 @@ C = replace(
     blackwell_ceiling_1024=True,
     encoder_graphs=True,
 )
-D = replace(C, group="D", per_mode_ranges=True, speculative_decode_sizes=True, dp_sync_state=True)
+D = replace(C, group="D", per_mode_ranges=True, speculative_decode_sizes=True)
 E = replace(D, group="E", max_num_seqs_size=True)
 F = replace(E, group="F", encoder_packing_defers=True)
 GROUPS = (A, B, C, D, E, F)
@@ -199,6 +197,12 @@ class Release:
     @property
     def group(self) -> str:
         return self.rules.group
+
+    @property
+    def dispatch_ubatches(self) -> bool:
+        """vLLM's dispatch takes `num_ubatches` (micro-batching; a descriptor for more than one
+        micro-batch runs eager), as this release's signature of it says."""
+        return "num_ubatches" in self.signatures[f"{MANAGER}.dispatch"]
 
 
 RELEASES: dict[str, Release] = {

@@ -34,9 +34,10 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
-from capplan.releases import CUDART, RUNNER, Release
+from capplan.releases import CUDART, RUNNER
 from capplan.runtime.context import Engine, current
 from capplan.runtime.deferred.held import HELD_BLOCK_HOOK
 from capplan.runtime.deferred.ranks import RANKS_HOOKS
@@ -183,10 +184,6 @@ def _tiers(need: Need) -> bool:
     return need.plan.tiers is not None
 
 
-def _profiles(release: Release) -> bool:
-    return release.profiling_capture
-
-
 def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
     deferred = engine.deferred
     assert deferred is not None
@@ -267,7 +264,7 @@ HOOKS = tuple(
             "vLLM sizes the KV cache for the whole plan: the bound of the deferred PIECEWISE graphs its profiling "
             "capture left out is added to its CUDA-graph memory estimate",
             _profiled,
-            releases=_profiles,
+            releases=attrgetter("profiling_capture"),
         ),
         Hook(
             "deferred.idle",

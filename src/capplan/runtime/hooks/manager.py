@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+from operator import attrgetter
 from typing import Any
 
 from capplan.releases import MANAGER, Release
@@ -109,7 +110,7 @@ def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
     desc_cls, vllm_descs, report, step = engine.desc_cls, engine.vllm_descs, engine.report, engine.step
     lookup, lora_case = engine.dispatcher.lookup, engine.dispatcher.lora_case
     none_mode = CUDAGraphMode.NONE
-    ubatches = "num_ubatches" in hook.expected(engine.release)
+    ubatches = engine.release.dispatch_ubatches
     bind = binder(original)
 
     @functools.wraps(original)
@@ -194,10 +195,6 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
     return capture
 
 
-def _profiles(release: Release) -> bool:
-    return release.profiling_capture
-
-
 def _captures_once(release: Release) -> bool:
     return not release.profiling_capture
 
@@ -235,6 +232,6 @@ HOOKS = (
         _capture,
         attributes=(PROFILING_MARK,),
         reads=("self", "attn_groups"),
-        releases=_profiles,
+        releases=attrgetter("profiling_capture"),
     ),
 )
