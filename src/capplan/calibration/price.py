@@ -211,7 +211,12 @@ class ShapeModel:
             min(min(m_all), self.memory_rate * (1 - em)) * graphs + w,
             max(max(m_all), self.memory_rate * (1 + em)) * graphs + w,
         )
-        return Priced(graphs, seconds, gib, "predicted", self.basis(), tuple(self.extrapolated(plan, shape, gpu)))
+        notes = self.extrapolated(plan, shape, gpu)
+        if any(n.startswith("extrapolated") for n in notes):
+            notes.append(
+                "the interval is the measured shapes' spread and held-out error; it does not bound the extrapolation"
+            )
+        return Priced(graphs, seconds, gib, "predicted", self.basis(), tuple(notes))
 
     def extrapolated(self, plan: Plan, shape: ModelShape, gpu: str | None) -> list[str]:
         """Where the deployment lies outside what was measured, and by how far."""
