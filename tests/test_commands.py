@@ -93,7 +93,7 @@ def test_non_specs_are_skipped_with_a_note(spec, tmp_path):
     notes: list[str] = []
     targets = plan_targets([ci, spec], CompileOptions(skip_non_specs=True), notes.append)
     assert targets == [(spec, spec.with_name("deploy.plan.yaml"))]
-    assert notes == [f"{ci}: skipped, not a capplan spec (no spec section)"]
+    assert notes == [f"{ci}: skipped, not a capplan spec or plan (no spec section: another tool's YAML)"]
 
 
 @pytest.mark.parametrize(

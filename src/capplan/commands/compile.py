@@ -65,8 +65,9 @@ def plan_targets(specs: Sequence[Path], options: CompileOptions, notes: Notes = 
     targets: list[tuple[Path, Path]] = []
     written: dict[str, Path] = {}  # real path of each plan -> the spec writing it
     for spec in specs:
-        if options.skip_non_specs and not looks_like_spec(spec):
-            notes(f"{printable(str(spec))}: skipped, not a capplan spec (no spec section)")
+        kind = yaml_kind(spec) if options.skip_non_specs else "spec"
+        if kind != "spec":
+            notes(f"{printable(str(spec))}: skipped, {SKIPPED[kind]}")
             continue
         plan_path = options.output or default_plan_path(spec)
         if options.plan_dir is not None:
@@ -154,6 +155,31 @@ def compile_spec(spec: Path) -> Plan:
     return plan
 
 
+SKIPPED = {
+    "plan": "a capplan plan (checked through the spec it is compiled from)",
+    "other": "not a capplan spec or plan (no spec section: another tool's YAML)",
+}
+
+
+def yaml_kind(path: Path) -> Literal["spec", "plan", "other"]:
+    """What a YAML file is, for `compile --skip-non-specs` (the pre-commit hook and the example
+    CI job pass every YAML file): a capplan spec, a capplan plan, or another tool's file."""
+    if looks_like_plan(path):
+        return "plan"
+    return "spec" if looks_like_spec(path) else "other"
+
+
+def looks_like_plan(path: Path) -> bool:
+    """Whether a YAML file is a capplan plan: its first lines are a plan file's header and keys."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    lines = [line for line in head.splitlines() if line.strip() and not line.startswith("#")]
+    return bool(lines) and lines[0].startswith("format_version:") and "\nfingerprint:" in head
+
+
 def looks_like_spec(path: Path) -> bool:
     """Whether a YAML file has any of a spec's top-level sections (else it is skipped, with a note)."""
     from capplan.files import read_text, read_yaml
@@ -176,4 +202,10 @@ def looks_like_spec(path: Path) -> bool:
         if text.lstrip().startswith("{") and re.search(rf'[{{,]\s*["\']?(?:{names})["\']?\s*:', text):
             return True  # a spec in flow (JSON) style
         data = None
-    return isinstance(data, dict) and "graphs" not in data and bool(set(data) & set(Spec.model_fields))
+    if not isinstance(data, dict) or "graphs" in data or not set(data) & set(Spec.model_fields):
+        return False
+    # A vLLM config file (`vllm serve --config`) shares `model` with a spec, as a string: with
+    # vLLM's dashed option names and no spec section holding a mapping it is not a spec.
+    dashed = any(isinstance(k, str) and "-" in k for k in data)
+    sections = any(isinstance(v, (dict, list)) for k, v in data.items() if k in Spec.model_fields)
+    return sections or not dashed

@@ -64,6 +64,6 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
         if kind in ("finite_number", "float_type", "float_parsing"):
             what = "must be a finite number"
         got = f" (got {value!r})" if _scalar(value) and kind != "missing" else ""
-    more = f" [+{len(errors) - 1} more]" if len(errors) > 1 else ""
+    more = f" (and {len(errors) - 1} more problem(s) in this file)" if len(errors) > 1 else ""
     head = f"{path}: " if path else ""
     return f"{head}{what}{got}{more}"
