@@ -1,7 +1,7 @@
-"""Findings of the fourth adversarial pass, each kept fixed: estimates said to be checked when
-nothing deciding was compared (tensor-parallel size among them), tracebacks from launch-line
-JSON and integers, a report writer that waited on a FIFO, the ready tier's words and limits,
-dispatch of a deferred graph, and generated launch lines and plan-file values (Hypothesis)."""
+"""Inputs that fail closed: a calibration checked only against what decides (tensor-parallel
+size among it), launch-line JSON and integers without tracebacks, a report path naming a FIFO
+refused without waiting, the ready tier's words and limits, dispatch of a deferred graph, and
+generated launch lines and plan-file values (Hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Findings of the second adversarial pass, each kept fixed: model identity, DP rank traces
-(run-length alignment, a stopped or empty rank, DP traces in calibrate-trace), names with
-Unicode controls, apply's output templates, the report writer, diff's basis and the driver's
-raw fallback."""
+"""Model identity, DP rank traces (run-length alignment, a stopped or empty rank, DP traces
+in calibrate-trace), names with Unicode controls, apply's output templates, the report writer,
+diff's basis and the driver's raw fallback."""
 
 import json
 import os

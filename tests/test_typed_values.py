@@ -1,7 +1,7 @@
-"""Four places a type check once flagged as possible bugs, each pinned by a test that
-fails on the flagged code: a graph's name reused for an integer in the optimizer's
-knapsack and in the lora_slot deviations, a str handed to load_plan by the plugin,
-and the report's flusher thread kept in an attribute typed None."""
+"""Values of one type where another was meant, each pinned by a test that fails on such code:
+a graph's name reused for an integer in the optimizer's knapsack and in the lora_slot
+deviations, a str handed to load_plan by the plugin, and the report's flusher thread kept in
+an attribute typed None."""
 
 import threading
 import typing
