@@ -16,7 +16,16 @@ from typing import Literal
 
 from capplan.calibration.price import PriceDelta, Pricing, price_pair
 from capplan.planner.dispatch import beyond_spec
-from capplan.planner.regions import NOT_SCHEDULED, Lane, Refusal, lora_lanes, regions, target_runs, unscheduled_runs
+from capplan.planner.regions import (
+    NONE,
+    NOT_SCHEDULED,
+    Lane,
+    Refusal,
+    lora_lanes,
+    regions,
+    target_runs,
+    unscheduled_runs,
+)
 from capplan.schemas.plan import Descriptor, DummyLayout, Plan
 from capplan.traffic.cost import CostModel, Estimate
 
@@ -94,11 +103,11 @@ class DispatchChange:
 
     batch_kind: BatchKind
     token_runs: tuple[tuple[int, int], ...]
-    lora_cases: tuple[int, ...]
+    lora_cases: tuple[int | None, ...]
     every_case: bool
     old_target: str
     new_target: str
-    old_lora_cases: tuple[int, ...] = ()
+    old_lora_cases: tuple[int | None, ...] = ()
 
     @property
     def token_count(self) -> int:
@@ -112,11 +121,11 @@ class NoLongerScheduled:
 
     batch_kind: BatchKind
     token_runs: tuple[tuple[int, int], ...]
-    lora_cases: tuple[int, ...]
+    lora_cases: tuple[int | None, ...]
     every_case: bool
     old_mode: str
     reason: str
-    old_lora_cases: tuple[int, ...] = ()
+    old_lora_cases: tuple[int | None, ...] = ()
 
     @property
     def token_count(self) -> int:
@@ -364,6 +373,8 @@ def _coverage(changes: tuple[DispatchChange, ...]) -> tuple[CoverageShift, ...]:
         if not was_graph and c.old_target != "eager":
             continue
         for old_case, new_case in zip(c.old_lora_cases or c.lora_cases, c.lora_cases):
+            if old_case is None or new_case is None:
+                continue  # a mix one plan never schedules (listed as such, not a coverage shift)
             key = (c.batch_kind, old_case, new_case, was_graph)
             counts[key] = counts.get(key, 0) + c.token_count
     return tuple(CoverageShift(*key, n) for key, n in sorted(counts.items(), key=lambda kv: (not kv[0][3], kv[0])))
@@ -423,8 +434,13 @@ def _kind(kind: str) -> BatchKind:
     return "mixed" if kind == "mixed" else "uniform-decode"
 
 
-def _lanes(lanes: tuple[Lane, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(lane.new_case for lane in lanes), tuple(lane.old_case for lane in lanes)
+def _lanes(lanes: tuple[Lane, ...]) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+    """The lanes' cases in the new plan and in the old (None: that plan never schedules the mix)."""
+
+    def case(c: int) -> int | None:
+        return None if c == NONE else c
+
+    return tuple(case(lane.new_case) for lane in lanes), tuple(case(lane.old_case) for lane in lanes)
 
 
 def _dispatch_changes(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -> Iterator[DispatchChange]:

@@ -59,6 +59,10 @@ Refusal = Callable[[Batch], "str | None"]
 NOT_SCHEDULED = "not scheduled"
 
 
+NONE = -1
+"""A lane's case on a side that never schedules its adapter mix."""
+
+
 @dataclass(frozen=True, order=True)
 class Lane:
     """Batches of one adapter mix, compared across two plans: the LoRA case each plan
@@ -71,7 +75,8 @@ class Lane:
     new_case: int
 
     def label(self) -> str:
-        return f"{self.old_case}" if self.old_case == self.new_case else f"{self.old_case} -> {self.new_case}"
+        old, new = (str(c) if c != NONE else "none" for c in (self.old_case, self.new_case))
+        return old if old == new else f"{old} -> {new}"
 
     @property
     def requests(self) -> int:
@@ -95,8 +100,11 @@ def lora_lanes(old: Plan, new: Plan) -> list[Lane]:
     for adapters in range(top + 1):
         for base in (False, True) if adapters else (False,):
             mix = Batch(1, 1, 1, adapters, base)
-            old_case, new_case = (d.lora_case(d.lora_count(mix)) for d, _ in sides)
             old_ok, new_ok = (beyond_spec(mix, spec) is None for _, spec in sides)
+            # A side that never schedules the mix has no case for it (NONE): such mixes share a lane.
+            old_case, new_case = (
+                d.lora_case(d.lora_count(mix)) if ok else NONE for (d, _), ok in zip(sides, (old_ok, new_ok))
+            )
             lanes.setdefault((old_case, new_case, old_ok, new_ok), Lane(adapters, base, old_case, new_case))
     return sorted(lanes.values())
 

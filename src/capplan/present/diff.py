@@ -32,7 +32,7 @@ from capplan.analysis.diff import (
 )
 from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
-from capplan.planner.regions import Lane, where_text
+from capplan.planner.regions import NONE, Lane, where_text
 from capplan.present.jsondoc import record_value
 from capplan.schemas.plan import address
 from capplan.traffic.cost import Estimate
@@ -102,7 +102,9 @@ def _region(change: DispatchChange | NoLongerScheduled) -> str:
     sample = ", ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in runs[:6])
     more = ", ..." if len(runs) > 6 else ""
     old_cases = change.old_lora_cases or change.lora_cases
-    lanes = [Lane(0, False, o, n) for o, n in zip(old_cases, change.lora_cases)]
+    lanes = [
+        Lane(0, False, NONE if o is None else o, NONE if n is None else n) for o, n in zip(old_cases, change.lora_cases)
+    ]
     where = where_text(lanes, change.every_case)
     return f"{change.batch_kind} batches of {change.token_count} token count(s) ({sample}{more}; {where})"
 
