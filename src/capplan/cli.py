@@ -262,7 +262,7 @@ def optimize_cmd(
         )
         return
     if outcome.result is not None:
-        typer.echo(render_curve(outcome.result, full=full_curve, held_out=outcome.held_out))
+        typer.echo(render_curve(outcome.result, full_curve, outcome.held_out, outcome.kept_default))
     _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default))
 
 

@@ -243,8 +243,8 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     )
     held_out = _held_out(result, fitted[0], held, r.holdout, r.max_pad_ratio) if held is not None else None
     kept = _keep_default(result, held_out)
-    if kept is not None:  # the spec's own sizes: the user's spec as it is
-        result = replace(result, spec=loaded, plan=compile_plan(loaded), point=result.default)
+    if kept is not None:  # the spec's own sizes: the user's spec as it is (the point stays the best fitted)
+        result = replace(result, spec=loaded, plan=compile_plan(loaded))
     tiered: ReadyChoice | None = None
     if r.ready_share is not None:
         tiered = choose_ready(result.spec, [f.batches for f in files], r.ready_share)
@@ -252,14 +252,16 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     _check_verifies(result.plan, out)
     picture = None
     if r.plot is not None:  # drawn before anything is written: a picture that cannot be made writes nothing
+        from capplan.present.optimize import fitted_part
         from capplan.present.plot import plot_curve
 
         d = result.default
         caption = (
             f"capplan optimize {r.spec.name} {' '.join(t.name for t in r.traces)}: default {d.graphs} graphs, "
-            f"padding {d.padding_overhead:.2%}"
+            f"padding {d.padding_overhead:.2%} on {fitted_part(held_out)}"
         )
-        picture = plot_curve(r.plot, result.curve, result.point, r.max_graphs, caption)
+        chosen = result.default if kept is not None else result.point
+        picture = plot_curve(r.plot, result.curve, chosen, r.max_graphs, caption)
     text = optimized_spec_text(r.spec, r.traces, result, held_out, kept)
     if tiered is not None:
         text = f"# {printable(describe(tiered))}\n" + text

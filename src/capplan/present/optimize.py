@@ -17,7 +17,7 @@ def fitted_part(held_out: Any) -> str:
     return f"the fitted first {1 - held_out.share:.0%} of the trace ({held_out.fitted_steps} steps)"
 
 
-def render_curve(result: Optimized, full: bool = False, held_out: Any = None) -> str:
+def render_curve(result: Optimized, full: bool = False, held_out: Any = None, kept_default: str | None = None) -> str:
     """The trade-off curve as text: by default the points near the choice (up to twice its
     graph count, at most 40 rows), the rest summarized in one line; `full` prints them all.
     Every padding figure is on the fitted part (`held_out`: what was held out, if anything)."""
@@ -50,7 +50,11 @@ def render_curve(result: Optimized, full: bool = False, held_out: Any = None) ->
     every = 1 if full else max(1, len(shown) // 40)
     for i, p in enumerate(shown):
         if p is result.point or i % every == 0 or i == len(shown) - 1:
-            mark = "  <- chosen" if p is result.point else ""
+            mark = (
+                ("  <- best in budget, not kept (see below)" if kept_default else "  <- chosen")
+                if p is result.point
+                else ""
+            )
             lines.append(
                 f"  {p.sizes:>5}  {p.graphs:>6}  {num(p.graph_memory_gib, '.3f', 6)}  "
                 f"{num(p.capture_seconds, '.1f', 10)}  {p.padded_tokens:>13}  {p.padding_overhead:>7.2%}"
