@@ -66,7 +66,23 @@ def _string(text: str) -> str:
     """A string as a YAML scalar: bare when YAML reads it back as the same string."""
     if (_PLAIN.match(text) and text.lower() not in _YAML_WORDS) or _PLAIN_NAMES.match(text):
         return text
-    return json.dumps(text)  # a JSON string is a valid YAML double-quoted scalar
+    return _quoted(text)
+
+
+def _quoted(text: str) -> str:
+    """`text` as a YAML double-quoted scalar in ASCII, which every YAML reader reads back as
+    `text`: JSON's escapes, except where YAML has no such escape or forbids the character raw:
+    a character outside the Basic Multilingual Plane is `\\UXXXXXXXX` (JSON writes a surrogate
+    pair, which YAML readers refuse), DEL is `\\u007f`."""
+    quoted = json.dumps(text)
+    if "\\ud" not in quoted and "\x7f" not in quoted:
+        return quoted
+    escape = "\\u{:04x}".format
+    wide = "\\U{:08x}".format
+    return "".join(
+        c if " " <= c <= "~" else (escape(ord(c)) if ord(c) < 0x10000 else wide(ord(c)))
+        for c in json.dumps(text, ensure_ascii=False)
+    )
 
 
 def flow(value: object) -> str:
@@ -129,7 +145,7 @@ def _folded(text: str, indent: int, bullet: bool = False) -> Iterator[str]:
     """A long string as a double-quoted scalar over several lines: YAML folds
     each line break (and the indentation after it) into one space."""
     pad = " " * indent
-    quoted = json.dumps(text)
+    quoted = _quoted(text)
     width = MAX_LINE - indent - 2
     parts = textwrap.wrap(quoted, width, break_long_words=False, break_on_hyphens=False, drop_whitespace=True)
     if " ".join(parts) != quoted:  # runs of spaces would not survive folding: one long line
