@@ -351,3 +351,47 @@ def test_a_calibration_folder_of_two_deployments_is_refused_and_one_is_found_fro
         runner.invoke(app, ["diff", "--spec", str(deep / "a.yaml"), str(deep / "b.yaml"), "--format", "json"]).stdout
     )
     assert data["price"]["old"]["kind"] == "measured" and ".capplan/calibration" in data["price"]["old"]["basis"]
+
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    figures=st.fixed_dictionaries(
+        {"capture_seconds": st.one_of(st.floats(-1, 1e7), st.integers(-1, 10**7)),
+         "graph_memory_gib": st.one_of(st.floats(-1, 1e6), st.none(), st.integers(0, 10**6)),
+         "graphs_captured": st.sampled_from([66, 65, 0]), "deferred": st.sampled_from([None, {}])},
+    ),
+    identity=st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {},
+            optional={"gpu": _TEXT, "vllm": st.sampled_from(["0.33.0", "0.32.0+cu130", "0.29.0", ""]), "torch": _TEXT,
+                      "model": _TEXT, "lora_rank": st.integers(-2, 1 << 17), "tensor_parallel_size": st.integers(0, 4),
+                      "shape": st.fixed_dictionaries({"num_layers": st.integers(0, 4), "hidden_size": st.integers(1, 8)},
+                                                     optional={"dtype": _TEXT})},
+        ),
+    ),
+    gpu=st.one_of(st.none(), _TEXT),
+)  # fmt: skip
+def test_calibrate_start_on_any_report_of_the_plan_writes_a_calibration_or_one_line(
+    plans, tmp_path_factory, figures, identity, gpu
+):
+    """A report with the plan's fingerprint and any figures and identity: a calibration that
+    loads, or exit 1/2 with one line and nothing written."""
+    from capplan.loading import load_calibration
+
+    work = tmp_path_factory.mktemp("r")
+    report = json.loads((ROOT / TINY_REPORTS[0]).read_text()) | figures | {"identity": identity}
+    report["graphs_planned"] = 66
+    (work / "r.json").write_text(json.dumps(report))
+    out = work / "cal.yaml"
+    args = [str(work / "r.json"), "--plan", str(plans["tiny"])] + ([] if gpu is None else ["--gpu", gpu])
+    result = _calibrate(args, out)
+    assert "Traceback" not in result.output
+    if result.exit_code == 0:
+        load_calibration(out)
+    else:
+        assert result.exit_code in (1, 2) and not out.exists(), result.output
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr

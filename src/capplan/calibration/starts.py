@@ -19,7 +19,7 @@ from capplan.errors import InputError
 from capplan.files import json_value, read_text, shown
 from capplan.schemas.calibration import Calibration, Identity, ModelShape, Start
 from capplan.schemas.plan import Plan
-from capplan.schemas.spec import Model
+from capplan.schemas.spec import PRINTABLE, Model
 
 MAX_REPORT_BYTES = 64 << 20
 FOLDER = ".capplan/calibration"  # found beside the plans, or in a folder above them
@@ -30,11 +30,11 @@ class _Measured(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
     shape: ModelShape | None = None
-    model: str | None = Field(None, min_length=1, max_length=500)
-    gpu: str | None = Field(None, min_length=1, max_length=200)
-    vllm: str | None = Field(None, min_length=1, max_length=50)
-    torch: str | None = Field(None, min_length=1, max_length=50)
-    attention_backend: str | None = Field(None, min_length=1, max_length=100)
+    model: str | None = Field(None, min_length=1, max_length=500, pattern=PRINTABLE)
+    gpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
+    vllm: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
+    torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
+    attention_backend: str | None = Field(None, min_length=1, max_length=100, pattern=PRINTABLE)
     tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
     pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
     data_parallel_size: int | None = Field(None, ge=1, le=1024)
@@ -121,15 +121,22 @@ def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
         raise InputError(f"{name}: capture_seconds {r.capture_seconds}: not a capture time")
     lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
     top = max(g.descriptor.num_tokens for g in plan.graphs)
-    start = Start(
-        report=shown(path),
-        fingerprint=r.fingerprint,
-        graphs=len(plan.graphs),
-        lora_graphs=lora,
-        max_tokens=top,
-        capture_seconds=r.capture_seconds,
-        graph_memory_gib=r.graph_memory_gib,
-    )
+    try:
+        start = Start(
+            report=shown(path),
+            fingerprint=r.fingerprint,
+            graphs=len(plan.graphs),
+            lora_graphs=lora,
+            max_tokens=top,
+            capture_seconds=r.capture_seconds,
+            graph_memory_gib=r.graph_memory_gib,
+        )
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        raise InputError(
+            f"{name}: {'.'.join(str(p) for p in err['loc'])} {err.get('input')!r}: {err['msg'].lower()}",
+            "give the file capplan apply --report wrote, unedited",
+        ) from None
     return start, r.identity or _Measured()
 
 
