@@ -1,6 +1,6 @@
 """The example CI workflow and the pre-commit config, copied into another repository
 exactly as their comments say, install capplan from its git repository at the
-release tag and do their job; the install hints of such an installation work.
+release commit and do their job; the install hints of such an installation work.
 
 The repository URL (a placeholder in the examples) is replaced by a `file://`
 URL of a temporary copy of this checkout, tagged as a release is
@@ -96,11 +96,12 @@ def capplan(*args, cwd):
     return run([sys.executable, "-m", "capplan", *args], cwd)
 
 
-def pinned(text: str, url: str) -> str:
-    """The example with the placeholder URL replaced; it must be there exactly once, at the tag."""
+def pinned(text: str, url: str, commit: str) -> str:
+    """The example with the placeholder URL replaced and the release commit pinned, as its
+    comment says (docs/releasing.md): the URL once, pinned to COMMIT."""
     assert text.count(PLACEHOLDER) == 1, "the examples name the repository once"
-    assert f"{PLACEHOLDER}@{TAG}" in text or f"{PLACEHOLDER}\n" in text
-    return text.replace(PLACEHOLDER, url)
+    assert f"{PLACEHOLDER}@COMMIT" in text or "rev: COMMIT" in text
+    return text.replace(PLACEHOLDER, url).replace("@COMMIT", f"@{commit}").replace("rev: COMMIT", f"rev: {commit}")
 
 
 class Workflow:
@@ -167,7 +168,7 @@ def test_the_example_workflow_copied_into_another_repository(capplan_repo, tmp_p
     # "copy this one file to .github/workflows/capture-plans.yml"; then set the capplan URL.
     workflow = repo / ".github" / "workflows" / "capture-plans.yml"
     workflow.parent.mkdir(parents=True)
-    workflow.write_text(pinned((ROOT / "examples" / "ci" / "capture-plans.yml").read_text(), url))
+    workflow.write_text(pinned((ROOT / "examples" / "ci" / "capture-plans.yml").read_text(), url, commit))
     job = Workflow(workflow, tmp_path / "runner")
 
     # A pull request that changes the spec and its plan, and adds a second spec.
@@ -188,7 +189,7 @@ def test_the_example_workflow_copied_into_another_repository(capplan_repo, tmp_p
     python = job.venv / "bin" / "python"
     record = json.loads(run([str(python), "-c", DIRECT_URL], repo).stdout)
     assert record["url"] == url and record["vcs_info"]["commit_id"] == commit
-    assert record["vcs_info"]["requested_revision"] == TAG
+    assert record["vcs_info"]["requested_revision"] == commit
     hint = run([str(python), "-c", "from capplan.install_hints import pip_install; print(pip_install('plot'))"], repo)
     local = url.replace("file:///", "file://localhost/")  # a host, for the pip Python 3.11 ships
     assert hint.stdout.strip() == f"pip install 'capplan[plot] @ git+{local}@{commit}'"
@@ -237,13 +238,13 @@ def test_the_apply_hint_installs_the_plugin_where_vllm_runs(capplan_repo, tmp_pa
 
 def test_the_precommit_config_copied_into_another_repository(capplan_repo, tmp_path):
     pytest.importorskip("pre_commit")
-    url, _ = capplan_repo
+    url, commit = capplan_repo
     repo = consumer_repo(tmp_path / "deployments", plan_dir=None)
     # The snippet in .pre-commit-hooks.yaml's comment, as a user pastes it.
     comment = (ROOT / ".pre-commit-hooks.yaml").read_text().split("\n- id:", 1)[0]
     snippet = comment.split("#   repos:\n", 1)[1]
     config = "repos:\n" + "\n".join(line.removeprefix("#   ") for line in snippet.splitlines()) + "\n"
-    (repo / ".pre-commit-config.yaml").write_text(pinned(config, url))
+    (repo / ".pre-commit-config.yaml").write_text(pinned(config, url, commit))
     run(["git", "add", "-A"], repo)
     env = {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
     hook = [sys.executable, "-m", "pre_commit", "run", "--all-files"]

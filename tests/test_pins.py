@@ -1,0 +1,50 @@
+"""What the docs tell users to pin exists: every capplan pin in the README, the docs, the
+example workflow and the pre-commit hook is the documented placeholder for a release commit
+(`COMMIT`, whose SHA docs/releasing.md says how to find) or a revision this repository has."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLACEHOLDER = "COMMIT"
+PIN = re.compile(r"capplan\.git@([^\s\"'#]+)|^\s*#?\s*rev:\s*([^\s#]+)", re.MULTILINE)
+
+
+def _pinned_files() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / ".pre-commit-hooks.yaml", *sorted((ROOT / "docs").glob("*.md"))]
+    return files + sorted((ROOT / "examples" / "ci").glob("*.y*ml"))
+
+
+def pins() -> list[tuple[str, str]]:
+    found = []
+    for path in _pinned_files():
+        for match in PIN.finditer(path.read_text()):
+            found.append((path.relative_to(ROOT).as_posix(), match.group(1) or match.group(2)))
+    return found
+
+
+def test_the_install_docs_and_examples_pin_capplan():
+    where = {path for path, _ in pins()}
+    assert {"README.md", "docs/releasing.md", ".pre-commit-hooks.yaml", "examples/ci/capture-plans.yml"} <= where
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_every_pin_resolves():
+    for path, rev in pins():
+        if rev == PLACEHOLDER:
+            continue
+        found = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True
+        )
+        assert found.returncode == 0, f"{path} pins {rev}, which this repository does not have"
+
+
+def test_the_release_steps_say_how_to_find_the_pinned_commit():
+    text = (ROOT / "docs" / "releasing.md").read_text()
+    assert "git ls-remote" in text and "`COMMIT`" in text and "Release X.Y.Z" in text
