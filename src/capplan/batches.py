@@ -78,7 +78,7 @@ class BatchFile:
     source: str  # "jsonl" or "vllm-log"
     times: list[float] | None = None  # `t` of every line (a trace capplan recorded), else None
     stopped: bool = False  # the recorder stopped at its size limit: the trace is the run's beginning
-    cut: str | None = None  # what read_rank_traces cut, and why
+    cut: str | None = None  # what read_rank_traces cut or joined, and why
     dropped: str | None = None  # the batches the deployment never schedules, left out on request
 
     @property
@@ -204,17 +204,32 @@ def parse_batch(item: object) -> TraceBatch:
 
 
 def read_rank_traces(paths: list[Path], spec: Spec, drop_unschedulable: bool = False) -> list[BatchFile]:
-    """One trace, or one per DP rank (as many as the spec's data_parallel_size); with
-    `drop_unschedulable`, batches the deployment never schedules are left out, not refused."""
-    size = spec.parallel.synced_size
-    if len(paths) > 1 and len(paths) != size:
+    """One trace, or one per DP rank (as many as the spec's data_parallel_size; `capplan apply
+    --trace` records one per rank); with `drop_unschedulable`, batches the deployment never
+    schedules are left out, not refused. The ranks of a dense model are independent engines
+    (no DP padding): their traces come back as one, every batch dispatched on its own."""
+    size, ranks = spec.parallel.synced_size, spec.parallel.data_parallel_size
+    if len(paths) > 1 and len(paths) != ranks:
         raise UsageError(
-            f"{len(paths)} traces for a plan of data_parallel_size {size}",
-            "give one trace, or one per DP rank" if size > 1 else "give one trace",
+            f"{len(paths)} traces for a plan of data_parallel_size {ranks}",
+            "give one trace, or one per DP rank" if ranks > 1 else "give one trace",
         )
     files = [read_batches(p, spec, allow_empty=len(paths) > 1, drop_unschedulable=drop_unschedulable) for p in paths]
     if len(files) > 1 and not any(f.batches for f in files):
         raise UsageError("every rank trace is empty", "pass the traces of a run that served requests")
+    if len(files) > 1:
+        _distinct(paths)
+    if len(files) > 1 and size == 1:
+        notes = {f.note for f in files if f.note}
+        joined = f"the {len(files)} DP ranks of a dense model run as independent engines: their traces replayed as one"
+        return [
+            BatchFile(
+                [b if b.dp_step is None else TraceBatch(b.batch, b.count, None) for f in files for b in f.batches],
+                "vllm-log" if any(f.source == "vllm-log" for f in files) else "jsonl",
+                stopped=any(f.stopped for f in files),
+                cut="; ".join([joined, *sorted(n for n in notes if n != LOG_NOTE)]),
+            )
+        ]
     if len(files) > 1:
         for p, f in zip(paths, files):
             if f.source != "jsonl":
@@ -235,11 +250,15 @@ def read_rank_traces(paths: list[Path], spec: Spec, drop_unschedulable: bool = F
                     "no rank has a step before the first trace stopped at the recorder's size limit",
                     "raise CAPPLAN_TRACE_MAX_MB and record again",
                 )
-        for i, p in enumerate(paths):
-            for q in paths[:i]:
-                if os.path.samefile(p, q):
-                    raise UsageError(f"{shown(p)} is given for two ranks", "pass each rank's own trace")
     return files
+
+
+def _distinct(paths: list[Path]) -> None:
+    """Refuse one file given for two ranks."""
+    for i, p in enumerate(paths):
+        for q in paths[:i]:
+            if os.path.samefile(p, q):
+                raise UsageError(f"{shown(p)} is given for two ranks", "pass each rank's own trace")
 
 
 def _cut_to_shortest(paths: list[Path], files: list[BatchFile], stopped: list[BatchFile]) -> None:
