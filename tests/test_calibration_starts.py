@@ -395,3 +395,31 @@ def test_calibrate_start_on_any_report_of_the_plan_writes_a_calibration_or_one_l
     else:
         assert result.exit_code in (1, 2) and not out.exists(), result.output
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_git_s_diff_driver_prices_by_the_calibration_folder_of_the_work_tree(tmp_path, monkeypatch):
+    from capplan.commands.diff import git_diff
+
+    monkeypatch.chdir(tmp_path)
+    Path("deploy").mkdir()
+    Path("deploy/old.yaml").write_text(_tiny_named())
+    Path("deploy/new.yaml").write_text(_tiny_named().replace("max_loras: 3", "max_loras: 4"))
+    for name in ("old", "new"):
+        assert runner.invoke(app, ["compile", f"deploy/{name}.yaml"]).exit_code == 0
+    args = [
+        "deploy/tiny.plan.yaml",
+        "deploy/old.plan.yaml",
+        "0" * 40,
+        "100644",
+        "deploy/new.plan.yaml",
+        "1" * 40,
+        "100644",
+    ]
+    assert "(measured / scaled)" not in git_diff(args).text.splitlines()[0]
+    Path(".capplan/calibration").mkdir(parents=True)
+    Path(".capplan/calibration/tiny.yaml").write_text(
+        (DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml").read_text()
+    )
+    assert git_diff(args).text.splitlines()[0].endswith("GiB graph memory (measured / scaled)")
+    Path(".capplan/calibration/tiny.yaml").write_text("not: [a calibration")
+    assert "graphs" in git_diff(args).text.splitlines()[0]  # a broken folder prices nothing; git diff still works

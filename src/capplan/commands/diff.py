@@ -149,5 +149,13 @@ def git_diff(args: list[str]) -> GitDiff:
         old_lines = [printable(line) + "\n" for line in old_text.splitlines()]
         new_lines = [printable(line) + "\n" for line in new_text.splitlines()]
         return GitDiff(head + "".join(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}")))
-    result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}")
+    from capplan.calibration.price import Pricing
+    from capplan.calibration.starts import load_pricing
+
+    try:  # git runs the driver from the top of the work tree: the calibration folder is found from the plan's path
+        pricing = load_pricing(None, Path(args[7] if len(args) > 7 else args[0]))
+    except CapplanError:
+        pricing = None  # a calibration folder that does not load prices nothing here; `capplan diff` says why
+    priced = pricing if isinstance(pricing, Pricing) else None
+    result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}", priced)
     return GitDiff(render_text(result))
