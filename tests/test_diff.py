@@ -532,9 +532,9 @@ def test_every_batch_a_change_sends_to_eager_is_listed(seqs, loras, active):
     new = compile_plan(_seqs_loras(seqs[1], loras[1], specialize_active=active[1]))
     d = diff_plans(old, new, load_cost_model(None))
     listed = {
-        (case, n)
+        (c.batch_kind, case, n)
         for c in d.dispatch_changes
-        if c.batch_kind == "mixed" and c.new_target == "eager" and c.old_target not in ("eager", "not scheduled")
+        if c.new_target == "eager" and c.old_target not in ("eager", "not scheduled")
         for case in c.lora_cases
         for lo, hi in c.token_runs
         for n in range(lo, hi + 1)
@@ -546,11 +546,13 @@ def test_every_batch_a_change_sends_to_eager_is_listed(seqs, loras, active):
         for base in (False, True) if adapters else (False,):
             need = max(1, adapters + base)
             for n in range(need, top + 1):
-                batch = Batch(need, n, n - need + 1, adapters, base, has_prefill=True)
-                if beyond_spec(batch, old.spec) or beyond_spec(batch, new.spec):
-                    continue
-                if do.dispatch(batch).graph_id >= 0 and dn.dispatch(batch).graph_id < 0:
-                    if (dn.lora_case(dn.lora_count(batch)), n) not in listed:
-                        missed.append((adapters, base, n))
+                mixed = Batch(need, n, n - need + 1, adapters, base, has_prefill=True)
+                decode = Batch(n, n, 1, adapters, base)  # n requests of one token each
+                for kind, batch in (("mixed", mixed), ("uniform-decode", decode)):
+                    if beyond_spec(batch, old.spec) or beyond_spec(batch, new.spec):
+                        continue
+                    if do.dispatch(batch).graph_id >= 0 and dn.dispatch(batch).graph_id < 0:
+                        if (kind, dn.lora_case(dn.lora_count(batch)), n) not in listed:
+                            missed.append((kind, adapters, base, n))
     assert not missed, missed[:5]
     assert d.regression == bool(listed)
