@@ -1,13 +1,16 @@
 """The vLLM command line a plan was compiled for, read: which of the plan's settings it gives,
 how, and where `complete` can add to its compilation config.
 
-Reads the flags of `vllm serve MODEL ...` and `python -m vllm.entrypoints.openai.api_server
-...` the way vLLM's argument parser does (`--flag value`, `--flag=value`, `--no-flag`,
-JSON for `--compilation-config`/`-cc` and `--speculative-config`/`-sc`, dotted keys such
-as `-cc.cudagraph_mode=FULL`, the human-readable integers 1k/1K of the token limits), or
-takes vLLM's own parser's reading (capplan.launcher.vllm_cli) where vLLM is importable.
-Which flag and key sets which setting is capplan.settings' table. Nothing here imports
-vLLM: what only vLLM resolves (a model's own defaults) is left to the in-engine check.
+Where vLLM is importable, vLLM's own parser reads the line (capplan.launcher.vllm_cli) and
+`read_resolved` takes its reading. Elsewhere (a dry run on a laptop) capplan's own reader reads
+`vllm serve MODEL ...` and `python -m vllm.entrypoints.openai.api_server ...` in the exact
+forms vLLM's parser reads (`--flag value`, `--flag=value`, `_` for `-` in a flag's name, the
+switches' off forms, JSON and dotted keys for `-cc`/`-sc` of which vLLM keeps the last, a
+`--config FILE` whose values come before the line's, the human-readable integers 1k/1K), and
+refuses what it does not read (optimization levels, abbreviated flags), so that nothing is
+ever added after a part it did not read. Which flag and key sets which setting is
+capplan.settings' table. Nothing here imports vLLM: what only vLLM resolves (a model's own
+defaults) is left to the in-engine check.
 """
 
 from __future__ import annotations

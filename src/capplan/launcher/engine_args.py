@@ -3,10 +3,9 @@ determines and the command leaves out, and print it for other launchers (`cappla
 
 The command is read by capplan.launcher.cmdline (by vLLM's own parser where vLLM is
 importable); which settings the plan pins, how each is compared and how it is spelled are
-capplan.settings' table. Nothing here imports vLLM: `capplan apply` checks a launch in well
-under a second with capplan's own reader, before anything starts. What only vLLM resolves (a
-model's own defaults) is left to the in-engine check, which still refuses a mismatch before
-capture.
+capplan.settings' table. Nothing here imports vLLM (its parser runs in the command's own
+Python), and everything is checked before anything starts. What only vLLM resolves (a model's
+own defaults) is left to the in-engine check, which still refuses a mismatch before capture.
 """
 
 from __future__ import annotations
@@ -157,8 +156,7 @@ def prepare(
     if own is not None:
         reader = [
             f"capplan: vLLM's argument parser could not be run with {printable(python)} (vLLM is not importable "
-            "there): the flags were read by capplan's own reader"
-            + (", which does not read --config files" if any(u.startswith("--config") for u in cmd.unread) else "")
+            "there): the flags were read by capplan's own reader, which refuses what it does not read"
         ]
     problems = contradictions(plan, cmd)
     if problems:

@@ -8,7 +8,8 @@ values come before the command line's. So where vLLM is importable, capplan asks
 it resolves, which of them the operator gave (on the command line or in the file), and, for the
 JSON configs, which keys. `cmdline` reads those as the plan's settings; `engine_args` compares
 them with the plan and adds a setting only where the operator gave nothing. capplan's own
-reader stays for where vLLM is absent (`apply --dry-run` on a laptop), and says so.
+reader stays for where vLLM is absent (`apply --dry-run` on a laptop), says so, and refuses
+what it does not read.
 """
 
 from __future__ import annotations
