@@ -48,7 +48,7 @@ def test_fixes_are_canonicalised():
             {"cudagraph": {"capture_sizes": [1, 8], "max_capture_size": 16}},
             "max_capture_size (16) must equal the largest capture size (8)",
         ),
-        ({"target": {"vllm": "0.30"}}, 'target.vllm: name the release: "0.30.0"'),
+        ({"target": {"vllm": "0.27"}}, 'target.vllm: name the release: "0.27.0" or "0.27.1"'),
         (
             {"scheduler": {"max_num_seqs": 512, "max_num_batched_tokens": 256}},
             "max_num_batched_tokens (256) must be >= max_num_seqs (512)",
@@ -70,3 +70,36 @@ def test_bad_spec_gives_one_line_with_field_path(data, message):
 def test_spec_is_frozen():
     with pytest.raises(ValidationError):
         Spec().scheduler.max_num_seqs = 3
+
+
+def test_a_minor_version_names_its_one_supported_release():
+    """`target.vllm: "0.32"` is 0.32.0, the one 0.32 release capplan supports (as the default
+    "0.33" is an alias); a minor version with several supported releases is refused, naming them."""
+    from capplan.releases import ALIASES, RELEASES
+    from tests.conftest import make_spec
+
+    for release in RELEASES:
+        minor = release.rsplit(".", 1)[0]
+        same = [r for r in RELEASES if r.rsplit(".", 1)[0] == minor]
+        if minor in ALIASES:
+            assert make_spec(target={"vllm": minor}).target.vllm == minor
+        elif len(same) == 1:
+            assert make_spec(target={"vllm": minor}).target.vllm == release
+    assert make_spec(target={"vllm": "0.32"}).target.vllm == "0.32.0"
+
+
+def test_schema_defaults_is_a_spec_of_every_default_with_each_field_described():
+    import yaml
+    from typer.testing import CliRunner
+
+    from capplan.cli import app
+
+    out = CliRunner().invoke(app, ["schema", "--defaults"])
+    assert out.exit_code == 0, out.output
+    data = yaml.safe_load(out.stdout)
+    assert spec_from_data(data, "defaults") == Spec()
+    for name, field in Spec.model_fields.items():
+        assert name in data
+        sub = getattr(field.annotation, "model_fields", {})
+        assert set(sub) <= set(data[name] or {})
+    assert out.stdout.count("\n# ") + out.stdout.count("\n  # ") >= len(Spec.model_fields)

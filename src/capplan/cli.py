@@ -410,9 +410,14 @@ def calibrate_start_cmd(
 
 @app.command("schema", help=h.SCHEMA_HELP)
 @_errors_to_exit
-def schema_cmd() -> None:
+def schema_cmd(defaults: h.SchemaDefaults = False) -> None:
     from capplan.schemas.spec import Spec
 
+    if defaults:
+        from capplan.present.schema import render_defaults
+
+        sys.stdout.write(render_defaults())
+        return
     typer.echo(dumps(Spec.model_json_schema(), indent=2))
 
 

@@ -506,7 +506,14 @@ CalibrateTraceName = Annotated[
 ]
 
 SCHEMA_HELP = """Print the spec's JSON Schema (for editor completion and validation).
+
+--defaults prints every field at its default as a spec file instead, each with
+its description.
 """
+SchemaDefaults = Annotated[
+    bool,
+    typer.Option("--defaults", help="Print every spec field at its default, as YAML with each field described."),
+]
 
 
 CALIBRATE_START_HELP = """Make a calibration of this deployment from the reports its starts left. No GPU needed.

@@ -90,6 +90,7 @@ class Target(_Strict):
         description=(
             f"The vLLM release the plan reproduces: {', '.join(RELEASES)}; or an alias kept for older specs, "
             + "; ".join(f"'{a}' (vLLM {', '.join(r)})" for a, r in ALIASES.items())
+            + "; a minor version names its one supported release ('0.32': 0.32.0)"
             + ". Releases differ in default capture sizes, token ranges, uniform-decode and dummy layouts "
             "(docs/vllm-releases.md)."
         ),
@@ -126,8 +127,12 @@ class Target(_Strict):
     def _supported(cls, value: str) -> str:
         if value in TARGETS:
             return value
-        if f"{value}.0" in RELEASES:
-            raise ValueError(f'name the release: "{value}.0"')
+        # "0.32": the minor version names its one supported release; where it has several, say which
+        same_minor = [r for r in RELEASES if r.rsplit(".", 1)[0] == value]
+        if len(same_minor) == 1:
+            return same_minor[0]
+        if same_minor:
+            raise ValueError("name the release: " + " or ".join(f'"{r}"' for r in same_minor))
         raise ValueError(
             f"not a supported vLLM release: use one of {', '.join(RELEASES)} (or the older aliases "
             f"{' and '.join(ALIASES)})"
