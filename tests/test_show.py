@@ -60,3 +60,19 @@ def test_plot_prints_the_short_form_and_json_is_unchanged(tmp_path):
     assert plotted.exit_code == 0 and plotted.stdout == short
     data = json.loads(runner.invoke(app, ["show", str(QWEN), "--json"]).stdout)
     assert len(data["descriptors"]) == 496 and "estimate" in data
+
+
+def test_no_dp_paragraph_at_dp_1_and_one_under_dp():
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from capplan.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    runner = CliRunner()
+    for full in ([], ["--full"]):
+        single = runner.invoke(app, ["show", str(root / "examples" / "qwen3-8b-multilora.plan.yaml"), *full])
+        assert single.exit_code == 0 and "DP: " not in single.stdout  # no other rank to sync with
+        dp2 = runner.invoke(app, ["show", str(root / "examples" / "mixtral-dp2-lora.plan.yaml"), *full])
+        assert dp2.stdout.count("DP: size 2; ranks all-reduce num_tokens") == 1

@@ -117,18 +117,26 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
             lines += [f"    - {change}" for change in dev.changes]
         lines.append("")
     lines += _tier_lines(plan)
+    dp_line = _dp_line(plan)
+    if dp_line:
+        lines.append(dp_line)
+    return "\n".join(lines) + "\n"
+
+
+def _dp_line(plan: Plan) -> str | None:
+    """How DP ranks run the plan; None at data_parallel_size 1 (there is no other rank)."""
     dp = plan.dp
+    if plan.spec.parallel.data_parallel_size == 1:
+        return None
     if plan.spec.parallel.synced_size < plan.spec.parallel.data_parallel_size:
-        lines.append(
+        return (
             f"DP: {plan.spec.parallel.data_parallel_size} independent engines of a dense model (vLLM sets "
             "data_parallel_size 1 in each); no rank pads to another, each runs this DP 1 plan."
         )
-    else:
-        lines.append(
-            f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
-            f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
-        )
-    return "\n".join(lines) + "\n"
+    return (
+        f"DP: size {dp.data_parallel_size}; {dp.sync}; padded token counts "
+        f"{'do not depend' if dp.padded_tokens_lora_invariant else 'DEPEND'} on the LoRA count."
+    )
 
 
 def _tier_lines(plan: Plan) -> list[str]:
@@ -258,7 +266,9 @@ def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
                 lines.append(f"  {dev.fix}: {len(changes)} change(s) to {' and '.join(kinds)}")
         lines.append("")
     lines += _tier_lines(plan)
-    lines.append(full[-2] if full[-1] == "" else full[-1])  # the DP line
+    dp_line = _dp_line(plan)
+    if dp_line:
+        lines.append(dp_line)
     lines.append("(capplan show --full: every table, token range and deviation)")
     return "\n".join(lines) + "\n"
 
