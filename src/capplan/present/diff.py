@@ -303,8 +303,8 @@ def price_lines(d: PlanDiff) -> list[str]:
     lines = [f"old: {p.old.text()} ({p.old.kind})", f"new: {p.new.text()} ({p.new.kind})"]
     bases = dict.fromkeys((p.old.basis, p.new.basis))
     lines += [f"basis: {b}" for b in bases]
-    lines += list(dict.fromkeys((*p.old.notes, *p.new.notes)))
-    return lines
+    notes = list(dict.fromkeys((*p.old.notes, *p.new.notes)))
+    return lines + sorted(notes, key=lambda n: n.startswith("the interval"))  # what it does not bound, last
 
 
 def _sample(items: list[str], shown: int = 8) -> list[str]:
