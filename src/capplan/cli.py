@@ -300,9 +300,11 @@ def git_setup_cmd(command: h.GitSetupCommand = None) -> None:
     done = git_setup(command)
     if done.added:
         typer.echo(f"added `{GIT_ATTRIBUTE}` to {relative(done.attributes, Path.cwd())} (commit it)", err=True)
+    import shlex
+
     typer.echo(
-        f"git config diff.capplan.command {printable(done.value)!r}: git diff now shows plans semantically "
-        "(git log -p --ext-diff for history)",
+        "git diff now shows plans semantically (git log -p --ext-diff for history); the setting, as a command: "
+        f"git config diff.capplan.command {shlex.quote(printable(done.value))}",
         err=True,
     )
 
