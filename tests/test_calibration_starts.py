@@ -314,6 +314,8 @@ def test_the_runtime_records_the_deployment_and_calibrate_start_takes_it_as_meas
     assert ident["shape"] == {"num_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "vocab_size": 2048, "dtype": "bfloat16"}  # fmt: skip
     assert ident["model"] == "/models/tiny" and ident["lora_rank"] == 8 and ident["attention_backend"] == "TRITON_ATTN"
+    partial = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(num_hidden_layers=2), dtype="x"))
+    assert "shape" not in deployment_identity(partial)  # no hidden size: no shape, the report stays readable
     ident |= {"gpu": "NVIDIA H200", "vllm": "0.33.0"}
     report = json.loads((ROOT / TINY_REPORTS[0]).read_text()) | {"identity": ident}
     path = tmp_path / "start.report.json"

@@ -284,10 +284,12 @@ def deployment_identity(vllm_config: Any) -> dict[str, Any]:
         shape = {k: v for k, v in shape_values(lambda key: getattr(hf, key, None)).items() if k != "dtype"}
         if type(shape.get("num_experts")) is not int:
             shape.pop("num_experts", None)
-        out["shape"] = {k: v for k, v in shape.items() if type(v) is int}
+        shape = {k: v for k, v in shape.items() if type(v) is int and v > 0}
+        if "num_layers" in shape and "hidden_size" in shape:  # a shape without them prices nothing
+            out["shape"] = shape
     dtype = getattr(model, "dtype", None)
-    if dtype is not None:
-        out.setdefault("shape", {})["dtype"] = str(dtype).removeprefix("torch.")
+    if dtype is not None and "shape" in out:
+        out["shape"]["dtype"] = str(dtype).removeprefix("torch.")
     name = getattr(model, "model", None)
     if isinstance(name, str):
         out["model"] = name
