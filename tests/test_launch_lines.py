@@ -93,8 +93,10 @@ def test_abbreviated_flags_are_refused(args):
 def test_underscores_and_off_forms_are_read_as_vllm_reads_them():
     with pytest.raises(CapplanError, match="--max_num_seqs 8: the plan has scheduler.max_num_seqs 256"):
         own([*SERVE, "--max_num_seqs", "8"])
-    with pytest.raises(CapplanError, match="--disable-lora: the plan has lora.enabled true"):
-        own([*SERVE, "--disable-lora"])
+    with pytest.raises(CapplanError, match="--no-enable-lora: the plan has lora.enabled true"):
+        own([*SERVE, "--no-enable-lora"])
+    with pytest.raises(CapplanError, match=r"not every supported vLLM release takes it \(--no-enable-lora all do\)"):
+        own([*SERVE, "--disable-lora"])  # 0.25.0 refuses it, 0.33.0 reads it
     full, _ = own([*SERVE, "--max_num_seqs=256", "--compilation_config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'])
     assert "--max-num-seqs" not in full and not any(a == "--compilation-config" for a in full)
     assert json.loads(full[full.index("--compilation_config") + 1])["cudagraph_capture_sizes"] == PLAN.capture_sizes

@@ -126,13 +126,12 @@ CHECK_WITH_VLLM = (
     "spell it out as `capplan flags PLAN` does, or run the dry run where vLLM is installed: its own parser reads it"
 )
 SPEC_FLAGS = ("--spec-tokens", "--spec-method", "--spec-model")  # vLLM's speculative shorthands
-OFF = {  # a switch's off forms: --no-FLAG, and vLLM 0.33's --disable-X for --enable-X
-    **{"--no-" + f[2:]: f for f in SWITCHES},
-    **{"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")},
-}
-ON = {"--no-disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")}  # vLLM 0.33's hidden double negative
+OFF = {"--no-" + f[2:]: f for f in SWITCHES}  # a switch's off form, in every release
+# vLLM's later releases also take --disable-X for --enable-X; the earlier ones refuse it
+DISABLE = {"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")}
+OFF_OF = {d: "--no-" + f[2:] for d, f in DISABLE.items()}
 LEVEL = "--optimization-level"
-KNOWN = {*SCALARS, *SWITCHES, *OFF, *ON, *LISTS, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
+KNOWN = {*SCALARS, *SWITCHES, *OFF, *DISABLE, *LISTS, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
 
 
 @dataclass(frozen=True)
@@ -205,7 +204,7 @@ def config_args(path: str) -> list[str]:
             raise CapplanError(f"--config {name}: the key {printable(repr(key))[:40]} is not a flag name")
         flag = _normalized("--" + key)
         if isinstance(value, bool):
-            if not value and (flag in SWITCHES or flag in OFF or flag in ON):
+            if not value and (flag in SWITCHES or flag in OFF or flag in DISABLE):
                 raise _refuse(f"--config {name}: {key}: false", "does not read a false switch in a config file")
             out += [flag] if value else []
         elif isinstance(value, list):
@@ -332,10 +331,12 @@ def read_command(argv: list[str]) -> Command | None:
                 shown = f"{said} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
                 cmd.flags[setting.name] = shown + origin
             i += step
-        elif name in SWITCHES or name in OFF or name in ON:
+        elif name in DISABLE:
+            raise _refuse(token, f"does not read it: not every supported vLLM release takes it ({OFF_OF[name]} all do)")
+        elif name in SWITCHES or name in OFF:
             if eq:
                 raise CapplanError(f"{printable(token)[:60]}: {name} takes no value: vLLM refuses the command")
-            setting = SWITCHES[OFF.get(name) or ON.get(name) or name]
+            setting = SWITCHES[OFF.get(name) or name]
             cmd.values[setting.name] = name not in OFF
             cmd.flags[setting.name] = name + origin
             i += 1
@@ -367,6 +368,8 @@ def read_command(argv: list[str]) -> Command | None:
             head, _, key = name.partition(".")
             if key.count(".") >= MAX_DEPTH:
                 raise CapplanError(f"{printable(name)[:60]}...: dotted key deeper than {MAX_DEPTH} levels")
+            if "" in key.removesuffix("+").split("."):
+                raise CapplanError(f"{printable(name)[:60]}: an empty key: vLLM refuses the command")
             plus = key.endswith("+")
             got: Any = _dotted_value(value(), plus)
             for part in reversed(key.removesuffix("+").split(".")):
