@@ -123,6 +123,22 @@ def test_the_model_given_twice_is_refused_as_vllm_refuses_it():
     assert full[:6] == ["vllm", "serve", "--model", "other", "-tp", "2"]
 
 
+def test_a_limit_left_to_the_model_is_never_replaced_by_the_plans():
+    # vLLM takes the last --max-model-len; `auto` leaves it to the model, which the engine check compares
+    for args in (["--max-model-len", "auto"], ["--max-model-len", "32K", "--max-model-len", "auto"]):
+        full, said = own([*SERVE, *args])
+        assert full.count("--max-model-len") == args.count("--max-model-len"), full
+        assert "not read here, checked by the engine: '--max-model-len auto'" in said[-1]
+    full, said = own([*SERVE, "--max-model-len", "auto", "--max-model-len", "32K"])
+    assert full.count("--max-model-len") == 2 and not any("auto" in line for line in said)
+
+
+@pytest.mark.parametrize("args", [["-tp4"], ["-cc{}"], ["--no-disable-lora"]])
+def test_what_no_vllm_release_reads_is_refused(args):
+    with pytest.raises(CapplanError, match="no flag of vLLM's"):
+        own([*SERVE, *args])
+
+
 def test_a_bare_double_dash_is_refused():
     with pytest.raises(CapplanError, match="bare `--`"):
         own([*SERVE, "--", "--max-num-seqs", "8"])

@@ -86,6 +86,7 @@ class Command:
     dotted: dict[str, str] = field(default_factory=dict)  # JSON args given as dotted keys -> the flag vLLM keeps
     in_file: set[str] = field(default_factory=set)  # JSON args whose object comes from the --config file
     unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
+    from_model: set[str] = field(default_factory=set)  # settings the command leaves to the model (auto): never added
     resolved: Resolved | None = None  # vLLM's own reading of the command, when vLLM was importable
 
 
@@ -129,6 +130,7 @@ SPEC_FLAGS = ("--spec-tokens", "--spec-method", "--spec-model")  # vLLM's specul
 OFF = {"--no-" + f[2:]: f for f in SWITCHES}  # a switch's off form, in every release
 # vLLM's later releases also take --disable-X for --enable-X; the earlier ones refuse it
 DISABLE = {"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")}
+NO_DISABLE = {"--no-" + d[2:] for d in DISABLE}  # no release takes these
 OFF_OF = {d: "--no-" + f[2:] for d, f in DISABLE.items()}
 LEVEL = "--optimization-level"
 KNOWN = {*SCALARS, *SWITCHES, *OFF, *DISABLE, *LISTS, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
@@ -325,12 +327,18 @@ def read_command(argv: list[str]) -> Command | None:
             raw = value()
             if setting.from_model and raw in ("auto", "-1"):
                 cmd.unread.append(f"{name} {raw}")
+                cmd.values.pop(setting.name, None)  # the last one given counts, as in vLLM
+                cmd.from_model.add(setting.name)
             else:
+                cmd.from_model.discard(setting.name)
+                cmd.unread = [u for u in cmd.unread if not u.startswith(f"{name} ")]
                 number = _integer(name, raw, setting.human)
                 cmd.values[setting.name] = number
                 shown = f"{said} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
                 cmd.flags[setting.name] = shown + origin
             i += step
+        elif name in NO_DISABLE or re.match(r"-(?:tp|dp|pp|pcp|cc|sc)[^a-z=.]", name):
+            raise CapplanError(f"{printable(token)[:60]}: no flag of vLLM's: vLLM's parser refuses the command")
         elif name in DISABLE:
             raise _refuse(token, f"does not read it: not every supported vLLM release takes it ({OFF_OF[name]} all do)")
         elif name in SWITCHES or name in OFF:
@@ -453,6 +461,7 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
         value = resolved.values.get(dest)
         if setting.from_model and (not isinstance(value, int) or value < 0):
             cmd.unread.append(f"{setting.flag} {value}")  # vLLM takes it from the model
+            cmd.from_model.add(setting.name)
             continue
         if setting.canon is not None and isinstance(value, list):
             value = setting.canon(value)

@@ -64,7 +64,7 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
     want = line_values(plan)
     argv = list(cmd.argv)
     added: list[str] = []
-    needed = [s for s in SETTINGS if s.name in want and s.name not in cmd.values]
+    needed = [s for s in SETTINGS if s.name in want and s.name not in cmd.values and s.name not in cmd.from_model]
     for s in needed:
         if s.flag is not None and s.kind == "int":
             added += [s.flag, str(want[s.name])]
