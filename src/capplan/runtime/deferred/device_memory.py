@@ -1,17 +1,15 @@
 """What a capture takes of the GPU's memory, read so that other processes on the GPU do not
 enter it.
 
-The device's free memory (cudaMemGetInfo) moves with every process on the GPU: with other
-engines beside it, one capture of a 2-layer model read from -3,038 to +2,052 MiB on the H200,
-and a hold sized from such readings is no bound. NVML accounts each process's device memory on
-its own (`usedGpuMemory` of `nvmlDeviceGetComputeRunningProcesses`): on the H200 it moved by
-exactly what this process allocated (100 MiB, 1 GiB, a CUDA graph's 122 MiB, all equal to the
-device's reading alone), and not at all while another process took 3 GiB. Listing the processes
-took 0.02-0.04 ms. So a capture reads this process's own memory where NVML gives it before and after
-the capture, and the device's where it does not (no NVML, a device NVML does not find, a
-container whose PIDs NVML does not share, no value, a listing that fails, a figure below what
-PyTorch alone holds: another process's under the same PID). The report counts the captures read
-each way.
+The device's free memory (cudaMemGetInfo) moves with every process on the GPU, so a hold sized
+from it is no bound where other engines share the GPU. NVML accounts each process's device
+memory on its own (`usedGpuMemory` of `nvmlDeviceGetComputeRunningProcesses`), moving by what
+this process allocates alone (docs/benchmarks.md, "Deferred capture: the rules and what led to
+them", has the runs). So a capture reads this process's own memory where NVML gives it before
+and after the capture, and the device's where it does not (no NVML, a device NVML does not
+find, a container whose PIDs NVML does not share, no value, a listing that fails, a figure
+below what PyTorch alone holds: another process's under the same PID). The report counts the
+captures read each way.
 """
 
 from __future__ import annotations
@@ -95,8 +93,7 @@ def in_use(memory: ProcessMemory | None) -> tuple[int | None, int]:
     holds beside the caching allocator (each graph's executable among it), so a capture's
     memory is this measure's growth. The default pool is left out: its cached blocks come and
     go with the steps between captures and with the `torch.cuda.empty_cache()` that
-    `torch.cuda.graph` runs as a capture starts (on the H200 one capture read 550 MiB given
-    back), and none of them is a graph's."""
+    `torch.cuda.graph` runs as a capture starts, and none of them is a graph's."""
     import torch
 
     device = torch.cuda.current_device()

@@ -17,7 +17,7 @@
 - `graph_capture`: every capture on one CUDA stream. vLLM's makes a new stream per call,
   which costs nothing when it captures everything in one call at start; but the caching
   allocator keeps blocks per stream, so each later call would start a fresh segment of the
-  graph pool instead of reusing it (measured: 34 MiB per deferred graph on a 2-layer model).
+  graph pool instead of reusing it.
   vLLM's own function still runs around every capture (what each release does there across
   ranks: the TP, PP and, from 0.30.0, DP groups' capture contexts); capplan only makes its
   context's stream, made current inside it, the same one each time.
