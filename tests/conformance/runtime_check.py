@@ -249,6 +249,7 @@ def main(out: Path, variant: str = "") -> None:
                     checked += 1
                     mismatches += list(ours[:6]) != row(theirs)
     report["dispatch_checked"] = checked
+    report["identity"] = counters.identity  # read from vLLM's config when the manager was built
     report["dispatch_mismatches"] = mismatches
     # A batch the plan does not cover runs eager, and is counted.
     report["eager_expected"] = expected_eager

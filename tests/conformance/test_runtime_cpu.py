@@ -28,6 +28,9 @@ def test_plan_installed_into_real_manager(version, variant, tmp_path):
     if variant == "case-sizes":  # fewer graphs than vLLM's every-size-every-case, installed as planned
         assert report["planned_graphs"] < report["vanilla_graphs"] - 10
     assert report["dispatch_checked"] > 5000 and report["dispatch_mismatches"] == 0
+    # The start report's identity, read off vLLM's real config classes (no model on CPU: its
+    # parallel sizes at least; a field this vLLM lacks is left out, never an error).
+    assert report["identity"]["tensor_parallel_size"] == 1 and report["identity"]["data_parallel_size"] == 1
     assert report["eager_expected"] > 0 and report["eager_counted"] == report["eager_expected"]
     assert report["graph_hits_counted"] == report["dispatch_checked"] - report["eager_expected"]
     assert report["step_counted"] == 1 and report["dispatch_after_steps_counted"] == 0
