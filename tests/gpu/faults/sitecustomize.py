@@ -16,17 +16,21 @@ import sys
 
 if os.environ.get("CAPPLAN_FAULT") == "fallback-one-slot-short":
     try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when run by path
         from one_slot_short import one_slot_short
 
-        from capplan.runtime.deferred import capture as _capture
+        from capplan.runtime.deferred import graphs as _graphs
     except Exception as exc:  # noqa: BLE001 - said in the log, the control then shows no fault
         print(f"capplan-fault: not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
     else:
-        _original = _capture.DeferredCapture.resolve
+        _original = _graphs.GraphSets.resolve
 
         def _resolve(self, graph_id: int) -> int:  # type: ignore[no-untyped-def]
             got = _original(self, graph_id)
-            return one_slot_short(self.engine.plan.graphs, self.captured, graph_id, got)
+            new = one_slot_short(self.graphs, self.captured, graph_id, got)
+            if new != got:
+                self.fault_swaps = getattr(self, "fault_swaps", 0) + 1
+            return new
 
-        _capture.DeferredCapture.resolve = _resolve  # type: ignore[method-assign]
+        _graphs.GraphSets.resolve = _resolve  # type: ignore[method-assign]
         print("capplan-fault: installed", file=sys.stderr)
