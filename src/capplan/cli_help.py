@@ -523,12 +523,17 @@ checked against PLAN, the plan the start ran: a report of another plan (another
 fingerprint: another setting or release), of deferred capture, of a capture
 that did not finish, or whose memory reading another process disturbed is
 refused with the reason, and nothing is written. Several starts make one
-calibration, every figure with the spread of its starts. Reports record no
-model shape or GPU: give them (--model-config, --gpu, --vllm, ...); the
-calibration records them as given. Put it in a `.capplan/calibration/` folder
+calibration, every figure with the spread of its starts. Reports record the
+deployment (model shape, dtype, GPU, releases, attention backend, parallel
+sizes, LoRA rank) as vLLM's config gave it; for reports of earlier runtimes,
+which do not, give it (--model-config, --gpu, --vllm, ...) and the
+calibration records it as given. A given value that contradicts a recorded
+one is refused. Put the calibration in a `.capplan/calibration/` folder
 beside (or above) the plans, and show and diff find it.
 """
-CalibrateStartReports = Annotated[list[Path], typer.Argument(help="Start reports (capplan apply --report).")]
+CalibrateStartReports = Annotated[
+    list[Path], typer.Argument(help="Start reports (capplan apply --report).", metavar="REPORT...")
+]
 CalibrateStartPlan = Annotated[Path, typer.Option("--plan", help="The plan the starts ran.")]
 CalibrateStartModelConfig = Annotated[
     Path | None, typer.Option("--model-config", help="The model's config.json (its shape), recorded as given.")
