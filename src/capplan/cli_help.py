@@ -531,9 +531,7 @@ calibration records it as given. A given value that contradicts a recorded
 one is refused. Put the calibration in a `.capplan/calibration/` folder
 beside (or above) the plans, and show and diff find it.
 """
-CalibrateStartReports = Annotated[
-    list[Path], typer.Argument(help="Start reports (capplan apply --report).", metavar="REPORT...")
-]
+CalibrateStartReports = Annotated[list[Path], typer.Argument(help="Start reports (capplan apply --report).")]
 CalibrateStartPlan = Annotated[Path, typer.Option("--plan", help="The plan the starts ran.")]
 CalibrateStartModelConfig = Annotated[
     Path | None, typer.Option("--model-config", help="The model's config.json (its shape), recorded as given.")
