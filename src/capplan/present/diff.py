@@ -457,7 +457,7 @@ def render_markdown(d: PlanDiff) -> str:
             f"| graph memory ({p.kind}) | {p.old.gib.text('.3f', 'GiB')} | {p.new.gib.text('.3f', 'GiB')} | "
             f"{_delta(p.gib, '.3f')} GiB |",
             "",
-            *[f"<sub>{line}</sub>" for line in price_lines(d)[2:]],
+            "<sub>" + "<br>".join(price_lines(d)[2:]) + "</sub>",
             "",
         ]
     elif o is not None and n is not None:
