@@ -139,6 +139,16 @@ def test_what_no_vllm_release_reads_is_refused(args):
         own([*SERVE, *args])
 
 
+def test_arguments_no_flag_takes_are_refused_as_vllm_refuses_them():
+    for argv in ([*SERVE, "--enable-lora", "yes"], ["vllm", "serve", "--enable-lora", "M", "N"]):
+        with pytest.raises(CapplanError, match="an argument no flag takes"):
+            own(argv)
+    with pytest.raises(CapplanError, match="with no model"):
+        own(["vllm", "serve", "--served-model-name", "a"])
+    own(["vllm", "serve", "--enable-lora", "M"])  # the model, after a flag
+    own([*SERVE, "--lora-modules", "a=/x", "b=/y"])  # a flag this reader does not know may take several
+
+
 def test_a_bare_double_dash_is_refused():
     with pytest.raises(CapplanError, match="bare `--`"):
         own([*SERVE, "--", "--max-num-seqs", "8"])

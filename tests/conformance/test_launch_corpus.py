@@ -104,6 +104,14 @@ CORPUS: list[tuple[list[str], str | None]] = [
     (["--", "--max-num-seqs", "8"], None),
     (["--spec-tokens", "2", "--spec-method", "ngram"], None),
     (["--port", "8000", "--seed", "1", "--trust-remote-code"], None),
+    # a limit left to the model
+    (["--max-model-len", "auto"], None),
+    (["--max-model-len", "32K", "--max-model-len", "auto"], None),
+    (["--config", "{cfg}"], "max-model-len: auto\n"),
+    (["-tp4"], None),
+    (["--enable-lora", "yes"], None),
+    (["--lora-modules", "a=/x", "b=/y", "--max-num-seqs", "256"], None),
+    (["--no-disable-lora"], None),
 ]
 FORMS = [["vllm", "serve", "M"], ["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"]]
 

@@ -299,8 +299,21 @@ def read_command(argv: list[str]) -> Command | None:
     json_objects: dict[int, tuple[dict[str, Any], str]] = {}  # index in args -> a JSON object, its flag
     dotted: dict[str, dict[str, Any]] = {}  # flag as written -> its dotted keys, merged
     dotted_in_file: set[str] = set()  # flags with dotted keys from the --config file: complete() cannot add to them
+    # vLLM's parser takes one positional argument, the model, where none is given before the flags
+    # (`vllm serve` moves --model there); an argument after a flag of this reader's is that or too many
+    model_given = serve and (argv[start - 1] != "serve" or any(re.match(r"^--model(=.+|$)", a) for a in argv))
+    free = 0 if model_given else 1
+    if serve and not model_given and config is None:
+        named = next((a for a in argv if re.match(r"^--served[-_]model[-_]name(=.+|$)", a)), None)
+        if named is not None:
+            raise CapplanError(
+                f"`serve {printable(named)[:40]}` with no model: vLLM's parser refuses it",
+                "give the model after `serve`",
+            )
+    loose = False  # the previous argument was a flag this reader does not know (it may take more values)
     i = 0
     while i < len(args):
+        after_unknown, loose = loose, False
         arg = args[i]
         token = arg.text
         name, eq, inline = token.partition("=")
@@ -393,6 +406,8 @@ def read_command(argv: list[str]) -> Command | None:
                 cmd.values[SPECULATIVE.name] = _integer(name, raw, False)
                 cmd.flags[SPECULATIVE.name] = f"{name} {raw}" + origin
             i += step
+        elif name == "--model":
+            i += step
         elif name == "--config":
             cmd.unread.append(f"--config={inline} (vLLM reads a config file only as `--config FILE`: it ignores it)")
             i += 1
@@ -400,8 +415,17 @@ def read_command(argv: list[str]) -> Command | None:
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
         elif token.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].text.startswith("-"):
             i += 2  # another flag with its value (--port 8000)
-        else:
+            loose = True
+        elif token.startswith("-") or after_unknown:
             i += 1
+            loose = True
+        elif free:
+            free, i = 0, i + 1  # the model
+        else:
+            raise CapplanError(
+                f"{printable(token)[:60]}: an argument no flag takes: vLLM's parser refuses the command",
+                "remove it, or give the flag it belongs to",
+            )
     places = json_places(args)
     for which, (place, flag) in places.items():
         if place is None:
