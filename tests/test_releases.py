@@ -138,7 +138,7 @@ def test_breakable_graphs_are_refused_where_they_change_the_graphs(monkeypatch, 
     import types
 
     from capplan.planner import compile_plan
-    from capplan.runtime.hooks.config import breakable_problem
+    from capplan.runtime.engine_check import breakable_problem
     from tests.conftest import make_spec
 
     fake = types.ModuleType("vllm")

@@ -21,7 +21,7 @@ from vllm.config import ParallelConfig
 
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
-from capplan.runtime.hooks.dp import launch_rank
+from capplan.runtime.dp_check import launch_rank
 from capplan.runtime.versions import detect_release
 from capplan.settings import BY_NAME, engine_values
 

@@ -35,9 +35,8 @@ from vllm.distributed import parallel_state  # noqa: E402
 from capplan.loading import spec_from_data  # noqa: E402
 from capplan.planner import compile_plan  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
-from capplan.runtime.dp_check import NO_PLAN  # noqa: E402
+from capplan.runtime.dp_check import NO_PLAN, agree_across_ranks  # noqa: E402
 from capplan.runtime.engine_check import PlanMismatch  # noqa: E402
-from capplan.runtime.hooks.dp import agree_across_ranks  # noqa: E402
 
 SPEC = {
     "target": {"vllm": runtime_check.RELEASE.version},

@@ -325,7 +325,7 @@ def main(out: Path, variant: str = "") -> None:
     report["early_check_other_engine"] = config_problem(plan, "runtime.plan.yaml", config)
     config.scheduler_config.max_num_seqs -= 1
     # Breakable CUDA graphs, read through the release's own vllm.envs.
-    from capplan.runtime.hooks.config import breakable_problem
+    from capplan.runtime.engine_check import breakable_problem
 
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     report["breakable_refusal"] = breakable_problem(plan, "runtime.plan.yaml", RELEASE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from capplan.errors import EngineRefusal
+from capplan.releases import Release
 from capplan.schemas.plan import Plan
 from capplan.settings import BY_NAME, engine_values, read_config, read_manager
 
@@ -56,3 +57,24 @@ def config_problem(plan: Plan, plan_path: str, cfg: Any) -> str | None:
     """The one-line refusal for an engine about to start with this config, or None."""
     diffs, in_spec = _differences(plan, read_config(cfg), in_manager=False)
     return _refusal(plan_path, diffs, in_spec, "Refused before the engine started") if diffs else None
+
+
+def breakable_problem(plan: Plan, plan_path: str, release: Release, on: bool | None = None) -> str | None:
+    """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
+    MRV2 captures (a release row's `breakable_pads_requests`: its mixed PIECEWISE graphs),
+    or None. `on`: whether they are, as the graph manager resolved it (`use_breakable_cg`, in
+    each process that captures); None reads vLLM's setting, after the engine config is built
+    (vLLM turns it on itself for some architectures)."""
+    if not release.breakable_pads_requests or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
+        return None
+    if on is None:
+        import vllm.envs as envs
+
+        on = bool(getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False))
+    if not on:
+        return None
+    return (
+        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release.version} for this "
+        f"model), so vLLM {release.version} pads requests in its mixed PIECEWISE graphs, which the plan "
+        f"{plan_path} does not plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
+    )

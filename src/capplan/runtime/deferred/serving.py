@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from capplan.runtime.deferred.state import DeferredState
-from capplan.runtime.hooks.lora import dummy_mapping, layout_for
 from capplan.runtime.log import log
+from capplan.runtime.lora_warm import dummy_mapping, layout_for
 
 STEP_PAUSE_BUDGET_S = 0.05
 """The longest a step may wait on a deferred capture. A capture expected to take longer (one of

@@ -18,11 +18,9 @@ import hashlib
 from typing import Any
 
 from capplan.envvars import PLAN, PREFIX, RAY_PREFIXES
-from capplan.releases import Release
 from capplan.runtime.context import Engine
-from capplan.runtime.engine_check import config_problem
+from capplan.runtime.engine_check import breakable_problem, config_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, check_attributes
-from capplan.schemas.plan import Plan
 
 
 def v1_runner_message(plan_path: str) -> str:
@@ -30,27 +28,6 @@ def v1_runner_message(plan_path: str) -> str:
         f"capplan: vLLM chose its V1 model runner for this engine, where the plan {plan_path} cannot be in "
         "force; refusing to start (run on Model Runner V2: VLLM_USE_V2_MODEL_RUNNER=1, and no feature "
         "MRV2 lacks; or remove CAPPLAN_PLAN to run without a plan)"
-    )
-
-
-def breakable_problem(plan: Plan, plan_path: str, release: Release, on: bool | None = None) -> str | None:
-    """The refusal when vLLM's breakable CUDA graphs are on where they change the graphs
-    MRV2 captures (a release row's `breakable_pads_requests`: its mixed PIECEWISE graphs),
-    or None. `on`: whether they are, as the graph manager resolved it (`use_breakable_cg`, in
-    each process that captures); None reads vLLM's setting, after the engine config is built
-    (vLLM turns it on itself for some architectures)."""
-    if not release.breakable_pads_requests or plan.spec.cudagraph.mode.mixed_mode != "PIECEWISE":
-        return None
-    if on is None:
-        import vllm.envs as envs
-
-        on = bool(getattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False))
-    if not on:
-        return None
-    return (
-        f"capplan: VLLM_USE_BREAKABLE_CUDAGRAPH is on (set, or turned on by vLLM {release.version} for this "
-        f"model), so vLLM {release.version} pads requests in its mixed PIECEWISE graphs, which the plan "
-        f"{plan_path} does not plan; refusing to start (set VLLM_USE_BREAKABLE_CUDAGRAPH=0, or remove CAPPLAN_PLAN)"
     )
 
 

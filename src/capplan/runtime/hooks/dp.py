@@ -16,44 +16,11 @@ from typing import Any
 
 from capplan.releases import MANAGER
 from capplan.runtime.context import Engine
-from capplan.runtime.dp_check import NO_PLAN, check_same_plan
+from capplan.runtime.dp_check import NO_PLAN, agree_across_ranks, audit_on
 from capplan.runtime.hooking import Hook, binder, resolve
 
-AUDIT = "CAPPLAN_DP_AUDIT"
 STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
 SYNC = "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding"
-
-
-def audit_on() -> bool:
-    """Whether CAPPLAN_DP_AUDIT is on in this process (the plan check makes the DP ranks agree)."""
-    import os
-
-    return os.environ.get(AUDIT) == "1"
-
-
-def agree_across_ranks(identity: str, problem: str | None, parallel_config: Any) -> None:
-    """Exchange this process's plan identity and verdict with every rank of the engine (vLLM's
-    world group: its TP and PP ranks, on every node, and the DP ranks that pad to one another);
-    every rank refuses alike. Nothing to exchange in a process of one rank, outside
-    torch.distributed (the single-process checks), or under elastic EP, whose world group is
-    not one torch.distributed knows (a plan refuses elastic EP on every rank alike, by the
-    engine check)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or getattr(parallel_config, "enable_elastic_ep", False):
-        return
-    from vllm.distributed import parallel_state
-
-    world = parallel_state.get_world_group()
-    if world.world_size > 1:
-        check_same_plan(identity, problem, world.cpu_group, f" (rank {world.rank_in_group})")
-
-
-def launch_rank(parallel_config: Any) -> int:
-    """This engine's DP rank in the launch: `data_parallel_index`, which vLLM sets for every
-    engine (a dense model's independent engines all hold data_parallel_rank 0)."""
-    index = getattr(parallel_config, "data_parallel_index", None)
-    return int(index) if type(index) is int else int(getattr(parallel_config, "data_parallel_rank", 0) or 0)
 
 
 def _step(engine: Engine, hook: Hook, original: Any) -> Any:

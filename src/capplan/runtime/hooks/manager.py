@@ -17,11 +17,9 @@ from typing import Any
 
 from capplan.releases import MANAGER, Release
 from capplan.runtime.context import Engine
-from capplan.runtime.dp_check import plan_identity
-from capplan.runtime.engine_check import PlanMismatch, engine_problem
+from capplan.runtime.dp_check import agree_across_ranks, audit_on, launch_rank, plan_identity
+from capplan.runtime.engine_check import PlanMismatch, breakable_problem, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
-from capplan.runtime.hooks.config import breakable_problem
-from capplan.runtime.hooks.dp import agree_across_ranks, audit_on, launch_rank
 from capplan.runtime.log import log
 from capplan.schemas.plan import Descriptor
 

@@ -14,8 +14,8 @@ from typing import Any
 from capplan.releases import RUNNER
 from capplan.runtime import recorder
 from capplan.runtime.context import Engine
+from capplan.runtime.dp_check import launch_rank
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
-from capplan.runtime.hooks.dp import launch_rank
 
 
 def _records_here() -> bool:
