@@ -5,6 +5,7 @@ adapter slot too few), and only then; a control that never swaps would vouch for
 
 from __future__ import annotations
 
+import importlib
 import runpy
 from pathlib import Path
 
@@ -12,8 +13,6 @@ import pytest
 
 from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
-from capplan.runtime.deferred import graphs as graphs_module
-from capplan.runtime.deferred.graphs import GraphSets
 
 FAULT = Path(__file__).parent / "gpu" / "faults" / "sitecustomize.py"
 SPEC = {
@@ -28,14 +27,17 @@ SPEC = {
 @pytest.fixture
 def fault(monkeypatch, capsys):
     """The control installed as the GPU run installs it; deferred capture's resolution restored after."""
+    # The module as it is imported now (another test may have imported the runtime afresh).
+    graphs = importlib.import_module("capplan.runtime.deferred.graphs")
     monkeypatch.setenv("CAPPLAN_FAULT", "fallback-one-slot-short")
-    monkeypatch.setattr(graphs_module.GraphSets, "resolve", GraphSets.resolve)
+    monkeypatch.setattr(graphs.GraphSets, "resolve", graphs.GraphSets.resolve)
     runpy.run_path(str(FAULT))
-    return capsys.readouterr().err
+    return graphs.GraphSets, capsys.readouterr().err
 
 
 def test_the_fault_replays_a_graph_one_adapter_slot_short_for_a_pending_graph(fault):
-    assert "capplan-fault: installed" in fault
+    GraphSets, said = fault
+    assert "capplan-fault: installed" in said
     plan = compile_plan(spec_from_data(SPEC, "fault"))
     sets = GraphSets(plan)
     desc = [g.descriptor for g in plan.graphs]
