@@ -1,9 +1,7 @@
 """Two real processes, torch.distributed with gloo on CPU: ranks with the same
 plan start, ranks with different plans both refuse before capture."""
 
-import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from capplan.loading import spec_from_data
 from capplan.planfile import render_plan
 from capplan.planner import compile_plan
+from tests.conformance import oracle_python
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,26 +33,17 @@ def _write(tmp: Path, name: str, spec: dict) -> Path:
 
 
 def _run_pair(plans: list[Path]) -> list[str]:
-    python = ORACLE_DIR / "venv" / "bin" / "python"  # has torch (CPU); the project venv does not
+    python = oracle_python.PYTHON  # has torch (CPU); the project venv does not
     if not python.exists():
         _missing(f"{python} is missing")
     port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT)))}
-    procs = [
-        subprocess.Popen(
-            [str(python), str(Path(__file__).parent / "dp_check_worker.py"), str(rank), port, str(plan)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, plan in enumerate(plans)
-    ]
+    worker = Path(__file__).parent / "dp_check_worker.py"
+    jobs = [oracle_python.start([worker, rank, port, plan], version=None) for rank, plan in enumerate(plans)]
     outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        outs.append(out.strip().splitlines()[-1])
+    for job in jobs:
+        job.wait(timeout=120)
+        assert job.returncode == 0, job.stderr[-2000:]
+        outs.append(job.stdout.strip().splitlines()[-1])
     return outs
 
 

@@ -8,12 +8,11 @@ that refuses its plan (or has none) must stop the other rank too.
 """
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conformance import oracle_python
 from tests.conformance.releases import releases
 from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
@@ -26,23 +25,16 @@ def _pair(version: str, mode: str, tmp: Path, worker: Path = WORKER) -> list[dic
     """The two ranks of `worker` (a DP check over gloo) in MODE: their result files."""
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
     port = str(_free_port())
     outs = [tmp / f"{mode}-{rank}.json" for rank in (0, 1)]
-    procs = [
-        subprocess.Popen(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(worker), str(rank), port, mode, str(outs[rank])],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)  # a hang (one rank waiting forever) fails here
-        assert proc.returncode == 0, err[-3000:]
+    jobs = [oracle_python.start([worker, rank, port, mode, outs[rank]], version=version) for rank in (0, 1)]
+    try:
+        for job in jobs:
+            job.wait(timeout=300)  # a hang (one rank waiting forever) fails here
+            assert job.returncode == 0, job.stderr[-3000:]
+    finally:
+        for job in jobs:
+            job.kill()
     return [json.loads(p.read_text()) for p in outs]
 
 

@@ -22,11 +22,13 @@ from capplan.loading import spec_from_data
 from capplan.planner import compile_plan
 from capplan.planner.encoder import pack, resolve_encoder_graphs
 from capplan.releases import RELEASES
+from tests.conformance import coverage
+from tests.conformance.answers import answers
+from tests.conformance.oracle_python import ORACLE_DIR
 from tests.conformance.releases import releases
-from tests.conformance.test_vllm_conformance import run_check, run_oracle
+from tests.conformance.test_vllm_conformance import run_check
 
 ROOT = Path(__file__).resolve().parents[2]
-ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
 ORACLE = Path(__file__).parent / "oracle" / "encoder_oracle.py"
 VERSIONS = [v for v in releases() if RELEASES[v].rules.encoder_graphs]
 BATCHES_PER_SPEC = 40
@@ -80,20 +82,19 @@ def _case(name: str, mm: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory) -> dict[str, dict]:
+def oracle() -> dict[str, dict]:
+    """vLLM's answer for every case and release (tests/conformance/answers.py: cached, verified)."""
     ready = (ORACLE_DIR / "venv" / "bin" / "python").exists()
     if not VERSIONS:
         pytest.skip("no release of this run has encoder graphs on MRV2")
     results: dict[str, dict] = {}
-    tmp = tmp_path_factory.mktemp("encoder-oracle")
-    src = tmp / "in.json"
-    src.write_text(json.dumps({"cases": [_case(n, mm) for n, mm in MULTIMODAL.items()]}))
+    cases = [_case(n, mm) for n, mm in MULTIMODAL.items()]
     for version in VERSIONS:
         if not ready or not (ORACLE_DIR / "src" / version / "vllm").is_dir():
             if os.environ.get("CAPPLAN_REQUIRE_ORACLE") == "1":
                 pytest.fail(f"vLLM oracle required but {ORACLE_DIR}/src/{version} is missing")
             pytest.skip("vLLM oracle not available; run .ci/run")
-        results[version] = run_oracle(ORACLE, version, src, tmp / f"out-{version}.json", timeout=600)
+        results[version] = answers(ORACLE, version, cases, list_key="cases", timeout=600)
     return results
 
 
@@ -106,6 +107,7 @@ def test_encoder_graphs_and_packing_match_vllm(oracle, version, name):
         graphs = resolve_encoder_graphs(spec)
     except CapplanError as exc:
         assert "error" in want, f"capplan refused what vLLM {version} accepts: {exc.one_line()}"
+        coverage.compared("encoder", name, version, {"refusal": 1})
         return
     assert "error" not in want, f"vLLM {version} refuses ({want.get('error')}) what capplan plans"
     assert graphs is not None
@@ -119,6 +121,13 @@ def test_encoder_graphs_and_packing_match_vllm(oracle, version, name):
         ours = [[sorted(idx), budget] for idx, budget in pack(graphs, items, defer=defer)]
         theirs = [[sorted(idx), budget] for idx, budget in packed]
         assert ours == theirs, f"items {items}"
+    fields = {
+        "token_budgets": 1,
+        "max_items_and_frames": 1,
+        "capture_order": 1,
+        "packing": min(len(case["batches"]), len(want["packing"])),
+    }
+    coverage.compared("encoder", name, version, fields)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

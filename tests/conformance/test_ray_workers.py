@@ -8,13 +8,12 @@ backend needs Ray installed), and vLLM's `ParallelConfig.use_ray` is read off it
 
 import json
 import os
-import subprocess
 
 import pytest
 
 from capplan.envvars import PLAN, RAY_PREFIXES, with_ray_prefix
+from tests.conformance import oracle_python
 from tests.conformance.releases import ends
-from tests.conformance.test_tp_deferred_cpu import ROOT
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
 
 SCRIPT = """
@@ -65,11 +64,7 @@ def test_ray_actors_the_plan_would_not_reach_are_refused_and_apply_s_environment
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
     env = {k: v for k, v in os.environ.items() if k not in (PLAN, RAY_PREFIXES, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND")}
-    env["PYTHONPATH"] = os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src")))
-    python = str(ORACLE_DIR / "venv" / "bin" / "python")
-    run = subprocess.run(
-        [python, "-c", SCRIPT, json.dumps(CASES)], env=env, capture_output=True, text=True, timeout=300
-    )
+    run = oracle_python.run(["-c", SCRIPT, json.dumps(CASES)], version=version, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     assert found["vllm"] == version

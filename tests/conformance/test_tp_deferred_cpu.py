@@ -5,13 +5,12 @@ dispatch alike after every step and every idle capture. A control run with each 
 step-pause rule left on shows that the check sees ranks diverge."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from capplan.releases import RELEASES
+from tests.conformance import oracle_python
 from tests.conformance.releases import ends
 from tests.conformance.test_dp_plan_check import _free_port
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready
@@ -26,25 +25,14 @@ def _ranks(version: str, worker: Path, args: list[list[str]], outs: list[Path]) 
     in the oracle's Python for `version`; each rank's report."""
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    procs = [
-        subprocess.Popen(
-            [str(ORACLE_DIR / "venv" / "bin" / "python"), str(worker), *rank_args, str(out)],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank_args, out in zip(args, outs)
-    ]
+    jobs = [oracle_python.start([worker, *rank_args, out], version=version) for rank_args, out in zip(args, outs)]
     try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
+        for job in jobs:
+            job.wait(timeout=300)
+            assert job.returncode == 0, job.stderr[-3000:]
     finally:
-        for proc in procs:
-            proc.kill()
+        for job in jobs:
+            job.kill()
     return [json.loads(out.read_text()) for out in outs]
 
 

@@ -11,9 +11,7 @@ these tests skip, unless CAPPLAN_REQUIRE_ORACLE=1 (CI) makes that a failure.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import zlib
 from pathlib import Path
 
@@ -22,11 +20,14 @@ import pytest
 from capplan.loading import spec_from_data
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.planner.dispatch import derive_uniform
+from tests.conformance import coverage, oracle_python
+from tests.conformance.answers import answers
+from tests.conformance.answers import run_oracle as run_oracle  # the oracle scripts' one run, for other tests
 from tests.conformance.releases import releases
 from tests.conformance.specs import BASE_SPECS, queries_for, versioned_specs
 
 ROOT = Path(__file__).resolve().parents[2]
-ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
+ORACLE_DIR = oracle_python.ORACLE_DIR
 ORACLE = Path(__file__).parent / "oracle" / "vllm_oracle.py"
 VERSIONS = releases()
 SPECS = versioned_specs(VERSIONS)
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.conformance
 
 
 def _oracle_ready(version: str) -> bool:
-    return (ORACLE_DIR / "venv" / "bin" / "python").exists() and (ORACLE_DIR / "src" / version / "vllm").is_dir()
+    return oracle_python.PYTHON.exists() and (ORACLE_DIR / "src" / version / "vllm").is_dir()
 
 
 def _missing(reason: str):
@@ -45,47 +46,17 @@ def _missing(reason: str):
     pytest.skip(f"vLLM oracle not available ({reason}); run .ci/run")
 
 
-def _run_oracle(version: str, items: list[dict], tmp: Path) -> dict[str, dict]:
-    src = tmp / f"in-{version}.json"
-    src.write_text(json.dumps({"specs": items}))
-    return run_oracle(ORACLE, version, src, tmp / f"out-{version}.json", timeout=1200)
-
-
 def run_check(script: str, version: str, *args: object) -> None:
     """Run a check script of tests/conformance with vLLM `version`'s sources and capplan on
     the oracle's Python (it writes its report where its arguments say)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, ROOT / "src", ROOT)))}
-    proc = subprocess.run(
-        [str(ORACLE_DIR / "venv" / "bin" / "python"), str(Path(__file__).parent / script), *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def run_oracle(script: Path, version: str, src: Path, out: Path, timeout: int) -> dict[str, dict]:
-    """Run an oracle script with vLLM `version`'s sources on the oracle's Python: its results by name."""
-    env = {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
-    proc = subprocess.run(
-        [str(ORACLE_DIR / "venv" / "bin" / "python"), str(script), "--input", str(src), "--output", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"{script.name} on vLLM {version} failed:\n{proc.stderr[-4000:]}"
-    data = json.loads(out.read_text())
-    assert data["vllm_version"] == version
-    return {r["name"]: r for r in data["results"]}
+    job = oracle_python.run([Path(__file__).parent / script, *args], version=version, timeout=600)
+    assert job.returncode == 0, job.stderr[-3000:]
 
 
 @pytest.fixture(scope="session")
-def oracle_results(tmp_path_factory) -> dict[str, dict]:
+def oracle_results() -> dict[str, dict]:
+    """vLLM's answer for every spec of the run (tests/conformance/answers.py: cached, verified)."""
     results: dict[str, dict] = {}
-    tmp = tmp_path_factory.mktemp("oracle")
     for version in VERSIONS:
         if not _oracle_ready(version):
             _missing(f"{ORACLE_DIR}/src/{version} is missing")
@@ -99,7 +70,7 @@ def oracle_results(tmp_path_factory) -> dict[str, dict]:
             for name, spec in _cross_version_specs()
             if version == CROSS_RELEASE
         ]
-        results.update(_run_oracle(version, items, tmp))
+        results.update(answers(ORACLE, version, items, list_key="specs"))
     return results
 
 
@@ -172,6 +143,21 @@ def test_plan_equals_vllm(oracle_results, name, oracle, raw):
         if have != want:
             mismatches.append(((r, t, q, k, prefill), have, want))
     assert not mismatches, f"{len(mismatches)} dispatch mismatches, first: {mismatches[:3]}"
+    coverage.compared(
+        "planning",
+        name.split("@")[0],
+        oracle,
+        {
+            "capture_sizes": 1,
+            "max_capture_size": 1,
+            "lora_capture_cases": 1,
+            "lora_dispatch_map": 1,
+            "descriptors": len(plan.descriptors),
+            "dummies": len(plan.graphs),
+            "uniform": len(queries),
+            "dispatch": len(queries),
+        },
+    )
 
 
 # --- each fix changes exactly what it claims ------------------------------------
@@ -212,6 +198,8 @@ def test_025_with_fixes_behaves_like_vllm_033(oracle_results, name, raw):
         assert _row(dispatcher.dispatch(Batch(r, t, q, k, False, False))) == want, (r, t, q, k)
         checked += 1
     assert checked > 500
+    fields = {"descriptors": len(plan.descriptors), "dummies": len(plan.graphs), "dispatch": checked}
+    coverage.compared("fixes", f"{name} (dummy_remainder, mixed_ranges)", CROSS_RELEASE, fields)
 
 
 @pytest.mark.parametrize(
@@ -235,3 +223,5 @@ def test_lora_slot_dispatches_by_kernel_slots(oracle_results, name, oracle, raw)
             assert _row(dispatcher.dispatch(Batch(r, t, q, k, True, prefill))) == shifted
             compared += 1
     assert compared > 0
+    fields = {"dispatch": len(by_query), "dispatch_with_base_requests": compared}
+    coverage.compared("fixes", f"{name.split('@')[0]} (lora_slot)", oracle, fields)

@@ -7,7 +7,11 @@
 #   CACHE_DIR/venv            python3.11 venv with requirements-vllm.txt (--no-deps)
 #   CACHE_DIR/src/<release>   vllm/*.py unzipped from the vllm==<release> wheel, for each
 #                             release in CAPPLAN_ORACLE_RELEASES (default: 0.25.0 0.33.0;
-#                             .ci/run names one release of each group)
+#                             .ci/run names one release of each group), compiled to
+#                             __pycache__ once (Python checks each .pyc against its source's
+#                             time and size on import; without them every process that
+#                             imports vLLM compiles its 3000 files again, a quarter of the
+#                             import, when PYTHONDONTWRITEBYTECODE is set)
 # Wheels are downloaded into CACHE_DIR/wheels and deleted once unzipped.
 #
 # Then run the oracle with one version's sources on PYTHONPATH:
@@ -62,11 +66,20 @@ fi
 
 # ---------------------------------------------------------------- vLLM sources
 WHEELS="$CACHE/wheels"
+compile_sources() {  # $1: a release's source folder
+    if [[ ! -f "$1/.oracle-pyc-ok" ]]; then
+        log "vllm $(basename "$1"): compiling to __pycache__"
+        "$VENV/bin/python" -m compileall -q -j 0 "$1/vllm" >/dev/null \
+            || log "vllm $(basename "$1"): some files did not compile (Python compiles them on import)"
+        touch "$1/.oracle-pyc-ok"
+    fi
+}
 for v in "${VERSIONS[@]}"; do
     SRC="$CACHE/src/$v"
     MARK="$SRC/.oracle-src-ok"
     if [[ -f "$MARK" && -f "$SRC/vllm/__init__.py" ]]; then
         log "vllm $v: sources present ($SRC)"
+        compile_sources "$SRC"
         continue
     fi
     mkdir -p "$WHEELS"
@@ -88,6 +101,7 @@ for v in "${VERSIONS[@]}"; do
     [[ -f "$SRC/vllm/__init__.py" ]] || die "unzip produced no vllm/__init__.py"
     touch "$MARK"
     rm -f "$whl"
+    compile_sources "$SRC"
     log "vllm $v: done (wheel deleted)"
 done
 rmdir "$WHEELS" 2>/dev/null || true
