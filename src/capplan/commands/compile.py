@@ -207,5 +207,5 @@ def looks_like_spec(path: Path) -> bool:
     # A vLLM config file (`vllm serve --config`) shares `model` with a spec, as a string: with
     # vLLM's dashed option names and no spec section holding a mapping it is not a spec.
     dashed = any(isinstance(k, str) and "-" in k for k in data)
-    sections = any(isinstance(v, (dict, list)) for k, v in data.items() if k in Spec.model_fields)
-    return sections or not dashed
+    holds_section = any(isinstance(v, (dict, list)) for k, v in data.items() if k in Spec.model_fields)
+    return holds_section or not dashed

@@ -25,7 +25,7 @@ whole fitted part with that width.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from capplan.traffic.simulate import TraceBatch
 
@@ -95,7 +95,7 @@ def held_out_scores(
     width: float,
     top: int,
     fit: Callable[[Weights], Callable[[int], list[int] | None]],
-    ks: range,
+    ks: Sequence[int],
 ) -> list[float]:
     """For each k in `ks`: padded tokens of every block under the k sizes `fit` chooses from the
     other blocks (smoothed by `width`); `fit(weights)` gives a function of k returning the
