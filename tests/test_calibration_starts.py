@@ -57,24 +57,31 @@ def _calibrate(args, out):
     return runner.invoke(app, ["calibrate-start", *args, "-o", str(out)])
 
 
+PRODUCTION = f"{RESULTS}/production/0.33.0-h100"
+PRODUCTION_REPORTS = [f"{PRODUCTION}/start{i}-full.report.json" for i in (0, 4, 5)]
+H200 = ["--gpu", "NVIDIA H200", "--vllm", "0.33.0", "--lora-rank", "8"]
+
+
 @pytest.mark.parametrize(
-    "name, reports, extra",
+    "name, reports, plan, config, extra",
     [
-        ("h200-vllm033-llama0.9b", BIG_REPORTS, ["--attention-backend", "TRITON_ATTN"]),
-        ("h200-vllm033-tiny-llama", TINY_REPORTS, []),
+        ("h200-vllm033-llama0.9b", BIG_REPORTS, "big", "src/capplan/data/models/llama0.9b.config.json",
+         ["--model", "llama0.9b", *H200, "--attention-backend", "TRITON_ATTN"]),
+        ("h200-vllm033-tiny-llama", TINY_REPORTS, "tiny", "src/capplan/data/models/tiny-llama.config.json",
+         ["--model", "tiny-llama", *H200]),
+        ("h100-vllm033-llama3.1-8b", PRODUCTION_REPORTS, f"{PRODUCTION}/full.plan.yaml",
+         "tests/gpu/configs/llama-3.1-8b.json",
+         ["--model", "llama3.1-8b", "--gpu", "NVIDIA H100 80GB HBM3", "--vllm", "0.33.0", "--torch", "2.11.0+cu130",
+          "--attention-backend", "FLASH_ATTN", "--lora-rank", "16"]),
     ],
-)
-def test_the_shipped_calibrations_are_what_the_kept_reports_give(plans, tmp_path, monkeypatch, name, reports, extra):
+)  # fmt: skip
+def test_the_shipped_calibrations_are_what_the_kept_reports_give(
+    plans, tmp_path, monkeypatch, name, reports, plan, config, extra
+):
     monkeypatch.chdir(ROOT)
-    big = "llama0.9b" in name
-    model = "llama0.9b" if big else "tiny-llama"
     out = tmp_path / "cal.yaml"
-    result = _calibrate(
-        [*reports, "--plan", str(plans["big" if big else "tiny"]), "--model-config",
-         f"src/capplan/data/models/{model}.config.json", "--model", model, "--gpu", "NVIDIA H200", "--vllm", "0.33.0",
-         "--lora-rank", "8", "--name", name, *extra],
-        out,
-    )  # fmt: skip
+    plan_path = str(plans[plan]) if plan in plans else plan
+    result = _calibrate([*reports, "--plan", plan_path, "--model-config", config, "--name", name, *extra], out)
     assert result.exit_code == 0, result.output
     made = yaml.safe_load(out.read_text())
     shipped = yaml.safe_load((DATA / "calibrations" / f"{name}.yaml").read_text())
@@ -134,7 +141,7 @@ def test_a_diff_of_the_tiny_model_s_plan_gets_its_measured_numbers(plans, tmp_pa
     assert "(measured / scaled)" in text.splitlines()[0]
 
 
-def test_an_8b_llama_on_an_h100_is_predicted_and_extrapolated(tmp_path, monkeypatch):
+def test_an_8b_llama_on_an_h100_is_predicted_from_its_measured_shape_and_a_70b_is_extrapolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = (
         'target: {runner: mrv2, vllm: "0.33", gpu: NVIDIA H100}\n'
@@ -147,8 +154,19 @@ def test_an_8b_llama_on_an_h100_is_predicted_and_extrapolated(tmp_path, monkeypa
     result = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"])
     head = result.stdout.splitlines()[0]
     assert "GiB graph memory (predicted); 256 batch shape(s) go from eager to a graph" in head, head
-    assert "extrapolated: layers 32, 2.0x the largest measured (16)" in result.stdout
-    assert "extrapolated: GPU NVIDIA H100 not measured (measured: NVIDIA H200)" in result.stdout
+    # the 8B shape's H100 starts are in the fit: its layers, hidden size and GPU are measured ones
+    assert "32 layers, hidden 4096 on NVIDIA H100 80GB HBM3" in result.stdout
+    assert "extrapolated: layers" not in result.stdout and "extrapolated: GPU" not in result.stdout
+    seventy = spec.replace("hidden_size: 4096, num_layers: 32", "hidden_size: 8192, num_layers: 80")
+    Path("old70.yaml").write_text(seventy)
+    Path("new70.yaml").write_text(seventy.replace("max_num_seqs: 64", "max_num_seqs: 128"))
+    far = runner.invoke(app, ["diff", "--spec", "old70.yaml", "new70.yaml"]).stdout
+    assert "extrapolated: layers 80, 2.5x the largest measured (32)" in far
+    h100_pcie = spec.replace("gpu: NVIDIA H100}", "gpu: NVIDIA H100 PCIe}")
+    Path("pcie.yaml").write_text(h100_pcie)
+    Path("pcie-new.yaml").write_text(h100_pcie.replace("max_num_seqs: 64", "max_num_seqs: 128"))
+    other = runner.invoke(app, ["diff", "--spec", "pcie.yaml", "pcie-new.yaml"]).stdout
+    assert "extrapolated: GPU NVIDIA H100 PCIe not measured" in other
     data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
     delta = data["price"]["delta"]["capture_seconds"]
     assert delta["lo"] < delta["value"] < delta["hi"]
@@ -156,7 +174,7 @@ def test_an_8b_llama_on_an_h100_is_predicted_and_extrapolated(tmp_path, monkeypa
 
 def test_the_shape_model_s_held_out_errors_are_the_ones_the_benchmarks_state():
     model = fit_shape_model(project_calibrations())
-    assert model is not None and len(model.held) == 2 and len(model.held_out) == 2
+    assert model is not None and len(model.held) == len(model.held_out) == len(project_calibrations()) == 3
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     for h in model.held_out:
         row = f"| {h.name} | {100 * h.seconds_error:+.0f}% | {100 * h.gib_error:+.0f}% |"
@@ -425,3 +443,15 @@ def test_git_s_diff_driver_prices_by_the_calibration_folder_of_the_work_tree(tmp
     assert git_diff(args).text.splitlines()[0].endswith("GiB graph memory (measured / scaled)")
     Path(".capplan/calibration/tiny.yaml").write_text("not: [a calibration")
     assert "graphs" in git_diff(args).text.splitlines()[0]  # a broken folder prices nothing; git diff still works
+
+
+@settings(max_examples=200, deadline=None)
+@given(named=st.text(max_size=30), measured=st.text(max_size=40))
+def test_a_gpu_name_names_the_measured_gpu_it_begins(named, measured):
+    from capplan.traffic.cost import same_gpu
+
+    assert same_gpu("NVIDIA H100", "NVIDIA H100 80GB HBM3") and same_gpu("h200", "NVIDIA H200")
+    assert not same_gpu("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3") and not same_gpu("NVIDIA", "NVIDIA H200")
+    assert same_gpu(named, measured) in (True, False)  # any text: an answer, never an error
+    if named.strip() and named.lower().replace("nvidia", "").split():
+        assert same_gpu(named, f"{named} 80GB HBM3") and not same_gpu(f"{named} PCIe", named)

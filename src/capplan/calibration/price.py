@@ -220,6 +220,8 @@ class ShapeModel:
 
     def extrapolated(self, plan: Plan, shape: ModelShape, gpu: str | None) -> list[str]:
         """Where the deployment lies outside what was measured, and by how far."""
+        from capplan.traffic.cost import same_gpu
+
         out = []
         for label, value, measured in (
             ("layers", shape.num_layers, [h.shape.num_layers for h in self.held]),
@@ -237,7 +239,7 @@ class ShapeModel:
         gpus = sorted({h.gpu for h in self.held})
         if gpu is None:
             out.append(f"GPU not given; measured on {', '.join(gpus)}")
-        elif _gpu_key(gpu) not in {_gpu_key(g) for g in gpus}:
+        elif not any(same_gpu(gpu, g) for g in gpus):
             out.append(f"extrapolated: GPU {gpu} not measured (measured: {', '.join(gpus)})")
         from capplan.releases import runs_on
 
@@ -248,10 +250,6 @@ class ShapeModel:
         if tp > 1:
             out.append(f"extrapolated: tensor parallel {tp}; only TP 1 was measured")
         return out
-
-
-def _gpu_key(name: str) -> str:
-    return " ".join(name.lower().replace("nvidia", "").split())
 
 
 def held_of(cal: Calibration) -> Held | None:

@@ -143,8 +143,12 @@ def _identity_text(identity: Identity | None) -> str:
     return ", ".join(parts)
 
 
-def _gpu_key(name: str) -> str:
-    return " ".join(name.lower().replace("nvidia", "").split())
+def same_gpu(named: str, measured: str) -> bool:
+    """Whether a GPU a spec names is the one a calibration measured: the name's words (case and
+    the vendor word aside) begin the measured name's, as torch reports it ("NVIDIA H100" names
+    "NVIDIA H100 80GB HBM3"; "H100 PCIe" does not)."""
+    words = named.lower().replace("nvidia", "").split()
+    return bool(words) and measured.lower().replace("nvidia", "").split()[: len(words)] == words
 
 
 def model_differences(have: Model, want: Model) -> list[str]:
@@ -221,7 +225,7 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
     cal_model = ident.model if ident is not None and _names_a_model(ident.model) else None
     if spec_model is not None and cal_model is not None:
         problems += model_differences(cal_model, spec_model)
-    if spec.target.gpu and ident is not None and ident.gpu and _gpu_key(spec.target.gpu) != _gpu_key(ident.gpu):
+    if spec.target.gpu and ident is not None and ident.gpu and not same_gpu(spec.target.gpu, ident.gpu):
         problems.append(f"GPU {ident.gpu} vs {spec.target.gpu}")
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         want, have = getattr(spec.parallel, name), getattr(ident, name) if ident is not None else None
