@@ -24,7 +24,6 @@ import atexit
 import importlib
 import json
 import os
-import random
 import runpy
 import select
 import shutil
@@ -37,8 +36,8 @@ import types
 
 
 def _reseed() -> None:
-    """A fresh process draws its own seeds; forked copies would share the server's."""
-    random.seed()
+    """A fresh process draws its own seeds; forked copies would share the server's (the standard
+    library's `random` reseeds itself in a forked child, numpy's and torch's do not)."""
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:

@@ -17,10 +17,11 @@ import pytest
 from tests.conformance import coverage, oracle_python
 
 SCRIPT = """
-import json, os, random, sys
+import json, os, sys
+import numpy
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
                   "x": os.environ.get("X"), "capplan": os.environ.get("CAPPLAN_X"),
-                  "random": random.random(), "parent": os.getppid(), "pythonpath": os.environ["PYTHONPATH"]}))
+                  "random": numpy.random.random(), "parent": os.getppid(), "pythonpath": os.environ["PYTHONPATH"]}))
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
 """
@@ -30,7 +31,7 @@ sys.exit(int(sys.argv[1]))
 def servers(monkeypatch, tmp_path):
     """This test's own servers, on this Python, preloading a light module; stopped after it."""
     monkeypatch.setattr(oracle_python, "PYTHON", Path(sys.executable))
-    monkeypatch.setattr(oracle_python, "PRELOAD_TORCH", ("json",))
+    monkeypatch.setattr(oracle_python, "PRELOAD_TORCH", ("numpy.random",))  # seeded at import, as torch is
     monkeypatch.setattr(oracle_python, "_KNOWN", {})
     monkeypatch.setattr(oracle_python, "_STARTED", [])
     monkeypatch.setattr(oracle_python, "_run_dir", lambda: tmp_path / "servers")
