@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "scheduler: {max_num_seqs: 16, max_num_batched_tokens: 64}\nlora: {enabled: true, max_loras: 4}\n"
@@ -95,3 +97,43 @@ def test_stale_plans_and_broken_specs_are_told_apart(repo, tmp_path):
     assert code == 1 and "**Specs capplan cannot compile**" in summary
     assert "configs/broken.yaml: scheduler.max_num_seqs: must be >= 1 (got 0)" in summary
     assert "**Stale plans**" not in summary  # nothing was compared: it says so, not "stale"
+
+
+def test_every_checked_in_plan_spec_and_vllm_config_is_sorted_as_what_it_is(tmp_path):
+    from capplan.commands.compile import yaml_kind
+
+    for plan in (ROOT / "examples").glob("*.plan.yaml"):
+        assert yaml_kind(plan) == "plan", plan
+    for spec in (ROOT / "configs").glob("*.yaml"):
+        assert yaml_kind(spec) == "spec", spec
+    vllm = tmp_path / "vllm.yaml"
+    vllm.write_text(VLLM_YAML)
+    assert yaml_kind(vllm) == "other"
+
+
+VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=10), st.dictionaries(st.text(max_size=5), st.integers()))
+KEYS = st.one_of(
+    st.sampled_from(["target", "scheduler", "lora", "model", "fixes", "max-num-seqs", "port", "enable-lora", "graphs"]),
+    st.text(min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.dictionaries(KEYS, VALUES, max_size=6))
+def test_skip_non_specs_never_breaks_on_any_yaml_mapping(tmp_path, data):
+    """Any YAML mapping: skipped with a one-line note saying what it is, or read as a spec (one
+    line when it is a bad one); never a traceback, never a plan called a spec or the reverse."""
+    from typer.testing import CliRunner
+
+    from capplan.cli import app
+
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["compile", "--check", "--skip-non-specs", str(path)])
+    assert "Traceback" not in result.output
+    assert result.exit_code in (0, 1, 2), result.output
+    if "skipped" in result.stderr:
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "a capplan plan" not in result.stderr  # these mappings are no plan files
+    elif result.exit_code:
+        assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1

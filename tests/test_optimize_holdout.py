@@ -9,11 +9,12 @@ import json
 from itertools import combinations
 
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.cli import app
+from capplan.errors import SpecError
 from capplan.loading import load_cost_model
 from capplan.planner import Batch
 from capplan.traffic.folds import held_out_scores, padded, smoothed, time_blocks
@@ -183,3 +184,28 @@ def test_each_block_is_scored_by_sizes_fitted_without_it():
     [score] = held_out_scores(blocks, 0.0, 16, fit, range(1, 2))
     assert seen == [{4: 10.0, 9: 10.0}, {4: 10.0, 9: 10.0}, {4: 20.0}]
     assert score == 0 + 0 + 10 * (16 - 9)  # the last block pads to 16: its 9 was never fitted
+
+
+@settings(max_examples=40, deadline=None)
+@given(header=st.lists(st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s), max_size=4))
+def test_any_user_header_is_kept_and_the_written_spec_still_loads(tmp_path_factory, header):
+    """Whatever the user's header comment holds (control characters, escapes), the spec optimize
+    writes keeps it as comment lines and loads as the same spec."""
+    from capplan.commands.traffic import optimized_spec_text, user_comment
+    from capplan.loading import load_spec
+
+    tmp = tmp_path_factory.mktemp("h")
+    spec = tmp / "deploy.yaml"
+    spec.write_text("".join(f"#{line}\n" for line in header) + SPEC, encoding="utf-8")
+    try:
+        loaded = load_spec(spec)
+    except SpecError:
+        assume(False)  # not a spec capplan reads (YAML refuses control characters even in comments)
+    trace = [TraceBatch(Batch(n, n, 1), 10) for n in (1, 3, 7, 12)]
+    result = optimize(loaded, trace, load_cost_model(), max_graphs=40)
+    text = optimized_spec_text(spec, [tmp / "t.jsonl"], result)
+    kept = user_comment(spec)
+    assert kept in text and len(kept.splitlines()) == len(header)
+    out = tmp / "o.yaml"
+    out.write_text(text, encoding="utf-8")
+    assert load_spec(out) == result.spec

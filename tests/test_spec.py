@@ -103,3 +103,23 @@ def test_schema_defaults_is_a_spec_of_every_default_with_each_field_described():
         sub = getattr(field.annotation, "model_fields", {})
         assert set(sub) <= set(data[name] or {})
     assert out.stdout.count("\n# ") + out.stdout.count("\n  # ") >= len(Spec.model_fields)
+
+
+def test_any_target_vllm_is_a_release_or_one_line():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from capplan.releases import RELEASES, TARGETS
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.one_of(st.sampled_from([*TARGETS, "0.27", "0.32", "0.30", "0.34", "1", "0.3"]), st.text(max_size=8)))
+    def check(value):
+        try:
+            spec = spec_from_data({"target": {"vllm": value}}, "s.yaml")
+        except SpecError as exc:
+            assert "\n" not in exc.one_line() and exc.one_line().startswith("s.yaml: target.vllm: ")
+            return
+        assert spec.target.vllm in TARGETS
+        assert spec.target.vllm == value or spec.target.vllm in RELEASES and spec.target.vllm.startswith(value + ".")
+
+    check()

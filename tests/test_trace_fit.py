@@ -133,3 +133,27 @@ def test_drop_unschedulable_leaves_out_exactly_what_the_deployment_never_schedul
     assert json.loads(fitted.stdout)["steps"] == total - beyond
     [note] = fitted.stderr.strip().splitlines()
     assert f"dropped {beyond} of {total} steps" in note
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqs=st.integers(-3, 300),
+    budget=st.integers(-3, 9000),
+    loras=st.integers(-3, 10),
+    model_len=st.integers(-3, 40000),
+)
+def test_generator_limits_out_of_range_are_one_line_and_write_nothing(tmp_path_factory, seqs, budget, loras, model_len):
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("g") / "traces"
+    argv = ["--max-num-seqs", str(seqs), "--max-num-batched-tokens", str(budget), "--max-loras", str(loras)]
+    argv += ["--max-model-len", str(model_len), "-o", str(out)]
+    bad = seqs < 1 or budget < seqs or loras < 0 or model_len < 2
+    if not bad:
+        return  # the valid ones: test_generated_traces_fit_any_deployments_limits
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        make_traces.main(argv)
+    assert "limits out of range" in err.getvalue() and "Traceback" not in err.getvalue()
+    assert not out.exists()
