@@ -23,15 +23,12 @@ and its report section (`section`).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from capplan.runtime.deferred.held import TakeBlock
-from capplan.runtime.deferred.ranks import Ranks
 from capplan.runtime.deferred.section import section
 from capplan.runtime.deferred.serving import Serving
 from capplan.runtime.deferred.startup import StartUp
-from capplan.runtime.deferred.state import DeferredState
-from capplan.runtime.deferred.vllm_capture import CaptureOne
+from capplan.runtime.deferred.state import DeferredState, Seams
 from capplan.runtime.hooking import Call
 
 if TYPE_CHECKING:
@@ -39,18 +36,11 @@ if TYPE_CHECKING:
 
 
 class DeferredCapture:
-    """Deferred capture in one worker process, as the other hooks ask of it. `ranks`,
-    `capture_one` and `take_block` stand in for vLLM's groups, capture and cudaMalloc."""
+    """Deferred capture in one worker process, as the other hooks ask of it (`seams`: what a
+    check stands in for, `state.Seams`)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        ranks: Ranks | None = None,
-        capture_one: CaptureOne | None = None,
-        take_block: TakeBlock | None = None,
-    ) -> None:
-        self.state = DeferredState(engine, ranks=ranks, capture_one=capture_one, take_block=take_block)
+    def __init__(self, engine: Engine, **seams: Unpack[Seams]) -> None:
+        self.state = DeferredState(engine, **seams)
         self.startup = StartUp(self.state)
         self.serving = Serving(self.state)
         self.lock: threading.Lock = self.state.lock

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from capplan.errors import EngineRefusal
 from capplan.runtime.deferred.estimate import Estimate
@@ -61,27 +61,29 @@ class ServingRecord:
     recent_seconds: dict[str, deque[float]] = field(default_factory=dict)  # latest captures, per mode ("any": all)
 
 
+class Seams(TypedDict, total=False):
+    """What a check stands in for: vLLM's TP and PP groups (`ranks`), vLLM's capture of one graph
+    (`capture_one`) and the driver's cudaMalloc (`take_block`)."""
+
+    ranks: Ranks
+    capture_one: CaptureOne
+    take_block: TakeBlock
+
+
 class DeferredState:
     """Deferred capture in one worker process: what its parts share."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        ranks: Ranks | None = None,
-        capture_one: CaptureOne | None = None,
-        take_block: TakeBlock | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, **seams: Unpack[Seams]) -> None:
         plan = engine.plan
         assert plan.tiers is not None
         self.engine = engine
         self.tiers = plan.tiers
         self.graphs = GraphSets(plan)
         self.estimate = Estimate()
-        self.hold = Hold(take_block)
-        self.ranks: Ranks | None = ranks  # None: read from vLLM's graph manager at the first capture
+        self.hold = Hold(seams.get("take_block"))
+        self.ranks: Ranks | None = seams.get("ranks")  # None: read from vLLM's graph manager at the first capture
         self.vllm = VllmCapture(engine)
-        self.capture_one: CaptureOne = capture_one or self.vllm
+        self.capture_one: CaptureOne = seams.get("capture_one") or self.vllm
         # DP ranks that pad to one another: whole groups at DP-synced steps, dummy steps counted too
         self.synced = plan.spec.parallel.synced_size > 1
         self.lock = threading.Lock()  # a capture and the async output thread exclude each other
