@@ -140,7 +140,11 @@ def test_what_no_vllm_release_reads_is_refused(args):
 
 
 def test_arguments_no_flag_takes_are_refused_as_vllm_refuses_them():
-    for argv in ([*SERVE, "--enable-lora", "yes"], ["vllm", "serve", "--enable-lora", "M", "N"]):
+    for argv in (
+        [*SERVE, "--enable-lora", "yes"],
+        ["vllm", "serve", "--enable-lora", "M", "N"],
+        [*SERVE, "--seed=1", "x"],
+    ):
         with pytest.raises(CapplanError, match="an argument no flag takes"):
             own(argv)
     with pytest.raises(CapplanError, match="with no model"):

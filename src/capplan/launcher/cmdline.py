@@ -418,7 +418,7 @@ def read_command(argv: list[str]) -> Command | None:
             loose = True
         elif token.startswith("-") or after_unknown:
             i += 1
-            loose = True
+            loose = not (token.startswith("-") and eq)  # `--flag=value` takes no more
         elif free:
             free, i = 0, i + 1  # the model
         else:
