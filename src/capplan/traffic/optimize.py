@@ -452,9 +452,9 @@ class Objective:
             candidates = sorted(set(fitted) | {top} | {f for f in self.fillers if f <= top} | required)
             solver = Bucketing({0: fitted}, top, sizes=candidates, max_pad=self.max_pad, required=required)
             chosen: list[tuple[int, float, list[int]]] = []
-            # smoothed weights cover every count near a traced one, so the fitted cost falls a little
-            # with every size added: up to twice the default's sizes (a budget past that is rare)
-            most = limit if width == 0 else min(limit, 2 * len(self.default_sizes))
+            # up to twice the default's sizes: past that each size saves a few padded tokens (smoothed
+            # weights cover every count near a traced one), and each costs a DP layer per fold
+            most = min(limit, max(2 * len(self.default_sizes), 1))
             for k in range(1, min(len(solver.sizes), most) + 1):
                 value, sizes = solver.best(k)
                 if value == INF:
