@@ -190,12 +190,14 @@ def test_a_setting_no_spec_gives_contradicts_exactly_when_it_is_not_vllms_defaul
     "setting", [s for s in ON_LINE if s.only is not None and s.kind == "bool"], ids=lambda s: s.name
 )
 def test_a_switch_no_spec_gives_is_refused_on_and_passes_off(setting):
-    """A switch no spec field gives (the plan supports it off): on, alone or with `=true`, it is
-    refused with the row's own fix; off (`--no-` form) passes, and it is never added."""
+    """A switch no spec field gives (the plan supports it off): on, it is refused with the row's
+    own fix; with `=true` as vLLM's parser refuses it (a switch takes no value); off (`--no-`
+    form) passes, and it is never added."""
     draft = [SPECULATIVE_FLAGS[1], json.dumps(DRAFT)]
-    for on in ([setting.flag], [f"{setting.flag}=true"]):
-        problems = contradictions(PLAN, read_command([*SERVE, *draft, *on]))
-        assert len(problems) == 1 and setting.only in problems[0], (on, problems)
+    problems = contradictions(PLAN, read_command([*SERVE, *draft, setting.flag]))
+    assert len(problems) == 1 and setting.only in problems[0], problems
+    with pytest.raises(CapplanError, match="takes no value: vLLM refuses the command"):
+        read_command([*SERVE, *draft, f"{setting.flag}=true"])
     assert contradictions(PLAN, read_command([*SERVE, *draft, "--no-" + setting.flag[2:]])) == []
     assert setting.name not in line_values(PLAN)
 
