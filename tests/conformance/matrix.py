@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     subprocess.run(
         ["bash", str(ROOT / "tests/conformance/oracle/setup_oracle.sh"), str(ORACLE_DIR)], env=env, check=True
     )
-    rows, ok = [], True
+    rows, counts, ok = [], [], True
     for release in chosen:
         print(f"[matrix] vLLM {release}", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -64,6 +64,7 @@ def main(argv: list[str]) -> int:
         rows.append(
             f"| {release} | {RELEASES[release].group} | {'yes' if passed else 'NO'} | {summary} | {seconds:.0f} s |"
         )
+        counts += [f"- {release}: {line}" for line in proc.stdout.splitlines() if line.startswith("conformance ")]
         if not passed:
             print(proc.stdout[-3000:], file=sys.stderr)
     text = "\n".join(
@@ -74,6 +75,10 @@ def main(argv: list[str]) -> int:
             "| vLLM release | group | passes | conformance tier (planning, runtime contract and hooks, DP sync) | time |",
             "|---|---|---|---|---|",
             *rows,
+            "",
+            "What each release's run compared:",
+            "",
+            *counts,
             "",
         ]
     )
