@@ -216,3 +216,27 @@ def test_nothing_the_operator_gives_is_replaced_or_the_line_is_refused(line, at)
         assert cmd.values[setting] == value
     _, added = complete(PLAN, cmd)
     assert not set(added) & {FLAGS[s] for s in expected}
+
+
+def test_a_json_config_flag_taken_as_a_value_is_refused_not_a_traceback():
+    with pytest.raises(CapplanError, match="does not read a JSON config flag given where a value goes"):
+        own([*SERVE, "-cc.compile_sizes", "-sc", "--max-loras", "8"])
+
+
+WORDS = st.sampled_from(
+    ["--max-num-seqs", "--max_loras", "-O", "-O0", "--config", "-cc", "-cc.cudagraph_mode", "-cc.x+", "-sc", "--model",
+     "--compilation-config.cudagraph_capture_sizes+", "--served-model-name", "--enforce-eager", "--no-enable-lora", "auto",
+     "8", "1,2", "{}", "[]", '{"cudagraph_mode": 2}', "--", "=", "", "-tp4", "--disable-lora", "--seed=1", "x"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([SERVE, ["vllm", "serve"], ["python3", "-m", "vllm.entrypoints.openai.api_server"]]),
+       st.lists(WORDS | st.text(max_size=6), max_size=8))  # fmt: skip
+def test_any_line_gets_a_completion_or_one_line(head, rest):
+    try:
+        full, said = own([*head, *rest])
+    except CapplanError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    assert full[: len(head) + len(rest)] == [*head, *rest]

@@ -427,6 +427,10 @@ def read_command(argv: list[str]) -> Command | None:
                 "remove it, or give the flag it belongs to",
             )
     places = json_places(args)
+    if any(flag not in dotted if place is None else place not in json_objects for place, flag in places.values()):
+        raise _refuse(
+            next(flag for _, flag in places.values()), "does not read a JSON config flag given where a value goes"
+        )
     for which, (place, flag) in places.items():
         if place is None:
             cmd.dotted[which] = flag
