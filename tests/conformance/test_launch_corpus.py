@@ -97,6 +97,7 @@ CORPUS: list[tuple[list[str], str | None]] = [
     (["-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}', "-cc.compile_sizes=[8]"], None),
     (["-cc.cudagraph_mode=FULL_AND_PIECEWISE", "-cc.max_cudagraph_capture_size=1k"], None),
     (["-cc", json.dumps({"cudagraph_capture_sizes": [True, 2, 4]})], None),
+    (TRUE_IS_ONE := ["-cc", json.dumps({"cudagraph_capture_sizes": [True, *PLAN.capture_sizes[1:]]})], None),
     (["-cc", json.dumps({"cudagraph_capture_sizes": [1, "a"]})], None),
     (["-cc", f'{{"cudagraph_capture_sizes": {SIZES}}}'], None),
     # the model, and a bare --
@@ -222,6 +223,8 @@ def test_both_readers_agree_or_the_own_reader_refuses(version, rnd):
             theirs, ours = _verdict(argv, result), _verdict(argv, None)
             if argv == [*FORMS[0], "--model", "other"]:  # the vllm command moves --model first: M is left over
                 assert theirs[0] == "refused" and "unrecognized arguments: M" in theirs[1], theirs
+            if argv == [*FORMS[0], *TRUE_IS_ONE]:  # vLLM reads true as 1: the plan's sizes, completed by both
+                assert theirs[0] == "ok" and ours == theirs, (theirs, ours)
             if ours[0] == "refused":
                 counts["both refuse" if theirs[0] == "refused" else "own refuses, vLLM completes"] += 1
                 if theirs[0] == "ok":
