@@ -18,7 +18,10 @@ from capplan.loading import spec_from_data
 from capplan.planfile.write import render_plan
 from capplan.planner import compile_plan
 
-DENSE = {"parallel": {"data_parallel_size": 2, "moe": False}, "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 2048}}
+DENSE = {
+    "parallel": {"data_parallel_size": 2, "moe": False},
+    "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 2048},
+}
 
 
 def _plan(tmp: Path) -> Path:
