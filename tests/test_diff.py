@@ -334,15 +334,15 @@ def test_the_optimized_plan_s_markdown_diff_fits_a_pull_request_comment(tmp_path
     spec = tmp_path / "opt.yaml"
     made = runner.invoke(
         app,
-        ["optimize", str(ROOT / "configs" / "qwen3-8b-multilora.yaml"), str(ROOT / "examples" / "traces" / "chat.jsonl"),
-         "--max-graphs", "300", "-o", str(spec)],
+        ["optimize", str(ROOT / "configs" / "qwen3-8b-multilora.yaml"),
+         str(ROOT / "examples" / "traces" / "multitenant.jsonl"), "--max-graphs", "300", "-o", str(spec)],
     )  # fmt: skip
     assert made.exit_code == 0, made.output
     assert runner.invoke(app, ["compile", str(spec)]).exit_code == 0
     old, new = str(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"), str(tmp_path / "opt.plan.yaml")
     md = runner.invoke(app, ["diff", old, new, "--format", "markdown"]).stdout
     headline = md.splitlines()[2]
-    assert len(headline) < 300 and headline.startswith("**capture sizes: +96 -31; cudagraph.lora_case_sizes changed")
+    assert len(headline) < 300 and headline.startswith("**capture sizes: +78 -26; cudagraph.lora_case_sizes changed")
     assert len(md) < 20_000
     assert "{'" not in md and "True" not in md and "None" not in md
     assert "more not listed here" in md and "`capplan diff` (text or --json) lists every one" in md

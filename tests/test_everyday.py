@@ -197,12 +197,12 @@ def test_the_optimize_curve_marks_budget_and_choice_and_the_text_stops_near_it(t
     svg = (tmp_path / "c.svg").read_text()
     # the best set within 300 graphs pads more than vLLM's sizes on the held-out steps: the spec's own kept
     assert "budget 300" in svg and "chosen: 496 graphs" in svg and "(log)" in svg
-    assert "more point(s), up to 1861 graphs (--full-curve prints them)" in out.stdout
+    assert "more point(s), up to 665 graphs (--full-curve prints them)" in out.stdout
     best = next(line for line in out.stdout.splitlines() if "<- best in budget, not kept" in line)
     rows = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert max(int(line.split()[1]) for line in rows) <= 2 * int(best.split()[1])
     full = _optimize_qwen3(tmp_path, "--full-curve")
-    assert "--full-curve prints them" not in full.stdout and " 1861 " in full.stdout
+    assert "--full-curve prints them" not in full.stdout and " 665 " in full.stdout
 
 
 def test_png_pictures_need_the_plot_extra(tmp_path):
