@@ -47,4 +47,4 @@ def test_every_pin_resolves():
 
 def test_the_release_steps_say_how_to_find_the_pinned_commit():
     text = (ROOT / "docs" / "releasing.md").read_text()
-    assert "git ls-remote" in text and "`COMMIT`" in text and "Release X.Y.Z" in text
+    assert "--grep '^Release '" in text and "`COMMIT`" in text and "Release X.Y.Z" in text
