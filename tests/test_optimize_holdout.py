@@ -85,8 +85,8 @@ def test_fitted_spec_keeps_the_users_header_and_labels_each_padding_figure(tmp_p
 
 
 def test_a_padding_bound_no_set_meets_is_one_line_even_with_the_fallback(tmp_path):
-    """--max-pad-ratio 1 leaves no candidate set: a one-line refusal, nothing written (under
-    --padding-fallback too, which used to end in a traceback)."""
+    """--max-pad-ratio 1 leaves no candidate set: a one-line refusal that asks for no prices (the
+    padded-tokens objective needs none), nothing written; under --padding-fallback too."""
     spec, trace = _write(tmp_path, [_decodes(t, 30) for t in (3, 5, 9, 17, 30)])
     out = tmp_path / "o.yaml"
     for extra in ([], ["--padding-fallback"]):
@@ -97,6 +97,7 @@ def test_a_padding_bound_no_set_meets_is_one_line_even_with_the_fallback(tmp_pat
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
         assert len(result.stderr.strip().splitlines()) == 1
         assert "within the padding bound of 1x" in result.stderr
+        assert "price" not in result.stderr and "calibrat" not in result.stderr  # padding needs no step times
         assert not out.exists()
 
 
