@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from capplan.analysis.diff import (
     SIZES_KEY,
@@ -150,11 +150,15 @@ def coverage_headline(d: PlanDiff) -> str:
 
 
 def lora_map_text(change: LoraMapChange) -> str:
-    if isinstance(change, LoraKeyChange):
-        return f"LoRA dispatch by {change.old} -> {change.new}"
-    was = "not scheduled" if change.old_case is None else f"case {change.old_case}"
-    now = "no longer scheduled" if change.new_case is None else f"case {change.new_case}"
-    return f"LoRA count {change.count}: {was} -> {now}"
+    match change:
+        case LoraKeyChange():
+            return f"LoRA dispatch by {change.old} -> {change.new}"
+        case LoraCountChange():
+            was = "not scheduled" if change.old_case is None else f"case {change.old_case}"
+            now = "no longer scheduled" if change.new_case is None else f"case {change.new_case}"
+            return f"LoRA count {change.count}: {was} -> {now}"
+        case _:
+            assert_never(change)
 
 
 ENCODER_LABELS = {
@@ -180,23 +184,31 @@ def encoder_change_text(change: EncoderChange) -> str:
 
 
 def tier_change_text(change: TierChange) -> str:
-    if isinstance(change, DeferredSwitch):
-        counts = f"{change.ready} ready, {change.deferred} deferred"
-        if change.on:
-            return f"deferred capture on: {counts} (was every graph ready)"
-        return f"deferred capture off: every graph ready (was {counts})"
-    if isinstance(change, TierTotals):
-        return (
-            f"{change.old_ready} ready, {change.old_deferred} deferred -> "
-            f"{change.new_ready} ready, {change.new_deferred} deferred"
-        )
-    return f"{address(change.graph)}: {change.old_tier} -> {change.new_tier}"
+    match change:
+        case DeferredSwitch():
+            counts = f"{change.ready} ready, {change.deferred} deferred"
+            if change.on:
+                return f"deferred capture on: {counts} (was every graph ready)"
+            return f"deferred capture off: every graph ready (was {counts})"
+        case TierTotals():
+            return (
+                f"{change.old_ready} ready, {change.old_deferred} deferred -> "
+                f"{change.new_ready} ready, {change.new_deferred} deferred"
+            )
+        case TierMove():
+            return f"{address(change.graph)}: {change.old_tier} -> {change.new_tier}"
+        case _:
+            assert_never(change)
 
 
 def fix_change_text(change: FixChange) -> str:
-    if isinstance(change, FixesChange):
-        return f"fixes: {list(change.old)} -> {list(change.new)}"
-    return f"{'+' if change.added else '-'} {change.fix}: {change.change}"
+    match change:
+        case FixesChange():
+            return f"fixes: {list(change.old)} -> {list(change.new)}"
+        case DeviationChange():
+            return f"{'+' if change.added else '-'} {change.fix}: {change.change}"
+        case _:
+            assert_never(change)
 
 
 def _fmt(value: object) -> str:
