@@ -50,13 +50,13 @@ import subprocess
 import sys
 import threading
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from deferred_serve import interval, log_facts, read_json, stop, wait_landed  # noqa: E402
+from run_identity import BACKEND_LINE, identity  # noqa: E402
 from serve_run import free_port, wait_ready  # noqa: E402
 
 T0 = time.monotonic()
@@ -74,7 +74,6 @@ TIERS = 'tiers: {ready: ["FULL:1x1@0"], every_steps: 8}\n'
 UTIL = "0.92"
 GROUP = 8
 TOPK = 5
-BACKEND_LINE = re.compile(r"Using (\w+) (?:attention )?backend")
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.-]+) GiB")
 ESTIMATE_LINE = re.compile(r"[Ee]stimated CUDA graph memory:? ([\d.]+) GiB")
 CONTROLS = ("vanilla", "fault")
@@ -141,22 +140,6 @@ def compile_spec(work: Path, name: str, text: str) -> Path:
     plan = work / f"{name}.plan.yaml"
     subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
     return plan
-
-
-def identity() -> dict:
-    commit = os.environ.get("CAPPLAN_COMMIT")
-    if not commit:
-        got = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
-        commit = got.stdout.strip() or None
-    import torch
-
-    return {
-        "capplan_commit": commit,
-        "vllm": version("vllm"),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": sys.version.split()[0],
-    }
 
 
 # -- traffic ----------------------------------------------------------------------------------

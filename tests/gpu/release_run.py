@@ -6,21 +6,20 @@ The release is the one installed (`vllm`'s package metadata); the plan targets i
 (vLLM's OpenAI server, default multiprocessing: the engine core in its own process) on a tiny
 random Llama with 3 LoRA adapters, max_loras 3:
 - planned:   specialize_active_lora on, under `capplan apply` with the plan, a report and a trace;
-             started alone, so that vLLM's memory profiling (and, from 0.29, its profiling capture
-             of CUDA graphs) measures this engine only;
-then, together:
 - reference: specialize_active_lora off (every LoRA graph has the full grid);
 - vanilla:   specialize_active_lora on, no plan (the no-LoRA-slot bug the plan fixes);
 - dummy:     the plan in force on an engine whose dummy batches vLLM alone would build past
              max_model_len (8192 batched tokens, 100 sequences, max_model_len 128);
 - mismatch:  a plan for max_loras 2 on this max_loras 3 server, timed from launch to exit;
 - v1:        CAPPLAN_PLAN on a server forced to vLLM's V1 runner.
-The servers of the second group get a fixed KV cache (`--kv-cache-memory-bytes`), so that none of
-them measures the others' memory. With --together every server starts at once, each with a fixed KV
-cache (releases before 0.29, whose memory profiling captures no graphs; the graph memory the
-report measures then includes the other servers' allocations). Outputs are compared request by request; where two differ,
-the reference's top-2 logprob margin at the first differing token tells a bf16 near-tie from a
-real error.
+Every server starts alone, one after another, its KV cache sized by vLLM's memory profiling (and,
+from 0.29, its profiling capture of CUDA graphs), so that every arm runs under the same settings
+and none measures another's memory. With --together every server starts at once, each with a
+fixed KV cache (`--kv-cache-memory-bytes`; the graph memory the report measures then includes the
+other servers' allocations). The result keeps every server's tokens and top-2 logprobs, its
+command and attention backend, and the run's identity (capplan commit, vLLM, torch, GPU). Outputs
+are compared request by request; where two differ, the reference's top-2 logprob margin at the
+first differing token is recorded beside the difference.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from run_identity import BACKEND_LINE, identity  # noqa: E402
 from serve_run import GROUP, build, free_port, groups, groups_label, server_command, wait_ready  # noqa: E402
 
 NEAR_TIE = 0.5  # a reference top-2 logprob margin below this at the first differing token is a near-tie
@@ -134,7 +134,10 @@ def serve(
             except subprocess.TimeoutExpired:
                 proc.kill()
     result["wall_s"] = round(time.perf_counter() - start, 1)
-    lines = log_path.read_text(errors="replace").splitlines()
+    result["command"] = cmd
+    text = log_path.read_text(errors="replace")
+    result["attention_backend"] = sorted(set(BACKEND_LINE.findall(text)))
+    lines = text.splitlines()
     result["capplan_lines"] = [line for line in lines if "capplan" in line]
     result["in_force_lines"] = sum("in force" in line for line in lines if "capplan" in line)
     result["log_lines"] = [line[-400:] for line in lines if any(k in line for k in LOG_KEYS)][-60:]
@@ -213,30 +216,32 @@ def main() -> None:
     dummy = compile_plan(work, "dummy", release, 3, DUMMY)
     results: dict = {"release": release, "requests_per_group": GROUP, "near_tie_below": NEAR_TIE}
     t0 = time.perf_counter()
+    results["identity"] = identity()
     together = "--together" in sys.argv  # every server at once, each with a fixed KV cache (no profiling capture)
-    if not together:
-        results["planned"] = serve("planned", model, work, True, plan, MAIN, False)
+    results["server_settings"] = "together, fixed KV cache" if together else "one at a time, vLLM's memory profiling"
     jobs = {
-        **({"planned": lambda: serve("planned", model, work, True, plan, MAIN, True)} if together else {}),
-        "reference": lambda: serve("reference", model, work, False, None, MAIN, True),
-        "vanilla": lambda: serve("vanilla", model, work, True, None, MAIN, True),
-        "dummy": lambda: serve("dummy", model, work, True, dummy, DUMMY, True),
+        "planned": lambda: serve("planned", model, work, True, plan, MAIN, together),
+        "reference": lambda: serve("reference", model, work, False, None, MAIN, together),
+        "vanilla": lambda: serve("vanilla", model, work, True, None, MAIN, together),
+        "dummy": lambda: serve("dummy", model, work, True, dummy, DUMMY, together),
         "mismatch": lambda: refusal("mismatch", model, work, wrong, True, {}),
         "v1": lambda: refusal("v1", model, work, plan, False, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
     }
-    threads = [threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f())) for n, f in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if together:
+        threads = [threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f())) for n, f in jobs.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:  # every arm under the same settings: alone on the GPU, its KV cache sized by vLLM's profiling
+        for name, job in jobs.items():
+            results[name] = job()
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     ref = results["reference"]["outputs"]
     for name in ("vanilla", "planned"):
         results[f"{name}_vs_reference"] = compare(ref, results[name]["outputs"])
     results["dummy_vs_reference"] = {"note": "other engine limits; served requests answered",
                                      "answered": sum(1 for o in results["dummy"]["outputs"].values() if o.get("tokens"))}  # fmt: skip
-    for name in ("reference", "vanilla", "planned", "dummy"):
-        results[name].pop("outputs", None)
     out.write_text(json.dumps(results, indent=1))
     brief = {
         k: v for k, v in results.items() if k.endswith("_vs_reference") or k in ("release", "mismatch", "v1", "wall_s")

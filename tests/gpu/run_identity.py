@@ -1,0 +1,30 @@
+"""What every GPU result records about the run that made it: the capplan commit, vLLM, torch, the
+GPU (and, from each server's log, the attention backend vLLM chose)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+BACKEND_LINE = re.compile(r"Using (\w+) (?:attention )?backend")
+
+
+def identity() -> dict:
+    """The capplan commit (`CAPPLAN_COMMIT`, else `git rev-parse HEAD`), vLLM, torch, the GPU."""
+    commit = os.environ.get("CAPPLAN_COMMIT")
+    if not commit:
+        got = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        commit = got.stdout.strip() or None
+    import torch
+
+    return {
+        "capplan_commit": commit,
+        "vllm": version("vllm"),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+    }
