@@ -275,12 +275,14 @@ def _keep_default(result: Optimized, held_out: HeldOut | None) -> str | None:
     """Why the spec's own sizes are the better choice, or None: the fitted sizes pad more (or run
     more steps eager) than the spec's own on the held-out steps, under the padded-tokens objective
     (under step time the held-out figures are reported, and the choice stands)."""
-    if held_out is None or result.objective != "padding" or result.point.capture_sizes == result.default.capture_sizes:
+    p, d = result.point, result.default
+    if held_out is None or result.objective != "padding":
         return None
+    if p.capture_sizes == d.capture_sizes and p.spec.cudagraph.lora_case_sizes is None:
+        return None  # the fitted set is the spec's own
     why = held_out.worse()
     if why is None:
         return None
-    p = result.point
     return (
         f"the best {p.sizes} sizes within {result.budget} ({p.graphs} graphs) do worse than the spec's own "
         f"{held_out.part()}: {why}"
