@@ -55,9 +55,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from deferred_serve import interval, log_facts, read_json, stop, wait_landed  # noqa: E402
+import release_run  # noqa: E402
+from deferred_serve import compile_spec, interval, log_facts, read_json, stop, wait_landed  # noqa: E402
 from run_identity import BACKEND_LINE, identity  # noqa: E402
-from serve_run import free_port, wait_ready  # noqa: E402
+from serve_run import free_port, save_word_tokenizer, wait_ready  # noqa: E402
 
 T0 = time.monotonic()
 CONFIG = HERE / "configs" / "llama-3.1-8b.json"
@@ -89,8 +90,7 @@ def build_model(model: Path) -> None:
         return
     import torch
     from peft import LoraConfig, get_peft_model
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(**{k: v for k, v in json.loads(CONFIG.read_text()).items() if k != "architectures"})
     torch.manual_seed(0)
@@ -99,12 +99,7 @@ def build_model(model: Path) -> None:
     with torch.no_grad():
         base.lm_head.weight.mul_(20.0)
     base.save_pretrained(model / "base", safe_serialization=True)
-    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, config.vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="t1", eos_token="t2").save_pretrained(
-        model / "base"
-    )
+    save_word_tokenizer(model / "base", config.vocab_size)
     lora = LoraConfig(
         r=RANK, lora_alpha=2 * RANK, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False
     )
@@ -134,14 +129,6 @@ def server_command(model: Path, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def compile_spec(work: Path, name: str, text: str) -> Path:
-    spec = work / f"{name}.yaml"
-    spec.write_text(text)
-    plan = work / f"{name}.plan.yaml"
-    subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
-    return plan
-
-
 # -- traffic ----------------------------------------------------------------------------------
 def groups() -> list[list[str | None]]:
     """Adapter per request (None: the base model), per concurrent group: k adapters with base
@@ -154,40 +141,15 @@ def groups() -> list[list[str | None]]:
     return out
 
 
-def complete(port: int, model: str, prompt: list[int]) -> dict:
-    body = json.dumps(
-        {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": TOPK}
-    )
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    choice = json.loads(conn.getresponse().read())["choices"][0]
-    conn.close()
-    lp = choice.get("logprobs") or {}
-    return {"tokens": lp.get("tokens") or [], "top": lp.get("top_logprobs") or []}
+def prompt(g: int, i: int) -> list[int]:
+    """Request i of group g: 5 to 26 token ids spread over the vocabulary."""
+    return [(7919 * g + 104729 * i + 31 * t) % 30000 + 10 for t in range(5 + 3 * i)]
 
 
 def run_groups(port: int) -> dict:
     """Every group, one after the other, its requests concurrent: tokens and top-5 logprobs of
     each request, keyed "group:request"."""
-    out: dict = {}
-    for g, adapters in enumerate(groups()):
-        got: dict = {}
-
-        def one(i: int, adapter: str | None, g: int = g, got: dict = got) -> None:
-            prompt = [(7919 * g + 104729 * i + 31 * t) % 30000 + 10 for t in range(5 + 3 * i)]
-            try:
-                got[i] = complete(port, adapter or "base", prompt)
-            except Exception as exc:  # noqa: BLE001 - recorded
-                got[i] = {"tokens": None, "error": f"{type(exc).__name__}: {exc}"}
-
-        threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(adapters)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for i, adapter in enumerate(adapters):
-            out[f"{g}:{i}"] = {"adapter": adapter, "group": g, **got.get(i, {"tokens": None})}
-    return out
+    return release_run.run_groups(port, groups(), prompt, TOPK)
 
 
 def traffic(shape: str, seed: int) -> list[dict]:

@@ -74,9 +74,9 @@ def command(model: Path, port: int, specialize_active: bool, sched: dict, fixed_
     return cmd
 
 
-def complete(port: int, model: str, prompt: list[int]) -> dict:
+def complete(port: int, model: str, prompt: list[int], logprobs: int = 2) -> dict:
     body = json.dumps(
-        {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+        {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": logprobs}
     ).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
@@ -85,14 +85,25 @@ def complete(port: int, model: str, prompt: list[int]) -> dict:
     return {"tokens": lp.get("tokens") or [], "top": lp.get("top_logprobs") or [], "text": choice["text"]}
 
 
-def run_groups(port: int) -> dict:
+def tiny_prompt(g: int, i: int) -> list[int]:
+    """Request i of group g: token ids within the tiny model's vocabulary."""
+    return [(7 * g + 13 * i + t) % 2000 + 10 for t in range(5 + i)]
+
+
+def run_groups(
+    port: int, group_list: list[list[str | None]] | None = None, prompt=tiny_prompt, logprobs: int = 2
+) -> dict:
+    """Every group (default `groups()`), one after the other, its requests concurrent: tokens and
+    top logprobs of each request (or the error it met), keyed "group:request"."""
     out: dict = {}
-    for g, adapters in enumerate(groups()):
+    for g, adapters in enumerate(group_list or groups()):
         got: dict = {}
 
         def one(i: int, adapter: str | None, g: int = g, got: dict = got) -> None:
-            prompt = [(7 * g + 13 * i + t) % 2000 + 10 for t in range(5 + i)]
-            got[i] = complete(port, adapter or "base", prompt)
+            try:
+                got[i] = complete(port, adapter or "base", prompt(g, i), logprobs)
+            except Exception as exc:  # noqa: BLE001 - recorded with the request
+                got[i] = {"tokens": None, "error": f"{type(exc).__name__}: {exc}"}
 
         threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(adapters)]
         for t in threads:

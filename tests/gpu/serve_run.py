@@ -44,16 +44,22 @@ def build(work: Path) -> Path:
     build_model(model)
     base = model / "base"
     if not (base / "tokenizer.json").exists():  # the server needs a tokenizer: one word per token id
-        from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast
-
-        vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, 2048)}}
-        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-        tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        PreTrainedTokenizerFast(
-            tokenizer_object=tok, unk_token="<unk>", bos_token="t1", eos_token="t2"
-        ).save_pretrained(base)
+        save_word_tokenizer(base, 2048)
     return model
+
+
+def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer with one word ("t<id>") per token id, saved into `folder`: what vLLM's
+    server needs beside a random model that is sent token-id prompts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="t1", eos_token="t2").save_pretrained(
+        folder
+    )
 
 
 def free_port() -> int:

@@ -56,7 +56,7 @@ LLM_ARGS = {"attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.5, "
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 T0 = time.monotonic()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_run import free_port  # noqa: E402
+from serve_run import free_port, save_word_tokenizer  # noqa: E402
 
 # Seconds each stage took on the H200 (or a guess), so a call with a time limit stops between stages.
 EXPECTED_S = dict(model=90, record=170, calibrate=330, optimize=30, vllm=170, default=170, optimized=130, summary=20)
@@ -77,8 +77,7 @@ def build_model(model: Path) -> None:
     """Random bf16 weights built on the GPU, peft adapters on q/k/v/o, a word-level tokenizer."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=32000,
@@ -94,12 +93,7 @@ def build_model(model: Path) -> None:
     with torch.device("cuda"):
         base = LlamaForCausalLM(config).to(torch.bfloat16)
     base.save_pretrained(model / "base", safe_serialization=True)
-    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, 32000)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="t1", eos_token="t2").save_pretrained(
-        model / "base"
-    )
+    save_word_tokenizer(model / "base", 32000)
     lora = LoraConfig(
         r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False
     )
