@@ -145,7 +145,7 @@ def test_simulate_cli_names_unmeasured_points_instead_of_a_number(tmp_path):
     assert data["unpriced_points"] == [{"mode": "graph", "lora_case": 5, "num_tokens": 256, "steps": 1}]
 
 
-def test_estimates_for_a_70b_spec_from_the_shipped_small_model_calibration_are_flagged(tmp_path):
+def test_a_70b_spec_is_predicted_as_extrapolated_and_the_small_model_calibration_prices_nothing(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -153,10 +153,16 @@ def test_estimates_for_a_70b_spec_from_the_shipped_small_model_calibration_are_f
     show = runner.invoke(app, ["show", str(plan)])
     assert show.exit_code == 0
     line = next(x for x in show.stdout.splitlines() if x.startswith("Estimate:"))
-    assert "withheld" in line and "uncalibrated" in line and "parameters 0.853B vs 70.6B" in line
-    assert " s capture" not in line
+    # no calibration of this model: the shape model predicts, and says how far it extrapolates
+    assert "(predicted; predicted by the shape model" in line
+    assert "extrapolated: layers 80, 2.5x the largest measured (32)" in show.stdout
+    assert "it does not bound the extrapolation" in show.stdout
+    assert "vLLM's own estimate stays in charge of the KV cache" in show.stdout
     data = json.loads(runner.invoke(app, ["show", str(plan), "--json"]).stdout)
+    assert data["price"]["kind"] == "predicted" and data["price"]["graph_memory_reserve_bytes"] is None
+    # the small model's step-cost calibration prices nothing here
     assert data["estimate"]["capture_seconds"] is None and data["estimate"]["graph_memory_gib"] is None
+    assert "parameters 0.853B vs 70.6B" in data["estimate"]["basis"]
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"num_reqs": 16, "num_tokens": 64, "max_query_len": 4, "count": 10}\n')
     spec = root / "configs" / "llama3-70b-spec-decode.yaml"

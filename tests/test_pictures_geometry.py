@@ -95,7 +95,8 @@ def test_the_diff_picture_title_fits(tmp_path, monkeypatch):
     svg = Path("d.svg").read_text()
     root = check_geometry(svg)
     caption = " ".join(el.text for el in root.iter(f"{NS}text") if el.get("font-size") == "12")
-    assert caption.startswith(f"capplan diff {names[0]} -> {names[1]}: scheduler.max_num_seqs: 128 -> 96")
+    assert caption.startswith(f"capplan diff {names[0]} -> {names[1]}: REGRESSION: ")  # batches sent eager lead
+    assert "scheduler.max_num_seqs: 128 -> 96" in caption
     assert "estimated)" in caption  # the whole headline, not cut
 
 

@@ -146,6 +146,8 @@ def _on_base(
     data: dict[str, Any] = {"name": name or f"{base.name[:190]}+served"}
     if base.identity is not None or layout:
         identity = base.identity.model_dump(exclude_none=True) if base.identity is not None else {}
+        if not identity.get("given"):  # nothing given: the key says nothing, leave it out
+            identity.pop("given", None)
         data["identity"] = _identity_with(identity, layout)
     data |= {"runs": [r.model_dump() for r in base.runs], "step_times": [r.model_dump() for r in rows]}
     source = (
