@@ -139,8 +139,8 @@ _STARTED: list[subprocess.Popen] = []
 
 def _run_dir() -> Path:
     """Where this test run's servers listen: one folder per run, shared by its xdist workers."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    return Path(tempfile.gettempdir()) / f"capplan-forkservers-{run}"
+    run = (os.environ.get("PYTEST_XDIST_TESTRUNUID") or "")[:12] or f"pid{os.getpid()}"
+    return Path(tempfile.gettempdir()) / f"capplan-forkservers-{run}"  # short: a socket's path has 107 bytes
 
 
 def _watched() -> int:
@@ -155,7 +155,7 @@ def _shared(env: dict[str, str]) -> dict[str, str]:
 def _server(path: list[str], version: str | None, env: dict[str, str]) -> Path:
     """The socket of the run's server for `path` and `env` (but its PER_JOB variables), started
     by the first process of the run that needs it."""
-    key = hashlib.sha256(json.dumps([path, sorted(_shared(env).items())]).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps([path, sorted(_shared(env).items())]).encode()).hexdigest()[:16]
     folder = _run_dir() / key
     if key in _KNOWN:
         return folder / "socket"

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def servers(monkeypatch, tmp_path):
     monkeypatch.setattr(oracle_python, "PRELOAD_TORCH", ("numpy.random",))  # seeded at import, as torch is
     monkeypatch.setattr(oracle_python, "_KNOWN", {})
     monkeypatch.setattr(oracle_python, "_STARTED", [])
-    monkeypatch.setattr(oracle_python, "_run_dir", lambda: tmp_path / "servers")
+    run_dir = Path(tempfile.mkdtemp(prefix="capplan-test-")) / "servers"  # short: a socket's path has 107 bytes
+    monkeypatch.setattr(oracle_python, "_run_dir", lambda: run_dir)
     monkeypatch.delenv("CAPPLAN_ORACLE_FRESH", raising=False)
     monkeypatch.setattr(coverage, "_PAIRS", {})  # these jobs are not conformance checks
     monkeypatch.setattr(coverage, "_VALUES", {})
@@ -43,7 +45,8 @@ def servers(monkeypatch, tmp_path):
         os.kill(pid, signal.SIGTERM)
     for proc in oracle_python._STARTED:
         proc.wait(30)
-    assert not (tmp_path / "servers").exists()  # each server removed its folder, the last the run's
+    assert not run_dir.exists()  # each server removed its folder, the last the run's
+    run_dir.parent.rmdir()
 
 
 def _report(job) -> dict:
