@@ -342,14 +342,39 @@ def apply_cmd(
     raise typer.Exit(code=applied.code)
 
 
+@app.command("init", help=h.INIT_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_errors_to_exit
+def init_cmd(
+    ctx: typer.Context,
+    config: h.InitConfig = None,
+    output: h.InitOutput = None,
+    vllm: h.InitVllm = None,
+    moe: h.InitMoe = None,
+    force: h.InitForce = False,
+) -> None:
+    from capplan.commands.init import InitRequest, init
+
+    done = init(InitRequest(config, list(ctx.args), output, vllm, moe, force), _note)
+    if output is None:
+        sys.stdout.write(done.text)
+        return
+    typer.echo(
+        f"wrote {printable(str(output))}: {len(done.carried)} setting(s) carried, {len(done.not_carried)} not "
+        f"carried, {len(done.defaults)} left to the spec's default ({done.reader}; its header lists them)",
+        err=True,
+    )
+    for line in done.not_carried:
+        typer.echo(f"  not carried: {printable(line)}", err=True)
+
+
 @app.command("flags", help=h.FLAGS_HELP)
 @_errors_to_exit
 def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve") -> None:
     from capplan.launcher.engine_args import render
     from capplan.planfile.read import load_plan
 
-    if form not in ("serve", "python", "json"):
-        raise UsageError(f"--format must be serve, python or json (got {form!r})")
+    if form not in ("serve", "python", "json", "yaml"):
+        raise UsageError(f"--format must be serve, python, json or yaml (got {form!r})")
     typer.echo(render(load_plan(plan), form, str(plan)))
 
 

@@ -442,6 +442,41 @@ ApplyTrace = Annotated[
     ),
 ]
 
+INIT_HELP = """Write a spec from an existing vLLM deployment: capplan init --config vllm.yaml -o deploy.yaml
+
+The deployment is its `vllm serve --config` YAML file, its serve line (after
+--: capplan init -o deploy.yaml -- vllm serve MODEL --max-num-seqs 64 ...),
+or both. They are read as vLLM reads them: by vLLM's own argument parser
+where vLLM is importable, else by capplan's own reader, which refuses what it
+does not read. Every setting the plan covers goes into the spec (the model
+into model.name); the spec's header comment names every setting it could not
+carry and why, and each setting the deployment leaves to the spec's default.
+Without -o the spec goes to stdout. An existing file is replaced only with --force.
+"""
+InitConfig = Annotated[
+    Path | None, typer.Option("--config", help="The deployment's vLLM config file (what `vllm serve --config` reads).")
+]
+InitOutput = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the spec here (default: print it to stdout).")
+]
+InitVllm = Annotated[
+    str | None,
+    typer.Option(
+        "--vllm",
+        help="target.vllm: the vLLM release the deployment runs (default: the installed vLLM where capplan "
+        "plans for it, else the spec's default).",
+    ),
+]
+InitMoe = Annotated[
+    bool | None,
+    typer.Option(
+        "--moe/--dense",
+        help="parallel.moe: whether the model is a mixture of experts (needed with data parallelism).",
+        show_default=False,
+    ),
+]
+InitForce = Annotated[bool, typer.Option("--force", help="Replace an existing output file.")]
+
 FLAGS_HELP = """Print the vLLM arguments that match PLAN, for launching vLLM without `capplan apply`.
 
 Scheduler limits, max_loras and the specialize switches, DP (and TP/PP when
@@ -452,13 +487,15 @@ environment) and name the spec's model (MODEL when the spec names none).
 Speculative decoding needs your draft method: the line before says what to
 add. --format json lists the arguments alone; set CAPPLAN_PLAN yourself (and,
 with --data-parallel-backend ray, VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_).
+--format yaml gives them as a `vllm serve --config` file's keys, to merge into yours.
 """
 FlagsFormat = Annotated[
     str,
     typer.Option(
         "--format",
         help="serve: a `vllm serve` line; python: a `python -m vllm.entrypoints.openai.api_server` line; "
-        "json: the arguments as a JSON list (for Kubernetes manifests, Ray, your own scripts).",
+        "json: the arguments as a JSON list (for Kubernetes manifests, Ray, your own scripts); "
+        "yaml: the keys of a `vllm serve --config` file.",
     ),
 ]
 

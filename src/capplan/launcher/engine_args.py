@@ -121,11 +121,54 @@ def render(plan: Plan, form: str, plan_path: str = "PLAN") -> str:
         note = f'# and --speculative-config with your draft method and "num_speculative_tokens": {k}\n'
     if form == "json":
         return json.dumps(args, indent=2)
+    if form == "yaml":
+        return config_yaml(args, plan_path, note)
     model = plan.spec.model.name if plan.spec.model is not None and plan.spec.model.name else "MODEL"
     env = [f"{PLAN_ENV}={plan_path}"]
     if form == "python":
         return note + shlex.join([*env, "python", "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args])
     return note + shlex.join([*env, "vllm", "serve", model, *args])
+
+
+def config_yaml(args: list[str], plan_path: str, note: str = "") -> str:
+    """`flags` arguments as the keys of a `vllm serve --config` YAML file, in the form vLLM's
+    config-file loader turns back into them (0.25 to 0.33 alike): a flag's value under its
+    dashed name, a true switch as `true`, the compilation config as a mapping (the loader
+    passes it on as its JSON). A false switch is left out: 0.25's loader drops it and later
+    ones read it as `--no-KEY`, so only vLLM's default (off) reads the same in every release."""
+    import yaml
+
+    from capplan.launcher.cmdline import OFF, SCALARS, SWITCHES
+
+    data: dict[str, Any] = {}
+    left_out: list[str] = []
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag in SCALARS:
+            data[flag[2:]] = int(args[i + 1])
+            i += 2
+        elif flag in COMPILATION_FLAGS:
+            data[COMPILATION_FLAGS[0][2:]] = json.loads(args[i + 1])
+            i += 2
+        elif flag in SWITCHES:
+            data[flag[2:]] = True
+            i += 1
+        elif flag in OFF:
+            left_out.append(OFF[flag][2:])
+            i += 1
+        else:
+            raise AssertionError(f"flags_for gave {flag!r}, which no config-file key spells")
+    name = printable(plan_path)
+    head = (
+        f"# vLLM settings of {name}, as `vllm serve --config` file keys: merge them into your config file,\n"
+        f"# and start vLLM with CAPPLAN_PLAN={name} in its environment (that puts the plan in force).\n"
+    )
+    if left_out:
+        off = ", ".join(left_out)
+        head += f"# Off, vLLM's default, so left out (a false switch reads differently across releases): {off}\n"
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    return head + note + str(body).rstrip("\n")
 
 
 def prepare(

@@ -1,0 +1,277 @@
+"""`capplan init`: a spec from an existing vLLM deployment (its `--config` YAML file and/or its
+serve line), read as vLLM reads them.
+
+The deployment is read by the launcher's readers (capplan.launcher.cmdline): vLLM's own parser
+where vLLM is importable, capplan's own reader otherwise, which refuses what it does not read.
+Which option sets which spec field is capplan.settings' table; what the deployment gives that
+the plan cannot hold is what `capplan apply` would refuse in it (engine_args.contradictions),
+so there is one rule for both. Everything else it gives is named as not part of the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from capplan.commands import Notes, inputs, no_notes
+from capplan.errors import CapplanError, UsageError, printable
+from capplan.schemas.spec import Spec, Target
+
+# The EngineArgs fields vLLM's parser reports that are no setting of their own here: the model
+# (spec.model.name), the config file itself, and the JSON configs and shorthands the launcher's
+# reading already turned into the plan's settings.
+_READ_ELSEWHERE = {
+    "model", "model_tag", "config", "subparser", "dispatch_function", "compilation_config",
+    "speculative_config", "optimization_level", "spec_tokens", "spec_method",
+}  # fmt: skip
+NOT_IN_PLAN = "does not change which CUDA graphs are captured: not part of the plan, keep it in your vLLM config"
+
+
+@dataclass(frozen=True)
+class InitRequest:
+    """`capplan init`'s arguments: where the deployment's settings are, and where the spec goes."""
+
+    config: Path | None
+    command: list[str]
+    output: Path | None = None
+    vllm: str | None = None
+    moe: bool | None = None
+    force: bool = False
+    python: str | None = None  # the Python whose vLLM reads the line (default: the line's own)
+    env: dict[str, str] | None = None
+
+
+@dataclass
+class Initialized:
+    """The spec made, its text, and what was carried into it and what not."""
+
+    spec: Spec
+    text: str
+    carried: list[str] = field(default_factory=list)
+    not_carried: list[str] = field(default_factory=list)
+    defaults: list[str] = field(default_factory=list)
+    reader: str = ""
+
+
+def _argv(request: InitRequest) -> tuple[list[str], str]:
+    """The vLLM server command to read, and how messages name the deployment."""
+    from capplan.launcher.cmdline import server_start
+
+    argv = list(request.command)
+    config = request.config
+    if not argv and config is None:
+        raise UsageError(
+            "give the deployment: --config vllm.yaml, or its serve line after --",
+            "e.g. capplan init --config vllm.yaml -o deploy.yaml",
+        )
+    if argv and server_start(argv) is None:
+        raise UsageError(
+            f"{printable(' '.join(argv))[:60]}: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` "
+            "command",
+            "give the line that starts vLLM after --",
+        )
+    if config is not None:
+        if any(a == "--config" or a.startswith("--config=") for a in argv):
+            raise UsageError("the serve line gives --config too", "give the config file once")
+        argv = (argv or ["vllm", "serve"]) + ["--config", str(config)]
+    source = " and ".join(
+        ([printable(str(config))] if config is not None else []) + (["the serve line"] if request.command else [])
+    )
+    return argv, source
+
+
+def _model(argv: list[str], start: int, config: Path | None) -> str | None:
+    """The model the command serves: `serve MODEL`, else the last `--model` on the line, else the file's."""
+    from capplan.launcher.cmdline import config_args
+
+    serve = Path(argv[0]).name == "vllm" or "vllm.entrypoints.cli.main" in argv
+    if serve and argv[start - 1] != "serve" and not argv[start - 1].startswith("-"):
+        return argv[start - 1]
+    line = [a for i, a in enumerate(argv) if i >= start and not (a == "--config" or argv[i - 1] == "--config")]
+    for words in (line, config_args(str(config)) if config is not None else []):
+        found = None
+        for i, a in enumerate(words):
+            if a == "--model" and i + 1 < len(words):
+                found = words[i + 1]
+            elif a.startswith("--model="):
+                found = a.split("=", 1)[1]
+        if found is not None:
+            return found
+    return None
+
+
+def _field_path(name: str) -> bool:
+    """Whether a setting's name (`lora.max_loras`) is a field of the spec."""
+    model: type[BaseModel] | None = Spec
+    for part in name.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        args = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = (
+            annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else next(iter(args), None)
+        )
+    return True
+
+
+def _other_settings(argv: list[str], start: int, config: Path | None, cmd: Any) -> list[str]:
+    """What the command gives that no plan setting is: by vLLM's own reading where it read the
+    command (every option the operator gave), else every other flag of the line and the file."""
+    from capplan.launcher.cmdline import COMPILATION, JSON_ARGS, KNOWN, RESOLVED, SHORT, config_args
+
+    where = f" (in --config {printable(str(config))})" if config is not None else ""
+    resolved = cmd.resolved
+    if resolved is not None:
+        out = []
+        for dest in sorted(resolved.given - set(RESOLVED) - _READ_ELSEWHERE):
+            out.append(f"--{dest.replace('_', '-')}{where if dest in resolved.from_config else ''}")
+        for key in sorted(resolved.compilation_given() - set(COMPILATION)):
+            out.append(f"compilation-config {key}")
+        objects = resolved.json_keys.get("speculative_config") or [None]
+        for key in sorted(set(objects[-1] or []) - {"num_speculative_tokens"}):
+            out.append(f"speculative-config {key}")
+        return out
+    words = [(a, "") for i, a in enumerate(argv) if i >= start and a != "--config" and argv[i - 1] != "--config"]
+    if config is not None:
+        words = [(a, where) for a in config_args(str(config))] + words
+    out = []
+    for k, (word, origin) in enumerate(words):
+        if not word.startswith("-") or word[1:2].isdigit():
+            continue
+        name, eq, inline = word.partition("=")
+        name = SHORT.get(name, name)
+        head = name.split(".", 1)[0]
+        normalized = head[:2] + head[2:].replace("_", "-") if head.startswith("--") else head
+        if normalized in KNOWN or normalized in JSON_ARGS:
+            continue
+        following = words[k + 1][0] if k + 1 < len(words) else "-"
+        value = inline if eq else ("" if following.startswith("-") else following)  # shown only, never read
+        out.append(f"{printable(name)[:60]}{' ' + printable(value)[:40] if value else ''}{origin}")
+    return out
+
+
+def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
+    """The spec a vLLM deployment's settings make, written to `request.output` when given."""
+    from capplan.files import check_output, write_atomic
+    from capplan.launcher.cmdline import read_command, read_resolved, read_with_vllm, server_start, short
+    from capplan.launcher.engine_args import contradictions
+    from capplan.launcher.launch import target_python
+    from capplan.launcher.vllm_cli import resolution_of
+    from capplan.loading import spec_from_data
+    from capplan.planfile.write import render_spec
+    from capplan.planner.compiler import compile_plan
+    from capplan.schemas.validation import describe_validation_error
+    from capplan.settings import BY_NAME, line_values
+
+    r = request
+    out = r.output
+    if out is not None:
+        check_output(out, inputs(r.config))
+        if os.path.lexists(out) and not r.force:
+            raise UsageError(f"{printable(str(out))}: exists; refusing to replace a spec", "give --force to replace it")
+    argv, source = _argv(r)
+    start = server_start(argv)
+    assert start is not None
+    python = r.python or target_python(argv) or sys.executable
+    results = read_with_vllm(python, [argv], dict(os.environ) if r.env is None else r.env)
+    if results is not None:
+        cmd = read_resolved(argv, resolution_of(results[0]))
+        reader = "read by vLLM's own argument parser"
+    else:
+        own = read_command(argv)
+        assert own is not None
+        cmd = own
+        reader = "read by capplan's own reader (vLLM is not importable here)"
+
+    data: dict[str, Any] = {}
+    carried: list[str] = []
+    for name, value in cmd.values.items():
+        if name not in BY_NAME or not _field_path(name):
+            continue
+        section, _, key = name.partition(".")
+        data.setdefault(section, {})[key] = value
+        carried.append(f"{cmd.flags.get(name, name)} -> {name}")
+    if "lora" in data and "enabled" not in data["lora"]:
+        data["lora"]["enabled"] = False  # vLLM serves no adapter without --enable-lora
+    model = _model(argv, start, r.config)
+    if model is not None:
+        data["model"] = {"name": model}
+        carried.insert(0, f"model {printable(model)} -> model.name")
+    if r.moe is not None:
+        data.setdefault("parallel", {})["moe"] = r.moe
+    data["target"] = {"vllm": r.vllm or _installed_vllm(notes)}
+    try:
+        Spec.model_validate(data)
+    except ValidationError as exc:
+        loc = ".".join(str(p) for p in exc.errors(include_url=False)[0]["loc"])
+        how = cmd.flags.get(loc)
+        if loc == "target.vllm":
+            raise UsageError(f"--vllm: {describe_validation_error(exc, Spec)}") from None
+        if loc == "parallel.moe" or "parallel.moe" in str(exc):
+            raise UsageError(
+                f"{source}: data parallelism needs to know whether the model is a mixture of experts "
+                "(vLLM keeps only MoE ranks in lockstep)",
+                "give --moe or --dense",
+            ) from None
+        said = f"{printable(how)}: " if how else ""
+        raise CapplanError(f"{source}: {said}{describe_validation_error(exc, Spec)}") from None
+    spec = spec_from_data(data, source)
+    plan = compile_plan(spec)
+    not_carried = [f"{u}: vLLM takes it from the model (give the model's value in the spec)" for u in cmd.unread]
+    not_carried += contradictions(plan, cmd)
+    if cmd.values.get("speculative.present") and "speculative.num_speculative_tokens" not in cmd.values:
+        not_carried.append("a speculative config without num_speculative_tokens: the spec plans none")
+    not_carried += [f"{o}: {NOT_IN_PLAN}" for o in _other_settings(argv, start, r.config, cmd)]
+    pinned = line_values(plan)
+    defaults = [
+        f"{name} {short(pinned[name])}"
+        for name in pinned
+        if name not in cmd.values and _field_path(name) and name in BY_NAME
+    ]
+    text = _header(r, source, reader, carried, not_carried, defaults) + render_spec(spec)
+    if out is not None:
+        write_atomic(out, text, inputs(r.config))
+    return Initialized(spec, text, carried, not_carried, defaults, reader)
+
+
+def _installed_vllm(notes: Notes) -> str:
+    """The installed vLLM's release where capplan plans for it, else the spec's default."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from capplan.releases import TARGETS
+
+    default = Target().vllm
+    try:
+        found = version("vllm")
+    except PackageNotFoundError:
+        return default
+    if found in TARGETS:
+        return found
+    notes(f"note: the installed vLLM {printable(found)[:40]} is no release capplan plans for: target.vllm {default}")
+    return default
+
+
+def _header(
+    r: InitRequest, source: str, reader: str, carried: list[str], not_carried: list[str], defaults: list[str]
+) -> str:
+    said = f"--config {printable(str(r.config))}" if r.config is not None else ""
+    if r.command:
+        said = (said + " -- " if said else "-- ") + printable(" ".join(r.command))[:200]
+    lines = [f"# capplan init {said}", f"# The deployment's settings ({source}), {reader}."]
+    if carried:
+        lines.append("# Carried into this spec:")
+        lines += [f"#   {printable(c)}" for c in carried]
+    if not_carried:
+        lines.append("# Not carried (and why):")
+        lines += [f"#   {printable(n)}" for n in not_carried]
+    if defaults:
+        lines.append(
+            "# Not given, the spec's default (`capplan apply` passes it to vLLM; edit it where yours differs):"
+        )
+        lines += [f"#   {printable(d)}" for d in defaults]
+    return "\n".join(lines) + "\n"
