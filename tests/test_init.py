@@ -70,7 +70,7 @@ def test_init_carries_the_example_deployment_and_names_what_it_cannot(workdir):
     text = Path("deploy.yaml").read_text()
     header = [line for line in text.splitlines() if line.startswith("#")]
     for key, value in (("port", "8000"), ("gpu-memory-utilization", "0.92"), ("max-lora-rank", "16")):
-        assert any(f"--{key} {value} (in --config vllm.yaml): does not change" in line for line in header), key
+        assert any(f"--{key} {value} (in --config vllm.yaml): no setting of the plan" in line for line in header), key
     assert "#   --max-num-seqs 64 (in --config vllm.yaml) -> scheduler.max_num_seqs" in header
     assert stat.S_IMODE(os.stat("deploy.yaml").st_mode) == 0o644
     assert "3 not carried" in result.stderr
@@ -92,7 +92,7 @@ def test_init_reads_a_serve_line_as_vllm_does(workdir):
     assert spec["cudagraph"]["mode"] == "PIECEWISE"
     assert spec["target"]["vllm"] == "0.29.0"
     assert spec["model"] == {"name": "org/m"}
-    assert "#   --port 9000: does not change" in result.stdout
+    assert "#   --port 9000: no setting of the plan" in result.stdout
     assert "#   scheduler.max_model_len 4096" in result.stdout  # not given: the spec's default, said
     assert not any(p.name != "vllm.yaml" for p in workdir.iterdir())
 
@@ -220,3 +220,33 @@ def test_any_serve_line_gives_a_spec_or_one_line_and_nothing_written(tokens):
         out = str(Path(folder, "out.yaml"))
         result = run("init", "-o", out, "--", "vllm", "serve", "m", *tokens)
         _one_line_and_nothing_written(result, folder, set())
+
+
+def test_a_config_file_named_on_the_serve_line_is_read_too(workdir):
+    result = run("init", "-o", "d.yaml", "--", "vllm", "serve", "--config", "vllm.yaml", "--max-num-seqs", "32")
+    assert result.exit_code == 0, result.output
+    spec = load_spec(Path("d.yaml"))
+    assert spec.model is not None and spec.model.name == "meta-llama/Llama-3.1-8B-Instruct"  # the file's model
+    assert (spec.scheduler.max_num_seqs, spec.lora.max_loras) == (32, 4)  # the line's value after the file's
+    assert "#   --port 8000 (in --config vllm.yaml): no setting of the plan" in Path("d.yaml").read_text()
+    result = run("init", "-o", "vllm.yaml", "--force", "--", "vllm", "serve", "--config", "vllm.yaml")
+    assert result.exit_code == 1 and "also an input" in result.stderr
+    result = run("init", "--config", "vllm.yaml", "--", "vllm", "serve", "--config", "vllm.yaml")
+    assert result.exit_code == 2 and "give the config file once" in result.stderr
+    assert Path("vllm.yaml").read_text() == EXAMPLE
+
+
+def test_json_config_keys_no_plan_setting_holds_are_named(workdir):
+    Path("cc.yaml").write_text(
+        "model: m\ncompilation-config: {cudagraph_mode: PIECEWISE, pass_config: {}}\n"
+        "speculative-config: {method: ngram, num_speculative_tokens: 2}\n"
+    )
+    result = run("init", "--config", "cc.yaml")
+    assert result.exit_code == 0, result.output
+    spec = yaml.safe_load(result.stdout)
+    assert spec["cudagraph"]["mode"] == "PIECEWISE" and spec["speculative"] == {"num_speculative_tokens": 2}
+    assert "#   --compilation-config pass_config (in --config cc.yaml): no setting of the plan" in result.stdout
+    assert "#   --speculative-config method (in --config cc.yaml): no setting of the plan" in result.stdout
+    result = run("init", "--", "vllm", "serve", "m", "-cc", '{"mode": 3}', "-cc.compile_sizes=[8]")
+    assert result.exit_code == 0, result.output
+    assert "#   -cc mode: no setting" in result.stdout and "#   -cc compile_sizes: no setting" in result.stdout

@@ -10,6 +10,7 @@ so there is one rule for both. Everything else it gives is named as not part of 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ _READ_ELSEWHERE = {
     "model", "model_tag", "config", "subparser", "dispatch_function", "compilation_config",
     "speculative_config", "optimization_level", "spec_tokens", "spec_method",
 }  # fmt: skip
-NOT_IN_PLAN = "does not change which CUDA graphs are captured: not part of the plan, keep it in your vLLM config"
+NOT_IN_PLAN = (
+    "no setting of the plan: keep it in your vLLM config (each engine still checks the plan against what vLLM resolves)"
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,12 @@ def _argv(request: InitRequest) -> tuple[list[str], str]:
         ([printable(str(config))] if config is not None else []) + (["the serve line"] if request.command else [])
     )
     return argv, source
+
+
+def _config_of(argv: list[str]) -> Path | None:
+    """The `--config FILE` of a server command (vLLM reads no other spelling of it)."""
+    at = next((i for i, a in enumerate(argv) if a == "--config"), None)
+    return Path(argv[at + 1]) if at is not None and at + 1 < len(argv) else None
 
 
 def _model(argv: list[str], start: int, config: Path | None) -> str | None:
@@ -147,12 +156,34 @@ def _other_settings(argv: list[str], start: int, config: Path | None, cmd: Any) 
         name = SHORT.get(name, name)
         head = name.split(".", 1)[0]
         normalized = head[:2] + head[2:].replace("_", "-") if head.startswith("--") else head
-        if normalized in KNOWN or normalized in JSON_ARGS:
+        if normalized in JSON_ARGS:
+            dotted = normalized + name[len(head) :]
+            out += [f"{printable(head)[:40]} {key}{origin}" for key in _json_keys(dotted, word, words, k)]
+            continue
+        if normalized in KNOWN:
             continue
         following = words[k + 1][0] if k + 1 < len(words) else "-"
         value = inline if eq else ("" if following.startswith("-") else following)  # shown only, never read
         out.append(f"{printable(name)[:60]}{' ' + printable(value)[:40] if value else ''}{origin}")
     return out
+
+
+def _json_keys(flag: str, word: str, words: list[tuple[str, str]], k: int) -> list[str]:
+    """The keys of a JSON config argument (its object, or its dotted key) that no plan setting is."""
+    from capplan.launcher.cmdline import COMPILATION, JSON_ARGS, SPECULATIVE
+
+    head, dot, key = flag.partition(".")
+    known = set(COMPILATION) if JSON_ARGS[head] == "compilation" else {SPECULATIVE.speculative}
+    if dot:
+        keys = [key.partition(".")[0].removesuffix("+")]
+    else:
+        raw = word.partition("=")[2] if "=" in word else (words[k + 1][0] if k + 1 < len(words) else "")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return []  # the reader has said what is wrong with it
+        keys = [str(x) for x in data] if isinstance(data, dict) else []
+    return [printable(x)[:40] for x in keys if x not in known]
 
 
 def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
@@ -171,7 +202,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     r = request
     out = r.output
     if out is not None:
-        check_output(out, inputs(r.config))
+        check_output(out, inputs(r.config, _config_of(r.command)))
         if os.path.lexists(out) and not r.force:
             raise UsageError(f"{printable(str(out))}: exists; refusing to replace a spec", "give --force to replace it")
     argv, source = _argv(r)
@@ -198,7 +229,8 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
         carried.append(f"{cmd.flags.get(name, name)} -> {name}")
     if "lora" in data and "enabled" not in data["lora"]:
         data["lora"]["enabled"] = False  # vLLM serves no adapter without --enable-lora
-    model = _model(argv, start, r.config)
+    config = _config_of(argv)
+    model = _model(argv, start, config)
     if model is not None:
         data["model"] = {"name": model}
         carried.insert(0, f"model {printable(model)} -> model.name")
@@ -226,7 +258,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     not_carried += contradictions(plan, cmd)
     if cmd.values.get("speculative.present") and "speculative.num_speculative_tokens" not in cmd.values:
         not_carried.append("a speculative config without num_speculative_tokens: the spec plans none")
-    not_carried += [f"{o}: {NOT_IN_PLAN}" for o in _other_settings(argv, start, r.config, cmd)]
+    not_carried += [f"{o}: {NOT_IN_PLAN}" for o in _other_settings(argv, start, config, cmd)]
     pinned = line_values(plan)
     defaults = [
         f"{name} {short(pinned[name])}"
@@ -235,7 +267,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     ]
     text = _header(r, source, reader, carried, not_carried, defaults) + render_spec(spec)
     if out is not None:
-        write_atomic(out, text, inputs(r.config))
+        write_atomic(out, text, inputs(config))
     return Initialized(spec, text, carried, not_carried, defaults, reader)
 
 
