@@ -166,9 +166,9 @@ def test_a_refused_launch_prints_one_line_only():
 def test_flags_command_and_its_errors():
     proc = run_cli("flags", str(PLAN_PATH), "--format", "json")
     assert proc.returncode == 0 and json.loads(proc.stdout)[:2] == ["--max-num-seqs", "256"]
-    bad = run_cli("flags", str(PLAN_PATH), "--format", "yaml")
+    bad = run_cli("flags", str(PLAN_PATH), "--format", "toml")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "error: --format must be serve, python or json (got 'yaml')"
+        "error: --format must be serve, python, json or yaml (got 'toml')"
     ]
 
 
