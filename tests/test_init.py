@@ -139,6 +139,10 @@ def test_a_deployment_capplan_cannot_read_is_refused_in_one_line(workdir):
     Path("abbrev.yaml").write_text("model: m\nmax-num-se: 8\n")
     result = run("init", "--config", "abbrev.yaml", "-o", "d.yaml")
     assert result.exit_code == 1 and "does not resolve abbreviated flags" in result.stderr
+    result = run("init", "-o", "d.yaml", "--", "vllm", "serve", "m", "-O3")
+    assert result.exit_code == 1 and result.stderr.strip().endswith(
+        "(spell it out, or run capplan init where vLLM is installed)"
+    )
     assert run("init").exit_code == 2
     assert run("init", "--", "python", "train.py").exit_code == 2
     assert not Path("d.yaml").exists()

@@ -189,7 +189,14 @@ def _json_keys(flag: str, word: str, words: list[tuple[str, str]], k: int) -> li
 def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     """The spec a vLLM deployment's settings make, written to `request.output` when given."""
     from capplan.files import check_output, write_atomic
-    from capplan.launcher.cmdline import read_command, read_resolved, read_with_vllm, server_start, short
+    from capplan.launcher.cmdline import (
+        CHECK_WITH_VLLM,
+        read_command,
+        read_resolved,
+        read_with_vllm,
+        server_start,
+        short,
+    )
     from capplan.launcher.engine_args import contradictions
     from capplan.launcher.launch import target_python
     from capplan.launcher.vllm_cli import resolution_of
@@ -214,7 +221,12 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
         cmd = read_resolved(argv, resolution_of(results[0]))
         reader = "read by vLLM's own argument parser"
     else:
-        own = read_command(argv)
+        try:
+            own = read_command(argv)
+        except CapplanError as exc:
+            if exc.hint != CHECK_WITH_VLLM:
+                raise
+            raise CapplanError(exc.message, "spell it out, or run capplan init where vLLM is installed") from None
         assert own is not None
         cmd = own
         reader = "read by capplan's own reader (vLLM is not importable here)"
