@@ -174,12 +174,13 @@ _KEYS = st.sampled_from(
      "compilation-config", "cudagraph-capture-sizes", "data-parallel-size", "enforce-eager", "-O", "x"]
 )  # fmt: skip
 _VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 10**6) | st.text(max_size=8) | st.floats(allow_nan=True),
+    st.none() | st.booleans() | st.integers(1, 9000) | st.integers() | st.text(max_size=8) | st.floats(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
 _CONFIGS = (
-    st.dictionaries(_KEYS, _VALUES, max_size=5).map(lambda d: yaml.safe_dump(d).encode())
+    st.dictionaries(_KEYS, _VALUES, max_size=5).map(lambda d: yaml.safe_dump({"model": "m", **d}).encode())
+    | st.dictionaries(_KEYS, _VALUES, max_size=5).map(lambda d: yaml.safe_dump(d).encode())
     | st.binary(max_size=80)
     | st.text(max_size=80).map(str.encode)
 )
