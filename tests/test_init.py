@@ -73,7 +73,7 @@ def test_init_carries_the_example_deployment_and_names_what_it_cannot(workdir):
         assert any(f"--{key} {value} (in --config vllm.yaml): no setting of the plan" in line for line in header), key
     assert "#   --max-num-seqs 64 (in --config vllm.yaml) -> scheduler.max_num_seqs" in header
     assert stat.S_IMODE(os.stat("deploy.yaml").st_mode) == 0o644
-    assert "3 not carried" in result.stderr
+    assert "6 setting(s) carried, 3 not, 6 at the spec's default" in result.stderr
     assert sorted(os.listdir(workdir)) == ["deploy.yaml", "vllm.yaml"]  # no temp file left
     assert run("compile", "deploy.yaml").exit_code == 0
 

@@ -359,8 +359,8 @@ def init_cmd(
         sys.stdout.write(done.text)
         return
     typer.echo(
-        f"wrote {printable(str(output))}: {len(done.carried)} setting(s) carried, {len(done.not_carried)} not "
-        f"carried, {len(done.defaults)} left to the spec's default ({done.reader}; its header lists them)",
+        f"wrote {printable(str(output))}: {len(done.carried)} setting(s) carried, {len(done.not_carried)} not, "
+        f"{len(done.defaults)} at the spec's default, as its header lists ({done.reader})",
         err=True,
     )
     for line in done.not_carried:
