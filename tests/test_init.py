@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from capplan.cli import app
 from capplan.launcher.cmdline import read_command
-from capplan.launcher.engine_args import contradictions
+from capplan.launcher.engine_args import contradictions, prepare
 from capplan.loading import load_spec
 from capplan.planfile import load_plan
 from capplan.settings import line_values
@@ -166,6 +166,11 @@ def test_flags_as_yaml_is_a_config_file_vllm_reads_back_to_the_plan(workdir):
     not_on_line = ("lora.specialize_active", "speculative.num_speculative_tokens")  # vLLM's default; never added
     assert {k: v for k, v in cmd.values.items() if k in want} == {k: v for k, v in want.items() if k not in not_on_line}
     assert contradictions(plan, cmd) == []
+    merged = {**yaml.safe_load(EXAMPLE), **data}  # the operator's file with the plan's keys merged in
+    Path("merged.yaml").write_text(yaml.safe_dump(merged))
+    argv = ["vllm", "serve", "--config", "merged.yaml"]
+    full, _ = prepare(plan, "deploy.plan.yaml", argv)
+    assert full == [*argv, "--no-specialize-active-lora"]  # apply adds only the switch left out (pinned off)
 
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
