@@ -58,7 +58,9 @@ def test_init_compile_flags_yaml_reads_back_as_the_plan_in_vllm(version, tmp_pat
     assert made.reader == "read by vLLM's own argument parser", made.reader
     with patch("capplan.launcher.cmdline.read_with_vllm", return_value=None):
         own = init(InitRequest(config, [], vllm=version))
-    assert own.spec == made.spec  # both readers make one spec of the file
+    assert own.spec == made.spec  # both readers make one spec of the file, and say the same of it
+    fields = [sorted(c.rsplit(" -> ", 1)[1] for c in d.carried) for d in (own, made)]  # each reader words its own
+    assert (sorted(own.not_carried), fields[0], own.defaults) == (sorted(made.not_carried), fields[1], made.defaults)
     spec = made.spec
     assert spec.model is not None and spec.model.name == "meta-llama/Llama-3.1-8B-Instruct"
     assert (spec.scheduler.max_num_seqs, spec.scheduler.max_num_batched_tokens, spec.scheduler.max_model_len) == (

@@ -130,21 +130,36 @@ def _field_path(name: str) -> bool:
 
 def _other_settings(argv: list[str], start: int, config: Path | None, cmd: Any) -> list[str]:
     """What the command gives that no plan setting is: by vLLM's own reading where it read the
-    command (every option the operator gave), else every other flag of the line and the file."""
-    from capplan.launcher.cmdline import COMPILATION, JSON_ARGS, KNOWN, RESOLVED, SHORT, config_args
+    command (every option the operator gave, shown as written where capplan finds it), else
+    every other flag of the line and the file."""
+    from capplan.launcher.cmdline import COMPILATION, RESOLVED
 
     where = f" (in --config {printable(str(config))})" if config is not None else ""
     resolved = cmd.resolved
-    if resolved is not None:
-        out = []
-        for dest in sorted(resolved.given - set(RESOLVED) - _READ_ELSEWHERE):
-            out.append(f"--{dest.replace('_', '-')}{where if dest in resolved.from_config else ''}")
-        for key in sorted(resolved.compilation_given() - set(COMPILATION)):
-            out.append(f"compilation-config {key}")
-        objects = resolved.json_keys.get("speculative_config") or [None]
-        for key in sorted(set(objects[-1] or []) - {"num_speculative_tokens"}):
-            out.append(f"speculative-config {key}")
-        return out
+    if resolved is None:
+        return [text for _, text in _written(argv, start, config)]
+    try:
+        written = dict(_written(argv, start, config))
+    except CapplanError:  # a file capplan's reader refuses, which vLLM's read: named without values
+        written = {}
+    out = []
+    for dest in sorted(resolved.given - set(RESOLVED) - _READ_ELSEWHERE):
+        flag = f"--{dest.replace('_', '-')}"
+        out.append(written.get(flag, flag + (where if dest in resolved.from_config else "")))
+    for key in sorted(resolved.compilation_given() - set(COMPILATION)):
+        out.append(written.get(f"compilation {key}", f"--compilation-config {key}"))
+    objects = resolved.json_keys.get("speculative_config") or [None]
+    for key in sorted(set(objects[-1] or []) - {"num_speculative_tokens"}):
+        out.append(written.get(f"speculative {key}", f"--speculative-config {key}"))
+    return out
+
+
+def _written(argv: list[str], start: int, config: Path | None) -> list[tuple[str, str]]:
+    """Every flag of the line and the file no plan setting is, and each JSON config key no plan
+    setting is: (the flag as vLLM names it, or `compilation KEY`; how the operator wrote it)."""
+    from capplan.launcher.cmdline import JSON_ARGS, KNOWN, SHORT, config_args
+
+    where = f" (in --config {printable(str(config))})" if config is not None else ""
     words = [(a, "") for i, a in enumerate(argv) if i >= start and a != "--config" and argv[i - 1] != "--config"]
     if config is not None:
         words = [(a, where) for a in config_args(str(config))] + words
@@ -158,13 +173,14 @@ def _other_settings(argv: list[str], start: int, config: Path | None, cmd: Any) 
         normalized = head[:2] + head[2:].replace("_", "-") if head.startswith("--") else head
         if normalized in JSON_ARGS:
             dotted = normalized + name[len(head) :]
-            out += [f"{printable(head)[:40]} {key}{origin}" for key in _json_keys(dotted, word, words, k)]
+            keys = _json_keys(dotted, word, words, k)
+            out += [(f"{JSON_ARGS[normalized]} {key}", f"{printable(head)[:40]} {key}{origin}") for key in keys]
             continue
         if normalized in KNOWN:
             continue
         following = words[k + 1][0] if k + 1 < len(words) else "-"
         value = inline if eq else ("" if following.startswith("-") else following)  # shown only, never read
-        out.append(f"{printable(name)[:60]}{' ' + printable(value)[:40] if value else ''}{origin}")
+        out.append((normalized, f"{printable(name)[:60]}{' ' + printable(value)[:40] if value else ''}{origin}"))
     return out
 
 
