@@ -260,3 +260,17 @@ def test_json_config_keys_no_plan_setting_holds_are_named(workdir):
     result = run("init", "--", "vllm", "serve", "m", "-cc", '{"mode": 3}', "-cc.compile_sizes=[8]")
     assert result.exit_code == 0, result.output
     assert "#   -cc mode: no setting" in result.stdout and "#   -cc compile_sizes: no setting" in result.stdout
+
+
+@pytest.mark.parametrize(("installed", "target", "note"), [("0.29.0", "0.29.0", False), ("0.99.0", "0.33", True)])
+def test_the_target_is_the_installed_vllm_where_capplan_plans_for_it(workdir, installed, target, note):
+    with patch("importlib.metadata.version", return_value=installed):
+        result = run("init", "--config", "vllm.yaml")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["target"]["vllm"] == target
+    assert ("no release capplan plans for" in result.stderr) is note
+    with patch("importlib.metadata.version", return_value=installed):
+        assert (
+            yaml.safe_load(run("init", "--config", "vllm.yaml", "--vllm", "0.25.0").stdout)["target"]["vllm"]
+            == "0.25.0"
+        )
