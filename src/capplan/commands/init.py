@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,7 +322,7 @@ def _header(
 ) -> str:
     said = f"--config {printable(str(r.config))}" if r.config is not None else ""
     if r.command:
-        said = (said + " -- " if said else "-- ") + printable(" ".join(r.command))[:200]
+        said = (said + " -- " if said else "-- ") + printable(shlex.join(r.command))[:200]
     lines = [f"# capplan init {said}", f"# The deployment's settings ({source}), {reader}."]
     if carried:
         lines.append("# Carried into this spec:")
