@@ -79,11 +79,14 @@ class Job:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
+            self._finish()
             return
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if self.returncode is None:
+            self._finish()
 
     def _wait(self, timeout: float) -> int:
         if self._proc is not None:
@@ -110,20 +113,30 @@ def start(argv: list[str], *, version: str | None, env: dict[str, str] | None = 
     env = {**(os.environ if env is None else env), "PYTHONPATH": os.pathsep.join(path)}
     argv = [str(a) for a in argv]
     coverage.compared("checks", Path(argv[0]).name if argv[0] != "-c" else "-c", version or "-", {"runs": 1})
-    out = Path(tempfile.mkdtemp(prefix="capplan-job-"))
-    (out / "stdout").touch()
-    (out / "stderr").touch()
-    if os.environ.get("CAPPLAN_ORACLE_FRESH") == "1":
-        with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
-            proc = subprocess.Popen([str(PYTHON), *argv], env=env, cwd=cwd, stdout=stdout, stderr=stderr)
-        return Job(argv, out, proc=proc)
-    address = _server(path, version, env)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.settimeout(60)
-    conn.connect(str(address))
-    request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out / "stdout"), "stderr": str(out / "stderr")}
-    conn.sendall(json.dumps(request).encode() + b"\n")
-    return Job(argv, out, conn)
+    address = None if os.environ.get("CAPPLAN_ORACLE_FRESH") == "1" else _server(path, version, env)
+    out = Path(tempfile.mkdtemp(prefix="capplan-job-"))  # the job's output, removed once it is read
+    try:
+        if address is None:
+            with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
+                proc = subprocess.Popen([str(PYTHON), *argv], env=env, cwd=cwd, stdout=stdout, stderr=stderr)
+            return Job(argv, out, proc=proc)
+        (out / "stdout").touch()
+        (out / "stderr").touch()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(60)
+        conn.connect(str(address))
+        request = {
+            "argv": argv,
+            "env": env,
+            "cwd": str(cwd),
+            "stdout": str(out / "stdout"),
+            "stderr": str(out / "stderr"),
+        }
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        return Job(argv, out, conn)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def run(argv: list[str], *, version: str | None, env: dict[str, str] | None = None, timeout: float = 600) -> Job:

@@ -136,8 +136,9 @@ def test_an_environment_vllm_may_read_differently_gets_its_own_server(servers, t
     assert len(servers) == 2
 
 
-def test_a_server_that_cannot_start_says_why(servers, monkeypatch):
+def test_a_server_that_cannot_start_says_why(servers, monkeypatch, tmp_path):
     monkeypatch.setattr(oracle_python, "PRELOAD_TORCH", ("no_such_module_here",))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a job's output folder would be
     with pytest.raises(RuntimeError, match="(?s)did not start.*no_such_module_here"):
         oracle_python.run(["-c", "pass"], version=None)
-    assert servers == {}
+    assert servers == {} and list(tmp_path.glob("capplan-job-*")) == []
