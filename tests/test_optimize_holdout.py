@@ -9,7 +9,7 @@ import json
 from itertools import combinations
 
 import yaml
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -189,6 +189,8 @@ def test_each_block_is_scored_by_sizes_fitted_without_it():
 
 @settings(max_examples=40, deadline=None)
 @given(header=st.lists(st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s), max_size=4))
+@example(header=["\x85", ""])  # NEL, which str.splitlines (not the user's editor) breaks a line at
+@example(header=["a\u2028b", "c"])  # the line separator
 def test_any_user_header_is_kept_and_the_written_spec_still_loads(tmp_path_factory, header):
     """Whatever the user's header comment holds (control characters, escapes), the spec optimize
     writes keeps it as comment lines and loads as the same spec."""

@@ -295,7 +295,10 @@ def user_comment(spec: Path) -> str:
     from capplan.files import read_text
 
     lines = []
-    for line in read_text(spec, "spec", SpecError).splitlines():
+    # Lines as the user's editor shows them: split at "\n" only, since str.splitlines also breaks at
+    # NEL, LS and PS, which would cut one comment line in two.
+    for line in read_text(spec, "spec", SpecError).split("\n"):
+        line = line.removesuffix("\r")
         if not line.startswith("#"):
             break
         lines.append(line)
