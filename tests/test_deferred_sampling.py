@@ -548,7 +548,7 @@ def replayed_start(report: dict[str, Any], free: bool) -> tuple[DeferredCapture,
     the start-up captures of the graphs that take no memory, each reading what the same graph
     took while serving in that run. Each graph's recorded memory, by id."""
     deferred = run_deferred(report)
-    plan, d = deferred.state.engine.plan, report["deferred"]
+    plan, d = deferred.state.ctx.plan, report["deferred"]
     names = {g.id: address(g.descriptor) for g in plan.graphs}
     assert [names[g] for g in deferred.state.start.warmed] == sorted(
         d["warmed_for_attention"], key=list(names.values()).index
@@ -600,7 +600,7 @@ def test_the_h200_run_with_the_start_up_captures_is_reproduced_by_capplans_code(
     and holds exactly what the run held: 1.162x what the 344 deferred graphs took."""
     report = json.loads((H200_FREE_RUN / f"{start}.report.json").read_text())
     deferred = run_deferred(report)
-    plan, d = deferred.state.engine.plan, report["deferred"]
+    plan, d = deferred.state.ctx.plan, report["deferred"]
     ids = {address(g.descriptor): g.id for g in plan.graphs}
     read = {ids[c["graph"]]: int(c["memory_mib"] * MiB) for c in d["captures"]}
     read |= {ids[a]: int(m * MiB) for a, m in zip(d["free_at_start"], d["free_at_start_mib"], strict=True)}

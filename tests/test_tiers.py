@@ -1017,8 +1017,8 @@ def test_captures_are_read_by_this_process_and_counted_where_nvml_lists_it(monke
         return "done"
 
     plan = plan_of(tiered(["FULL:1x1@0"]))
-    engine = SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], vllm_descs={0: SimpleNamespace(cg_mode="FULL")})
-    deferred = DeferredCapture(engine)
+    ctx = SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], vllm_descs={0: SimpleNamespace(cg_mode="FULL")})
+    deferred = DeferredCapture(ctx)
     manager = SimpleNamespace(_capture_descs=None)
     signature = inspect.signature(capture)
     runs = []
@@ -1052,12 +1052,12 @@ def test_without_nvml_every_capture_is_read_by_the_device(monkeypatch):
     def capture(*, takes: int) -> None:
         state["device"] += takes
 
-    engine = SimpleNamespace(
+    ctx = SimpleNamespace(
         plan=plan_of(tiered(["FULL:1x1@0"])),
         release=RELEASES["0.33.0"],
         vllm_descs={0: SimpleNamespace(cg_mode="FULL")},
     )
-    deferred = DeferredCapture(engine)
+    deferred = DeferredCapture(ctx)
     for takes in (2**20, 3 * 2**20):
         call = Call(inspect.signature(capture), (), {"takes": takes})
         assert deferred.state.vllm(0, call, SimpleNamespace(), capture).used == takes

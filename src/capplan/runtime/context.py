@@ -1,7 +1,9 @@
-"""The context capplan's hooks share in one engine or worker process.
+"""The context capplan's hooks share in one vLLM engine or worker process.
 
-`Engine` is built once per process by `registry.install` and given to every installer:
-the plan, vLLM's descriptors for its graphs, the report. `Step` holds what one
+Words: "engine" is vLLM's (the engine core and its workers); capplan's per-process state
+is the hook context, `HookContext`, named `ctx` wherever it is passed. It is built once per
+process by `registry.install` and given to every installer: the plan, vLLM's descriptors for
+its graphs, the report. `Step` holds what one
 model-runner step's hooks tell each other (what vLLM told its dispatcher, the LoRA count,
 the DP step), written by the hook that learns it and read by the ones after it in the
 same step.
@@ -67,7 +69,7 @@ class Recording:
 
 
 @dataclass
-class Engine:
+class HookContext:
     """Everything capplan's hooks share in one process."""
 
     plan: Plan
@@ -89,13 +91,13 @@ def layouts_of(plan: Plan) -> dict[tuple[int, int, int], DummyLayout]:
     return {(g.descriptor.num_tokens, g.dummy.num_reqs, g.descriptor.num_active_loras): g.dummy for g in plan.graphs}
 
 
-_CURRENT: list[Engine] = []  # this process's, once installed
+_CURRENT: list[HookContext] = []  # this process's, once installed
 
 
-def current() -> Engine | None:
+def current() -> HookContext | None:
     """This process's context, or None before the plan is installed (or without one)."""
     return _CURRENT[0] if _CURRENT else None
 
 
-def adopt(engine: Engine) -> None:
-    _CURRENT[:] = [engine]
+def adopt(ctx: HookContext) -> None:
+    _CURRENT[:] = [ctx]

@@ -18,6 +18,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from dataclasses import replace as replace_fields
 from typing import Any
 
 from capplan.errors import EngineRefusal
@@ -45,7 +46,7 @@ class Need:
 
 
 Installer = Callable[[Any, "Hook", Any], Any]
-"""(the process's context, a `context.Engine`; the entry; the function now in place) -> its
+"""(the process's context, a `context.HookContext`; the entry; the function now in place) -> its
 replacement. The context is typed where each installer takes it: this module sits below it."""
 
 
@@ -64,10 +65,18 @@ class Hook:
     why: str  # the failure class the hook prevents (docs/design.md)
     install: Installer | None = None  # None: relied on (called or read), not replaced
     at: str | None = None  # where the replacement goes when not at `target` (a module that imported it by name)
-    attributes: tuple[str, ...] = ()  # private state on the live objects the hook touches
+    # Private state on the live objects the hook touches: fixed, or read from the release's row
+    # where releases differ (`on` resolves it for one release).
+    attributes: tuple[str, ...] | Callable[[Release], tuple[str, ...]] = ()
     reads: tuple[str, ...] = ()  # the parameters the hook reads or passes by name
     releases: Callable[[Release], bool] = every_release
     when: Callable[[Need], bool] = every_plan
+
+    def on(self, release: Release) -> Hook:
+        """This entry as it applies on `release`: its attributes resolved to that release's."""
+        if callable(self.attributes):
+            return replace_fields(self, attributes=self.attributes(release))
+        return self
 
     def expected(self, release: Release) -> tuple[str, ...]:
         """The parameters this release's row gives the target (MORE last: a prefix)."""
@@ -109,6 +118,7 @@ def signature_problem(hook: Hook, release: Release, fn: Any = None) -> str | Non
 
 def check_attributes(hook: Hook, obj: object) -> None:
     """IncompatibleVllm unless the live object carries every private attribute the entry relies on."""
+    assert not callable(hook.attributes), f"{hook.name}: resolve the entry for a release first (Hook.on)"
     missing = [name for name in hook.attributes if not hasattr(obj, name)]
     if missing:
         raise IncompatibleVllm(
@@ -130,21 +140,21 @@ def at_problem(hook: Hook) -> str | None:
     return None
 
 
-def install_one(hook: Hook, engine: Any) -> Callable[[], None]:
+def install_one(hook: Hook, ctx: Any) -> Callable[[], None]:
     """Put the entry's replacement in place of the function now there; what puts it back."""
     installer = hook.install
     assert installer is not None
-    return replace(hook.at or hook.target, lambda current: installer(engine, hook, current), hook.name)
+    return replace(hook.at or hook.target, lambda current: installer(ctx, hook, current), hook.name)
 
 
-def install_all(hooks: list[Hook], engine: Any) -> None:
+def install_all(hooks: list[Hook], ctx: Any) -> None:
     """Install every entry that replaces a function, in order; where one fails, put back the
     ones already in place before the error goes on: vLLM is hooked by all of them or by none."""
     undo: list[Callable[[], None]] = []
     try:
         for hook in hooks:
             if hook.install is not None:
-                undo.append(install_one(hook, engine))
+                undo.append(install_one(hook, ctx))
     except BaseException:
         for put_back in reversed(undo):
             put_back()

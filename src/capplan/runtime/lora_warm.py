@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.schemas.plan import DummyLayout
 
 
@@ -21,11 +21,11 @@ def dummy_mapping(layout: DummyLayout, num_reqs: int) -> tuple[Any, Any]:
     return prompt, np.repeat(prompt, per_req)
 
 
-def layout_for(engine: Engine, num_active_loras: int, num_reqs: int, num_tokens: int) -> DummyLayout:
-    layout = engine.layouts.get((num_tokens, num_reqs, num_active_loras))
+def layout_for(ctx: HookContext, num_active_loras: int, num_reqs: int, num_tokens: int) -> DummyLayout:
+    layout = ctx.layouts.get((num_tokens, num_reqs, num_active_loras))
     if layout is None:
         raise RuntimeError(
-            f"capplan: no dummy layout in {engine.plan_path} for a {num_tokens}-token, "
+            f"capplan: no dummy layout in {ctx.plan_path} for a {num_tokens}-token, "
             f"{num_reqs}-request graph of LoRA case {num_active_loras}"
         )
     return layout

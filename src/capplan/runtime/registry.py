@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release, release_problem
-from capplan.runtime.context import Engine, adopt, current, layouts_of
+from capplan.runtime.context import HookContext, adopt, current, layouts_of
 from capplan.runtime.deferred import hooks as deferred_hooks
 from capplan.runtime.deferred.capture import DeferredCapture
 from capplan.runtime.hooking import (
@@ -48,8 +48,8 @@ REGISTRY: tuple[Hook, ...] = (
 
 
 def entries(release: Release, table: tuple[Hook, ...] = REGISTRY) -> list[Hook]:
-    """The entries that can apply on this release (for some plan)."""
-    return [h for h in table if h.releases(release)]
+    """The entries that can apply on this release (for some plan), each as it applies there."""
+    return [h.on(release) for h in table if h.releases(release)]
 
 
 def selected(need: Need, table: tuple[Hook, ...] = REGISTRY) -> list[Hook]:
@@ -74,12 +74,12 @@ def check_all(release: Release) -> list[str]:
 
 def install(
     plan: Plan, plan_path: str, env: Mapping[str, str] | None = None, table: tuple[Hook, ...] = REGISTRY
-) -> Engine:
+) -> HookContext:
     """Hook vLLM for this plan (once per process). Raises IncompatibleVllm, naming every
     problem, before anything is installed."""
-    engine = current()
-    if engine is not None:
-        return engine
+    ctx = current()
+    if ctx is not None:
+        return ctx
     import vllm
     import vllm.v1.worker.gpu.cudagraph_utils as cg
 
@@ -95,7 +95,7 @@ def install(
             f"in force: {'; '.join(found)}"
         )
     report = Report(plan, plan_path)
-    engine = Engine(
+    ctx = HookContext(
         plan=plan,
         plan_path=plan_path,
         release=release,
@@ -105,16 +105,16 @@ def install(
         vllm_descs=[],
         layouts=layouts_of(plan),
     )
-    engine.vllm_descs = [manager.to_vllm(release, engine.desc_cls, g.descriptor) for g in plan.graphs]
-    report.graph_ids = {desc: i for i, desc in enumerate(engine.vllm_descs)}
+    ctx.vllm_descs = [manager.to_vllm(release, ctx.desc_cls, g.descriptor) for g in plan.graphs]
+    report.graph_ids = {desc: i for i, desc in enumerate(ctx.vllm_descs)}
     if plan.tiers is not None:
-        engine.deferred = report.deferred = DeferredCapture(engine)
-    install_all(hooks, engine)
-    adopt(engine)
-    return engine
+        ctx.deferred = report.deferred = DeferredCapture(ctx)
+    install_all(hooks, ctx)
+    adopt(ctx)
+    return ctx
 
 
-def installed() -> Engine | None:
+def installed() -> HookContext | None:
     return current()
 
 

@@ -29,7 +29,7 @@ def _context() -> dict:
             try:
                 from capplan.schemas.plan import address
 
-                graph = address(me.engine.plan.graphs[frame.f_locals["gid"]].descriptor)
+                graph = address(me.ctx.plan.graphs[frame.f_locals["gid"]].descriptor)
             except Exception as exc:  # noqa: BLE001 - a diagnostic: say what went wrong
                 graph = f"? ({exc})"
             return {"capture": graph, "profiled": bool(getattr(me, "profiled", False))}

@@ -32,15 +32,15 @@ from capplan.runtime.deferred.state import DeferredState, Seams
 from capplan.runtime.hooking import Call
 
 if TYPE_CHECKING:
-    from capplan.runtime.context import Engine
+    from capplan.runtime.context import HookContext
 
 
 class DeferredCapture:
     """Deferred capture in one worker process, as the other hooks ask of it (`seams`: what a
     check stands in for, `state.Seams`)."""
 
-    def __init__(self, engine: Engine, **seams: Unpack[Seams]) -> None:
-        self.state = DeferredState(engine, **seams)
+    def __init__(self, ctx: HookContext, **seams: Unpack[Seams]) -> None:
+        self.state = DeferredState(ctx, **seams)
         self.startup = StartUp(self.state)
         self.serving = Serving(self.state)
         self.lock: threading.Lock = self.state.lock

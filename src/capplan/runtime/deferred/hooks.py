@@ -38,7 +38,7 @@ from operator import attrgetter
 from typing import Any
 
 from capplan.releases import CUDART, RUNNER
-from capplan.runtime.context import Engine, current
+from capplan.runtime.context import HookContext, current
 from capplan.runtime.deferred.held import HELD_BLOCK_HOOK
 from capplan.runtime.deferred.ranks import RANKS_HOOKS
 from capplan.runtime.deferred.startup import DUMMY_TABLES_HOOK
@@ -62,14 +62,14 @@ LORA_MAPPING = Hook(
 def capture_when_idle(_worker: object = None) -> int:
     """Run in each worker by the engine core's `collective_rpc` while it is idle: capture one
     deferred graph; return how many are still pending (0 when none, or no plan defers)."""
-    engine = current()
-    if engine is None or engine.deferred is None:
+    ctx = current()
+    if ctx is None or ctx.deferred is None:
         return 0
-    return engine.deferred.capture_idle()
+    return ctx.deferred.capture_idle()
 
 
-def _step(engine: Engine, hook: Hook, original: Any) -> Any:
-    deferred = engine.deferred
+def _step(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    deferred = ctx.deferred
     assert deferred is not None
     bind = binder(original)
     checked: list[bool] = []
@@ -91,9 +91,9 @@ def _step(engine: Engine, hook: Hook, original: Any) -> Any:
     return execute_model
 
 
-def _locked(engine: Engine, hook: Hook, original: Any) -> Any:
+def _locked(ctx: HookContext, hook: Hook, original: Any) -> Any:
     """`original` run under the capture lock: never while a graph is being captured."""
-    deferred = engine.deferred
+    deferred = ctx.deferred
     assert deferred is not None
     lock = deferred.lock
 
@@ -105,11 +105,11 @@ def _locked(engine: Engine, hook: Hook, original: Any) -> Any:
     return get_output
 
 
-def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
-    assert engine.plan.tiers is not None
-    if engine.plan.spec.parallel.synced_size > 1:
+def _idle_loop(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    assert ctx.plan.tiers is not None
+    if ctx.plan.spec.parallel.synced_size > 1:
         return original  # DP ranks that pad to one another capture at DP-synced steps only
-    pending = [len(engine.plan.tiers.deferred)]  # as the workers last reported
+    pending = [len(ctx.plan.tiers.deferred)]  # as the workers last reported
     # The core's own process_input_queue_block, kept while graphs are pending. Only vLLM's
     # elastic-EP reconfiguration writes it while serving, on MoE DP engines, where tiers are
     # refused at compile.
@@ -139,7 +139,7 @@ def _idle_loop(engine: Engine, hook: Hook, original: Any) -> Any:
     return _process_input_queue
 
 
-def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
+def _one_capture_stream(ctx: HookContext, hook: Hook, original: Any) -> Any:
     import torch
 
     streams: dict[str, Any] = {}
@@ -165,8 +165,8 @@ def _one_capture_stream(engine: Engine, hook: Hook, original: Any) -> Any:
     return graph_capture
 
 
-def _runner(engine: Engine, hook: Hook, original: Any) -> Any:
-    deferred = engine.deferred
+def _runner(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    deferred = ctx.deferred
     assert deferred is not None
     bind = binder(original)
 
@@ -184,8 +184,8 @@ def _tiers(need: Need) -> bool:
     return need.plan.tiers is not None
 
 
-def _profiled(engine: Engine, hook: Hook, original: Any) -> Any:
-    deferred = engine.deferred
+def _profiled(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    deferred = ctx.deferred
     assert deferred is not None
 
     @functools.wraps(original)

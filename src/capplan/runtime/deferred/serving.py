@@ -131,7 +131,7 @@ class Serving:
                 "memory_mib": round(got.used / 2**20, 2),
             }
         )
-        state.engine.report.deferred_captured(state.engine.vllm_descs[gid])
+        state.ctx.report.deferred_captured(state.ctx.vllm_descs[gid])
         if not graphs.pending:
             log.info(
                 "all %d deferred graphs captured (%.2f s in all, longest step pause %.0f ms; %.1f MiB, "
@@ -151,11 +151,11 @@ class Serving:
         plan's dummy ids are 1..max_loras), and the next step maps its own batch again."""
         from vllm.lora.layers import LoRAMapping
 
-        engine = self.state.engine
+        ctx = self.state.ctx
         manager = self.state.runner.lora_manager._adapter_manager
 
         def hook(num_active_loras: int, num_reqs: int, num_tokens: int) -> None:
-            prompt, token = dummy_mapping(layout_for(engine, num_active_loras, num_reqs, num_tokens), num_reqs)
+            prompt, token = dummy_mapping(layout_for(ctx, num_active_loras, num_reqs, num_tokens), num_reqs)
             live = manager.lora_index_to_id
             manager.lora_index_to_id = list(range(1, len(live) + 1))
             try:

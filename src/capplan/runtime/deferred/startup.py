@@ -71,7 +71,7 @@ class StartUp:
         start.attention_thresholds = state.ranks.joined(
             {t for b in builders if type(t := getattr(b, "seq_threshold_3D", None)) is int}
         )
-        max_num_seqs = state.engine.plan.spec.scheduler.max_num_seqs
+        max_num_seqs = state.ctx.plan.spec.scheduler.max_num_seqs
         extra = attention_warm(graphs.graphs, set(graphs.ready_ids), max_num_seqs, start.attention_thresholds)
         if state.synced:
             extra = {g for gid in extra for g in graphs.group_of[gid]}
@@ -128,7 +128,7 @@ class StartUp:
         vLLM's estimate. The KV cache is then sized for the whole plan, with only the ready
         graphs captured."""
         state, graphs, estimate, start = self.state, self.state.graphs, self.state.estimate, self.state.start
-        descs = state.engine.vllm_descs
+        descs = state.ctx.vllm_descs
         all_full = [g for g in range(len(graphs.graphs)) if graphs.mode(g) == "FULL"]
         vllm_sample = all_full[: getattr(manager, "_max_full_descs_to_capture", None) or len(all_full)]
         deferred_of = {m: graphs.pending_of(m) for m in MODES}

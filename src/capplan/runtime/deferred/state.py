@@ -23,7 +23,7 @@ from capplan.runtime.hooking import Call
 from capplan.runtime.log import log
 
 if TYPE_CHECKING:
-    from capplan.runtime.context import Engine
+    from capplan.runtime.context import HookContext
 
 RECENT = 8
 """How many of a mode's latest captures the step-pause expectation reads (the slowest of them)."""
@@ -73,16 +73,16 @@ class Seams(TypedDict, total=False):
 class DeferredState:
     """Deferred capture in one worker process: what its parts share."""
 
-    def __init__(self, engine: Engine, **seams: Unpack[Seams]) -> None:
-        plan = engine.plan
+    def __init__(self, ctx: HookContext, **seams: Unpack[Seams]) -> None:
+        plan = ctx.plan
         assert plan.tiers is not None
-        self.engine = engine
+        self.ctx = ctx
         self.tiers = plan.tiers
         self.graphs = GraphSets(plan)
         self.estimate = Estimate()
         self.hold = Hold(seams.get("take_block"))
         self.ranks: Ranks | None = seams.get("ranks")  # None: read from vLLM's graph manager at the first capture
-        self.vllm = VllmCapture(engine)
+        self.vllm = VllmCapture(ctx)
         self.capture_one: CaptureOne = seams.get("capture_one") or self.vllm
         # DP ranks that pad to one another: whole groups at DP-synced steps, dummy steps counted too
         self.synced = plan.spec.parallel.synced_size > 1
@@ -112,7 +112,7 @@ class DeferredState:
         """vLLM's descriptors of the ready graphs, by mode, in plan order."""
         ready: dict[Any, list[Any]] = {}
         for gid in self.graphs.ready_ids:
-            desc = self.engine.vllm_descs[gid]
+            desc = self.ctx.vllm_descs[gid]
             ready.setdefault(desc.cg_mode, []).append(desc)
         return ready
 
@@ -151,7 +151,7 @@ class DeferredState:
                 else "another rank of this engine has not enough GPU memory left to hold back for its deferred graphs"
             )
             raise EngineRefusal(
-                f"capplan: {self.engine.plan_path}: {short}; refusing to start (lower "
+                f"capplan: {self.ctx.plan_path}: {short}; refusing to start (lower "
                 "--gpu-memory-utilization, or make more graphs ready in the spec's tiers)"
             ) from None
         if not held:

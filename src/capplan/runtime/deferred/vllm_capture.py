@@ -17,7 +17,7 @@ from capplan.runtime.hooking import Call
 from capplan.schemas.plan import address
 
 if TYPE_CHECKING:
-    from capplan.runtime.context import Engine
+    from capplan.runtime.context import HookContext
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ class CaptureOne(Protocol):
 class VllmCapture:
     """The real `CaptureOne`: vLLM's capture, timed and measured."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine  # its vllm_descs: the plan's graphs as vLLM descriptors, in plan order
+    def __init__(self, ctx: HookContext) -> None:
+        self.ctx = ctx  # its vllm_descs: the plan's graphs as vLLM descriptors, in plan order
         self.memory: ProcessMemory | None = None  # NVML's view of this process's memory (None: the device's)
         self.memory_opened = False
         self.readings = {"process": 0, "device": 0}  # captures measured by this process's memory, by the device's
@@ -51,7 +51,7 @@ class VllmCapture:
         from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
         cuda = torch.cuda.is_available()  # False only in capplan's CPU checks of the hooks
-        desc = self.engine.vllm_descs[gid]
+        desc = self.ctx.vllm_descs[gid]
         if cuda and not self.memory_opened:  # once, before the first capture is timed
             self.memory, self.memory_opened = open_for_current_device(), True
         with gpu_sync_allowed():
@@ -65,7 +65,7 @@ class VllmCapture:
                 result = call.run(capture_fn)
             except Exception as exc:
                 raise RuntimeError(
-                    f"capplan: capture of graph {address(self.engine.plan.graphs[gid].descriptor)} failed "
+                    f"capplan: capture of graph {address(self.ctx.plan.graphs[gid].descriptor)} failed "
                     f"({type(exc).__name__}: {exc}); the engine stops rather than serve from a graph pool in an "
                     "unknown state"
                 ) from exc

@@ -18,7 +18,7 @@ import hashlib
 from typing import Any
 
 from capplan.envvars import PLAN, PREFIX, RAY_PREFIXES
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.engine_check import breakable_problem, config_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, check_attributes
 
@@ -64,16 +64,16 @@ def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
     return None
 
 
-def _create_engine_config(engine: Engine, hook: Hook, original: Any) -> Any:
+def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def create_engine_config(*args: Any, **kwargs: Any) -> Any:
         config = original(*args, **kwargs)
         if not config.use_v2_model_runner:
-            raise SystemExit(v1_runner_message(engine.plan_path))
+            raise SystemExit(v1_runner_message(ctx.plan_path))
         problem = (
-            breakable_problem(engine.plan, engine.plan_path, engine.release)
-            or ray_problem(engine.plan_path, config.parallel_config)
-            or config_problem(engine.plan, engine.plan_path, config)
+            breakable_problem(ctx.plan, ctx.plan_path, ctx.release)
+            or ray_problem(ctx.plan_path, config.parallel_config)
+            or config_problem(ctx.plan, ctx.plan_path, config)
         )
         if problem:
             raise SystemExit(problem)
@@ -82,8 +82,8 @@ def _create_engine_config(engine: Engine, hook: Hook, original: Any) -> Any:
     return create_engine_config
 
 
-def _compute_hash(engine: Engine, hook: Hook, original: Any) -> Any:
-    fingerprint = engine.plan.fingerprint
+def _compute_hash(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    fingerprint = ctx.plan.fingerprint
 
     @functools.wraps(original)
     def compute_hash(*args: Any, **kwargs: Any) -> str:
@@ -93,13 +93,13 @@ def _compute_hash(engine: Engine, hook: Hook, original: Any) -> Any:
     return compute_hash
 
 
-def _init_device(engine: Engine, hook: Hook, original: Any) -> Any:
+def _init_device(ctx: HookContext, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         check_attributes(hook, self)
         if not self.use_v2_model_runner:
-            raise PlanNotInForce(v1_runner_message(engine.plan_path))
+            raise PlanNotInForce(v1_runner_message(ctx.plan_path))
         return result
 
     return init_device

@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 from capplan.releases import MANAGER
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.dp_check import NO_PLAN, agree_across_ranks, audit_on
 from capplan.runtime.hooking import Hook, binder, resolve
 
@@ -23,11 +23,11 @@ STEP = "vllm.v1.worker.gpu.dp_utils:dispatch_cg_and_sync_dp"
 SYNC = "vllm.v1.worker.gpu.dp_utils:sync_cudagraph_and_dp_padding"
 
 
-def _step(engine: Engine, hook: Hook, original: Any) -> Any:
+def _step(ctx: HookContext, hook: Hook, original: Any) -> Any:
     manager_cls = resolve(MANAGER)
     bind = binder(original)
-    mql = engine.release.rules.max_query_len_in_descriptor
-    step, report = engine.step, engine.report
+    mql = ctx.release.rules.max_query_len_in_descriptor
+    step, report = ctx.step, ctx.report
 
     @functools.wraps(original)
     def dispatch_cg_and_sync_dp(*args: Any, **kwargs: Any) -> Any:
@@ -49,7 +49,7 @@ def _step(engine: Engine, hook: Hook, original: Any) -> Any:
     return dispatch_cg_and_sync_dp
 
 
-def _sync(engine: Engine, hook: Hook, original: Any) -> Any:
+def _sync(ctx: HookContext, hook: Hook, original: Any) -> Any:
     manager_cls = resolve(MANAGER)
     bind = binder(original)
     audit = audit_on()
@@ -64,7 +64,7 @@ def _sync(engine: Engine, hook: Hook, original: Any) -> Any:
             disagreed = None
             if audit:
                 disagreed = _disagreed(synced)
-            engine.report.dp_step(
+            ctx.report.dp_step(
                 call["dp_rank"], call["dp_size"], call["num_tokens"], call["desired_batch_desc"], synced, disagreed
             )
         return result

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from capplan.releases import RUNNER, Release
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes, resolve
 from capplan.schemas.spec import Fix
 
@@ -42,7 +42,7 @@ def spread(counts: Any) -> Any:
     return np.array(even, dtype=counts.dtype)
 
 
-def _make_dummy(engine: Engine, hook: Hook, original: Any) -> Any:
+def _make_dummy(ctx: HookContext, hook: Hook, original: Any) -> Any:
     import numpy as np
     import torch
 
@@ -71,7 +71,7 @@ def _make_dummy(engine: Engine, hook: Hook, original: Any) -> Any:
     return make_dummy
 
 
-def _dummy_run(engine: Engine, hook: Hook, original: Any) -> Any:
+def _dummy_run(ctx: HookContext, hook: Hook, original: Any) -> Any:
     """During a dummy run, the instance's LoRA context and step see the respread counts."""
     bind_lora = binder(resolve(LORA_CONTEXT))
     bind_step = binder(resolve(STEP))

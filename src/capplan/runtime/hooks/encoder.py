@@ -9,14 +9,14 @@ import functools
 from typing import Any
 
 from capplan.releases import Release
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.engine_check import PlanMismatch
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 from capplan.runtime.log import log
 
 
-def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
-    enc = engine.plan.encoder
+def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    enc = ctx.plan.encoder
     assert enc is not None
     bind = binder(original)
 
@@ -28,7 +28,7 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
         want = (enc.vllm_budgets, enc.max_items, enc.max_frames)
         if have != want:
             raise PlanMismatch(
-                f"capplan: {engine.plan_path} does not match this engine's encoder graphs (budgets {have[0]}, "
+                f"capplan: {ctx.plan_path} does not match this engine's encoder graphs (budgets {have[0]}, "
                 f"{have[1]} items, {have[2]} frames; the plan: {want[0]}, {want[1]}, {want[2]}). Nothing was "
                 "captured. Set the spec's multimodal section to the model's and regenerate: capplan compile SPEC"
             )
@@ -36,7 +36,7 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
             log.info(
                 "plan %s: encoder runs eager, no encoder graphs captured (encoder_lora_eager: tower/connector "
                 "LoRA with specialize_active_lora)",
-                engine.plan_path,
+                ctx.plan_path,
             )
             return None
         return original(*args, **kwargs)

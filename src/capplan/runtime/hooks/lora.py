@@ -13,13 +13,13 @@ from typing import Any
 
 from capplan.planner.lora_cases import kernel_slots
 from capplan.releases import RUNNER
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 from capplan.runtime.lora_warm import dummy_mapping, layout_for
 from capplan.schemas.spec import Fix
 
 
-def _count(engine: Engine, hook: Hook, original: Any) -> Any:
+def _count(ctx: HookContext, hook: Hook, original: Any) -> Any:
     bind = binder(original)
 
     @functools.wraps(original)
@@ -30,18 +30,18 @@ def _count(engine: Engine, hook: Hook, original: Any) -> Any:
             return 0
         if call["dummy_run"]:
             return int(lora_config.max_loras) + 1
-        if not engine.lora_state_checked:
+        if not ctx.lora_state_checked:
             check_attributes(hook, lora_state)
-            engine.lora_state_checked = True
+            ctx.lora_state_checked = True
         adapters = len(lora_state.get_activate_loras(req_ids))
         base = any(r not in lora_state.lora_requests for r in req_ids)
-        engine.step.lora = (adapters, base)  # the trace recorder's, for this step
+        ctx.step.lora = (adapters, base)  # the trace recorder's, for this step
         return kernel_slots(adapters, base)
 
     return get_num_active_loras_for_dispatch
 
 
-def _capture_hook(engine: Engine, hook: Hook, original: Any) -> Any:
+def _capture_hook(ctx: HookContext, hook: Hook, original: Any) -> Any:
     bind = binder(original)
 
     @functools.wraps(original)
@@ -51,12 +51,12 @@ def _capture_hook(engine: Engine, hook: Hook, original: Any) -> Any:
         if lora_config is None:
             return None
         check_attributes(hook, runner)
-        if engine.deferred is not None:
-            engine.deferred.runner = runner  # a deferred LoRA graph sets its dummy mapping through it
+        if ctx.deferred is not None:
+            ctx.deferred.runner = runner  # a deferred LoRA graph sets its dummy mapping through it
         from vllm.lora.request import LoRARequest
 
         def warm(num_active_loras: int, num_reqs: int, num_tokens: int) -> None:
-            prompt, token = dummy_mapping(layout_for(engine, num_active_loras, num_reqs, num_tokens), num_reqs)
+            prompt, token = dummy_mapping(layout_for(ctx, num_active_loras, num_reqs, num_tokens), num_reqs)
             requests = {
                 LoRARequest(lora_name=f"warmup_{i}", lora_int_id=int(i), lora_path="/not/a/real/path")
                 for i in sorted(set(prompt.tolist()) - {0})

@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
 from typing import Any
 
 from capplan.releases import MANAGER, Release
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.dp_check import agree_across_ranks, audit_on, launch_rank, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, breakable_problem, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
@@ -53,8 +52,8 @@ def to_vllm(engine_release: Release, desc_cls: Any, d: Descriptor) -> Any:
     return desc_cls(**kwargs)
 
 
-def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
-    plan, plan_path, vllm_descs = engine.plan, engine.plan_path, engine.vllm_descs
+def _init_candidates(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    plan, plan_path, vllm_descs = ctx.plan, ctx.plan_path, ctx.vllm_descs
 
     @functools.wraps(original)
     def _init_candidates(self: Any) -> None:
@@ -62,8 +61,8 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
         check_attributes(hook, self)  # every attribute written below exists on vLLM's side
         vllm_planned = [d for mode in self._capture_descs.values() for d in mode]
         # (a release whose breakable graphs pad requests sets use_breakable_cg before this call; 0.25 after)
-        breakable = engine.release.breakable_pads_requests and breakable_problem(
-            plan, plan_path, engine.release, self.use_breakable_cg
+        breakable = ctx.release.breakable_pads_requests and breakable_problem(
+            plan, plan_path, ctx.release, self.use_breakable_cg
         )
         problem = breakable or engine_problem(plan, plan_path, self)
         parallel = self.vllm_config.parallel_config
@@ -83,11 +82,11 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
                 self._candidates[(n, row.lora_case)] = cands
         self._lora_dispatch_map = dict(plan.lora_dispatch_map)
         self._max_lora_case = max(plan.lora_dispatch_map.values(), default=0)
-        engine.report.dp_rank = launch_rank(self.vllm_config.parallel_config)
-        engine.report.planned(vllm_planned_count=len(vllm_planned))
-        engine.report.identify(self.vllm_config)
-        where = f", DP rank {engine.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
-        if not engine.in_force:  # once: vLLM's memory profiling may build a manager of its own first
+        ctx.report.dp_rank = launch_rank(self.vllm_config.parallel_config)
+        ctx.report.planned(vllm_planned_count=len(vllm_planned))
+        ctx.report.identify(self.vllm_config)
+        where = f", DP rank {ctx.report.dp_rank} of {dp_size} (all ranks run this plan)" if dp_size > 1 else ""
+        if not ctx.in_force:  # once: vLLM's memory profiling may build a manager of its own first
             log.info(
                 "plan %s in force: capturing %d graphs (vLLM alone: %d; fixes: %s)%s",
                 plan_path,
@@ -96,19 +95,19 @@ def _init_candidates(engine: Engine, hook: Hook, original: Any) -> Any:
                 ", ".join(plan.fixes) or "none",
                 where,
             )
-        engine.in_force = True
+        ctx.in_force = True
         self._capplan_plan = plan_path  # this manager's capture list is the plan's (checked by capture)
 
     return _init_candidates
 
 
-def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
+def _dispatch(ctx: HookContext, hook: Hook, original: Any) -> Any:
     from vllm.config.compilation import CUDAGraphMode
 
-    desc_cls, vllm_descs, report, step = engine.desc_cls, engine.vllm_descs, engine.report, engine.step
-    lookup, lora_case = engine.dispatcher.lookup, engine.dispatcher.lora_case
+    desc_cls, vllm_descs, report, step = ctx.desc_cls, ctx.vllm_descs, ctx.report, ctx.step
+    lookup, lora_case = ctx.dispatcher.lookup, ctx.dispatcher.lora_case
     none_mode = CUDAGraphMode.NONE
-    ubatches = engine.release.dispatch_ubatches
+    ubatches = ctx.release.dispatch_ubatches
     bind = binder(original)
 
     @functools.wraps(original)
@@ -129,8 +128,8 @@ def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
         else:
             result = lookup(num_reqs, num_tokens, call["uniform_token_count"], num_active_loras)
             graph_id = result.graph_id
-            if graph_id >= 0 and engine.deferred is not None:
-                graph_id = engine.deferred.resolve(graph_id)  # not captured yet: its chain's first captured graph
+            if graph_id >= 0 and ctx.deferred is not None:
+                graph_id = ctx.deferred.resolve(graph_id)  # not captured yet: its chain's first captured graph
             if graph_id >= 0:
                 desc = vllm_descs[graph_id]
             else:
@@ -150,16 +149,16 @@ def _dispatch(engine: Engine, hook: Hook, original: Any) -> Any:
     return dispatch
 
 
-def _not_in_force(engine: Engine) -> PlanNotInForce:
+def _not_in_force(ctx: HookContext) -> PlanNotInForce:
     return PlanNotInForce(
-        f"capplan: vLLM is about to capture CUDA graphs without the plan {engine.plan_path} installed "
+        f"capplan: vLLM is about to capture CUDA graphs without the plan {ctx.plan_path} installed "
         "(its graph manager was built another way); refusing, nothing was captured"
     )
 
 
-def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
+def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
     bind = binder(original)
-    profiles = engine.release.profiling_capture
+    profiles = ctx.release.profiling_capture
 
     @functools.wraps(original)
     def capture(*args: Any, **kwargs: Any) -> Any:
@@ -167,37 +166,37 @@ def _capture(engine: Engine, hook: Hook, original: Any) -> Any:
         manager = call["self"]
         check_attributes(hook, manager)
         if getattr(manager, "_capplan_plan", None) is None:  # this manager's list is not the plan's: fail closed
-            raise _not_in_force(engine)
-        if engine.deferred is not None:  # the first capture reads the attention kernels' switch (once)
-            engine.deferred.warm_attention(call)
+            raise _not_in_force(ctx)
+        if ctx.deferred is not None:  # the first capture reads the attention kernels' switch (once)
+            ctx.deferred.warm_attention(call)
         if profiles and getattr(manager, PROFILING_MARK) is not None:
             # vLLM's memory profiling: a sample of the plan's graphs, on a manager and pool it
             # then discards. Counted apart; the real capture follows on a new manager.
-            engine.report.profiling_started()
+            ctx.report.profiling_started()
             try:
-                if engine.deferred is not None:  # the ready graphs, and an estimate for the others
-                    return engine.deferred.profile_ready(manager, original, call)
+                if ctx.deferred is not None:  # the ready graphs, and an estimate for the others
+                    return ctx.deferred.profile_ready(manager, original, call)
                 return call.run(original)
             finally:
-                engine.report.profiling_finished(manager)
-        deferred = engine.deferred
-        engine.report.capture_started()
+                ctx.report.profiling_finished(manager)
+        deferred = ctx.deferred
+        ctx.report.capture_started()
         try:
             if deferred is not None and not deferred.active:
                 deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
                 return deferred.capture_ready(manager, original, call)
             return call.run(original)
         finally:
-            engine.report.capture_finished(manager)
+            ctx.report.capture_finished(manager)
 
     return capture
 
 
-def _captures_once(release: Release) -> bool:
-    return not release.profiling_capture
+def _capture_attributes(release: Release) -> tuple[str, ...]:
+    """Where vLLM captures once for memory profiling first, the mark that tells that capture apart."""
+    return (PROFILING_MARK,) if release.profiling_capture else ()
 
 
-WHY_CAPTURE = "time capture and count graphs for the report; refuse a capture list the plan did not install"
 HOOKS = (
     Hook(
         "manager.init_candidates",
@@ -218,18 +217,10 @@ HOOKS = (
     Hook(
         "manager.capture",
         f"{MANAGER}.capture",
-        WHY_CAPTURE,
+        "time capture and count graphs for the report; refuse a capture list the plan did not install; "
+        "where vLLM profiles memory by a capture first, tell that capture (graphs it discards) from the real one",
         _capture,
+        attributes=_capture_attributes,
         reads=("self", "attn_groups"),
-        releases=_captures_once,
-    ),
-    Hook(
-        "manager.capture",
-        f"{MANAGER}.capture",
-        f"{WHY_CAPTURE}; tell vLLM's memory-profiling capture (graphs it discards) from the real one",
-        _capture,
-        attributes=(PROFILING_MARK,),
-        reads=("self", "attn_groups"),
-        releases=attrgetter("profiling_capture"),
     ),
 )

@@ -13,7 +13,7 @@ from typing import Any
 
 from capplan.releases import RUNNER
 from capplan.runtime import recorder
-from capplan.runtime.context import Engine
+from capplan.runtime.context import HookContext
 from capplan.runtime.dp_check import launch_rank
 from capplan.runtime.hooking import Hook, Need, binder, check_attributes
 
@@ -30,9 +30,9 @@ def _records_here() -> bool:
         return True
 
 
-def _open(engine: Engine, hook: Hook, runner: Any) -> recorder.Recorder | None:
+def _open(ctx: HookContext, hook: Hook, runner: Any) -> recorder.Recorder | None:
     """This process's recorder, opened at its first real step (None: this process records nothing)."""
-    rec = engine.recording
+    rec = ctx.recording
     if rec.recorder is not None or rec.off:
         return rec.recorder
     if not _records_here():
@@ -40,22 +40,22 @@ def _open(engine: Engine, hook: Hook, runner: Any) -> recorder.Recorder | None:
         return None
     check_attributes(hook, runner)
     header = (
-        f"capplan trace: one line per model-runner step of an engine running plan {engine.plan_path} "
-        f"({engine.plan.fingerprint[:19]}); read by capplan simulate / optimize / dispatch --queries"
+        f"capplan trace: one line per model-runner step of an engine running plan {ctx.plan_path} "
+        f"({ctx.plan.fingerprint[:19]}); read by capplan simulate / optimize / dispatch --queries"
     )
     rec.recorder = recorder.open_recorder(
         launch_rank(runner.parallel_config),
-        engine.plan.spec.parallel.data_parallel_size,  # the launch's: a dense model's engines hold 1
+        ctx.plan.spec.parallel.data_parallel_size,  # the launch's: a dense model's engines hold 1
         header + recorder.layout_note(runner.parallel_config),
     )
-    engine.report.recorder = rec.recorder
+    ctx.report.recorder = rec.recorder
     rec.off = rec.recorder is None
     return rec.recorder
 
 
-def _execute_model(engine: Engine, hook: Hook, original: Any) -> Any:
+def _execute_model(ctx: HookContext, hook: Hook, original: Any) -> Any:
     bind = binder(original)
-    step = engine.step
+    step = ctx.step
 
     @functools.wraps(original)
     def execute_model(*args: Any, **kwargs: Any) -> Any:
@@ -67,7 +67,7 @@ def _execute_model(engine: Engine, hook: Hook, original: Any) -> Any:
         counts = scheduler_output.num_scheduled_tokens
         if call["dummy_run"] or not counts or all(r.startswith(recorder.WARMUP_PREFIXES) for r in counts):
             return result  # dummy runs and vLLM's start-up warm-up requests are no traffic
-        rec = _open(engine, hook, runner)
+        rec = _open(ctx, hook, runner)
         if rec is None:
             return result
         adapters, base = 0, False
