@@ -427,12 +427,13 @@ def calibrate_start_cmd(
     lora_rank: h.CalibrateStartRank = None,
     name: h.CalibrateStartName = None,
 ) -> None:
-    from capplan.commands.calibrate import StartIdentity, calibrate_starts
+    from capplan.calibration.starts import Given
+    from capplan.commands.calibrate import calibrate_starts
 
-    ident = StartIdentity(model_config, model, gpu, vllm, torch, attention_backend, lora_rank)
-    done = calibrate_starts(reports, plan, output, ident, name)
-    given = f"; given, not measured: {', '.join(done.given)}" if done.given else ""
-    typer.echo(f"wrote {printable(str(output))}: {done.starts} start(s){given}")
+    given = Given(None, model, gpu, vllm, torch, attention_backend, lora_rank)
+    done = calibrate_starts(reports, plan, output, given, model_config, name)
+    said = f"; given, not measured: {', '.join(done.given)}" if done.given else ""
+    typer.echo(f"wrote {printable(str(output))}: {done.starts} start(s){said}")
 
 
 @app.command("schema", help=h.SCHEMA_HELP)

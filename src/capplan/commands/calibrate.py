@@ -3,12 +3,15 @@ recorded trace): each writes a calibration file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capplan.commands import inputs
 from capplan.errors import InputError, UsageError, printable
+
+if TYPE_CHECKING:
+    from capplan.calibration.starts import Given
 
 
 @dataclass(frozen=True)
@@ -210,31 +213,24 @@ class StartsCalibrated:
     given: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class StartIdentity:
-    """What the operator gives of the deployment for reports that do not record it."""
-
-    model_config: Path | None = None
-    model: str | None = None
-    gpu: str | None = None
-    vllm: str | None = None
-    torch: str | None = None
-    attention_backend: str | None = None
-    lora_rank: int | None = None
-
-
 def calibrate_starts(
-    reports: list[Path], plan: Path, output: Path, identity: StartIdentity, name: str | None = None
+    reports: list[Path],
+    plan: Path,
+    output: Path,
+    identity: Given,
+    model_config: Path | None = None,
+    name: str | None = None,
 ) -> StartsCalibrated:
     """One calibration of the deployment from its starts' reports (`capplan apply --report`),
-    each checked against PLAN; the identity given is recorded as given. Nothing is written
+    each checked against PLAN; the identity given (its shape read from `model_config`, a
+    model's config.json) is recorded as given. Nothing is written
     unless every report is accepted."""
     from capplan.calibration.shape import shape_from_config
-    from capplan.calibration.starts import Given, calibration_from_starts
+    from capplan.calibration.starts import calibration_from_starts
     from capplan.files import check_output, write_atomic
     from capplan.planfile.read import load_plan
 
-    sources = inputs(plan, identity.model_config, *reports)
+    sources = inputs(plan, model_config, *reports)
     check_output(output, sources)
     if name is not None and (not 0 < len(name) <= 200 or not name.isprintable()):
         raise UsageError("--name must be 1 to 200 printable characters")
@@ -245,12 +241,9 @@ def calibrate_starts(
     if identity.lora_rank is not None and not 1 <= identity.lora_rank <= 1 << 16:
         raise UsageError(f"--lora-rank must be 1 to 65536 (got {identity.lora_rank})")
     loaded = load_plan(plan)
-    shape = shape_from_config(identity.model_config) if identity.model_config is not None else None
-    given = Given(
-        shape, identity.model, identity.gpu, identity.vllm, identity.torch, identity.attention_backend,
-        identity.lora_rank,
-    )  # fmt: skip
-    cal = calibration_from_starts(list(reports), loaded, given, name or output.stem)
+    if model_config is not None:
+        identity = replace(identity, shape=shape_from_config(model_config))
+    cal = calibration_from_starts(list(reports), loaded, identity, name or output.stem)
     data = cal.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
     data["identity"] = cal.identity.model_dump(mode="json", exclude_none=True) if cal.identity else None
     header = (
