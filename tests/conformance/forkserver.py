@@ -10,11 +10,11 @@ until the process WATCH_PID (the test run: pytest, or xdist's controller) has go
 SOCKET's folder. Standard library only; the client is oracle_python.py.
 
 A request is one JSON line: {"argv": [SCRIPT, ARG...] or ["-c", CODE, ARG...], "env": {...},
-"cwd": DIR, "stdout": PATH, "stderr": PATH}. The server forks a supervisor, which forks the job
+"cwd": DIR, "stdout": PATH, "stderr": PATH} and optionally "stdin": PATH (else /dev/null). The server forks a supervisor, which forks the job
 and answers {"pid": JOB} then {"returncode": N} (negative: killed by that signal) once the job
 has ended; the server itself never waits, so ranks of one check run side by side. The job is the
 script as `python SCRIPT ARG...` runs it: its own process group, the request's environment,
-working folder, argv, sys.path[0] and output files, fresh random seeds, `__main__`, the exit
+working folder, argv, sys.path[0], input and output files, fresh random seeds, `__main__`, the exit
 code of SystemExit or 1 after a traceback, atexit handlers run.
 """
 
@@ -49,8 +49,9 @@ def _run_job(request: dict) -> int:
     os.setpgid(0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+    stdin = os.open(request.get("stdin") or os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)

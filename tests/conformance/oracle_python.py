@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from capplan.launcher import vllm_cli
 from tests.conformance import coverage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,7 @@ PRELOAD_TORCH = ("torch",)
 # or torch while they are imported.
 PER_JOB = ("CAPPLAN_", "PYTEST_")
 START_TIMEOUT = 600
+AS_CAPPLAN_RUNS_IT = vllm_cli.run_script  # a fresh process (the tests patch vllm_cli's)
 
 
 def python_path(version: str | None) -> list[str]:
@@ -106,10 +108,19 @@ class Job:
             shutil.rmtree(self._out, ignore_errors=True)
 
 
-def start(argv: list[str], *, version: str | None, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Job:
+def start(
+    argv: list[str],
+    *,
+    version: str | None,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    stdin: Path | None = None,
+    extra_path: tuple[str, ...] = (),
+) -> Job:
     """Start `python argv...` on the oracle's Python with `version`'s vLLM on the path (after
-    capplan's sources and the root); `env` (default: this process's) gets that PYTHONPATH."""
-    path = python_path(version)
+    capplan's sources and the root, then `extra_path`), reading `stdin` (default: nothing); `env`
+    (default: this process's) gets that PYTHONPATH."""
+    path = [*python_path(version), *extra_path]
     env = {**(os.environ if env is None else env), "PYTHONPATH": os.pathsep.join(path)}
     argv = [str(a) for a in argv]
     coverage.compared("checks", Path(argv[0]).name if argv[0] != "-c" else "-c", version or "-", {"runs": 1})
@@ -117,8 +128,14 @@ def start(argv: list[str], *, version: str | None, env: dict[str, str] | None = 
     out = Path(tempfile.mkdtemp(prefix="capplan-job-"))  # the job's output, removed once it is read
     try:
         if address is None:
-            with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
-                proc = subprocess.Popen([str(PYTHON), *argv], env=env, cwd=cwd, stdout=stdout, stderr=stderr)
+            with (
+                open(stdin or os.devnull) as given,
+                open(out / "stdout", "w") as stdout,
+                open(out / "stderr", "w") as stderr,
+            ):
+                proc = subprocess.Popen(
+                    [str(PYTHON), *argv], env=env, cwd=cwd, stdin=given, stdout=stdout, stderr=stderr
+                )
             return Job(argv, out, proc=proc)
         (out / "stdout").touch()
         (out / "stderr").touch()
@@ -131,6 +148,7 @@ def start(argv: list[str], *, version: str | None, env: dict[str, str] | None = 
             "cwd": str(cwd),
             "stdout": str(out / "stdout"),
             "stderr": str(out / "stderr"),
+            "stdin": None if stdin is None else str(stdin),
         }
         conn.sendall(json.dumps(request).encode() + b"\n")
         return Job(argv, out, conn)
@@ -148,6 +166,25 @@ def run(argv: list[str], *, version: str | None, env: dict[str, str] | None = No
 
 _KNOWN: dict[str, int] = {}  # the servers this process has used: folder key -> server pid
 _STARTED: list[subprocess.Popen] = []
+
+
+def run_script(python: str, script: str, stdin: str, env: dict[str, str], timeout: float) -> str:
+    """`capplan.launcher.vllm_cli.run_script` as a job of the run's fork server, where `python` is
+    the oracle's and PYTHONPATH starts with a release's vLLM sources (the rest of it stays on the
+    path, after those); any other call runs as capplan runs it. The conformance tests of vLLM's
+    argument parser patch it in, so that each release's vLLM is imported once for the run, not
+    once per corpus; `test_vllm_parser.py` checks the two ways give the same answers."""
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if not path or Path(python) != PYTHON or Path(path[0]).resolve().parent != (ORACLE_DIR / "src").resolve():
+        return AS_CAPPLAN_RUNS_IT(python, script, stdin, env, timeout)
+    with tempfile.NamedTemporaryFile("w", prefix="capplan-stdin-", suffix=".json") as given:
+        given.write(stdin)
+        given.flush()
+        job = start(
+            ["-c", script], version=Path(path[0]).name, env=env, stdin=Path(given.name), extra_path=tuple(path[1:])
+        )
+        job.wait(timeout)
+    return job.stdout
 
 
 def _run_dir() -> Path:

@@ -35,7 +35,7 @@ gpu-memory-utilization: 0.92
 port: 8000
 """
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("vllm_parser_in_fork_server")]
 
 
 def _env(version: str) -> dict[str, str]:

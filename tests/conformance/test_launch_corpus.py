@@ -31,7 +31,7 @@ PYTHON = ORACLE_DIR / "venv" / "bin" / "python"
 VERSIONS = ("0.25.0", "0.29.0", "0.33.0")
 SIZES = json.dumps(PLAN.capture_sizes)
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("vllm_parser_in_fork_server")]
 
 # (arguments after `vllm serve M`, the --config file's text or None); {cfg} is the file
 CORPUS: list[tuple[list[str], str | None]] = [

@@ -6,6 +6,7 @@ compared with the plan, and nothing the operator gave is overridden. Run against
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracl
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "examples" / "qwen3-8b-multilora.plan.yaml"  # max_num_seqs 256, 8192 tokens, max_loras 8
 VERSIONS = ("0.25.0", "0.29.0", "0.33.0")
+# Each release's parser is forked from the run's server for it (vLLM imported once); the last test
+# checks that route gives what a fresh process, as capplan runs it, gives.
+pytestmark = pytest.mark.usefixtures("vllm_parser_in_fork_server")
 
 # (engine arguments after `vllm serve M`, a config file's text or None, the verdict: a substring of
 # the refusal, or "ok" and a substring of what capplan adds)
@@ -67,13 +71,20 @@ CORPUS = [
 ]
 
 
-def _env(version: str, tmp_path: Path) -> dict[str, str]:
+def _env(version: str) -> dict[str, str]:
     # vLLM recognizes a CPU build by its package version ("+cpu"); the oracle's sources carry no
-    # package metadata, so the test gives them one (0.25.0 has no other way to pick the CPU platform).
-    info = tmp_path / "meta" / f"vllm-{version}+cpu.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    path = os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, tmp_path / "meta")))
+    # package metadata, so the test gives them one (0.25.0 has no other way to pick the CPU platform),
+    # in one folder per release beside the oracle's, so that every test of a release meets one
+    # environment (and one fork server).
+    meta = ORACLE_DIR / "meta" / version
+    info = meta / f"vllm-{version}+cpu.dist-info"
+    if not (info / "METADATA").exists():
+        info.mkdir(parents=True, exist_ok=True)
+        text = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+        with tempfile.NamedTemporaryFile("w", dir=info, delete=False) as new:
+            new.write(text)
+        os.replace(new.name, info / "METADATA")  # whole, whichever worker writes it
+    path = os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, meta)))
     return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
 
 
@@ -81,7 +92,7 @@ def _env(version: str, tmp_path: Path) -> dict[str, str]:
 def test_launch_lines_are_read_by_vllms_own_parser(version, tmp_path, monkeypatch):
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    for key, value in _env(version, tmp_path).items():
+    for key, value in _env(version).items():
         monkeypatch.setenv(key, value)
     plan = load_plan(PLAN)
     python = str(ORACLE_DIR / "venv" / "bin" / "python")
@@ -139,16 +150,35 @@ def test_any_launch_line_gets_a_verdict_in_one_line(lines):
     version = "0.33.0"
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
-    import tempfile
+    argvs = [["vllm", "serve", "M", *line] for line in lines]
+    results = read_with_vllm(str(ORACLE_DIR / "venv" / "bin" / "python"), argvs, _env(version))
+    assert results is not None and len(results) == len(argvs)
+    plan = load_plan(PLAN)
+    for argv, result in zip(argvs, results, strict=True):
+        try:
+            prepare(plan, "p.plan.yaml", argv, python="python", resolution=result)
+        except CapplanError as exc:
+            assert "\n" not in exc.one_line()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        env = _env(version, Path(tmp))
-        argvs = [["vllm", "serve", "M", *line] for line in lines]
-        results = read_with_vllm(str(ORACLE_DIR / "venv" / "bin" / "python"), argvs, env)
-        assert results is not None and len(results) == len(argvs)
-        plan = load_plan(PLAN)
-        for argv, result in zip(argvs, results, strict=True):
-            try:
-                prepare(plan, "p.plan.yaml", argv, python="python", resolution=result)
-            except CapplanError as exc:
-                assert "\n" not in exc.one_line()
+
+def test_the_fork_server_gives_what_a_fresh_process_gives(tmp_path):
+    """The route the tests above take (vLLM's parser forked from the run's server) answers every
+    line of the corpus exactly as `capplan apply` running vLLM's Python afresh does."""
+    from tests.conformance import oracle_python
+
+    version = VERSIONS[-1]
+    if not _oracle_ready(version):
+        _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    argvs = []
+    for i, (args, config, _) in enumerate(CORPUS):
+        cfg = tmp_path / f"vllm{i}.yaml"
+        if config is not None:
+            cfg.write_text(config)
+        argvs.append(["vllm", "serve", "M", *(a.replace("{cfg}", str(cfg)) for a in args)])
+    python = str(ORACLE_DIR / "venv" / "bin" / "python")
+    forked = read_with_vllm(python, argvs, _env(version))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("capplan.launcher.vllm_cli.run_script", oracle_python.AS_CAPPLAN_RUNS_IT)
+        fresh = read_with_vllm(python, argvs, _env(version))
+    assert forked is not None and fresh is not None and len(forked) == len(argvs)
+    assert forked == fresh

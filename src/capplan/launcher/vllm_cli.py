@@ -186,22 +186,23 @@ class Resolved:
         return set(objects[-1] or []) if objects else set()
 
 
+def run_script(python: str, script: str, stdin: str, env: dict[str, str], timeout: float) -> str:
+    """What `python -c script`, given `stdin`, prints; OSError or subprocess.TimeoutExpired when it
+    cannot run or does not end. The one way capplan runs vLLM's Python for an answer (the
+    conformance tests route it through their per-release fork server)."""
+    proc = subprocess.run([python, "-c", script], input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
+    return proc.stdout
+
+
 def resolve_lines(
     python: str, lines: list[list[str]], env: dict[str, str], fields: Sequence[str], keys: Sequence[str]
 ) -> list[dict[str, Any]] | None:
     """vLLM's reading of each command's engine arguments (the EngineArgs `fields` and the
     compilation-config `keys` it resolves), in one run of `python` (vLLM is imported once);
     None when vLLM's parser is not importable there. `resolution_of` reads each result."""
+    request = json.dumps({"lines": lines, "fields": list(fields), "keys": list(keys)})
     try:
-        proc = subprocess.run(
-            [python, "-c", RESOLVER],
-            input=json.dumps({"lines": lines, "fields": list(fields), "keys": list(keys)}),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        data = json.loads(run_script(python, RESOLVER, request, env, 300).strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
     if not isinstance(data, dict) or "results" not in data:
