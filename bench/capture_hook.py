@@ -18,12 +18,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import vllm
 from vllm.config import LoRAConfig
 from vllm.v1.worker.gpu.lora_utils import create_lora_capture_hook
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
 from capplan.planfile import load_plan
 from capplan.runtime import registry
+from capplan.runtime.context import layouts_of
+from capplan.runtime.versions import detect_release
 
 ROUNDS = 5
 
@@ -65,8 +68,12 @@ def main(argv: list[str]) -> int:
     config = LoRAConfig(max_loras=lora.max_loras, max_lora_rank=8, specialize_active_lora=lora.specialize_active)
     vllm_runner, ours_runner = Runner(), Runner()
     vllm_hook = create_lora_capture_hook(config, vllm_runner)
-    state = registry.Installed(plan, str(path))
-    ours_hook = registry._capture_hook_factory(state, SimpleNamespace(attributes=()))(config, ours_runner)
+    # capplan's entry for this release, installed over vLLM's function with what it reads of the
+    # hook context: the plan's dummy layouts (no deferred capture here)
+    entry = next(h for h in registry.entries(detect_release(vllm.__version__)) if h.name == "lora.capture_hook")
+    ctx = SimpleNamespace(plan_path=str(path), layouts=layouts_of(plan), deferred=None)
+    assert entry.install is not None
+    ours_hook = entry.install(ctx, entry, create_lora_capture_hook)(config, ours_runner)
     vllm_us, ours_us = time_hook(vllm_hook, graphs), time_hook(ours_hook, graphs)
     assert vllm_runner.calls == ours_runner.calls == ROUNDS * len(graphs)
     sizes = statistics.median(t for _, _, t in graphs)

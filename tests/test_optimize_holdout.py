@@ -8,6 +8,7 @@ import dataclasses
 import json
 from itertools import combinations
 
+import pytest
 import yaml
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -190,7 +191,8 @@ def test_each_block_is_scored_by_sizes_fitted_without_it():
 @settings(max_examples=40, deadline=None)
 @given(header=st.lists(st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s), max_size=4))
 @example(header=["\x85", ""])  # NEL, which str.splitlines (not the user's editor) breaks a line at
-@example(header=["a\u2028b", "c"])  # the line separator
+@example(header=["a\u2028#b", "c"])  # LS: YAML breaks the line there too, so the rest is a comment
+@example(header=["\u2029", ""])  # PS
 def test_any_user_header_is_kept_and_the_written_spec_still_loads(tmp_path_factory, header):
     """Whatever the user's header comment holds (control characters, escapes), the spec optimize
     writes keeps it as comment lines and loads as the same spec."""
@@ -212,3 +214,12 @@ def test_any_user_header_is_kept_and_the_written_spec_still_loads(tmp_path_facto
     out = tmp / "o.yaml"
     out.write_text(text, encoding="utf-8")
     assert load_spec(out) == result.spec
+
+
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\n"])
+def test_the_header_of_a_spec_with_any_line_ending_is_its_comment_lines_only(tmp_path, newline):
+    from capplan.commands.traffic import user_comment
+
+    spec = tmp_path / "deploy.yaml"
+    spec.write_bytes(newline.join(["# one", "# two", *SPEC.splitlines()]).encode())
+    assert user_comment(spec) == "# one\n# two\n"

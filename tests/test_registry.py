@@ -120,7 +120,7 @@ def test_removing_an_entry_removes_its_hook_and_only_it(monkeypatch, removed):
     assert registry.problems(hooks, release) == []
     for hook in hooks:
         if hook.install is not None:
-            install_one(hook, None)  # type: ignore[arg-type]  # these installers read no engine
+            install_one(hook, None)  # type: ignore[arg-type]  # these installers read no hook context
     live = {"t.dispatch": module.Manager.dispatch, "t.make": module.Manager.__dict__["make"], "t.free": module.free}
     assert live[removed] is originals[removed]
     for name, fn in live.items():

@@ -50,8 +50,9 @@ def _run_job(request: dict) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stdin = os.open(request.get("stdin") or os.devnull, os.O_RDONLY)
-    os.dup2(stdin, 0)
-    os.close(stdin)
+    if stdin != 0:
+        os.dup2(stdin, 0)
+        os.close(stdin)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)

@@ -46,6 +46,7 @@ PRELOAD_TORCH = ("torch",)
 PER_JOB = ("CAPPLAN_", "PYTEST_")
 START_TIMEOUT = 600
 AS_CAPPLAN_RUNS_IT = vllm_cli.run_script  # a fresh process (the tests patch vllm_cli's)
+FORKED_PARSER_RUNS: list[str] = []  # one entry per run_script call this process forked
 
 
 def python_path(version: str | None) -> list[str]:
@@ -170,11 +171,12 @@ _STARTED: list[subprocess.Popen] = []
 
 def run_script(python: str, script: str, stdin: str, env: dict[str, str], timeout: float) -> str:
     """`capplan.launcher.vllm_cli.run_script` as a job of the run's fork server, where `python` is
-    the oracle's and PYTHONPATH starts with a release's vLLM sources (the rest of it stays on the
-    path, after those); any other call runs as capplan runs it. The conformance tests of vLLM's
-    argument parser patch it in, so that each release's vLLM is imported once for the run, not
-    once per corpus; `test_vllm_parser.py` checks the two ways give the same answers."""
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    the oracle's and PYTHONPATH starts with a release's vLLM sources (its other entries follow
+    capplan's sources and the root on the job's path); any other call runs as capplan runs it.
+    The conformance tests of vLLM's argument parser patch it in, so that each release's vLLM is
+    imported once per environment for the run, not once per corpus; `test_vllm_parser.py`
+    checks the two ways give the same answers."""
+    path = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if not path or Path(python) != PYTHON or Path(path[0]).resolve().parent != (ORACLE_DIR / "src").resolve():
         return AS_CAPPLAN_RUNS_IT(python, script, stdin, env, timeout)
     with tempfile.NamedTemporaryFile("w", prefix="capplan-stdin-", suffix=".json") as given:
@@ -184,6 +186,7 @@ def run_script(python: str, script: str, stdin: str, env: dict[str, str], timeou
             ["-c", script], version=Path(path[0]).name, env=env, stdin=Path(given.name), extra_path=tuple(path[1:])
         )
         job.wait(timeout)
+    FORKED_PARSER_RUNS.append(job.argv[0])
     return job.stdout
 
 

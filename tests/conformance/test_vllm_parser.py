@@ -83,6 +83,7 @@ def _env(version: str) -> dict[str, str]:
         text = f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
         with tempfile.NamedTemporaryFile("w", dir=info, delete=False) as new:
             new.write(text)
+        os.chmod(new.name, 0o644)
         os.replace(new.name, info / "METADATA")  # whole, whichever worker writes it
     path = os.pathsep.join(map(str, (ORACLE_DIR / "src" / version, meta)))
     return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
@@ -161,14 +162,20 @@ def test_any_launch_line_gets_a_verdict_in_one_line(lines):
             assert "\n" not in exc.one_line()
 
 
-def test_the_fork_server_gives_what_a_fresh_process_gives(tmp_path):
-    """The route the tests above take (vLLM's parser forked from the run's server) answers every
-    line of the corpus exactly as `capplan apply` running vLLM's Python afresh does."""
+@pytest.mark.parametrize(
+    ("version", "metadata"), [(VERSIONS[0], False), (VERSIONS[-1], True)], ids=("no-metadata", "cpu-metadata")
+)
+def test_the_fork_server_gives_what_a_fresh_process_gives(version, metadata, tmp_path):
+    """The route the parser tests take (vLLM's parser forked from the run's server) answers every
+    line of the corpus exactly as `capplan apply` running vLLM's Python afresh does: without
+    package metadata (as test_launch_corpus.py and test_init_roundtrip.py run it, where vLLM
+    infers no device and the server is the other checks') on the oldest parser, and with the CPU
+    metadata these tests give on the newest. (All four pairs agreed when this was written.)"""
     from tests.conformance import oracle_python
 
-    version = VERSIONS[-1]
     if not _oracle_ready(version):
         _missing(f"{ORACLE_DIR}/src/{version} is missing")
+    env = _env(version) if metadata else {**os.environ, "PYTHONPATH": str(ORACLE_DIR / "src" / version)}
     argvs = []
     for i, (args, config, _) in enumerate(CORPUS):
         cfg = tmp_path / f"vllm{i}.yaml"
@@ -176,9 +183,11 @@ def test_the_fork_server_gives_what_a_fresh_process_gives(tmp_path):
             cfg.write_text(config)
         argvs.append(["vllm", "serve", "M", *(a.replace("{cfg}", str(cfg)) for a in args)])
     python = str(ORACLE_DIR / "venv" / "bin" / "python")
-    forked = read_with_vllm(python, argvs, _env(version))
+    forks = len(oracle_python.FORKED_PARSER_RUNS)
+    forked = read_with_vllm(python, argvs, env)
+    assert len(oracle_python.FORKED_PARSER_RUNS) == forks + 1  # the fork server answered, not a fallback
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("capplan.launcher.vllm_cli.run_script", oracle_python.AS_CAPPLAN_RUNS_IT)
-        fresh = read_with_vllm(python, argvs, _env(version))
+        fresh = read_with_vllm(python, argvs, env)
     assert forked is not None and fresh is not None and len(forked) == len(argvs)
     assert forked == fresh

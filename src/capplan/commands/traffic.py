@@ -4,6 +4,7 @@ against recorded traffic."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -295,10 +296,9 @@ def user_comment(spec: Path) -> str:
     from capplan.files import read_text
 
     lines = []
-    # Lines as the user's editor shows them: split at "\n" only, since str.splitlines also breaks at
-    # NEL, LS and PS, which would cut one comment line in two.
-    for line in read_text(spec, "spec", SpecError).split("\n"):
-        line = line.removesuffix("\r")
+    # Lines as the user's editor shows them: ended by LF, CRLF or CR, never by the NEL, LS or PS
+    # that str.splitlines also breaks at (one comment line would be kept as two).
+    for line in re.split(r"\r\n|\r|\n", read_text(spec, "spec", SpecError)):
         if not line.startswith("#"):
             break
         lines.append(line)

@@ -188,8 +188,8 @@ class Resolved:
 
 def run_script(python: str, script: str, stdin: str, env: dict[str, str], timeout: float) -> str:
     """What `python -c script`, given `stdin`, prints; OSError or subprocess.TimeoutExpired when it
-    cannot run or does not end. The one way capplan runs vLLM's Python for an answer (the
-    conformance tests route it through their per-release fork server)."""
+    cannot run or does not end. How the launcher asks vLLM's parser (the conformance tests
+    route it through their per-release fork server)."""
     proc = subprocess.run([python, "-c", script], input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
     return proc.stdout
 

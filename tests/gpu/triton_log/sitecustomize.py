@@ -24,15 +24,16 @@ def _context() -> dict:
     names = []
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "_capture_one" and "self" in frame.f_locals and "gid" in frame.f_locals:
-            me = frame.f_locals["self"]
+        me = frame.f_locals.get("self")
+        # deferred capture's one graph: capplan.runtime.deferred.vllm_capture.VllmCapture.__call__
+        if code.co_name == "__call__" and type(me).__name__ == "VllmCapture" and "gid" in frame.f_locals:
             try:
                 from capplan.schemas.plan import address
 
                 graph = address(me.ctx.plan.graphs[frame.f_locals["gid"]].descriptor)
             except Exception as exc:  # noqa: BLE001 - a diagnostic: say what went wrong
                 graph = f"? ({exc})"
-            return {"capture": graph, "profiled": bool(getattr(me, "profiled", False))}
+            return {"capture": graph}
         if "vllm" in code.co_filename and len(names) < 4:
             names.append(code.co_name)
         frame = frame.f_back
