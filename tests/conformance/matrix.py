@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
     subprocess.run(
         ["bash", str(ROOT / "tests/conformance/oracle/setup_oracle.sh"), str(ORACLE_DIR)], env=env, check=True
     )
+    commit = _commit()
     rows, counts, ok = [], [], True
     for release in chosen:
         print(f"[matrix] vLLM {release}", file=sys.stderr, flush=True)
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
     text = "\n".join(
         [
             f"capplan conformance matrix, {datetime.date.today().isoformat()}, Python {platform.python_version()}, "
-            f"{platform.machine()} CPU (python -m tests.conformance.matrix)",
+            f"{platform.machine()} CPU (python -m tests.conformance.matrix), capplan {commit}",
             "",
             "| vLLM release | group | passes | conformance tier (planning, runtime contract and hooks, DP sync) | time |",
             "|---|---|---|---|---|",
@@ -85,6 +86,15 @@ def main(argv: list[str]) -> int:
     RESULTS.write_text(text)
     print(text)
     return 0 if ok else 1
+
+
+def _commit() -> str:
+    """The commit the matrix runs, and "with uncommitted changes" where the tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "(not a git checkout)"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":
