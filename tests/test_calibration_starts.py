@@ -455,3 +455,42 @@ def test_a_gpu_name_names_the_measured_gpu_it_begins(named, measured):
     assert same_gpu(named, measured) in (True, False)  # any text: an answer, never an error
     if named.strip() and named.lower().replace("nvidia", "").split():
         assert same_gpu(named, f"{named} 80GB HBM3") and not same_gpu(f"{named} PCIe", named)
+
+
+def test_optimize_budgets_graph_memory_and_seconds_by_the_deployment_s_starts(tmp_path):
+    """A calibration of the deployment's own starts prices optimize's budgets: the plan those
+    starts ran at their median, every other candidate scaled from them (was refused: "no
+    capture runs"); a budget the default plan breaks is met by fewer graphs."""
+    import statistics
+
+    from capplan.loading import load_cost_model, load_spec
+    from capplan.planner import Batch
+    from capplan.planner.compiler import compile_plan
+    from capplan.traffic.optimize import optimize
+    from capplan.traffic.simulate import TraceBatch
+
+    _, tiny = _gpu_specs()
+    spec_path = tmp_path / "tiny.yaml"
+    spec_path.write_text(
+        tiny.replace(
+            'target: {runner: mrv2, vllm: "0.33.0"}',
+            'target: {runner: mrv2, vllm: "0.33.0", gpu: NVIDIA H200}\n'
+            "model: {name: tiny-llama, hidden_size: 256, num_layers: 2, dtype: bfloat16}\n"
+            "parallel: {tensor_parallel_size: 1, pipeline_parallel_size: 1}",
+        )
+    )
+    spec = load_spec(spec_path)
+    cost = load_cost_model(DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml")
+    est = cost.estimate(compile_plan(spec))
+    reports = [json.loads((ROOT / r).read_text()) for r in TINY_REPORTS]
+    assert est is not None and est.graph_memory_gib == statistics.median(r["graph_memory_gib"] for r in reports)
+    assert est.capture_seconds == statistics.median(r["capture_seconds"] for r in reports)
+    trace = [TraceBatch(Batch(n, n, 1), 10) for n in (1, 3, 7, 12, 30)]
+    for budget in (
+        {"max_graph_memory": est.graph_memory_gib * 0.6},
+        {"max_capture_seconds": est.capture_seconds * 0.6},
+    ):
+        result = optimize(spec, trace, cost, objective="padding", **budget)
+        assert result.default.graphs == est.graphs and result.point.graphs < est.graphs
+        got = result.point.graph_memory_gib if "max_graph_memory" in budget else result.point.capture_seconds
+        assert got is not None and got <= next(iter(budget.values()))

@@ -260,11 +260,19 @@ OptimizeMaxGraphs = Annotated[
 ]
 OptimizeMaxGraphMemory = Annotated[
     float | None,
-    typer.Option("--max-graph-memory", min=0.0, help="Budget: estimated graph memory in GiB (H200 cost model)."),
+    typer.Option(
+        "--max-graph-memory",
+        min=0.0,
+        help="Budget: estimated graph memory in GiB, by --calibration: its capture runs (capplan calibrate), "
+        "or the deployment's own starts (capplan calibrate-start; the plan they ran at their median, others "
+        "scaled from them).",
+    ),
 ]
 OptimizeMaxCaptureSeconds = Annotated[
     float | None,
-    typer.Option("--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds."),
+    typer.Option(
+        "--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds (as --max-graph-memory)."
+    ),
 ]
 OptimizeMaxSlowdown = Annotated[
     float | None,

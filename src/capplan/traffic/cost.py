@@ -34,6 +34,7 @@ sides (`not_compared` says which those are).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -271,6 +272,13 @@ class CostModel:
     gib: MemoryCoefficients | None
     steps: StepModel | None = None  # None: the calibration has no step times (padding is the objective)
     calibration: Calibration | None = None
+    # A calibration of the deployment's starts (capplan calibrate-start) and no capture runs: the
+    # plan priced by those starts (capplan.calibration.price; given by capplan.loading).
+    from_starts: Callable[[Plan], Estimate] | None = None
+
+    def estimates_capture(self) -> bool:
+        """Whether capture seconds and graph memory can be estimated (runs or starts)."""
+        return (self.seconds is not None and self.gib is not None) or self.from_starts is not None
 
     def basis(self, spec: Spec) -> Basis:
         if self.calibration is None:
@@ -278,9 +286,9 @@ class CostModel:
         return judge(self.calibration, spec)
 
     def estimate(self, plan: Plan) -> Estimate | None:
-        """Capture seconds and graph memory, or None when the calibration has no capture runs."""
+        """Capture seconds and graph memory, or None when the calibration has no capture runs or starts."""
         if self.seconds is None or self.gib is None:
-            return None
+            return self.from_starts(plan) if self.from_starts is not None else None
         if not plan.graphs:
             return Estimate(0, 0.0, 0.0)
         lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)

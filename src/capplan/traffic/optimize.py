@@ -573,8 +573,8 @@ def optimize(
         )
     if max_slowdown is not None and objective != "step-time":
         raise UsageError("--max-slowdown compares predicted step times: it needs the step-time objective")
-    if max_graph_memory is not None and cost.gib is None or max_capture_seconds is not None and cost.seconds is None:
-        raise UsageError(f"the calibration {cost.name} has no capture runs to estimate that budget with")
+    if (max_graph_memory is not None or max_capture_seconds is not None) and not cost.estimates_capture():
+        raise UsageError(f"the calibration {cost.name} has no capture runs or starts to estimate that budget with")
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
