@@ -188,8 +188,16 @@ def test_each_block_is_scored_by_sizes_fitted_without_it():
     assert score == 0 + 0 + 10 * (16 - 9)  # the last block pads to 16: its 9 was never fitted
 
 
+# One header line: any character YAML admits in a comment (no other control character, no
+# surrogate or U+FFFE/U+FFFF), but no line end; NEL, LS and PS among them, which YAML breaks at.
+_COMMENT_TEXT = st.text(
+    st.characters(exclude_categories=("Cs", "Cc"), exclude_characters="\ufffe\uffff") | st.sampled_from("\t\x85"),
+    max_size=40,
+)
+
+
 @settings(max_examples=40, deadline=None)
-@given(header=st.lists(st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s), max_size=4))
+@given(header=st.lists(_COMMENT_TEXT, max_size=4))
 @example(header=["\x85", ""])  # NEL, which str.splitlines (not the user's editor) breaks a line at
 @example(header=["a\u2028#b", "c"])  # LS: YAML breaks the line there too, so the rest is a comment
 @example(header=["\u2029", ""])  # PS
