@@ -463,6 +463,7 @@ def test_optimize_budgets_graph_memory_and_seconds_by_the_deployment_s_starts(tm
     capture runs"); a budget the default plan breaks is met by fewer graphs."""
     import statistics
 
+    from capplan.calibration.price import priced_by_starts
     from capplan.loading import load_cost_model, load_spec
     from capplan.planner import Batch
     from capplan.planner.compiler import compile_plan
@@ -480,7 +481,7 @@ def test_optimize_budgets_graph_memory_and_seconds_by_the_deployment_s_starts(tm
         )
     )
     spec = load_spec(spec_path)
-    cost = load_cost_model(DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml")
+    cost = priced_by_starts(load_cost_model(DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"))
     est = cost.estimate(compile_plan(spec))
     reports = [json.loads((ROOT / r).read_text()) for r in TINY_REPORTS]
     assert est is not None and est.graph_memory_gib == statistics.median(r["graph_memory_gib"] for r in reports)
@@ -494,3 +495,13 @@ def test_optimize_budgets_graph_memory_and_seconds_by_the_deployment_s_starts(tm
         assert result.default.graphs == est.graphs and result.point.graphs < est.graphs
         got = result.point.graph_memory_gib if "max_graph_memory" in budget else result.point.capture_seconds
         assert got is not None and got <= next(iter(budget.values()))
+    # the command: the same calibration given to `capplan optimize`
+    trace_file = tmp_path / "t.jsonl"
+    trace_file.write_text("".join(f'{{"num_reqs": {n}, "num_tokens": {n}, "max_query_len": 1}}\n' for n in (1, 7, 30)))
+    calibration = str(DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml")
+    limit = f"{est.graph_memory_gib * 0.9:.6f}"
+    args = ["optimize", str(spec_path), str(trace_file), "--calibration", calibration, "--max-graph-memory", limit]
+    done = runner.invoke(app, [*args, "--objective", "padding", "--json"])
+    assert done.exit_code == 0, done.output
+    chosen = json.loads(done.stdout)["chosen"]
+    assert chosen["graphs"] < est.graphs and chosen["graph_memory_gib"] <= float(limit), chosen

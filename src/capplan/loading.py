@@ -9,7 +9,6 @@ schemas cannot make since they import no planner code."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Literal
 
@@ -116,28 +115,12 @@ def load_calibration(path: Path | None = None):
         raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}", hint) from None
 
 
-def _starts_estimate(cal, plan):
-    from capplan.calibration.price import price_from_starts
-    from capplan.traffic.cost import Estimate
-
-    priced = price_from_starts(plan, cal)
-    assert priced is not None  # the calibration has starts
-    return Estimate(priced.graphs, priced.seconds.value, priced.gib.value)
-
-
 def load_cost_model(path: Path | None = None):
-    """The cost model of a calibration file (default: the shipped H200 one). A calibration of a
-    deployment's starts (capplan calibrate-start) estimates capture by those starts: the median
-    of what they measured for the plan itself, else scaled to it by graphs and workspace."""
-    import dataclasses
-
+    """The cost model of a calibration file (default: the shipped H200 one)."""
     from capplan.traffic.cost import DEFAULT_CALIBRATION, fit_cost_model
 
     try:
-        model = fit_cost_model(load_calibration(path))
-        if model.calibration is not None and model.calibration.starts and not model.calibration.runs:
-            model = dataclasses.replace(model, from_starts=functools.partial(_starts_estimate, model.calibration))
-        return model
+        return fit_cost_model(load_calibration(path))
     except InputError as exc:
         if exc.message.startswith(printable(str(path or DEFAULT_CALIBRATION))):
             raise

@@ -18,13 +18,18 @@ Adding a calibration file there refits the model; no code changes.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from capplan.schemas.calibration import Calibration, ModelShape, Start
 from capplan.schemas.plan import Plan
+
+if TYPE_CHECKING:
+    from capplan.traffic.cost import CostModel, Estimate
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "calibrations"
 GIB = float(1 << 30)
@@ -134,6 +139,24 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
         f"scaled by graphs and workspace from {len(cal.starts)} start(s) of this deployment in calibration "
         f"{cal.name} ({_sources(cal.starts)})",
     )
+
+
+def priced_by_starts(model: CostModel) -> CostModel:
+    """`model` estimating capture seconds and graph memory by its calibration's starts, where the
+    calibration is one of the deployment's starts (capplan calibrate-start) and has no capture
+    runs: `optimize`'s budgets then rest on them (`price_from_starts`, the median)."""
+    cal = model.calibration
+    if cal is None or not cal.starts or cal.runs:
+        return model
+    return dataclasses.replace(model, from_starts=functools.partial(_starts_estimate, cal))
+
+
+def _starts_estimate(cal: Calibration, plan: Plan) -> Estimate:
+    from capplan.traffic.cost import Estimate
+
+    priced = price_from_starts(plan, cal)
+    assert priced is not None  # the calibration has starts
+    return Estimate(priced.graphs, priced.seconds.value, priced.gib.value)
 
 
 def _sources(starts: list[Start]) -> str:

@@ -191,6 +191,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     """Choose capture sizes for the traces under the budget; write the spec (and the picture)
     only once its plan verifies."""
     from capplan.batches import read_rank_traces
+    from capplan.calibration.price import priced_by_starts
     from capplan.files import check_output, write_atomic
     from capplan.loading import load_cost_model, load_spec
     from capplan.planner.compiler import compile_plan
@@ -232,7 +233,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     result = choose(
         loaded,
         fitted,
-        load_cost_model(r.calibration),
+        priced_by_starts(load_cost_model(r.calibration)),
         max_graphs=r.max_graphs,
         max_graph_memory=r.max_graph_memory,
         max_capture_seconds=r.max_capture_seconds,
