@@ -291,6 +291,40 @@ def test_show_gives_the_graph_memory_to_leave_free_only_where_measured(tmp_path,
     assert "vLLM's own estimate stays in charge of the KV cache" in text
 
 
+def test_flags_says_the_graph_memory_to_leave_free_on_stderr_only_where_measured(tmp_path, monkeypatch):
+    """`flags` prints the launch arguments on stdout, unchanged, and the graph memory to leave free
+    beside the KV cache on stderr: measured from the folder's starts of this plan; for another
+    plan of the deployment, that vLLM's estimate stays in charge; nothing without a calibration,
+    or where a found one is of another model; a --calibration given that does not apply says so."""
+    monkeypatch.chdir(tmp_path)
+    Path("tiny.yaml").write_text(_tiny_named())
+    Path("other.yaml").write_text(_tiny_named().replace("max_loras: 3", "max_loras: 4"))
+    Path("big.yaml").write_text(
+        _tiny_named().replace("hidden_size: 256, num_layers: 2", "hidden_size: 4096, num_layers: 32")
+    )
+    for name in ("tiny", "other", "big"):
+        assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
+    plain = runner.invoke(app, ["flags", "tiny.plan.yaml"])
+    assert plain.exit_code == 0 and plain.stderr == ""
+    cal = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    Path(".capplan/calibration").mkdir(parents=True)
+    Path(".capplan/calibration/tiny.yaml").write_text(cal.read_text())
+    found = runner.invoke(app, ["flags", "tiny.plan.yaml"])
+    assert found.exit_code == 0 and found.stdout == plain.stdout
+    measured = json.loads(runner.invoke(app, ["show", "tiny.plan.yaml", "--json"]).stdout)["price"]
+    assert f"({measured['graph_memory_reserve_bytes']} bytes" in found.stderr and "# (measured;" in found.stderr
+    scaled = runner.invoke(app, ["flags", "other.plan.yaml"])
+    assert "vLLM's own estimate stays in charge" in scaled.stderr and "# (scaled;" in scaled.stderr
+    assert runner.invoke(app, ["flags", "big.plan.yaml"]).stderr == ""  # the folder's is of another model
+    given = runner.invoke(app, ["flags", "big.plan.yaml", "--calibration", str(cal)])
+    assert "vLLM's own estimate stays in charge" in given.stderr and "not used" in given.stderr
+    runs_only = runner.invoke(app, ["flags", "tiny.plan.yaml", "--calibration", str(DATA / "h200-vllm025.yaml")])
+    assert runs_only.exit_code == 0 and "holds no starts of a deployment" in runs_only.stderr
+    missing = runner.invoke(app, ["flags", "tiny.plan.yaml", "--calibration", "nope.yaml"])
+    assert missing.exit_code in (1, 2) and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_a_model_config_gives_the_shape_model_the_intermediate_size(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("a.yaml").write_text(

@@ -369,13 +369,26 @@ def init_cmd(
 
 @app.command("flags", help=h.FLAGS_HELP)
 @_errors_to_exit
-def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve") -> None:
+def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve", calibration: h.FlagsCalibration = None) -> None:
+    from capplan.commands.inspect import graph_reserve
     from capplan.launcher.engine_args import render
     from capplan.planfile.read import load_plan
+    from capplan.present.show import reserve_line
 
     if form not in ("serve", "python", "json", "yaml"):
         raise UsageError(f"--format must be serve, python, json or yaml (got {form!r})")
-    typer.echo(render(load_plan(plan), form, str(plan)))
+    loaded = load_plan(plan)
+    typer.echo(render(loaded, form, str(plan)))
+    priced = graph_reserve(plan, loaded, calibration)
+    if priced is not None:  # on stderr: the arguments on stdout stay whole for a pipe
+        for line in (reserve_line(priced), f"({priced.kind}; {priced.basis})", *priced.notes):
+            typer.echo(f"# {line}", err=True)
+    elif calibration is not None:
+        typer.echo(
+            f"# {printable(str(calibration))} holds no starts of a deployment (capplan calibrate-start makes them): "
+            "vLLM's own estimate stays in charge of the KV cache",
+            err=True,
+        )
 
 
 @app.command("calibrate", help=h.CALIBRATE_HELP)

@@ -497,6 +497,15 @@ add. --format json lists the arguments alone; set CAPPLAN_PLAN yourself (and,
 with --data-parallel-backend ray, VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_).
 --format yaml gives them as a `vllm serve --config` file's keys, to merge into yours.
 """
+FlagsCalibration = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="A calibration of this deployment's starts (capplan calibrate-start; default: a .capplan/calibration/ "
+        "folder found above PLAN): where its starts measured this plan, say on stderr how much graph memory to "
+        "leave free beside the KV cache, in place of vLLM's estimate.",
+    ),
+]
 FlagsFormat = Annotated[
     str,
     typer.Option(

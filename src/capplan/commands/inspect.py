@@ -27,6 +27,21 @@ class Shown:
     priced: Priced | None = None  # with intervals: the deployment's starts, or the shape model
 
 
+def graph_reserve(plan_path: Path, plan: Plan, calibration: Path | None = None) -> Priced | None:
+    """For `flags`: the plan priced by the deployment's own calibration (--calibration with starts,
+    or the calibration folder found beside the plan). None where there is none, or where a found
+    folder's does not apply to the plan's deployment (no KV-cache size rests on the shape model's
+    prediction; a --calibration given is answered either way)."""
+    from capplan.calibration.price import Pricing
+    from capplan.calibration.starts import load_pricing
+
+    pricing = load_pricing(calibration, plan_path)
+    if not isinstance(pricing, Pricing) or pricing.deployment is None:
+        return None
+    priced = pricing.price(plan)
+    return priced if priced is not None and (priced.kind != "predicted" or calibration is not None) else None
+
+
 def show(
     plan_path: Path, calibration: Path | None = None, plot: Path | None = None, model_config: Path | None = None
 ) -> Shown:

@@ -295,21 +295,24 @@ def show_json(
 def price_lines(priced: Priced) -> list[str]:
     """The plan's capture cost with its interval and basis, and the graph memory to leave
     free beside the KV cache where it was measured for this deployment."""
-    lines = [f"{priced.text()} ({priced.kind}; {priced.basis})", *priced.notes]
+    return [f"{priced.text()} ({priced.kind}; {priced.basis})", *priced.notes, reserve_line(priced)]
+
+
+def reserve_line(priced: Priced) -> str:
+    """The graph memory to leave free beside the KV cache where this deployment's starts measured
+    the plan, else that vLLM's own estimate stays in charge (`show`, `flags`)."""
     reserve = priced.reserve_bytes()
-    if reserve is not None:
-        lines.append(
-            f"graph memory to leave free beside the KV cache: {reserve / 2**30:.3f} GiB ({reserve} bytes: "
-            f"the largest of the starts' readings + {GRAPH_MARGIN:.0%}); size the KV cache "
-            "(--kv-cache-memory-bytes, or --gpu-memory-utilization) to leave that, in place of vLLM's "
-            "profiling estimate of its graphs"
-        )
-    else:
-        lines.append(
+    if reserve is None:
+        return (
             "graph memory not measured for this deployment: vLLM's own estimate stays in charge of the KV cache "
             "(calibrate-start from a start of this plan measures it)"
         )
-    return lines
+    return (
+        f"graph memory to leave free beside the KV cache: {reserve / 2**30:.3f} GiB ({reserve} bytes: "
+        f"the largest of the starts' readings + {GRAPH_MARGIN:.0%}); size the KV cache "
+        "(--kv-cache-memory-bytes, or --gpu-memory-utilization) to leave that, in place of vLLM's "
+        "profiling estimate of its graphs"
+    )
 
 
 def price_json(priced: Priced | None) -> dict[str, Any] | None:
