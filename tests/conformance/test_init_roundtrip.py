@@ -18,22 +18,12 @@ from capplan.launcher.engine_args import contradictions, render
 from capplan.launcher.vllm_cli import resolution_of
 from capplan.planner.compiler import compile_plan
 from capplan.settings import BY_NAME, line_values
+from tests.test_init import EXAMPLE  # the deployment's vllm.yaml, as the unit tests read it
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_DIR = Path(os.environ.get("CAPPLAN_ORACLE_DIR", ROOT / ".cache" / "vllm-oracle"))
 PYTHON = ORACLE_DIR / "venv" / "bin" / "python"
 VERSIONS = ("0.25.0", "0.29.0", "0.33.0")
-EXAMPLE = """\
-model: meta-llama/Llama-3.1-8B-Instruct
-max-num-seqs: 64
-max-num-batched-tokens: 8192
-max-model-len: 8192
-enable-lora: true
-max-loras: 4
-max-lora-rank: 16
-gpu-memory-utilization: 0.92
-port: 8000
-"""
 
 pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("vllm_parser_in_fork_server")]
 
