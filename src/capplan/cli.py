@@ -332,10 +332,14 @@ def apply_cmd(
     smoke: h.ApplySmoke = None,
     tolerance: h.ApplyTolerance = 0.1,
     trace: h.ApplyTrace = None,
+    calibration: h.ApplyCalibration = None,
+    graph_margin: h.ApplyGraphMargin = None,
 ) -> None:
     from capplan.commands.apply import ApplyRequest, apply
 
-    request = ApplyRequest(plan, list(ctx.args), runner, dry_run, report, smoke, tolerance, trace)
+    request = ApplyRequest(
+        plan, list(ctx.args), runner, dry_run, report, smoke, tolerance, trace, calibration, graph_margin
+    )
     applied = apply(request, _note)
     if applied.text is not None:
         typer.echo(applied.text)

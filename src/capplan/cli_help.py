@@ -399,11 +399,14 @@ GitDiffArgs = Annotated[list[str] | None, typer.Argument()]
 APPLY_HELP = """Run a vLLM command with PLAN in force: capplan apply --runner mrv2 PLAN -- vllm serve MODEL ...
 
 For `vllm serve` and `python -m vllm.entrypoints.openai.api_server`, the
-flags are read first: one that contradicts the plan (max_loras, max_num_seqs,
-capture sizes, cudagraph mode, ...) is refused before anything starts, and
-what the plan determines and the command leaves out is added (said on one
-line), so `capplan apply --runner mrv2 PLAN -- vllm serve MODEL` is a
-complete launch; --dry-run prints it and starts nothing. A vLLM release the
+server reads its flags with vLLM's own parser, in its own process, before any
+engine process starts or weight loads: one that contradicts the plan
+(max_loras, max_num_seqs, capture sizes, cudagraph mode, ...) stops it with
+one line, and what the plan determines and the command leaves out is added
+(said in the log), so `capplan apply --runner mrv2 PLAN -- vllm serve MODEL`
+is a complete launch. The launcher itself imports no vLLM (it adds well under
+a second before vLLM starts); --dry-run reads the line with vLLM's parser
+here, prints the completed command and starts nothing. A vLLM release the
 plan was not compiled for is refused before the command starts. Any other
 command that starts vLLM works too (python my_script.py), checked by each
 engine instead. vLLM loads capplan's plugin (entry point vllm.general_plugins) in every engine
@@ -437,6 +440,26 @@ ApplySmoke = Annotated[
         "--smoke",
         help="Instead of a command: build the plan's engine on DIR (base/ plus LoRA "
         "adapter folders), generate LoRA batches with graphs and eager, compare. Needs a GPU.",
+    ),
+]
+ApplyCalibration = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="A calibration of this deployment (capplan calibrate-start, from starts of this plan): the engine "
+        "leaves the graph memory those starts measured, plus --graph-margin, free beside the KV cache and skips "
+        "vLLM's profiling capture (0.29.0 on: capture paid once, a larger KV cache). Used only where the "
+        "engine's GPU, vLLM, torch, model shape, parallel sizes and LoRA rank are the calibration's; else vLLM's "
+        "own profiling sizes the KV cache, and the log and --report say why. A capture that outgrows what was "
+        "left stops the engine before serving, with one line naming the figures.",
+    ),
+]
+ApplyGraphMargin = Annotated[
+    float | None,
+    typer.Option(
+        "--graph-margin",
+        help="GiB left beside the calibration's measured graph memory (default 0.0625: 64 MiB).",
+        show_default=False,
     ),
 ]
 ApplyTolerance = Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")]

@@ -6,6 +6,17 @@ from __future__ import annotations
 PLAN = "CAPPLAN_PLAN"
 """The plan file the vLLM plugin puts in force in every engine and worker process."""
 
+COMMAND = "CAPPLAN_COMMAND"
+"""The server command `capplan apply` runs, as a JSON list: the plugin reads it with vLLM's parser
+in the server process (capplan.runtime.launch_line), so the launcher imports no vLLM."""
+
+CALIBRATION = "CAPPLAN_CALIBRATION"
+"""A calibration file (or folder) of the deployment: where it measured the plan, the engine leaves
+that graph memory free beside the KV cache instead of estimating it by a throwaway capture."""
+
+GRAPH_MARGIN = "CAPPLAN_GRAPH_MARGIN_GIB"
+"""The margin, in GiB, left beside the calibration's measured graph memory."""
+
 PREFIX = "CAPPLAN_"
 """What every capplan environment variable starts with (the plan, the report, the DP audit, the trace)."""
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from capplan.calibration.budget import DEFAULT_MARGIN_GIB, MAX_MARGIN_GIB
 from capplan.commands import Notes, no_notes
 from capplan.errors import CapplanError, UsageError, printable
+from capplan.schemas.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class ApplyRequest:
     smoke: Path | None = None
     tolerance: float = 0.1
     trace: Path | None = None
+    calibration: Path | None = None
+    graph_margin: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,19 +60,41 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
     if not r.command:
         raise UsageError("give the command to run after --, e.g. capplan apply --runner mrv2 PLAN -- vllm serve MODEL")
     loaded = load_plan(r.plan)  # refuse a bad plan before starting anything
+    from capplan.envvars import CALIBRATION, COMMAND, GRAPH_MARGIN
+    from capplan.launcher.cmdline import server_start
     from capplan.launcher.engine_args import prepare
     from capplan.launcher.launch import check_environment, run_child
 
-    if sys.stderr.isatty():  # a person waits for one import of vLLM; a log gets only the verdict
-        notes("capplan: reading the command with vLLM's own argument parser (one import of vLLM, some seconds)...")
-    command, said = prepare(loaded, str(r.plan), r.command)  # a flag against the plan: refused here, at once
+    budget = calibration_notes(loaded, r.calibration, r.graph_margin)  # a bad calibration: refused here
     if r.dry_run:
-        for line in said:
+        if sys.stderr.isatty():  # a person waits for one import of vLLM; a log gets only the verdict
+            notes("capplan: reading the command with vLLM's own argument parser (one import of vLLM, some seconds)...")
+        command, said = prepare(loaded, str(r.plan), r.command)
+        for line in [*said, *budget]:
             notes(line)
         return Applied(0, shlex.join(command))
+    # No import of vLLM here: the server process reads its own command with vLLM's parser
+    # (runtime.launch_line), before any engine process starts or weight loads.
+    command = list(r.command)
     check_run_outputs(r.plan, command, r.report, r.trace, loaded.spec.parallel.data_parallel_size)
     env = check_environment(command, dict(os.environ), loaded.spec.target.vllm)
     env["CAPPLAN_PLAN"] = str(r.plan.resolve())
+    said = []
+    if server_start(command) is not None:
+        env[COMMAND] = json.dumps(command)
+        said.append(
+            "capplan: the server reads its flags with vLLM's own parser and checks them against the plan before any "
+            "weight loads (what the plan adds is logged there; --dry-run prints the completed line)"
+        )
+    else:
+        said.append(
+            "capplan: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` command: its flags are "
+            "not read here (each engine still checks the plan before it captures)"
+        )
+    if r.calibration is not None:
+        env[CALIBRATION] = str(r.calibration.resolve())
+        env[GRAPH_MARGIN] = repr(DEFAULT_MARGIN_GIB if r.graph_margin is None else r.graph_margin)
+    said += budget
     if r.report is not None:
         env["CAPPLAN_REPORT"] = str(r.report.resolve())
     if r.trace is not None:
@@ -84,6 +111,46 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
             "check that the command starts vLLM with Model Runner V2",
         )
     return Applied(code)
+
+
+def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None) -> list[str]:
+    """What --calibration will do for this plan, said before the launch (the engine decides,
+    against the deployment it finds); UsageError or InputError for a calibration that cannot
+    be read or a margin out of range."""
+    import math
+
+    from capplan.loading import load_calibration
+    from capplan.releases import RELEASES, runs_on
+
+    if calibration is None:
+        if margin is not None:
+            raise UsageError("--graph-margin needs --calibration: the margin is added to the graph memory it measured")
+        return []
+    if margin is not None and not (math.isfinite(margin) and 0 <= margin <= MAX_MARGIN_GIB):
+        raise UsageError(f"--graph-margin must be between 0 and {MAX_MARGIN_GIB:g} GiB (got {margin})")
+    cal = load_calibration(calibration)
+    name = printable(str(calibration))
+    mine = [s for s in cal.starts if s.fingerprint == plan.fingerprint]
+    releases = runs_on(plan.spec.target.vllm)
+    if not any(RELEASES[v].profiling_capture for v in releases):
+        return [
+            f"capplan: {name}: vLLM {', '.join(releases)} sizes the KV cache without a graph-memory estimate (no "
+            "profiling capture to skip): vLLM's own sizing stays in charge"
+        ]
+    if plan.tiers is not None:
+        return [f"capplan: {name}: the plan defers graphs (tiers): deferred capture sizes its own reserve"]
+    if not mine:
+        return [
+            f"capplan: {name} has no start of this plan (fingerprint {plan.fingerprint[7:19]}): vLLM's own profiling "
+            "capture sizes the KV cache"
+        ]
+    top = max(s.graph_memory_gib for s in mine)
+    m = DEFAULT_MARGIN_GIB if margin is None else margin
+    return [
+        f"capplan: {name}: {len(mine)} start(s) of this plan measured up to {top:.4f} GiB of graphs; the engine "
+        f"leaves {top + m:.4f} GiB ({m:.4f} GiB margin) beside the KV cache and skips vLLM's profiling capture "
+        "where its GPU, release, torch, model shape, parallel sizes and LoRA rank are the calibration's"
+    ]
 
 
 def reports(report: Path) -> dict[str, tuple[int, int]]:

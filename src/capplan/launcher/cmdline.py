@@ -451,12 +451,23 @@ def read_command(argv: list[str]) -> Command | None:
     return cmd
 
 
+READ_KEYS = (*COMPILATION, "mode")  # the compilation-config keys and EngineArgs fields vLLM's parser reports
+READ_FIELDS = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
+
+
 def read_with_vllm(python: str, argvs: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]] | None:
     """vLLM's own reading of server commands (one run of `python`, vLLM imported once); None
     when vLLM is not importable there. Each result goes to `prepare(..., resolution=)`."""
-    keys = (*COMPILATION, "mode")
-    fields = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
-    return resolve_lines(python, [parser_args(a) for a in argvs], env, fields, keys)
+    return resolve_lines(python, [parser_args(a) for a in argvs], env, READ_FIELDS, READ_KEYS)
+
+
+def read_here(argv: list[str]) -> dict[str, Any] | None:
+    """vLLM's own reading of one server command in this process (the server's, where vLLM is
+    imported), for `prepare(..., resolution=)`; None when vLLM's parser cannot be built."""
+    from capplan.launcher.vllm_cli import resolve_here
+
+    results = resolve_here([parser_args(argv)], READ_FIELDS, READ_KEYS)
+    return None if results is None else results[0]
 
 
 def read_resolved(argv: list[str], resolved: Resolved) -> Command:

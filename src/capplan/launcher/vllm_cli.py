@@ -14,6 +14,7 @@ what it does not read.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from collections.abc import Sequence
@@ -30,23 +31,54 @@ from capplan.errors import CapplanError, printable
 # line: {"refused": line} when vLLM's parser refuses it, else the resolution. On a machine without
 # an accelerator vLLM infers no device and its parser's defaults cannot be built: the CPU platform
 # stands in, as vLLM's own `vllm bench` does (the arguments read are the same).
-RESOLVER = r"""
+RESOLVING = r"""
 import argparse, contextlib, io, json, sys
 
-req = json.load(sys.stdin)
-try:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-        from vllm.entrypoints.cli import serve as serve_cli
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm import platforms
-        if platforms.current_platform.is_unspecified():
-            from vllm.platforms.cpu import CpuPlatform
-            platforms.current_platform = CpuPlatform()
-        serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-except Exception as exc:
-    print(json.dumps({"unavailable": f"{type(exc).__name__}: {exc}"[:300]}))
-    raise SystemExit(0)
+
+LOADED = []
+
+
+def load_vllm():
+    # None when vLLM's parser can be built here, else why not (once per process)
+    global FlexibleArgumentParser, serve_cli, EngineArgs
+    if LOADED:
+        return LOADED[0]
+    LOADED.append(None)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+            from vllm.entrypoints.cli import serve as serve_cli
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm import platforms
+            if platforms.current_platform.is_unspecified():
+                from vllm.platforms.cpu import CpuPlatform
+                platforms.current_platform = CpuPlatform()
+            serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    except Exception as exc:
+        LOADED[0] = f"{type(exc).__name__}: {exc}"[:300]
+    return LOADED[0]
+
+
+def answer(request):
+    # {"unavailable": why}, or {"results": [...]}: one resolution (or refusal) per line
+    global req
+    req = request
+    problem = load_vllm()
+    if problem is not None:
+        return {"unavailable": problem}
+    return {"results": [one(args) for args in req["lines"]]}
+
+
+def engine_args(args):
+    # the EngineArgs vLLM's entry point builds from these arguments
+    problem = load_vllm()
+    if problem is not None:
+        raise ValueError(problem)
+    ns, refused = parse(make(False, False, args[:1] == ["serve"]), args)
+    if refused:
+        raise ValueError(refused)
+    return EngineArgs.from_cli_args(ns)
+
 
 JSON_DESTS = ("compilation_config", "speculative_config")
 try:
@@ -163,8 +195,8 @@ def resolution(args, ns, serve):
     }
 
 
-print(json.dumps({"results": [one(args) for args in req["lines"]]}))
 """
+RESOLVER = RESOLVING + "\nprint(json.dumps(answer(json.load(sys.stdin))))\n"
 
 
 @dataclass
@@ -208,6 +240,27 @@ def resolve_lines(
     if not isinstance(data, dict) or "results" not in data:
         return None
     return list(data["results"])
+
+
+@functools.cache
+def _resolving() -> dict[str, Any]:
+    """RESOLVING's functions, defined in this process (vLLM is imported by their first call)."""
+    space: dict[str, Any] = {"__name__": "capplan.launcher.resolving"}
+    exec(compile(RESOLVING, "<capplan: vLLM's parser>", "exec"), space)  # noqa: S102 - capplan's own code, above
+    return space
+
+
+def resolve_here(lines: list[list[str]], fields: Sequence[str], keys: Sequence[str]) -> list[dict[str, Any]] | None:
+    """`resolve_lines` in this process: for the server process, where vLLM's parser has already
+    run and vLLM is imported, so reading the command again costs no second import."""
+    data = _resolving()["answer"]({"lines": lines, "fields": list(fields), "keys": list(keys)})
+    return list(data["results"]) if "results" in data else None
+
+
+def engine_args_here(args: list[str]) -> Any:
+    """The EngineArgs vLLM's entry point builds from a server command's arguments, in this
+    process; ValueError when vLLM's parser refuses them."""
+    return _resolving()["engine_args"](args)
 
 
 def resolution_of(data: dict[str, Any]) -> Resolved:

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from capplan.calibration.budget import GraphBudget
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release
 from capplan.runtime.hooking import Call
@@ -84,6 +85,7 @@ class HookContext:
     recording: Recording = field(default_factory=Recording)
     deferred: Deferral | None = None  # spec tiers: the graphs captured while serving
     in_force: bool = False  # set once the plan's capture list is installed
+    graph_budget: GraphBudget | None = None  # the graph memory a calibration left beside the KV cache
     lora_state_checked: bool = False
 
 

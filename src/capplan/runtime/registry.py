@@ -30,7 +30,7 @@ from capplan.runtime.hooking import (
     resolve,
     signature_problem,
 )
-from capplan.runtime.hooks import config, dp, dummy, encoder, lora, manager, record
+from capplan.runtime.hooks import config, dp, dummy, encoder, lora, manager, memory, record
 from capplan.runtime.report import Report
 from capplan.runtime.versions import detect_release
 from capplan.schemas.plan import Plan
@@ -43,6 +43,7 @@ REGISTRY: tuple[Hook, ...] = (
     *dp.HOOKS,
     *record.HOOKS,
     *encoder.HOOKS,
+    *memory.HOOKS,
     *deferred_hooks.HOOKS,  # last: it wraps execute_model after the recorder
 )
 

@@ -53,6 +53,8 @@ class Report:
         self.recorder: Recorder | None = None  # when CAPPLAN_TRACE is set
         self.deferred: Section | None = None  # capplan.runtime.deferred.capture, when the plan defers graphs
         self.identity: dict[str, Any] | None = None  # the deployment this start ran (`identify`)
+        # where the graph memory left beside the KV cache came from (hooks.memory): a calibration, or vLLM
+        self.graph_budget: dict[str, Any] | None = None
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
@@ -173,6 +175,7 @@ class Report:
             "trace": None if self.recorder is None else self.recorder.to_json(),
             "deferred": None if self.deferred is None else self.deferred.to_json(),
             "identity": self.identity,
+            "graph_budget": self.graph_budget,
         }
 
     def path(self) -> str | None:

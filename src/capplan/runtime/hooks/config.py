@@ -17,10 +17,11 @@ import functools
 import hashlib
 from typing import Any
 
-from capplan.envvars import PLAN, PREFIX, RAY_PREFIXES
+from capplan.envvars import COMMAND, PLAN, PREFIX, RAY_PREFIXES
 from capplan.runtime.context import HookContext
 from capplan.runtime.engine_check import breakable_problem, config_problem
-from capplan.runtime.hooking import Hook, PlanNotInForce, check_attributes
+from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
+from capplan.runtime.log import log
 
 
 def v1_runner_message(plan_path: str) -> str:
@@ -65,8 +66,11 @@ def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
 
 
 def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    bind = binder(original)
+
     @functools.wraps(original)
     def create_engine_config(*args: Any, **kwargs: Any) -> Any:
+        read_launch_line(ctx, bind(args, kwargs)["self"])
         config = original(*args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(ctx.plan_path))
@@ -80,6 +84,29 @@ def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
         return config
 
     return create_engine_config
+
+
+def read_launch_line(ctx: HookContext, engine_args: Any) -> None:
+    """The server command `capplan apply` passed (CAPPLAN_COMMAND), read by vLLM's parser in this
+    process: a flag against the plan stops the launch here, before any engine process or weight;
+    what the plan adds is set on the engine arguments and logged."""
+    import os
+
+    from capplan.errors import CapplanError
+    from capplan.runtime.launch_line import command_of, complete_engine_args, this_process_runs
+
+    text = os.environ.get(COMMAND)
+    if not text:
+        return
+    command = command_of(text)
+    if command is None or not this_process_runs(command):
+        return  # another process of the launch (a script's own engine): the config check decides
+    try:
+        said = complete_engine_args(ctx.plan, ctx.plan_path, engine_args, command)
+    except CapplanError as exc:
+        raise SystemExit(f"capplan: {exc.one_line()}") from None
+    for line in said:
+        log.info("%s", line.removeprefix("capplan: "))
 
 
 def _compute_hash(ctx: HookContext, hook: Hook, original: Any) -> Any:
@@ -118,6 +145,7 @@ HOOKS = (
         "vllm.engine.arg_utils:EngineArgs.create_engine_config",
         "check plan against the final engine config before anything starts (class 10)",
         _create_engine_config,
+        reads=("self",),
     ),
     Hook(
         "config.compute_hash",

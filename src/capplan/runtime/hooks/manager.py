@@ -14,11 +14,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from capplan.calibration.budget import outgrown
 from capplan.releases import MANAGER, Release
 from capplan.runtime.context import HookContext
 from capplan.runtime.dp_check import agree_across_ranks, audit_on, launch_rank, plan_identity
 from capplan.runtime.engine_check import PlanMismatch, breakable_problem, engine_problem
 from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
+from capplan.runtime.hooks.memory import GraphMemoryOutgrown, out_of_memory
 from capplan.runtime.log import log
 from capplan.schemas.plan import Descriptor
 
@@ -185,9 +187,18 @@ def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
             if deferred is not None and not deferred.active:
                 deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
                 return deferred.capture_ready(manager, original, call)
-            return call.run(original)
+            result = call.run(original)
+        except Exception as exc:
+            if ctx.graph_budget is not None and type(exc).__name__ == "OutOfMemoryError":
+                raise GraphMemoryOutgrown(out_of_memory(ctx.graph_budget)) from None
+            raise
         finally:
             ctx.report.capture_finished(manager)
+        if ctx.graph_budget is not None and ctx.report.graph_memory_bytes is not None:
+            line = outgrown(ctx.graph_budget, ctx.report.graph_memory_bytes)
+            if line is not None:
+                raise GraphMemoryOutgrown(line)
+        return result
 
     return capture
 

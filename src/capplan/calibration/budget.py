@@ -1,0 +1,134 @@
+"""The CUDA-graph memory a start leaves free beside the KV cache, from a calibration of the
+deployment instead of vLLM's throwaway profiling capture.
+
+From 0.29.0 vLLM sizes the KV cache by capturing a sample of the graphs once, discarding
+them, and extrapolating (`profile_cudagraph_memory`); then it captures the real set. At
+Llama-3.1-8B's shape on an H100 that pass took 17.8 s and estimated 1.17 GiB for graphs that
+took 0.35 GiB: the KV cache lost the difference, and capture was paid twice. A calibration
+holds what the plan's own starts measured (the fall in the GPU's free memory across the real
+capture, identical to the byte across starts of one plan on one GPU model). Where it measured
+this plan on this deployment, the reserve is the largest of those starts plus a stated margin;
+anywhere else vLLM's own profiling stays in charge, and the reason is said.
+
+Pure: the engine reads its identity (`runtime.report.deployment_identity`) and asks here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from capplan.schemas.calibration import Calibration
+from capplan.schemas.plan import Plan
+
+GIB = 2**30
+DEFAULT_MARGIN_GIB = 0.0625
+"""64 MiB beside the measured graph memory: starts of one plan on one GPU model measured the
+same bytes (0.3496 GiB in three H100 starts a day apart); the margin covers the allocator's
+rounding of a pool segment (2 MiB blocks, 20 MiB segments for large ones) several times over."""
+MAX_MARGIN_GIB = 64.0
+
+# What the engine compares, as the calibration's identity and runtime.report.deployment_identity
+# name it: graph memory follows each (the GPU's allocator and kernels, the release's capture
+# code, torch's graph pools, the per-rank shapes, the LoRA buffers).
+COMPARED = ("gpu", "vllm", "torch", "tensor_parallel_size", "pipeline_parallel_size", "lora_rank")
+SHAPE = ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+         "vocab_size", "num_experts", "dtype")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GraphBudget:
+    """The graph memory a start reserves from a calibration: what the plan's starts measured
+    (the largest of them) and the margin on top."""
+
+    source: str  # the calibration's name
+    starts: int  # the calibration's starts of this plan
+    measured_bytes: int  # the largest graph memory they measured
+    spread_bytes: int  # largest minus smallest
+    margin_bytes: int
+
+    @property
+    def reserve_bytes(self) -> int:
+        return self.measured_bytes + self.margin_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "starts": self.starts,
+            "measured_gib": round(self.measured_bytes / GIB, 4),
+            "spread_gib": round(self.spread_bytes / GIB, 4),
+            "margin_gib": round(self.margin_bytes / GIB, 4),
+            "reserved_gib": round(self.reserve_bytes / GIB, 4),
+        }
+
+
+def _release(version: object) -> str:
+    return str(version).split("+", 1)[0]
+
+
+def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | None:
+    """Why this engine is not the deployment the calibration measured (a field it records that
+    the engine does not show counts as different: nothing unverified is trusted), or None."""
+    ident = calibration.identity
+    if ident is None:
+        return "it records no identity (model shape, GPU, release): its graph memory could be another deployment's"
+    for key in COMPARED:
+        want = getattr(ident, key)
+        if want is None:
+            continue
+        have = live.get(key)
+        same = _release(have) == _release(want) if key == "vllm" else have == want
+        if not same:
+            return f"it measured {key} {want}, this engine has {have if have is not None else 'none known'}"
+    if ident.shape is not None:
+        have_shape = live.get("shape") or {}
+        for key in SHAPE:
+            want = getattr(ident.shape, key)
+            if want is not None and have_shape.get(key) != want:
+                return f"it measured a model with {key} {want}, this engine's has {have_shape.get(key, 'none known')}"
+    elif ident.model is None or ident.model.name is None or ident.model.name != live.get("model"):
+        return "it records no model shape, and the model it names is not this engine's"
+    return None
+
+
+def graph_budget(plan: Plan, calibration: Calibration, live: dict[str, Any], margin_gib: float) -> GraphBudget | str:
+    """The reserve for this plan on this engine, or why the calibration cannot give one (then
+    vLLM's own profiling sizes the KV cache)."""
+    if plan.tiers is not None:
+        return "the plan defers graphs (tiers): deferred capture sizes its own reserve"
+    mine = [s for s in calibration.starts if s.fingerprint == plan.fingerprint]
+    if not mine:
+        return f"it has no start of this plan (fingerprint {plan.fingerprint[7:19]}); calibrate from a start of it"
+    problem = identity_problem(calibration, live)
+    if problem is not None:
+        return problem
+    sizes = [round(s.graph_memory_gib * GIB) for s in mine]
+    return GraphBudget(
+        source=calibration.name,
+        starts=len(mine),
+        measured_bytes=max(sizes),
+        spread_bytes=max(sizes) - min(sizes),
+        margin_bytes=round(margin_gib * GIB),
+    )
+
+
+def outgrown(budget: GraphBudget, used_bytes: int) -> str | None:
+    """The one line that stops an engine whose real capture took more than was left, or None."""
+    if used_bytes <= budget.reserve_bytes:
+        return None
+    return (
+        f"capplan: the CUDA graphs took {used_bytes / GIB:.4f} GiB, more than the {budget.reserve_bytes / GIB:.4f} GiB "
+        f"left for them beside the KV cache ({budget.measured_bytes / GIB:.4f} GiB measured by calibration "
+        f"{budget.source} + {budget.margin_bytes / GIB:.4f} GiB margin); stopping before serving, where it could run "
+        "out of memory (calibrate from a start of this deployment, or raise --graph-margin)"
+    )
+
+
+def out_of_memory(budget: GraphBudget) -> str:
+    """The one line that stops an engine whose real capture ran out of memory in what was left."""
+    return (
+        f"capplan: the CUDA-graph capture ran out of GPU memory in the {budget.reserve_bytes / GIB:.4f} GiB left for "
+        f"it beside the KV cache ({budget.measured_bytes / GIB:.4f} GiB measured by calibration {budget.source} + "
+        f"{budget.margin_bytes / GIB:.4f} GiB margin); stopping before serving (calibrate from a start of this "
+        "deployment, or raise --graph-margin)"
+    )

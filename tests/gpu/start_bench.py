@@ -1,0 +1,334 @@
+"""Time to healthy and KV cache: `capplan apply` with a calibration against vLLM alone, same command.
+
+    python tests/gpu/start_bench.py WORK OUT.json starts [--pairs N] [--triples K] [--until SECONDS]
+    python tests/gpu/start_bench.py WORK OUT.json summary
+
+Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`) with `--load-format dummy` (times and memory
+depend on shapes, not weight values: only config.json and a word-level tokenizer are on disk),
+vLLM's OpenAI server with default multiprocessing, max_num_seqs 128, 8192 batched tokens,
+max_model_len 4096, max_loras 4 at rank 16 with active-count specialization, vLLM's default
+memory path at `--gpu-memory-utilization 0.92`, the attention backend vLLM picks. The arms, on one
+command line:
+- `vllm`:    vLLM alone;
+- `apply`:   `capplan apply PLAN --calibration CAL -- <the same command>`, CAL the shipped
+             calibration of this plan's H100 starts (`src/capplan/data/calibrations/`);
+- `startup`: vLLM alone with `VLLM_ENABLE_STARTUP_PLAN=1` (0.27.0 on), booting from the startup
+             plan its recording boot saved.
+Each arm starts once uncounted first (the torch.compile cache warm for it, as an operator's
+restart finds it; the plan's fingerprint is in the compile-cache key, so the apply arm compiles
+its own artifact; the startup arm's warm-up is its recording boot). Then counted pairs,
+interleaved (vllm apply, apply vllm, ...), each followed by a startup start for the first K
+pairs. Every start appends to WORK/starts.jsonl, so a later call goes on where one stopped.
+
+Each start: the time from launch to /health answering, every output line stamped with its
+arrival (the phases come from the log: the first line vLLM writes, weights loaded,
+torch.compile, the profiling capture, the KV cache, capture, healthy), the KV-cache tokens, the
+graph memory vLLM and capplan measured, and one greedy request's tokens (the server serves).
+Every record names the capplan commit, vLLM, torch, the GPU, the host CPU, the attention backend
+and the exact command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from deferred_serve import interval  # noqa: E402
+from run_identity import BACKEND_LINE, identity  # noqa: E402
+from serve_run import free_port, save_word_tokenizer  # noqa: E402
+
+T0 = time.monotonic()
+CONFIG = HERE / "configs" / "llama-3.1-8b.json"
+CALIBRATION = ROOT / "src" / "capplan" / "data" / "calibrations" / "h100-vllm033-llama3.1-8b.yaml"
+SPEC = """\
+# Llama-3.1-8B's shape, four rank-16 adapters, active-count specialization.
+target: {{runner: mrv2, vllm: "{release}"}}
+scheduler: {{max_num_seqs: 128, max_num_batched_tokens: 8192, max_model_len: 4096}}
+cudagraph: {{mode: FULL_AND_PIECEWISE}}
+lora: {{enabled: true, max_loras: 4, specialize: true, specialize_active: true}}
+"""
+ARMS = ("vllm", "apply", "startup")
+VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d ")
+# (phase, the line that ends it); the first match of each
+MARKS = {
+    "vllm_first_line": VLLM_LINE,
+    "weights_loaded": re.compile(r"Model loading took"),
+    "compiled": re.compile(r"torch\.compile takes|Directly load (?:the )?compiled|compil\w+ .*took"),
+    "kv_memory": re.compile(r"Available KV cache memory"),
+    "kv_cache": re.compile(r"GPU KV cache size"),
+    "captured": re.compile(r"Graph capturing finished"),
+    "engine_ready": re.compile(r"init engine .* took"),
+}
+NUMBERS = {
+    "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
+    "available_kv_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
+    "load_s": re.compile(r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"),
+    "capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs?"),
+    "capture_gib": re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB"),
+    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+    "pool_actual_gib": re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\)"),
+    "pool_estimated_gib": re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB \(estimated\)"),
+}
+
+
+def host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def prepare(work: Path, release: str) -> tuple[Path, dict]:
+    """The model folder (config.json and a tokenizer: dummy weights) and the plan, compiled here."""
+    model = work / "model"
+    if not (model / "tokenizer.json").exists():
+        model.mkdir(parents=True, exist_ok=True)
+        config = json.loads(CONFIG.read_text())
+        (model / "config.json").write_text(json.dumps(config, indent=2))
+        save_word_tokenizer(model, config["vocab_size"])
+    spec = work / "full.yaml"
+    spec.write_text(SPEC.format(release=release))
+    plan = work / "full.plan.yaml"
+    subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
+    fingerprint = next(line.split('"')[1] for line in plan.read_text().splitlines() if line.startswith("fingerprint"))
+    return model, {"plan": str(plan), "fingerprint": fingerprint}
+
+
+def server_command(model: Path, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--load-format", "dummy", "--served-model-name", "base", "--port", str(port),
+        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
+        "--max-num-seqs", "128", "--max-num-batched-tokens", "8192", "--max-model-len", "4096",
+        "--gpu-memory-utilization", "0.92", "--dtype", "bfloat16", "--seed", "0", "--specialize-active-lora",
+    ]  # fmt: skip
+
+
+def stamped_reader(stream, sink: list, log) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        sink.append((time.perf_counter(), line))
+        log.write(line)
+    stream.close()
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def one_request(port: int) -> dict:
+    body = json.dumps(
+        {
+            "model": "base",
+            "prompt": [11, 12, 13, 14, 15, 16, 17, 18],
+            "max_tokens": 8,
+            "temperature": 0,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+        }  # fmt: skip
+    ).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        data = json.loads(r.read())
+    choice = data["choices"][0]
+    return {"tokens": (choice.get("logprobs") or {}).get("tokens"), "text": choice.get("text")}
+
+
+def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dict, limit: float) -> dict:
+    port = free_port()
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache"), "PYTHONUNBUFFERED": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.pop("VLLM_ENABLE_STARTUP_PLAN", None)
+    cmd = server_command(model, port)
+    report = work / f"start{n}-{arm}.report.json"
+    if arm == "apply":
+        cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", plan["plan"], "--calibration",
+               str(CALIBRATION), "--report", str(report), "--", *cmd]  # fmt: skip
+    if arm == "startup":
+        env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+    result: dict = {"arm": arm, "index": n, "command": cmd, **ident}
+    if arm == "startup":
+        result["env"] = {"VLLM_ENABLE_STARTUP_PLAN": "1"}
+    log_path = work / f"start{n}-{arm}.log"
+    lines: list = []
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with log_path.open("w") as log:
+        reader = threading.Thread(target=stamped_reader, args=(proc.stdout, lines, log), daemon=True)
+        reader.start()
+        try:
+            while not healthy(port):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}")
+                if time.perf_counter() - t0 > limit:
+                    raise RuntimeError(f"not healthy in {limit:.0f} s")
+                time.sleep(0.25)
+            result["healthy_s"] = round(time.perf_counter() - t0, 2)
+            result["request"] = one_request(port)
+        except Exception as exc:  # noqa: BLE001 - recorded with the start
+            result["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            reader.join(timeout=10)
+    text = "".join(line for _, line in lines)
+    result["phases_s"] = {
+        name: next((round(t - t0, 2) for t, line in lines if rx.search(line)), None) for name, rx in MARKS.items()
+    }
+    for name, rx in NUMBERS.items():
+        found = rx.findall(text)
+        result[name] = float(found[-1].replace(",", "")) if found else None
+    result["attention_backend"] = sorted(set(BACKEND_LINE.findall(text)))
+    result["capplan_lines"] = [line.strip()[-400:] for _, line in lines if "capplan" in line][-12:]
+    result["startup_plan_lines"] = [line.strip()[-300:] for _, line in lines if "startup plan" in line.lower()][-4:]
+    result["tracebacks"] = text.count("Traceback")
+    result["out_of_memory"] = text.count("OutOfMemory") + text.count("out of memory")
+    try:
+        rep = json.loads(report.read_text())
+        result["report"] = {k: rep.get(k) for k in ("graphs_planned", "graphs_captured", "capture_seconds",
+                                                    "graph_memory_gib", "profiling_capture", "graph_budget")}  # fmt: skip
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def order(pairs: int, triples: int) -> list[str]:
+    out = ["vllm", "apply", "startup"]  # uncounted: the compile cache warm for each arm; startup records its plan
+    for i in range(pairs):
+        out += ["vllm", "apply"] if i % 2 == 0 else ["apply", "vllm"]
+        if i < triples:
+            out.append("startup")
+    return out
+
+
+def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> None:
+    ident = {**identity(), "host_cpu": host_cpu()}
+    release = ident["vllm"].split("+")[0]
+    model, plan = prepare(work, release)
+    ident["plan_fingerprint"] = plan["fingerprint"]
+    record = work / "starts.jsonl"
+    done = [json.loads(line) for line in record.open()] if record.exists() else []
+    for arm in order(pairs, triples)[len(done) :]:
+        spent = [d["wall_s"] for d in done[3:] if "wall_s" in d]
+        expect = max(spent) + 15 if spent else 200
+        left = until - (time.monotonic() - T0)
+        if left < expect:
+            print(f"stopping: {left:.0f} s left, a start takes up to {expect:.0f} s", flush=True)
+            break
+        t = time.perf_counter()
+        result = start_once(arm, len(done), work, model, plan, ident, limit=max(60.0, left - 20))
+        result["wall_s"] = round(time.perf_counter() - t, 1)
+        done.append(result)
+        with record.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(json.dumps({k: result.get(k) for k in ("arm", "index", "healthy_s", "kv_cache_tokens", "capture_s",
+                                                     "pool_estimated_gib", "error")}), flush=True)  # fmt: skip
+    summarize(out, done)
+
+
+def summarize(out: Path, done: list[dict]) -> None:
+    counted = done[3:]
+    pairs: list[tuple[dict, dict]] = []
+    by_arm: dict[str, list[dict]] = {a: [] for a in ARMS}
+    for d in counted:
+        by_arm[d["arm"]].append(d)
+    vllm_runs = [d for d in counted if d["arm"] in ("vllm", "apply")]
+    for a, b in zip(vllm_runs[0::2], vllm_runs[1::2]):
+        pair = {a["arm"]: a, b["arm"]: b}
+        if set(pair) == {"vllm", "apply"} and all("healthy_s" in p and "error" not in p for p in pair.values()):
+            pairs.append((pair["apply"], pair["vllm"]))
+    ratio = [a["healthy_s"] / v["healthy_s"] for a, v in pairs]
+    startup_ratio = []
+    for s in by_arm["startup"]:
+        before = [a for a, _ in pairs if a["index"] < s["index"]]
+        if before and "healthy_s" in s and "error" not in s:
+            startup_ratio.append(before[-1]["healthy_s"] / s["healthy_s"])
+
+    def column(arm: str, key: str) -> list:
+        return [d.get(key) for d in by_arm[arm]]
+
+    summary = {
+        "identity": {
+            k: done[0].get(k)
+            for k in (
+                "capplan_commit",
+                "vllm",
+                "torch",
+                "gpu",
+                "host_cpu",
+                "python",
+                "plan_fingerprint",
+                "attention_backend",
+            )
+        }
+        if done
+        else {},  # fmt: skip
+        "commands": {d["arm"]: d["command"] for d in done[:3]},
+        "calibration": str(CALIBRATION.relative_to(ROOT)),
+        "healthy_ratio_apply_over_vllm": interval(ratio) if ratio else None,
+        "healthy_ratio_apply_over_startup_plan": interval(startup_ratio) if startup_ratio else None,
+        "arms": {
+            arm: {
+                "healthy_s": column(arm, "healthy_s"),
+                "kv_cache_tokens": column(arm, "kv_cache_tokens"),
+                "available_kv_gib": column(arm, "available_kv_gib"),
+                "capture_s": column(arm, "capture_s"),
+                "capture_gib": column(arm, "capture_gib"),
+                "pool_actual_gib": column(arm, "pool_actual_gib"),
+                "pool_estimated_gib": column(arm, "pool_estimated_gib"),
+                "vllm_first_line_s": [(d.get("phases_s") or {}).get("vllm_first_line") for d in by_arm[arm]],
+                "errors": [d.get("error") for d in by_arm[arm] if d.get("error")],
+            }
+            for arm in ARMS
+        },
+        "warmups": [{k: d.get(k) for k in ("arm", "healthy_s", "kv_cache_tokens", "error")} for d in done[:3]],
+    }
+    out.write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: summary[k] for k in ("healthy_ratio_apply_over_vllm",
+                                              "healthy_ratio_apply_over_startup_plan")}, indent=1))  # fmt: skip
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 3 or args[2] not in ("starts", "summary"):
+        raise SystemExit(__doc__)
+    work, out = Path(args[0]), Path(args[1])
+    work.mkdir(parents=True, exist_ok=True)
+
+    def option(name: str, default: str) -> str:
+        return args[args.index(name) + 1] if name in args else default
+
+    if args[2] == "summary":
+        record = work / "starts.jsonl"
+        summarize(out, [json.loads(line) for line in record.open()])
+        return
+    if shutil.which("nvidia-smi") is None:
+        raise SystemExit("start_bench.py starts needs a GPU")
+    starts(work, out, float(option("--until", "540")), int(option("--pairs", "5")), int(option("--triples", "2")))
+
+
+if __name__ == "__main__":
+    main()
