@@ -62,8 +62,13 @@ class GraphBudget:
         }
 
 
-def _release(version: object) -> str:
-    return str(version).split("+", 1)[0]
+def _same_version(have: object, want: object) -> bool:
+    """Versions agree; a local build suffix (+cu130) counts only where both sides give one (torch's
+    package metadata omits the suffix that torch.__version__ carries)."""
+    a, b = str(have), str(want)
+    if "+" in a and "+" in b:
+        return a == b
+    return a.split("+", 1)[0] == b.split("+", 1)[0]
 
 
 def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | None:
@@ -77,7 +82,7 @@ def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | No
         if want is None:
             continue
         have = live.get(key)
-        same = _release(have) == _release(want) if key == "vllm" else have == want
+        same = have is not None and _same_version(have, want) if key in ("vllm", "torch") else have == want
         if not same:
             return f"it measured {key} {want}, this engine has {have if have is not None else 'none known'}"
     if ident.shape is not None:
