@@ -272,11 +272,18 @@ def test_show_gives_the_graph_memory_to_leave_free_only_where_measured(tmp_path,
     monkeypatch.chdir(tmp_path)
     Path("tiny.yaml").write_text(_tiny_named())
     assert runner.invoke(app, ["compile", "tiny.yaml"]).exit_code == 0
-    cal = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    shipped = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    # The kept starts captured after vLLM's profiling pass: their reading is no reserve.
+    after = json.loads(runner.invoke(app, ["show", "tiny.plan.yaml", "--json", "--calibration", str(shipped)]).stdout)
+    assert after["price"]["kind"] == "measured" and after["price"]["graph_memory_reserve_bytes"] is None
+    text = runner.invoke(app, ["show", "tiny.plan.yaml", "--calibration", str(shipped)]).stdout
+    assert "graph memory no reserve: not every start of this plan ran its capture first" in text
+    cal = _first_capture(shipped, tmp_path / "first.yaml")
     data = json.loads(runner.invoke(app, ["show", "tiny.plan.yaml", "--json", "--calibration", str(cal)]).stdout)
     price = data["price"]
     assert price["kind"] == "measured"
-    assert price["graph_memory_reserve_bytes"] == int(price["graph_memory_gib"]["hi"] * 1.1 * 2**30)
+    hi = round(price["graph_memory_gib"]["hi"] * 2**30)
+    assert price["graph_memory_reserve_bytes"] == hi + round(hi * 0.1)
     text = runner.invoke(app, ["show", "tiny.plan.yaml", "--calibration", str(cal)]).stdout
     assert "graph memory to leave free beside the KV cache" in text
     # Another model: only predicted, and vLLM's estimator stays in charge.
@@ -289,6 +296,15 @@ def test_show_gives_the_graph_memory_to_leave_free_only_where_measured(tmp_path,
     assert any("calibration h200-vllm033-tiny-llama not used" in n for n in big["price"]["notes"])
     text = runner.invoke(app, ["show", "big.plan.yaml", "--calibration", str(cal)]).stdout
     assert "vLLM's own estimate stays in charge of the KV cache" in text
+
+
+def _first_capture(cal: Path, out: Path) -> Path:
+    """`cal` as if its starts had captured first (a start with the KV cache's size given)."""
+    data = yaml.safe_load(cal.read_text())
+    for start in data["starts"]:
+        start["after_profiling"] = False
+    out.write_text(yaml.safe_dump(data))
+    return out
 
 
 def test_flags_says_the_graph_memory_to_leave_free_on_stderr_only_where_measured(tmp_path, monkeypatch):
@@ -306,7 +322,10 @@ def test_flags_says_the_graph_memory_to_leave_free_on_stderr_only_where_measured
         assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
     plain = runner.invoke(app, ["flags", "tiny.plan.yaml"])
     assert plain.exit_code == 0 and plain.stderr == ""
-    cal = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    shipped = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    after = runner.invoke(app, ["flags", "tiny.plan.yaml", "--calibration", str(shipped)])
+    assert "graph memory no reserve" in after.stderr and "--kv-cache-memory" in after.stderr
+    cal = _first_capture(shipped, tmp_path / "first.yaml")
     Path(".capplan/calibration").mkdir(parents=True)
     Path(".capplan/calibration/tiny.yaml").write_text(cal.read_text())
     found = runner.invoke(app, ["flags", "tiny.plan.yaml"])

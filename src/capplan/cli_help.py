@@ -458,7 +458,8 @@ ApplyGraphMargin = Annotated[
     float | None,
     typer.Option(
         "--graph-margin",
-        help="GiB left beside the calibration's measured graph memory (default 0.0625: 64 MiB).",
+        help="GiB left beside the calibration's measured graph memory (default: 10% of it, the reserve "
+        "`show` and `flags` print).",
         show_default=False,
     ),
 ]

@@ -18,14 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capplan.schemas.calibration import Calibration
+from capplan.schemas.calibration import Calibration, Start
 from capplan.schemas.plan import Plan
 
 GIB = 2**30
-DEFAULT_MARGIN_GIB = 0.0625
-"""64 MiB beside the measured graph memory: starts of one plan on one GPU model measured the
-same bytes (0.3496 GiB in three H100 starts a day apart); the margin covers the allocator's
-rounding of a pool segment (2 MiB blocks, 20 MiB segments for large ones) several times over."""
+GRAPH_MARGIN = 0.10
+"""The default margin, as a share of the largest measured graph memory (`show` and `flags` print
+the same reserve). Starts of one plan on one GPU model measured the same bytes (1.1914 GiB in two
+H100 starts without the profiling pass; 0.3496 GiB in three after it): the margin is for what one
+host's allocator could round differently, not for a spread seen."""
 MAX_MARGIN_GIB = 64.0
 
 # What the engine compares, as the calibration's identity and runtime.report.deployment_identity
@@ -96,14 +97,47 @@ def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | No
     return None
 
 
-def graph_budget(plan: Plan, calibration: Calibration, live: dict[str, Any], margin_gib: float) -> GraphBudget | str:
-    """The reserve for this plan on this engine, or why the calibration cannot give one (then
-    vLLM's own profiling sizes the KV cache)."""
-    if plan.tiers is not None:
-        return "the plan defers graphs (tiers): deferred capture sizes its own reserve"
+def default_margin_bytes(measured_bytes: int) -> int:
+    return round(measured_bytes * GRAPH_MARGIN)
+
+
+FIRST_CAPTURE_HINT = (
+    "a start whose capture runs first measures it: one with the KV cache's size given (--kv-cache-memory), "
+    "where vLLM skips its profiling pass"
+)
+
+
+def plan_starts(plan: Plan, calibration: Calibration) -> tuple[list[Start], str | None]:
+    """The calibration's starts of this plan whose capture ran first, or why there are none."""
     mine = [s for s in calibration.starts if s.fingerprint == plan.fingerprint]
     if not mine:
-        return f"it has no start of this plan (fingerprint {plan.fingerprint[7:19]}); calibrate from a start of it"
+        return [], f"it has no start of this plan (fingerprint {plan.fingerprint[7:19]}); calibrate from a start of it"
+    first = [s for s in mine if s.after_profiling is False]
+    if first:
+        return first, None
+    after = [s for s in mine if s.after_profiling]
+    if after:
+        return [], (
+            f"its {len(after)} start(s) of this plan captured after vLLM's profiling pass, whose reading "
+            f"({max(s.graph_memory_gib for s in after):.4f} GiB) leaves out what that pass left allocated; "
+            + FIRST_CAPTURE_HINT
+        )
+    return [], (
+        f"its {len(mine)} start(s) of this plan do not say whether their capture followed vLLM's profiling pass "
+        "(reports of an older runtime); calibrate-start again from reports of this capplan"
+    )
+
+
+def graph_budget(
+    plan: Plan, calibration: Calibration, live: dict[str, Any], margin_gib: float | None = None
+) -> GraphBudget | str:
+    """The reserve for this plan on this engine, or why the calibration cannot give one (then
+    vLLM's own profiling sizes the KV cache). `margin_gib` None: GRAPH_MARGIN of the measure."""
+    if plan.tiers is not None:
+        return "the plan defers graphs (tiers): deferred capture sizes its own reserve"
+    mine, why = plan_starts(plan, calibration)
+    if why is not None:
+        return why
     problem = identity_problem(calibration, live)
     if problem is not None:
         return problem
@@ -113,7 +147,7 @@ def graph_budget(plan: Plan, calibration: Calibration, live: dict[str, Any], mar
         starts=len(mine),
         measured_bytes=max(sizes),
         spread_bytes=max(sizes) - min(sizes),
-        margin_bytes=round(margin_gib * GIB),
+        margin_bytes=default_margin_bytes(max(sizes)) if margin_gib is None else round(margin_gib * GIB),
     )
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from capplan.calibration.budget import default_margin_bytes
 from capplan.schemas.calibration import Calibration, ModelShape, Start
 from capplan.schemas.plan import Plan
 
@@ -36,7 +37,6 @@ GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "float8_e4m3fn": 1}
 
 Kind = Literal["measured", "scaled", "predicted"]
-GRAPH_MARGIN = 0.10  # on the largest measured graph memory, in what to leave free beside the KV cache
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,20 @@ class Priced:
     kind: Kind
     basis: str
     notes: tuple[str, ...] = ()
+    first_capture: bool = False  # measured by starts whose capture ran first (no profiling pass before it)
 
     def text(self) -> str:
         return f"{self.graphs} graphs, {self.seconds.text('.1f', 's')} capture, {self.gib.text('.3f', 'GiB')}"
 
     def reserve_bytes(self) -> int | None:
         """The graph memory to leave free beside the KV cache (`show`; `flags` may call it): the
-        largest of the starts' readings plus GRAPH_MARGIN, where it was measured for this plan;
-        None where it is only scaled or predicted (vLLM's own estimate stays in charge)."""
-        if self.kind != "measured":
+        largest of the starts' readings plus GRAPH_MARGIN, where starts whose capture ran first
+        measured this plan; None where it is scaled, predicted or read after vLLM's profiling pass
+        (vLLM's own estimate stays in charge)."""
+        if self.kind != "measured" or not self.first_capture:
             return None
-        return int(self.gib.hi * (1 + GRAPH_MARGIN) * GIB)
+        measured = round(self.gib.hi * GIB)
+        return measured + default_margin_bytes(measured)
 
 
 def dtype_bytes(shape: ModelShape | None) -> int:
@@ -126,6 +129,7 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
             _figure([s.graph_memory_gib for s in same]),
             "measured",
             f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)})",
+            first_capture=all(s.after_profiling is False for s in same),
         )
     if not graphs:
         return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "scaled", f"no graphs (calibration {cal.name})")

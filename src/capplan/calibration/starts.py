@@ -52,6 +52,8 @@ class _Report(BaseModel):
     graph_memory_gib: float | None
     deferred: dict[str, object] | None = None
     identity: _Measured | None = None  # reports of earlier runtimes have none
+    profiling_capture: dict[str, object] | None = None  # vLLM's profiling pass before the capture, if it ran
+    after_profiling: bool | None = None  # from `profiling_capture`; None where the report has no such key
 
 
 @dataclass(frozen=True)
@@ -80,13 +82,16 @@ def read_report(path: Path) -> _Report:
             "give the file capplan apply --report (CAPPLAN_REPORT) wrote",
         )
     try:
-        return _Report.model_validate(data)
+        report = _Report.model_validate(data)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"])
         raise InputError(
             f"{name}: {where}: {err['msg'].lower()}", "give the file capplan apply --report wrote, unedited"
         ) from None
+    if "profiling_capture" in data:  # reports since vLLM's profiling pass is counted apart say it
+        report.after_profiling = report.profiling_capture is not None
+    return report
 
 
 def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
@@ -130,6 +135,7 @@ def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
             max_tokens=top,
             capture_seconds=r.capture_seconds,
             graph_memory_gib=r.graph_memory_gib,
+            after_profiling=r.after_profiling,
         )
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from capplan.calibration.budget import DEFAULT_MARGIN_GIB, MAX_MARGIN_GIB
+from capplan.calibration.budget import GIB, MAX_MARGIN_GIB, default_margin_bytes, plan_starts
 from capplan.commands import Notes, no_notes
 from capplan.errors import CapplanError, UsageError, printable
 from capplan.schemas.plan import Plan
@@ -93,7 +93,8 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
         )
     if r.calibration is not None:
         env[CALIBRATION] = str(r.calibration.resolve())
-        env[GRAPH_MARGIN] = repr(DEFAULT_MARGIN_GIB if r.graph_margin is None else r.graph_margin)
+        if r.graph_margin is not None:
+            env[GRAPH_MARGIN] = repr(r.graph_margin)
     said += budget
     if r.report is not None:
         env["CAPPLAN_REPORT"] = str(r.report.resolve())
@@ -130,7 +131,6 @@ def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None
         raise UsageError(f"--graph-margin must be between 0 and {MAX_MARGIN_GIB:g} GiB (got {margin})")
     cal = load_calibration(calibration)
     name = printable(str(calibration))
-    mine = [s for s in cal.starts if s.fingerprint == plan.fingerprint]
     releases = runs_on(plan.spec.target.vllm)
     if not any(RELEASES[v].profiling_capture for v in releases):
         return [
@@ -139,17 +139,16 @@ def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None
         ]
     if plan.tiers is not None:
         return [f"capplan: {name}: the plan defers graphs (tiers): deferred capture sizes its own reserve"]
-    if not mine:
-        return [
-            f"capplan: {name} has no start of this plan (fingerprint {plan.fingerprint[7:19]}): vLLM's own profiling "
-            "capture sizes the KV cache"
-        ]
+    mine, why = plan_starts(plan, cal)
+    if why is not None:
+        return [f"capplan: {name}: {why}: vLLM's own profiling capture sizes the KV cache"]
     top = max(s.graph_memory_gib for s in mine)
-    m = DEFAULT_MARGIN_GIB if margin is None else margin
+    m = default_margin_bytes(round(top * GIB)) / GIB if margin is None else margin
     return [
-        f"capplan: {name}: {len(mine)} start(s) of this plan measured up to {top:.4f} GiB of graphs; the engine "
-        f"leaves {top + m:.4f} GiB ({m:.4f} GiB margin) beside the KV cache and skips vLLM's profiling capture "
-        "where its GPU, release, torch, model shape, parallel sizes and LoRA rank are the calibration's"
+        f"capplan: {name}: {len(mine)} start(s) of this plan, their capture run first, measured up to {top:.4f} GiB "
+        f"of graphs; the engine leaves {top + m:.4f} GiB ({m:.4f} GiB margin) beside the KV cache and skips vLLM's "
+        "profiling capture where its GPU, release, torch, model shape, parallel sizes and LoRA rank are the "
+        "calibration's"
     ]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.calibration.price import GRAPH_MARGIN, Figure, Priced
+from capplan.calibration.budget import FIRST_CAPTURE_HINT, GRAPH_MARGIN
+from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
 from capplan.traffic.cost import Estimate
@@ -302,6 +303,12 @@ def reserve_line(priced: Priced) -> str:
     """The graph memory to leave free beside the KV cache where this deployment's starts measured
     the plan, else that vLLM's own estimate stays in charge (`show`, `flags`)."""
     reserve = priced.reserve_bytes()
+    if reserve is None and priced.kind == "measured":
+        return (
+            "graph memory no reserve: not every start of this plan ran its capture first (after vLLM's profiling "
+            "pass the capture reuses what that pass left allocated, and its reading leaves that out); vLLM's own "
+            "estimate stays in charge of the KV cache (" + FIRST_CAPTURE_HINT + ")"
+        )
     if reserve is None:
         return (
             "graph memory not measured for this deployment: vLLM's own estimate stays in charge of the KV cache "

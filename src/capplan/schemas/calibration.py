@@ -84,6 +84,11 @@ class Start(_Strict):
     max_tokens: int = Field(ge=1, le=1 << 24)
     capture_seconds: float = Field(gt=0, le=1e6)
     graph_memory_gib: float = Field(gt=0, le=1e5)
+    after_profiling: bool | None = None
+    """Whether the capture followed vLLM's memory-profiling capture (0.29.0 on, unless the KV cache's
+    size is given): that first capture leaves memory allocated that the second reuses, so the
+    second's graph memory leaves it out (8B on an H100: 0.35 GiB after the pass, 1.19 GiB without
+    it). None: the report did not say (written by an older runtime)."""
 
 
 class Calibration(_Strict):

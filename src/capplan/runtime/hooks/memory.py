@@ -20,7 +20,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from capplan.calibration.budget import DEFAULT_MARGIN_GIB, GIB, GraphBudget, graph_budget, out_of_memory
+from capplan.calibration.budget import GIB, GraphBudget, graph_budget, out_of_memory
 from capplan.envvars import CALIBRATION, GRAPH_MARGIN
 from capplan.errors import EngineRefusal
 from capplan.releases import RUNNER
@@ -44,7 +44,8 @@ def budget_for(ctx: HookContext, vllm_config: Any, env: Mapping[str, str]) -> Gr
 
     path = Path(env[CALIBRATION])
     try:
-        margin = float(env.get(GRAPH_MARGIN, DEFAULT_MARGIN_GIB))
+        given = env.get(GRAPH_MARGIN)
+        margin = None if given is None else float(given)
         calibration = merged_folder(path) if path.is_dir() else load_calibration(path)
     except (CapplanError, ValueError, OSError) as exc:  # the launcher checked it; a change since is said
         return f"it could not be read ({exc})"

@@ -1,0 +1,296 @@
+"""The graph memory a start leaves free beside the KV cache from a calibration of the deployment,
+in place of vLLM's throwaway profiling capture (capplan.calibration.budget, runtime.hooks.memory),
+and the engine stopped before serving when the real capture outgrows it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from capplan.calibration.budget import GIB, GRAPH_MARGIN, graph_budget, outgrown
+from capplan.calibration.starts import read_report
+from capplan.cli import app
+from capplan.envvars import CALIBRATION, COMMAND, GRAPH_MARGIN as MARGIN_ENV
+from capplan.loading import load_calibration
+from capplan.planfile import load_plan
+from capplan.releases import RELEASES
+from capplan.runtime import report as report_module
+from capplan.runtime.hooks import manager as manager_hooks
+from capplan.runtime.hooks import memory
+from capplan.runtime.launch_line import command_of, this_process_runs
+from capplan.runtime.report import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "tests" / "gpu" / "results" / "startup" / "0.33.0-h100"
+PLAN = RUN / "full.plan.yaml"  # Llama-3.1-8B's shape, 258 graphs
+FIRST = RUN / "first-capture.calibration.yaml"  # two starts whose capture ran first: 1.1914 GiB
+AFTER = ROOT / "src" / "capplan" / "data" / "calibrations" / "h100-vllm033-llama3.1-8b.yaml"  # after the pass: 0.3496
+LIVE = {  # the engine of those starts, as runtime.report.deployment_identity reads it
+    "shape": {"num_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "dtype": "bfloat16"},
+    "model": "/srv/llama", "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
+    "lora_rank": 16, "vllm": "0.33.0", "torch": "2.11.0", "gpu": "NVIDIA H100 80GB HBM3",
+}  # fmt: skip
+runner = CliRunner()
+
+
+def test_the_reserve_is_the_largest_first_capture_reading_plus_the_margin():
+    budget = graph_budget(load_plan(PLAN), load_calibration(FIRST), LIVE)
+    assert not isinstance(budget, str), budget
+    assert budget.starts == 2 and budget.spread_bytes == 0
+    assert budget.measured_bytes == round(1.1914 * GIB)
+    assert budget.reserve_bytes == budget.measured_bytes + round(budget.measured_bytes * GRAPH_MARGIN)
+    given_margin = graph_budget(load_plan(PLAN), load_calibration(FIRST), LIVE, 0.02)
+    assert not isinstance(given_margin, str) and given_margin.margin_bytes == round(0.02 * GIB)
+
+
+def test_readings_taken_after_vllms_profiling_pass_are_no_reserve():
+    # The three H100 starts read 0.3496 GiB: their capture reused what vLLM's profiling capture left
+    # allocated. The same plan captured first took 1.1914 GiB; a reserve of 0.38 GiB stopped it.
+    why = graph_budget(load_plan(PLAN), load_calibration(AFTER), LIVE)
+    assert isinstance(why, str)
+    assert "after vLLM's profiling pass" in why and "0.3496" in why and "--kv-cache-memory" in why
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"gpu": "NVIDIA H200"}, "gpu NVIDIA H100 80GB HBM3"),
+        ({"vllm": "0.32.0"}, "vllm 0.33.0"),
+        ({"torch": "2.14.0"}, "torch 2.11.0"),
+        ({"lora_rank": 64}, "lora_rank 16"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size 1"),
+        ({"shape": {**LIVE["shape"], "num_layers": 80}}, "num_layers 32"),
+        ({"gpu": None}, "none known"),
+    ],
+)
+def test_another_deployment_gets_vllms_own_estimate_and_the_reason(change, said):
+    live = {k: v for k, v in {**LIVE, **change}.items() if v is not None}
+    why = graph_budget(load_plan(PLAN), load_calibration(FIRST), live)
+    assert isinstance(why, str) and said in why
+
+
+def test_a_local_build_suffix_counts_only_where_both_sides_give_one():
+    for torch in ("2.11.0", "2.11.0+cu130"):
+        assert not isinstance(graph_budget(load_plan(PLAN), load_calibration(FIRST), {**LIVE, "torch": torch}), str)
+    cal = load_calibration(FIRST)
+    ident = cal.identity.model_copy(update={"torch": "2.11.0+cu130"})
+    pinned = cal.model_copy(update={"identity": ident})
+    assert isinstance(graph_budget(load_plan(PLAN), pinned, {**LIVE, "torch": "2.11.0+cu128"}), str)
+    assert not isinstance(graph_budget(load_plan(PLAN), pinned, LIVE), str)
+
+
+def test_another_plan_or_a_deferring_one_gets_no_reserve(tmp_path):
+    other = load_plan(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml")
+    why = graph_budget(other, load_calibration(FIRST), LIVE)
+    assert isinstance(why, str) and "no start of this plan" in why
+    plan = load_plan(PLAN)
+    tiers = plan.model_copy(update={"tiers": object()})
+    assert "deferred capture" in graph_budget(tiers, load_calibration(FIRST), LIVE)
+
+
+def test_the_start_reports_say_whether_their_capture_followed_the_profiling_pass(tmp_path):
+    assert read_report(RUN / "start4-apply.report.json").after_profiling is False
+    assert read_report(ROOT / "tests/gpu/results/production/0.33.0-h100/start0-full.report.json").after_profiling
+    old = json.loads((RUN / "start4-apply.report.json").read_text())
+    del old["profiling_capture"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert read_report(tmp_path / "old.json").after_profiling is None  # an older runtime's: unknown
+    cal = load_calibration(FIRST)
+    unknown = cal.model_copy(update={"starts": [s.model_copy(update={"after_profiling": None}) for s in cal.starts]})
+    assert "do not say" in graph_budget(load_plan(PLAN), unknown, LIVE)
+
+
+# -- the engine side -------------------------------------------------------------------------------
+def _ctx(plan, budget=None):
+    return SimpleNamespace(
+        plan=plan, plan_path=str(PLAN), release=RELEASES["0.33.0"], deferred=None,
+        report=Report(plan, str(PLAN)), graph_budget=budget,
+    )  # fmt: skip
+
+
+class _Runner:
+    vllm_config = object()
+
+
+def test_the_profiling_capture_is_answered_from_the_calibration(monkeypatch):
+    plan = load_plan(PLAN)
+    ctx = _ctx(plan)
+    monkeypatch.setenv(CALIBRATION, str(FIRST))
+    monkeypatch.delenv(MARGIN_ENV, raising=False)
+    monkeypatch.setattr("capplan.runtime.report.deployment_identity", lambda cfg: LIVE)
+    captured = []
+
+    def profile_cudagraph_memory(self):  # vLLM's: a throwaway capture
+        captured.append(self)
+        return int(1.21 * GIB)
+
+    hooked = memory._calibrated(ctx, memory.HOOKS[0], profile_cudagraph_memory)
+    got = hooked(_Runner())
+    assert captured == []  # vLLM's profiling capture skipped
+    assert got == ctx.graph_budget.reserve_bytes == round(1.1914 * GIB * (1 + GRAPH_MARGIN))
+    assert ctx.report.to_json()["graph_budget"]["reserved_gib"] == round(got / GIB, 4)
+    monkeypatch.setattr("capplan.runtime.report.deployment_identity", lambda cfg: {**LIVE, "gpu": "NVIDIA A100"})
+    other = _ctx(plan)
+    assert memory._calibrated(other, memory.HOOKS[0], profile_cudagraph_memory)(_Runner()) == int(1.21 * GIB)
+    assert len(captured) == 1 and other.graph_budget is None
+    assert "NVIDIA A100" in other.report.to_json()["graph_budget"]["why"]
+
+
+def test_the_hook_applies_only_with_a_calibration_on_releases_that_profile_by_capture():
+    from capplan.runtime.hooking import Need
+    from capplan.runtime.registry import selected
+
+    plan = load_plan(PLAN)
+    names = {h.name for h in selected(Need(RELEASES["0.33.0"], plan, {CALIBRATION: str(FIRST)}))}
+    assert "memory.calibrated" in names
+    assert "memory.calibrated" not in {h.name for h in selected(Need(RELEASES["0.33.0"], plan, {}))}
+    assert "memory.calibrated" not in {
+        h.name for h in selected(Need(RELEASES["0.28.0"], plan, {CALIBRATION: str(FIRST)}))
+    }  # MRV2's profile_cudagraph_memory returns 0 there: there is no profiling capture to skip
+
+
+class _Manager:
+    def __init__(self, plan):
+        self._capplan_plan = plan
+        self._capture_mem_samples = None  # not vLLM's profiling capture
+        self._capture_descs = {}
+        self.graphs = {}
+
+
+def _capture_with(monkeypatch, took_gib, budget):
+    free = iter([80 * GIB, 80 * GIB - round(took_gib * GIB)])
+    monkeypatch.setattr(report_module, "_free_memory", lambda: next(free))
+    plan = load_plan(PLAN)
+    ctx = _ctx(plan, budget)
+    ctx.report.planned(len(plan.graphs))
+    hook = manager_hooks.HOOKS[2].on(ctx.release)
+    mgr = _Manager(plan)
+
+    def capture(self):
+        return "captured"
+
+    return manager_hooks._capture(ctx, hook, capture)(mgr)
+
+
+def test_a_capture_that_outgrows_what_was_left_stops_the_engine_before_serving(monkeypatch):
+    budget = graph_budget(load_plan(PLAN), load_calibration(FIRST), LIVE)
+    assert _capture_with(monkeypatch, 1.1914, budget) == "captured"
+    assert _capture_with(monkeypatch, 5.0, None) == "captured"  # vLLM sized the KV cache: its own account
+    with pytest.raises(memory.GraphMemoryOutgrown) as stop:
+        _capture_with(monkeypatch, 1.40, budget)
+    line = str(stop.value)
+    assert "\n" not in line and line.startswith("capplan: the CUDA graphs took 1.4000 GiB")
+    assert "1.3105 GiB left" in line and "1.1914 GiB measured" in line
+    assert outgrown(budget, budget.reserve_bytes) is None
+
+
+def test_an_out_of_memory_capture_in_what_was_left_is_one_line(monkeypatch):
+    monkeypatch.setattr(report_module, "_free_memory", lambda: None)
+    plan = load_plan(PLAN)
+    budget = graph_budget(plan, load_calibration(FIRST), LIVE)
+    ctx = _ctx(plan, budget)
+
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name
+        pass
+
+    def capture(self):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    with pytest.raises(memory.GraphMemoryOutgrown, match="ran out of GPU memory in the 1.3105 GiB"):
+        manager_hooks._capture(ctx, manager_hooks.HOOKS[2].on(ctx.release), capture)(_Manager(plan))
+
+
+# -- the launcher side -----------------------------------------------------------------------------
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """A Python that looks like vLLM's with capplan's plugin to the launcher, whose server prints
+    its environment: the launcher itself must import no vLLM."""
+    import capplan.launcher.vllm_cli as cli
+
+    def no_parser(*args, **kwargs):
+        raise AssertionError("the launcher ran vLLM's parser")
+
+    monkeypatch.setattr(cli, "resolve_lines", no_parser)
+    monkeypatch.setattr(cli, "run_script", no_parser)
+    python = tmp_path / "python3"
+    out = tmp_path / "env.json"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in *importlib*) echo True True 0.33.0; exit 0;; esac\n'
+        f'exec {os.sys.executable} -c "import json, os; json.dump(dict(os.environ), open(\'{out}\', \'w\'))"\n'
+    )
+    python.chmod(0o755)
+    return python, out
+
+
+def test_apply_runs_the_server_without_reading_its_command_itself(fake_vllm, tmp_path):
+    python, out = fake_vllm
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "--max-loras", "2"]
+    result = runner.invoke(app, ["apply", "--runner", "mrv2", str(PLAN), "--calibration", str(FIRST), "--", *command])
+    assert result.exit_code == 0, result.output
+    env = json.loads(out.read_text())
+    assert json.loads(env[COMMAND]) == command  # the server reads it, with vLLM's parser (a contradiction too)
+    assert env[CALIBRATION] == str(FIRST.resolve()) and MARGIN_ENV not in env
+    assert "2 start(s) of this plan, their capture run first, measured up to 1.1914 GiB" in result.output
+    assert "leaves 1.3105 GiB (0.1191 GiB margin)" in result.output
+
+
+def test_apply_says_where_the_calibration_cannot_size_the_kv_cache(fake_vllm):
+    python, out = fake_vllm
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]
+    result = runner.invoke(app, ["apply", "--runner", "mrv2", str(PLAN), "--calibration", str(AFTER), "--", *command])
+    assert result.exit_code == 0, result.output
+    assert "after vLLM's profiling pass" in result.output and "vLLM's own profiling capture sizes" in result.output
+    result = runner.invoke(
+        app, ["apply", "--runner", "mrv2", str(PLAN), "--calibration", str(FIRST), "--graph-margin", "0.25",
+              "--", *command]
+    )  # fmt: skip
+    assert result.exit_code == 0 and json.loads(out.read_text())[MARGIN_ENV] == "0.25"
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--graph-margin", "0.1"], "--graph-margin needs --calibration"),
+        (["--calibration", "CAL", "--graph-margin", "-1"], "--graph-margin must be between 0 and 64"),
+        (["--calibration", "CAL", "--graph-margin", "nan"], "--graph-margin must be between 0 and 64"),
+        (["--calibration", "MISSING"], "MISSING"),
+        (["--calibration", "BAD"], "BAD"),
+    ],
+)
+def test_a_bad_calibration_or_margin_is_one_line_and_nothing_runs(fake_vllm, tmp_path, extra, said):
+    python, out = fake_vllm
+    (tmp_path / "bad.yaml").write_text("name: x\nstarts: [{report: r}]\n")
+    swap = {"CAL": str(FIRST), "MISSING": str(tmp_path / "missing.yaml"), "BAD": str(tmp_path / "bad.yaml")}
+    extra = [swap.get(e, e) for e in extra]
+    said = swap.get(said, said)
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]
+    result = runner.invoke(app, ["apply", "--runner", "mrv2", str(PLAN), *extra, "--", *command])
+    assert result.exit_code in (1, 2), result.output
+    assert said in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_the_command_the_launcher_passes_is_read_or_ignored_never_raises(text):
+    command = command_of(text)
+    assert command is None or (isinstance(command, list) and all(isinstance(a, str) for a in command))
+    if command is not None:
+        this_process_runs(command, ["x", *command])
+
+
+def test_only_the_server_the_command_starts_reads_it():
+    command = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]
+    assert this_process_runs(command, ["/x/api_server.py", "--model", "M"])
+    assert not this_process_runs(command, ["/x/api_server.py", "--model", "N"])
+    assert this_process_runs(["vllm", "serve", "M"], ["/usr/bin/vllm", "serve", "M"])
+    assert not this_process_runs(["python3", "script.py"], ["script.py"])
