@@ -141,7 +141,9 @@ def test_apply_without_vllm_refuses_at_once_and_the_dry_run_names_the_contradict
     proc = run_cli("apply", "--runner", "mrv2", str(PLAN_PATH), "--", "vllm", "serve", "M", "--max-loras", "16")
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["error: vllm: command not found (give the command that starts vLLM)"]
-    dry = run_cli("apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M", "--max-loras", "16")
+    dry = run_cli(
+        "apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M", "--max-loras", "16"
+    )
     assert dry.returncode == 1 and dry.stdout == ""
     (line,) = dry.stderr.strip().splitlines()
     assert line.startswith(f"error: the command contradicts {PLAN_PATH}: --max-loras 16: the plan has lora.max_loras 8")

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from capplan.calibration.budget import GIB, GRAPH_MARGIN, graph_budget, outgrown
 from capplan.calibration.starts import read_report
 from capplan.cli import app
-from capplan.envvars import CALIBRATION, COMMAND, GRAPH_MARGIN as MARGIN_ENV
+from capplan.envvars import CALIBRATION, COMMAND
+from capplan.envvars import GRAPH_MARGIN as MARGIN_ENV
 from capplan.loading import load_calibration
 from capplan.planfile import load_plan
 from capplan.releases import RELEASES
@@ -225,7 +226,7 @@ def fake_vllm(tmp_path, monkeypatch):
     python.write_text(
         "#!/bin/sh\n"
         'case "$2" in *importlib*) echo True True 0.33.0; exit 0;; esac\n'
-        f'exec {os.sys.executable} -c "import json, os; json.dump(dict(os.environ), open(\'{out}\', \'w\'))"\n'
+        f"exec {os.sys.executable} -c \"import json, os; json.dump(dict(os.environ), open('{out}', 'w'))\"\n"
     )
     python.chmod(0o755)
     return python, out
