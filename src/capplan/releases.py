@@ -192,7 +192,12 @@ class Release:
     profiling_capture: bool = False
     """vLLM's memory profiling captures the plan's graphs once before the real capture, on a
     throwaway manager and pool (a sample of the FULL graphs, every PIECEWISE one), to estimate
-    CUDA-graph memory; the manager's `_capture_mem_samples` is a list while it does."""
+    CUDA-graph memory; the manager's `_capture_mem_samples` is a list while it does. The real
+    capture then reuses memory that pass left allocated, so its own reading undercounts what a
+    capture run first takes. The pass is `GPUModelRunner.profile_cudagraph_memory`, called by the
+    worker's `determine_available_memory` unless the KV cache's size is given: `apply
+    --calibration` answers it from starts whose capture ran first, and the pass is skipped.
+    Before, MRV2's `profile_cudagraph_memory` returns 0: no estimate, nothing to skip."""
 
     @property
     def group(self) -> str:

@@ -10,8 +10,9 @@ max_model_len 4096, max_loras 4 at rank 16 with active-count specialization, vLL
 memory path at `--gpu-memory-utilization 0.92`, the attention backend vLLM picks. The arms, on one
 command line:
 - `vllm`:    vLLM alone;
-- `apply`:   `capplan apply PLAN --calibration CAL -- <the same command>`, CAL the shipped
-             calibration of this plan's H100 starts (`src/capplan/data/calibrations/`);
+- `apply`:   `capplan apply PLAN --calibration CAL -- <the same command>`, CAL the calibration
+             of this plan's H100 starts whose capture ran first
+             (`results/startup/0.33.0-h100/first-capture.calibration.yaml`);
 - `startup`: vLLM alone with `VLLM_ENABLE_STARTUP_PLAN=1` (0.27.0 on), booting from the startup
              plan its recording boot saved.
 Each arm starts once uncounted first (the torch.compile cache warm for it, as an operator's
@@ -52,7 +53,8 @@ from serve_run import free_port, save_word_tokenizer  # noqa: E402
 
 T0 = time.monotonic()
 CONFIG = HERE / "configs" / "llama-3.1-8b.json"
-CALIBRATION = ROOT / "src" / "capplan" / "data" / "calibrations" / "h100-vllm033-llama3.1-8b.yaml"
+# Two starts of this plan whose capture ran first (no profiling pass before it): 1.1914 GiB each.
+CALIBRATION = HERE / "results" / "startup" / "0.33.0-h100" / "first-capture.calibration.yaml"
 SPEC = """\
 # Llama-3.1-8B's shape, four rank-16 adapters, active-count specialization.
 target: {{runner: mrv2, vllm: "{release}"}}
@@ -273,21 +275,17 @@ def summarize(out: Path, done: list[dict]) -> None:
     summary = {
         "identity": {
             k: done[0].get(k)
-            for k in (
-                "capplan_commit",
-                "vllm",
-                "torch",
-                "gpu",
-                "host_cpu",
-                "python",
-                "plan_fingerprint",
-                "attention_backend",
-            )
+            for k in ("vllm", "torch", "gpu", "host_cpu", "python", "plan_fingerprint", "attention_backend")
         }
         if done
-        else {},  # fmt: skip
+        else {},
+        "capplan_commit_by_start": {str(d["index"]): d.get("capplan_commit") for d in done},
         "commands": {d["arm"]: d["command"] for d in done[:3]},
-        "calibration": str(CALIBRATION.relative_to(ROOT)),
+        "calibration_by_start": {
+            str(d["index"]): d["command"][d["command"].index("--calibration") + 1]
+            for d in done
+            if "--calibration" in d["command"]
+        },
         "healthy_ratio_apply_over_vllm": interval(ratio) if ratio else None,
         "healthy_ratio_apply_over_startup_plan": interval(startup_ratio) if startup_ratio else None,
         "arms": {

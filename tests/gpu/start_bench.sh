@@ -23,6 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 cd /tmp/capplan-src
 python3 tests/gpu/start_bench.py /tmp/sb "$OUT/start_bench.json" starts --pairs "$PAIRS" --triples "$TRIPLES" \
   --until "$UNTIL" || true
-cp /tmp/sb/starts.jsonl /tmp/sb/*.yaml "$OUT/" 2>/dev/null || true
-for f in /tmp/sb/start*.log /tmp/sb/start*.report.json; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
+# few files come back from a device call: the record, the summary and one archive of the logs and reports
+cp /tmp/sb/starts.jsonl "$OUT/" 2>/dev/null || true
+(cd /tmp/sb && tar -czf "$OUT/logs.tgz" start*.log start*.report.json *.yaml 2>/dev/null) || true
 ls -la "$OUT"
