@@ -446,9 +446,11 @@ ApplyCalibration = Annotated[
     Path | None,
     typer.Option(
         "--calibration",
-        help="A calibration of this deployment (capplan calibrate-start, from starts of this plan): the engine "
+        help="A calibration (file or folder) of this deployment (capplan calibrate-start) with starts of this "
+        "plan whose capture ran first (a start with --kv-cache-memory: vLLM then skips its profiling pass, after "
+        "which a capture's reading undercounts): the engine "
         "leaves the graph memory those starts measured, plus --graph-margin, free beside the KV cache and skips "
-        "vLLM's profiling capture (0.29.0 on: capture paid once, a larger KV cache). Used only where the "
+        "vLLM's profiling capture (0.29.0 on: capture paid once). Used only where the "
         "engine's GPU, vLLM, torch, model shape, parallel sizes and LoRA rank are the calibration's; else vLLM's "
         "own profiling sizes the KV cache, and the log and --report say why. A capture that outgrows what was "
         "left stops the engine before serving, with one line naming the figures.",

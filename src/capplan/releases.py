@@ -151,6 +151,7 @@ SIGNATURES_A: dict[str, tuple[str, ...]] = {
     "vllm.v1.engine.core:EngineCoreProc._process_input_queue": ("self",),
     "vllm.v1.worker.gpu.cudagraph_utils:graph_capture": ("device", MORE),
     "vllm.engine.arg_utils:EngineArgs.create_engine_config": ("self", MORE),
+    "vllm.utils.argparse_utils:FlexibleArgumentParser.parse_args": ("self", "args", "namespace"),
     "vllm.v1.worker.gpu_worker:Worker.init_device": ("self",),
 }
 # What changed, release by release: dispatch and the DP step took max_query_len (0.28.0),

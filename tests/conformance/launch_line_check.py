@@ -1,45 +1,64 @@
-"""Run on the oracle's Python with one release's vLLM sources on the path: what the server process
-does with the command `capplan apply` passes it (capplan.runtime.launch_line), against what
-`apply --dry-run` prints for it.
+"""Run on the oracle's Python with one release's vLLM sources on the path: the server parsing its
+own command under `capplan apply` (capplan.runtime.launch_line), against what `apply --dry-run`
+prints for it.
 
     python launch_line_check.py PLAN COMMAND_JSON
 
-Prints one JSON object: {"refused": line} when the command contradicts the plan, else
-{"said": [...], "same": bool, "differing": [...]} where `same` says that every EngineArgs field
-completed in place equals what vLLM's parser builds from the dry run's completed line.
+The hook is installed on vLLM's FlexibleArgumentParser as the plugin installs it (CAPPLAN_COMMAND
+set); then the server's parser is built as vLLM's entry point builds it (the `vllm` command's with
+its serve subcommand, or the api_server module's) and parses its arguments from sys.argv, set as
+the server process has them. Prints one JSON object: {"refused": line, "dry_refusal": the dry
+run's} when the server stops,
+else {"same": bool, "differing": [...], "full": [...]} where `same` says that the namespace vLLM's
+parser returned equals, key for key, an unhooked parse of the dry run's completed line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+from capplan.envvars import COMMAND
 from capplan.errors import CapplanError
 from capplan.launcher.cmdline import parser_args, read_here
 from capplan.launcher.engine_args import prepare
-from capplan.launcher.vllm_cli import engine_args_here
+from capplan.launcher.vllm_cli import _resolving
 from capplan.planfile import load_plan
-from capplan.runtime.launch_line import complete_engine_args, this_process_runs
+from capplan.runtime.hooks import config
 
 
 def main() -> None:
     plan_path, command = sys.argv[1], json.loads(sys.argv[2])
     plan = load_plan(Path(plan_path))
-    assert this_process_runs(command, [command[0], *parser_args(command)])
-    engine_args = engine_args_here(parser_args(command))  # what the server built before the hook
-    try:
-        said = complete_engine_args(plan, plan_path, engine_args, command)
+    space = _resolving()
+    assert space["load_vllm"]() is None
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    serve = command[1:2] == ["serve"]
+    unhooked = FlexibleArgumentParser.parse_args
+    try:  # what --dry-run prints
+        full, _ = prepare(plan, plan_path, command, resolution=read_here(command))
+        expected, dry_refusal = vars(space["make"](False, False, serve).parse_args(parser_args(full))), None
     except CapplanError as exc:
-        print(json.dumps({"refused": exc.one_line()}))
+        full, expected, dry_refusal = [], {}, f"capplan: {exc.one_line()}"
+
+    os.environ[COMMAND] = json.dumps(command)
+    hook = next(h for h in config.HOOKS if h.name == "config.launch_line")
+    ctx = SimpleNamespace(plan=plan, plan_path=plan_path)
+    FlexibleArgumentParser.parse_args = config._parse_args(ctx, hook, unhooked)
+    sys.argv = ["/srv/bin/server", *parser_args(command)]  # the server process's own arguments
+    try:
+        got = vars(space["make"](False, False, serve).parse_args())
+    except SystemExit as exc:
+        print(json.dumps({"refused": str(exc.code), "dry_refusal": dry_refusal}))
         return
-    full, _ = prepare(plan, plan_path, command, resolution=read_here(command))
-    expected = engine_args_here(parser_args(full))
-    differing = [
-        f.name for f in dataclasses.fields(expected) if getattr(expected, f.name) != getattr(engine_args, f.name)
-    ]
-    print(json.dumps({"said": said, "same": not differing, "differing": differing, "full": full}))
+    finally:
+        FlexibleArgumentParser.parse_args = unhooked
+    differing = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+    print(json.dumps({"same": not differing, "differing": differing, "full": full}))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The server command read in the server process (capplan.runtime.launch_line): with vLLM's own
 parser, where vLLM is already imported, so `capplan apply` imports no vLLM before the launch. A
-flag against the plan is refused with the dry run's line; what the plan adds is set on the engine
-arguments so that they equal, field for field, what vLLM's parser builds from the completed line
-`apply --dry-run` prints. On the parsers of 0.25.0, 0.29.0 and 0.33.0 (the oracle's sources)."""
+flag against the plan stops the server with the dry run's line; otherwise the server's own parse
+of its arguments (`FlexibleArgumentParser.parse_args` as vLLM's entry point calls it, from
+sys.argv) returns, key for key, what vLLM's parser makes of the completed line `apply --dry-run`
+prints. On the parsers of 0.25.0, 0.29.0 and 0.33.0 (the oracle's sources)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ LINES = [
     ([*SERVE, "--max_loras", "8", "-O", "3"], None),
     ([*API, "--max-loras", "4"], "--max-loras 4: the plan has lora.max_loras 8"),
     ([*SERVE, "--enforce-eag"], "--enforce-eager runs no CUDA graph"),
+    ([*API, "--bogus-flag", "1"], "vLLM's argument parser refuses the command"),
 ]
 
 
@@ -46,8 +48,7 @@ def test_the_server_completes_its_own_command_as_the_dry_run_prints_it(version, 
     got = _check(version, command)
     if refusal is not None:
         assert refusal in got["refused"], got
-        assert got["refused"].startswith(f"the command contradicts {PLAN}"), got
+        assert got["refused"] == got["dry_refusal"] and "\n" not in got["refused"], got
         return
     assert got["same"], got["differing"]
-    assert any(line.startswith("capplan: added from the plan:") for line in got["said"]), got
     assert got["full"][:3] == command[:3] and len(got["full"]) > len(command)

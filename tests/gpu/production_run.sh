@@ -8,20 +8,7 @@
 # Resumable: starts already in /tmp/prod are kept; results and compressed logs go to $OUT.
 set -euo pipefail
 B=${1:?bundle folder}; UNTIL=${2:?seconds}; PAIRS=${3:-5}
-[ -f /tmp/vsite/vllm/entrypoints/openai/api_server.py ] || bash "$B/part2/device_setup.sh" part2 "$B" >/dev/null
-if [ ! -f /tmp/capplan-src/COMMIT ]; then
-  rm -rf /tmp/capplan-src && mkdir -p /tmp/capplan-src
-  tar -xzf .carry/src.tgz -C /tmp/capplan-src
-  python3 -m pip install -q --no-deps --no-build-isolation -e /tmp/capplan-src
-fi
-export PYTHONPATH=/tmp/vsite PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
-  DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
-unset VLLM_ENABLE_V1_MULTIPROCESSING
-CAPPLAN_COMMIT=$(cat /tmp/capplan-src/COMMIT)
-export CAPPLAN_COMMIT
-echo "capplan $CAPPLAN_COMMIT; MP=${VLLM_ENABLE_V1_MULTIPROCESSING:-unset}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-cd /tmp/capplan-src
+source tests/gpu/device_env.sh
 python3 tests/gpu/production_serve.py /tmp/prod "$OUT/production_8b.json" starts --pairs "$PAIRS" --until "$UNTIL" || true
 cp /tmp/prod/starts.jsonl /tmp/prod/*.plan.yaml /tmp/prod/*.yaml "$OUT/" 2>/dev/null || true
 for f in /tmp/prod/start*.log; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done

@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from deferred_serve import interval  # noqa: E402
+from deferred_serve import interval, stop  # noqa: E402
 from run_identity import BACKEND_LINE, identity  # noqa: E402
 from serve_run import free_port, save_word_tokenizer  # noqa: E402
 
@@ -190,11 +190,7 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
         except Exception as exc:  # noqa: BLE001 - recorded with the start
             result["error"] = f"{type(exc).__name__}: {exc}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
             reader.join(timeout=10)
     text = "".join(line for _, line in lines)
     result["phases_s"] = {

@@ -15,6 +15,7 @@ Pure: the engine reads its identity (`runtime.report.deployment_identity`) and a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ MAX_MARGIN_GIB = 64.0
 # name it: graph memory follows each (the GPU's allocator and kernels, the release's capture
 # code, torch's graph pools, the per-rank shapes, the LoRA buffers).
 COMPARED = ("gpu", "vllm", "torch", "tensor_parallel_size", "pipeline_parallel_size", "lora_rank")
+REQUIRED = ("gpu", "vllm", "torch")  # a calibration that does not say these is no reserve anywhere
 SHAPE = ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
          "vocab_size", "num_experts", "dtype")  # fmt: skip
 
@@ -78,6 +80,9 @@ def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | No
     ident = calibration.identity
     if ident is None:
         return "it records no identity (model shape, GPU, release): its graph memory could be another deployment's"
+    for key in REQUIRED:
+        if getattr(ident, key) is None:
+            return f"it records no {key}: its graph memory could be another {key}'s"
     for key in COMPARED:
         want = getattr(ident, key)
         if want is None:
@@ -97,6 +102,12 @@ def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | No
     return None
 
 
+def reading_bytes(gib: float) -> int:
+    """A report's graph memory (GiB to 4 decimals) as bytes, rounded up to the top of its
+    rounding: a reserve never below the capture it was read from."""
+    return math.ceil((gib + 0.00005) * GIB)
+
+
 def default_margin_bytes(measured_bytes: int) -> int:
     return round(measured_bytes * GRAPH_MARGIN)
 
@@ -109,6 +120,10 @@ FIRST_CAPTURE_HINT = (
 
 def plan_starts(plan: Plan, calibration: Calibration) -> tuple[list[Start], str | None]:
     """The calibration's starts of this plan whose capture ran first, or why there are none."""
+    if plan.spec.speculative.num_speculative_tokens or plan.encoder is not None:
+        return [], (
+            "the plan captures speculator or encoder graphs, which a start's reading (the decoder's capture) leaves out"
+        )
     mine = [s for s in calibration.starts if s.fingerprint == plan.fingerprint]
     if not mine:
         return [], f"it has no start of this plan (fingerprint {plan.fingerprint[7:19]}); calibrate from a start of it"
@@ -141,7 +156,9 @@ def graph_budget(
     problem = identity_problem(calibration, live)
     if problem is not None:
         return problem
-    sizes = [round(s.graph_memory_gib * GIB) for s in mine]
+    sizes = [reading_bytes(s.graph_memory_gib) for s in mine]
+    if margin_gib is not None and not (math.isfinite(margin_gib) and 0 <= margin_gib <= MAX_MARGIN_GIB):
+        return f"the margin {margin_gib!r} GiB is not between 0 and {MAX_MARGIN_GIB:g}"
     return GraphBudget(
         source=calibration.name,
         starts=len(mine),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from capplan.calibration.budget import default_margin_bytes
+from capplan.calibration.budget import default_margin_bytes, plan_starts, reading_bytes
 from capplan.schemas.calibration import Calibration, ModelShape, Start
 from capplan.schemas.plan import Plan
 
@@ -63,7 +63,7 @@ class Priced:
     kind: Kind
     basis: str
     notes: tuple[str, ...] = ()
-    first_capture: bool = False  # measured by starts whose capture ran first (no profiling pass before it)
+    reserve_gib: float | None = None  # the largest reading of this plan's starts whose capture ran first
 
     def text(self) -> str:
         return f"{self.graphs} graphs, {self.seconds.text('.1f', 's')} capture, {self.gib.text('.3f', 'GiB')}"
@@ -73,9 +73,9 @@ class Priced:
         largest of the starts' readings plus GRAPH_MARGIN, where starts whose capture ran first
         measured this plan; None where it is scaled, predicted or read after vLLM's profiling pass
         (vLLM's own estimate stays in charge)."""
-        if self.kind != "measured" or not self.first_capture:
+        if self.reserve_gib is None:
             return None
-        measured = round(self.gib.hi * GIB)
+        measured = reading_bytes(self.reserve_gib)
         return measured + default_margin_bytes(measured)
 
 
@@ -130,7 +130,7 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
             "measured",
             f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)})",
             _after_profiling_note(same),
-            first_capture=all(s.after_profiling is False for s in same),
+            reserve_gib=_first_capture_reading(plan, cal),
         )
     if not graphs:
         return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "scaled", f"no graphs (calibration {cal.name})")
@@ -144,6 +144,11 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
         f"scaled by graphs and workspace from {len(cal.starts)} start(s) of this deployment in calibration "
         f"{cal.name} ({_sources(cal.starts)})",
     )
+
+
+def _first_capture_reading(plan: Plan, cal: Calibration) -> float | None:
+    first, _ = plan_starts(plan, cal)
+    return max(s.graph_memory_gib for s in first) if first else None
 
 
 def _after_profiling_note(starts: list[Start]) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from capplan.calibration.budget import GIB, MAX_MARGIN_GIB, default_margin_bytes, plan_starts
+from capplan.calibration.budget import GIB, MAX_MARGIN_GIB, default_margin_bytes, plan_starts, reading_bytes
 from capplan.commands import Notes, no_notes
 from capplan.errors import CapplanError, UsageError, printable
 from capplan.schemas.plan import Plan
@@ -129,8 +129,14 @@ def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None
         return []
     if margin is not None and not (math.isfinite(margin) and 0 <= margin <= MAX_MARGIN_GIB):
         raise UsageError(f"--graph-margin must be between 0 and {MAX_MARGIN_GIB:g} GiB (got {margin})")
-    cal = load_calibration(calibration)
+    from capplan.calibration.starts import merged_folder
+
+    cal = merged_folder(calibration) if calibration.is_dir() else load_calibration(calibration)
     name = printable(str(calibration))
+    if cal is None:
+        return [
+            f"capplan: {name}: the folder holds no calibration with starts: vLLM's own profiling sizes the KV cache"
+        ]
     releases = runs_on(plan.spec.target.vllm)
     if not any(RELEASES[v].profiling_capture for v in releases):
         return [
@@ -143,11 +149,13 @@ def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None
     if why is not None:
         return [f"capplan: {name}: {why}: vLLM's own profiling capture sizes the KV cache"]
     top = max(s.graph_memory_gib for s in mine)
-    m = default_margin_bytes(round(top * GIB)) / GIB if margin is None else margin
+    measured = reading_bytes(top)
+    m = (default_margin_bytes(measured) if margin is None else round(margin * GIB)) / GIB
     return [
         f"capplan: {name}: {len(mine)} start(s) of this plan, their capture run first, measured up to {top:.4f} GiB "
-        f"of graphs; the engine leaves {top + m:.4f} GiB ({m:.4f} GiB margin) beside the KV cache and skips vLLM's "
-        "profiling capture where its GPU, release, torch, model shape, parallel sizes and LoRA rank are the "
+        f"of graphs; the engine leaves {measured / GIB + m:.4f} GiB ({m:.4f} GiB margin) beside the KV cache and "
+        "skips vLLM's profiling capture where its GPU, release, torch, model shape, parallel sizes and LoRA rank "
+        "are the "
         "calibration's"
     ]
 

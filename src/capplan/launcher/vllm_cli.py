@@ -69,17 +69,6 @@ def answer(request):
     return {"results": [one(args) for args in req["lines"]]}
 
 
-def engine_args(args):
-    # the EngineArgs vLLM's entry point builds from these arguments
-    problem = load_vllm()
-    if problem is not None:
-        raise ValueError(problem)
-    ns, refused = parse(make(False, False, args[:1] == ["serve"]), args)
-    if refused:
-        raise ValueError(refused)
-    return EngineArgs.from_cli_args(ns)
-
-
 JSON_DESTS = ("compilation_config", "speculative_config")
 try:
     from vllm.engine.arg_utils import _expand_json_human_readable_numbers as expand
@@ -170,6 +159,8 @@ def resolution(args, ns, serve):
     cli_ns, _ = parse(make(False, True, serve), cli_args, Exception)
     given = sorted(vars(given_ns)) if given_ns is not None else []
     on_cli = set(vars(cli_ns)) if cli_ns is not None else set()  # unknown: all counted as the file's
+    if serve and getattr(ns, "model_tag", None) is not None:
+        ns.model = ns.model_tag  # as vLLM's serve command does before it builds the engine arguments
     ea = EngineArgs.from_cli_args(ns)
     cc = ea.compilation_config
     sc = ea.speculative_config
@@ -255,12 +246,6 @@ def resolve_here(lines: list[list[str]], fields: Sequence[str], keys: Sequence[s
     run and vLLM is imported, so reading the command again costs no second import."""
     data = _resolving()["answer"]({"lines": lines, "fields": list(fields), "keys": list(keys)})
     return list(data["results"]) if "results" in data else None
-
-
-def engine_args_here(args: list[str]) -> Any:
-    """The EngineArgs vLLM's entry point builds from a server command's arguments, in this
-    process; ValueError when vLLM's parser refuses them."""
-    return _resolving()["engine_args"](args)
 
 
 def resolution_of(data: dict[str, Any]) -> Resolved:

@@ -2,20 +2,20 @@
 
 `capplan apply` used to read a `vllm serve` line with vLLM's parser in a subprocess before the
 launch: one more import of vLLM, about 20 s before vLLM's first log line at production size.
-Now the launcher passes the command (CAPPLAN_COMMAND) and the plugin reads it where vLLM has
-already parsed it, in the process that builds the engine's config
-(`EngineArgs.create_engine_config`, before any engine process is spawned or weight loaded): the
-same parser, the same `prepare` as `apply --dry-run`. A flag that contradicts the plan stops the
-server with one line; what the plan determines and the command leaves out is set on the engine
-arguments exactly as if the operator had typed it (vLLM's parser reads the completed line), and
-the line that says so goes to the log.
+Now the launcher passes the command (CAPPLAN_COMMAND) and the plugin, which vLLM loads while it
+builds its server parser (`AsyncEngineArgs.add_cli_args`, in every release), wraps that parser's
+`parse_args`: when the server parses its own arguments, they are the command's, and the plugin
+reads the command with vLLM's parser in this process (vLLM is imported already) and `prepare`,
+as `apply --dry-run` does. A flag that contradicts the plan stops the server with one line,
+before any engine process or weight; otherwise vLLM's parser parses the completed line itself,
+so that everything vLLM derives from the arguments (the API servers, data parallelism, the engine
+arguments) follows what the plan adds, exactly as if the operator had typed it; the line that
+says what was added goes to the log.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
 from typing import Any
 
 from capplan.schemas.plan import Plan
@@ -32,30 +32,45 @@ def command_of(text: str) -> list[str] | None:
     return None
 
 
-def this_process_runs(command: list[str], argv: list[str] | None = None) -> bool:
-    """Whether this process is the server `command` starts: its arguments are the command's."""
+def its_arguments(command: list[str], args: list[str]) -> bool:
+    """Whether `args`, what a parser of this process is about to parse, are `command`'s: this
+    process is the server the command starts, parsing its own line."""
     from capplan.launcher.cmdline import parser_args, server_start
 
-    if server_start(command) is None:
-        return False
-    return (sys.argv if argv is None else argv)[1:] == parser_args(command)
+    return server_start(command) is not None and list(args) == parser_args(command)
 
 
-def complete_engine_args(plan: Plan, plan_path: str, engine_args: Any, command: list[str]) -> list[str]:
-    """Check `command` against the plan with vLLM's parser, here, and set on `engine_args` what
-    the plan adds to it; the lines to log. CapplanError when a flag contradicts the plan."""
+def completed(plan: Plan, plan_path: str, command: list[str]) -> tuple[list[str], list[str]]:
+    """(the arguments vLLM's server parser should parse: the command's, completed from the plan;
+    the lines to log). CapplanError when a flag contradicts the plan."""
     from capplan.launcher.cmdline import parser_args, read_here
     from capplan.launcher.engine_args import prepare
-    from capplan.launcher.vllm_cli import engine_args_here
 
     resolution = read_here(command)
     if resolution is None:
-        return ["capplan: vLLM's parser could not be built in the server process: the engine's config check decides"]
+        return parser_args(command), [
+            "capplan: vLLM's parser could not be built in the server process: the engine's config check decides"
+        ]
     full, said = prepare(plan, plan_path, command, resolution=resolution)
-    if full != command:
-        before, after = engine_args_here(parser_args(command)), engine_args_here(parser_args(full))
-        for f in dataclasses.fields(after):
-            value = getattr(after, f.name)
-            if value != getattr(before, f.name):
-                setattr(engine_args, f.name, value)
-    return said
+    return parser_args(full), said
+
+
+class Reading:
+    """The one reading of the server's own command in this process (reentrant parser calls,
+    those of the reading itself among them, pass through)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.done = False
+
+    def arguments(self, plan: Plan, plan_path: str, command: list[str], args: list[str]) -> tuple[list[str], Any]:
+        """(the arguments to parse, the lines to log or None when this call is not the server's own)."""
+        if self.busy or self.done or not its_arguments(command, args):
+            return args, None
+        self.busy = True
+        try:
+            full, said = completed(plan, plan_path, command)
+        finally:
+            self.busy = False
+        self.done = True
+        return full, said

@@ -1,6 +1,10 @@
-"""Hooks on vLLM's configuration: the plan checked where the config becomes final, the
-plan's fingerprint in the compile-cache key, and the V1 runner refused.
+"""Hooks on vLLM's configuration: the server's own command read against the plan, the plan
+checked where the config becomes final, the plan's fingerprint in the compile-cache key, and
+the V1 runner refused.
 
+- `FlexibleArgumentParser.parse_args` (with CAPPLAN_COMMAND, set by `capplan apply`): the
+  server parses its own command completed from the plan, or stops on a flag that contradicts
+  it, before anything starts (capplan.runtime.launch_line).
 - `EngineArgs.create_engine_config`: in the process that starts the engine (the API
   server, or the script that builds LLM), a mismatched plan or an engine on vLLM's V1
   runner, or Ray actors the plan would not reach, stops the launch before any process is
@@ -20,7 +24,7 @@ from typing import Any
 from capplan.envvars import COMMAND, PLAN, PREFIX, RAY_PREFIXES
 from capplan.runtime.context import HookContext
 from capplan.runtime.engine_check import breakable_problem, config_problem
-from capplan.runtime.hooking import Hook, PlanNotInForce, binder, check_attributes
+from capplan.runtime.hooking import Hook, Need, PlanNotInForce, check_attributes
 from capplan.runtime.log import log
 
 
@@ -66,11 +70,8 @@ def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
 
 
 def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
-    bind = binder(original)
-
     @functools.wraps(original)
     def create_engine_config(*args: Any, **kwargs: Any) -> Any:
-        read_launch_line(ctx, bind(args, kwargs)["self"])
         config = original(*args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(ctx.plan_path))
@@ -86,27 +87,42 @@ def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
     return create_engine_config
 
 
-def read_launch_line(ctx: HookContext, engine_args: Any) -> None:
-    """The server command `capplan apply` passed (CAPPLAN_COMMAND), read by vLLM's parser in this
-    process: a flag against the plan stops the launch here, before any engine process or weight;
-    what the plan adds is set on the engine arguments and logged."""
+def _parse_args(ctx: HookContext, hook: Hook, original: Any) -> Any:
+    """vLLM's server parser reads the command `capplan apply` passed, completed from the plan."""
     import os
+    import sys
 
-    from capplan.errors import CapplanError
-    from capplan.runtime.launch_line import command_of, complete_engine_args, this_process_runs
+    from capplan.errors import CapplanError, printable
+    from capplan.runtime.launch_line import Reading, command_of
 
-    text = os.environ.get(COMMAND)
-    if not text:
-        return
-    command = command_of(text)
-    if command is None or not this_process_runs(command):
-        return  # another process of the launch (a script's own engine): the config check decides
-    try:
-        said = complete_engine_args(ctx.plan, ctx.plan_path, engine_args, command)
-    except CapplanError as exc:
-        raise SystemExit(f"capplan: {exc.one_line()}") from None
-    for line in said:
-        log.info("%s", line.removeprefix("capplan: "))
+    command = command_of(os.environ.get(COMMAND, ""))
+    reading = Reading()
+
+    @functools.wraps(original)
+    def parse_args(self: Any, args: Any = None, namespace: Any = None) -> Any:
+        given = list(sys.argv[1:] if args is None else args)
+        if command is None or reading.busy or reading.done:
+            return original(self, args, namespace)
+        try:
+            full, said = reading.arguments(ctx.plan, ctx.plan_path, command, given)
+        except CapplanError as exc:
+            raise SystemExit(f"capplan: {exc.one_line()}") from None
+        except Exception as exc:  # noqa: BLE001 - vLLM's parser failed on the line: one line, no traceback
+            raise SystemExit(
+                f"capplan: the server's command could not be read with vLLM's parser "
+                f"({printable(f'{type(exc).__name__}: {exc}')[:300]}); run capplan apply --dry-run on it"
+            ) from None
+        if said is None:
+            return original(self, args, namespace)
+        for line in said:
+            log.info("%s", line.removeprefix("capplan: "))
+        return original(self, full, namespace)
+
+    return parse_args
+
+
+def _command_given(need: Need) -> bool:
+    return bool(need.env.get(COMMAND))
 
 
 def _compute_hash(ctx: HookContext, hook: Hook, original: Any) -> Any:
@@ -134,6 +150,15 @@ def _init_device(ctx: HookContext, hook: Hook, original: Any) -> Any:
 
 HOOKS = (
     Hook(
+        "config.launch_line",
+        "vllm.utils.argparse_utils:FlexibleArgumentParser.parse_args",
+        "the server's own command, as capplan apply passed it, read by vLLM's parser here and completed from the "
+        "plan; a flag against the plan stops it before any engine process starts (class 10)",
+        _parse_args,
+        reads=("self", "args", "namespace"),
+        when=_command_given,
+    ),
+    Hook(
         "config.v1_runner",
         "vllm.v1.worker.gpu_worker:Worker.init_device",
         "refuse an engine vLLM put on its V1 model runner, where no hook applies (class 10)",
@@ -145,7 +170,6 @@ HOOKS = (
         "vllm.engine.arg_utils:EngineArgs.create_engine_config",
         "check plan against the final engine config before anything starts (class 10)",
         _create_engine_config,
-        reads=("self",),
     ),
     Hook(
         "config.compute_hash",

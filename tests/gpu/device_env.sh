@@ -1,0 +1,19 @@
+# Sourced by the device-call scripts (production_run.sh, start_bench.sh), from the repository root
+# of the GPU machine, with B the bundle folder: part2 of the vLLM bundle unpacked (after part1, or
+# part1a and part1b), capplan installed from .carry/src.tgz (`git archive` of the commit under
+# test, its hash in COMMIT) so that every record names the code that produced it, and the
+# environment every run uses. Leaves the shell in /tmp/capplan-src.
+[ -f /tmp/vsite/vllm/entrypoints/openai/api_server.py ] || bash "$B/part2/device_setup.sh" part2 "$B" >/dev/null
+if [ ! -f /tmp/capplan-src/COMMIT ]; then
+  rm -rf /tmp/capplan-src && mkdir -p /tmp/capplan-src
+  tar -xzf .carry/src.tgz -C /tmp/capplan-src
+  python3 -m pip install -q --no-deps --no-build-isolation -e /tmp/capplan-src
+fi
+export PYTHONPATH=/tmp/vsite PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+unset VLLM_ENABLE_V1_MULTIPROCESSING
+CAPPLAN_COMMIT=$(cat /tmp/capplan-src/COMMIT)
+export CAPPLAN_COMMIT
+echo "capplan $CAPPLAN_COMMIT; MP=${VLLM_ENABLE_V1_MULTIPROCESSING:-unset}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+cd /tmp/capplan-src
