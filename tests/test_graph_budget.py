@@ -71,6 +71,7 @@ def test_readings_taken_after_vllms_profiling_pass_are_no_reserve():
         ({"tensor_parallel_size": 2}, "tensor_parallel_size 1"),
         ({"shape": {**LIVE["shape"], "num_layers": 80}}, "num_layers 32"),
         ({"gpu": None}, "none known"),
+        ({"attention_backend": "TRITON_ATTN"}, "attention backend FLASH_ATTN"),
     ],
 )
 def test_another_deployment_gets_vllms_own_estimate_and_the_reason(change, said):

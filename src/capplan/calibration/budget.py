@@ -91,6 +91,9 @@ def identity_problem(calibration: Calibration, live: dict[str, Any]) -> str | No
         same = have is not None and _same_version(have, want) if key in ("vllm", "torch") else have == want
         if not same:
             return f"it measured {key} {want}, this engine has {have if have is not None else 'none known'}"
+    backend = live.get("attention_backend")  # the engine shows it only where the operator forced one
+    if ident.attention_backend is not None and backend is not None and backend != ident.attention_backend:
+        return f"it measured attention backend {ident.attention_backend}, this engine forces {backend}"
     if ident.shape is not None:
         have_shape = live.get("shape") or {}
         for key in SHAPE:
