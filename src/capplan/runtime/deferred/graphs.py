@@ -2,13 +2,17 @@
 batch replays meanwhile.
 
 Invariants: `captured` and `pending` are disjoint and together every graph of the plan;
-`pending` keeps plan order (the order deferred graphs land in); a batch dispatched to a
-graph that is not captured replays the first captured graph of its chain (`planner.tiers`),
-which `capplan verify` proves replays the batch in every state.
+`pending` keeps plan order; a batch dispatched to a graph that is not captured replays the
+first captured graph of its chain (`planner.tiers`), which `capplan verify` proves replays the
+batch in every state, and counts a miss of that graph. In a single-rank engine the next graph
+to land is the pending one the traffic missed most (plan order among equals): under load, the
+graphs the traffic uses land first, not the last of the queue. Ranks that must capture alike
+(TP, PP, DP that pad to one another) keep plan order.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from capplan.planner.tiers import case_groups, replayed
@@ -28,13 +32,24 @@ class GraphSets:
         # DP ranks that pad to one another capture a graph's group at once: every LoRA case of its size
         self.group_of = {g: group for group in case_groups(plan.graphs, self.pending) for g in group}
         self.fallback_steps = 0  # dispatches that replayed a fallback graph
+        self.misses: Counter[int] = Counter()  # per pending graph: the dispatches that replayed its fallback
 
     def resolve(self, graph_id: int) -> int:
         """The graph a batch dispatched to `graph_id` replays now (-1: eager)."""
         if graph_id in self.captured:
             return graph_id
         self.fallback_steps += 1
+        self.misses[graph_id] += 1
         return replayed(self.tiers, graph_id, self.captured)
+
+    def next(self, by_misses: bool = True) -> int:
+        """The pending graph to capture next: the one the traffic missed most, plan order among
+        equals; in plan order alone where ranks must pick alike (`by_misses` off: misses are
+        counted by each rank's own dispatch, which differs between DP ranks)."""
+        if not by_misses:
+            return self.pending[0]
+        order = {g: i for i, g in enumerate(self.pending)}
+        return min(self.pending, key=lambda g: (-self.misses[g], order[g]))
 
     def mode(self, gid: int) -> str:
         return self.graphs[gid].descriptor.cg_mode

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.runtime.deferred.serving import STEP_PAUSE_BUDGET_S
+from capplan.runtime.deferred.serving import PAUSE_SPACING_STEPS, STEP_PAUSE_BUDGET_S
 from capplan.runtime.deferred.state import DeferredState
 
 
@@ -40,6 +40,8 @@ def section(state: DeferredState) -> dict[str, Any]:
         "every_steps": state.tiers.every_steps,
         "steps_seen": serving.steps,
         "fallback_steps": graphs.fallback_steps,
+        "misses_by_graph": {names(g): n for g, n in sorted(graphs.misses.items())},  # fallbacks replayed for it
+        "pause_spacing_steps": PAUSE_SPACING_STEPS,
         "longest_step_pause_seconds": round(serving.longest_step_pause, 4),
         "step_captures": serving.step_captures,
         "dp_synced_captures": state.synced,
