@@ -1180,3 +1180,25 @@ def test_the_hold_on_a_gpu_start_refuses_serving_records_and_the_count_is_nvmls(
     message = str(refused.value)
     assert message.startswith("capplan: p.plan.yaml: not enough GPU memory left to hold back")
     assert "refusing to start" in message and "\n" not in message
+
+
+NEXT_PLAN = plan_of(tiered(["FULL:1x1@0"]))
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=60), st.booleans())
+def test_the_next_deferred_graph_is_the_most_missed_and_plan_order_decides_ties(draws, by_misses):
+    from capplan.runtime.deferred.graphs import GraphSets
+
+    sets = GraphSets(NEXT_PLAN)
+    pending = list(sets.pending)
+    for d in draws:
+        sets.resolve(pending[d % len(pending)])  # each a dispatch that replayed the graph's fallback
+    got = sets.next(by_misses)
+    if not by_misses or not draws:
+        assert got == pending[0]  # plan order: ranks that capture together pick alike
+        return
+    most = max(sets.misses[g] for g in pending)
+    assert sets.misses[got] == most and got == next(g for g in pending if sets.misses[g] == most)
+    sets.take([got])
+    assert got not in sets.pending and sets.pending == [g for g in pending if g != got]
