@@ -28,6 +28,7 @@ from capplan.launcher.engine_args import prepare
 from capplan.launcher.vllm_cli import _resolving
 from capplan.planfile import load_plan
 from capplan.runtime.hooks import config
+from capplan.runtime.launch_line import Reading
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
 
     os.environ[COMMAND] = json.dumps(command)
     hook = next(h for h in config.HOOKS if h.name == "config.launch_line")
-    ctx = SimpleNamespace(plan=plan, plan_path=plan_path)
+    ctx = SimpleNamespace(plan=plan, plan_path=plan_path, launch=Reading())
     FlexibleArgumentParser.parse_args = config._parse_args(ctx, hook, unhooked)
     sys.argv = ["/srv/bin/server", *parser_args(command)]  # the server process's own arguments
     try:
@@ -57,6 +58,14 @@ def main() -> None:
         return
     finally:
         FlexibleArgumentParser.parse_args = unhooked
+    # the engine config is made after the parse: the command was read, so nothing is refused there
+    if config.launch_line_unread(ctx) is not None:
+        print(json.dumps({"unread_after_parse": True}))
+        return
+    late = SimpleNamespace(plan=plan, plan_path=plan_path, launch=Reading())  # a plugin loaded after the parse
+    if config.launch_line_unread(late) is None:
+        print(json.dumps({"late_plugin_not_refused": True}))
+        return
     differing = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
     print(json.dumps({"same": not differing, "differing": differing, "full": full}))
 

@@ -19,6 +19,7 @@ from capplan.calibration.budget import GraphBudget
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release
 from capplan.runtime.hooking import Call
+from capplan.runtime.launch_line import Reading
 from capplan.runtime.recorder import Recorder
 from capplan.runtime.report import Report
 from capplan.schemas.plan import DummyLayout, Plan
@@ -38,7 +39,7 @@ class Deferral(Protocol):
     @property
     def profiling_extra(self) -> int: ...  # bytes added to vLLM's CUDA-graph memory estimate
 
-    def resolve(self, graph_id: int) -> int: ...
+    def resolve(self, graph_id: int, traffic: bool = True) -> int: ...
     def warm_attention(self, call: Call) -> None: ...
     def ready_only(self, manager: Any) -> None: ...
     def profile_ready(self, manager: Any, capture_fn: Any, call: Call) -> Any: ...
@@ -56,6 +57,7 @@ class Step:
     has_prefill: bool | None = None  # what vLLM told its dispatcher (releases with max_query_len)
     lora: tuple[int, bool] | None = None  # (adapters, base) the lora_slot hook counted
     dp_step: int = -1  # steps through DP sync so far, idle and warm-up steps too (alike on every rank)
+    warmup: bool = False  # vLLM's own warm-up step (its request ids): no traffic, no deferred graph missed
 
     def start(self) -> None:
         self.has_prefill = self.lora = None
@@ -85,6 +87,7 @@ class HookContext:
     recording: Recording = field(default_factory=Recording)
     deferred: Deferral | None = None  # spec tiers: the graphs captured while serving
     in_force: bool = False  # set once the plan's capture list is installed
+    launch: Reading = field(default_factory=Reading)  # the server's own command read (CAPPLAN_COMMAND)
     graph_budget: GraphBudget | None = None  # the graph memory a calibration left beside the KV cache
     lora_state_checked: bool = False
 

@@ -46,13 +46,20 @@ def completed(plan: Plan, plan_path: str, command: list[str]) -> tuple[list[str]
     from capplan.launcher.cmdline import parser_args, read_here
     from capplan.launcher.engine_args import prepare
 
-    resolution = read_here(command)
+    try:
+        resolution = read_here(command)
+    except Exception as exc:  # noqa: BLE001 - vLLM's parser failed on the line: said, not a traceback
+        raise ParserFailed(f"{type(exc).__name__}: {exc}") from None
     if resolution is None:
         return parser_args(command), [
             "capplan: vLLM's parser could not be built in the server process: the engine's config check decides"
         ]
     full, said = prepare(plan, plan_path, command, resolution=resolution)
     return parser_args(full), said
+
+
+class ParserFailed(Exception):
+    """vLLM's own parser failed on the server's command (not a refusal of it)."""
 
 
 class Reading:

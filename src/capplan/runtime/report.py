@@ -136,6 +136,10 @@ class Report:
             self.graph_memory_bytes = self._free0 - free1
         self.captured.update(_captured(manager))
 
+    def changed(self) -> None:
+        """Something a section reports changed: the next flush writes it."""
+        self._dirty = True
+
     def deferred_captured(self, desc: Any) -> None:
         """One deferred graph captured while serving."""
         self.captured[(desc.cg_mode.name, desc.num_active_loras)] += 1

@@ -66,8 +66,13 @@ class DeferredCapture:
     def profiling_extra(self) -> int:
         return self.state.start.profiling_extra
 
-    def resolve(self, graph_id: int) -> int:
-        return self.state.graphs.resolve(graph_id)
+    def resolve(self, graph_id: int, traffic: bool = True) -> int:
+        """The graph a batch dispatched to `graph_id` replays now; `traffic`: a step of real
+        requests, whose miss of a pending graph counts (and is written to the report)."""
+        graphs = self.state.graphs
+        if traffic and graph_id not in graphs.captured:
+            self.state.ctx.report.changed()
+        return graphs.resolve(graph_id, traffic)
 
     def warm_attention(self, call: Call) -> None:
         self.startup.warm_attention(call)

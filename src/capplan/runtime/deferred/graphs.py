@@ -34,22 +34,29 @@ class GraphSets:
         self.fallback_steps = 0  # dispatches that replayed a fallback graph
         self.misses: Counter[int] = Counter()  # per pending graph: the dispatches that replayed its fallback
 
-    def resolve(self, graph_id: int) -> int:
-        """The graph a batch dispatched to `graph_id` replays now (-1: eager)."""
+    def resolve(self, graph_id: int, traffic: bool = True) -> int:
+        """The graph a batch dispatched to `graph_id` replays now (-1: eager); `traffic`: the
+        dispatch of a step of real requests (not vLLM's warm-up, not a second dispatch of the
+        step), which counts a miss of a pending graph."""
         if graph_id in self.captured:
             return graph_id
         self.fallback_steps += 1
-        self.misses[graph_id] += 1
+        if traffic:
+            self.misses[graph_id] += 1
         return replayed(self.tiers, graph_id, self.captured)
 
-    def next(self, by_misses: bool = True) -> int:
-        """The pending graph to capture next: the one the traffic missed most, plan order among
-        equals; in plan order alone where ranks must pick alike (`by_misses` off: misses are
+    def ranked(self, by_misses: bool = True) -> list[int]:
+        """The pending graphs in the order they should land: the most missed first, plan order
+        among equals; plan order alone where ranks must pick alike (`by_misses` off: misses are
         counted by each rank's own dispatch, which differs between DP ranks)."""
         if not by_misses:
-            return self.pending[0]
+            return list(self.pending)
         order = {g: i for i, g in enumerate(self.pending)}
-        return min(self.pending, key=lambda g: (-self.misses[g], order[g]))
+        return sorted(self.pending, key=lambda g: (-self.misses[g], order[g]))
+
+    def next(self, by_misses: bool = True) -> int:
+        """The pending graph to capture next (`ranked`'s first)."""
+        return self.pending[0] if not by_misses else self.ranked()[0]
 
     def mode(self, gid: int) -> str:
         return self.graphs[gid].descriptor.cg_mode

@@ -77,6 +77,7 @@ def _step(ctx: HookContext, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def execute_model(*args: Any, **kwargs: Any) -> Any:
         call = bind(args, kwargs)
+        ctx.step.warmup = warmup_step(call["scheduler_output"])
         # A DP rank with no work runs vLLM's dummy batch through here: a DP-synced step too.
         if (not call["dummy_run"] or deferred.synced) and deferred.pending:
             runner = call["self"]
@@ -89,6 +90,13 @@ def _step(ctx: HookContext, hook: Hook, original: Any) -> Any:
         return original(*args, **kwargs)
 
     return execute_model
+
+
+def warmup_step(scheduler_output: Any) -> bool:
+    """Whether a step is vLLM's own warm-up (after capture, before serving: 0.25.0 on): every
+    request it schedules is one of vLLM's warm-up requests (`_v2_mixed_warmup_...`)."""
+    ids = getattr(scheduler_output, "num_scheduled_tokens", None)
+    return isinstance(ids, dict) and bool(ids) and all(str(i).startswith("_") and "warmup" in str(i) for i in ids)
 
 
 def _locked(ctx: HookContext, hook: Hook, original: Any) -> Any:
@@ -213,7 +221,7 @@ HOOKS = tuple(
             f"{RUNNER}:GPUModelRunner.execute_model",
             "deferred capture as a step starts, between steps only",
             _step,
-            reads=("self", "dummy_run"),
+            reads=("self", "scheduler_output", "dummy_run"),
         ),
         SAMPLING,
         Hook(

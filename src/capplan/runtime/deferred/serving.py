@@ -63,14 +63,16 @@ class Serving:
         record.steps += 1
         if record.step_captures and record.steps % state.tiers.every_steps == 0:
             gid = self.next_graph()
-            expected = self.expected_seconds(gid)
             trigger = "step"
-            if expected is not None and expected > STEP_PAUSE_BUDGET_S:
-                missed = state.graphs.misses[gid] > 0
-                if not missed or record.steps - record.last_paced_step < PAUSE_SPACING_STEPS:
-                    record.left_to_idle += 1  # this step does not wait: the graph lands on an idle turn
-                    return
-                record.last_paced_step, trigger = record.steps, "missed"
+            if self.slow(gid):
+                if state.graphs.misses[gid] > 0 and record.steps - record.last_paced_step >= PAUSE_SPACING_STEPS:
+                    record.last_paced_step, trigger = record.steps, "missed"
+                else:  # the most missed graph of a mode whose captures are fast, if any, lands instead
+                    fast = next((g for g in state.graphs.ranked() if not self.slow(g)), None)
+                    if fast is None:
+                        record.left_to_idle += 1  # this step does not wait: the graph lands on an idle turn
+                        return
+                    gid = fast
             seconds = self.capture_next(trigger, gid)
             record.longest_step_pause = max(record.longest_step_pause, seconds)
 
@@ -96,6 +98,11 @@ class Serving:
         (ranks that capture together must pick alike; misses are each rank's own)."""
         state = self.state
         return state.graphs.next(by_misses=state.serving.step_captures and not state.synced)
+
+    def slow(self, gid: int) -> bool:
+        """Whether capturing `gid` is expected to pause a step longer than the budget."""
+        expected = self.expected_seconds(gid)
+        return expected is not None and expected > STEP_PAUSE_BUDGET_S
 
     def expected_seconds(self, gid: int) -> float | None:
         """How long capturing graph `gid` is expected to take: the slowest of the last `RECENT`

@@ -72,6 +72,9 @@ def ray_problem(plan_path: str, parallel_config: Any) -> str | None:
 def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
     @functools.wraps(original)
     def create_engine_config(*args: Any, **kwargs: Any) -> Any:
+        unread = launch_line_unread(ctx)
+        if unread:
+            raise SystemExit(unread)
         config = original(*args, **kwargs)
         if not config.use_v2_model_runner:
             raise SystemExit(v1_runner_message(ctx.plan_path))
@@ -93,10 +96,10 @@ def _parse_args(ctx: HookContext, hook: Hook, original: Any) -> Any:
     import sys
 
     from capplan.errors import CapplanError, printable
-    from capplan.runtime.launch_line import Reading, command_of
+    from capplan.runtime.launch_line import ParserFailed, command_of
 
     command = command_of(os.environ.get(COMMAND, ""))
-    reading = Reading()
+    reading = ctx.launch
 
     @functools.wraps(original)
     def parse_args(self: Any, args: Any = None, namespace: Any = None) -> Any:
@@ -107,10 +110,10 @@ def _parse_args(ctx: HookContext, hook: Hook, original: Any) -> Any:
             full, said = reading.arguments(ctx.plan, ctx.plan_path, command, given)
         except CapplanError as exc:
             raise SystemExit(f"capplan: {exc.one_line()}") from None
-        except Exception as exc:  # noqa: BLE001 - vLLM's parser failed on the line: one line, no traceback
+        except ParserFailed as exc:  # vLLM's own parser failed on the line: one line, no traceback
             raise SystemExit(
                 f"capplan: the server's command could not be read with vLLM's parser "
-                f"({printable(f'{type(exc).__name__}: {exc}')[:300]}); run capplan apply --dry-run on it"
+                f"({printable(str(exc))[:300]}); run capplan apply --dry-run on it"
             ) from None
         if said is None:
             return original(self, args, namespace)
@@ -123,6 +126,24 @@ def _parse_args(ctx: HookContext, hook: Hook, original: Any) -> Any:
 
 def _command_given(need: Need) -> bool:
     return bool(need.env.get(COMMAND))
+
+
+def launch_line_unread(ctx: HookContext) -> str | None:
+    """The refusal when this process is the server `capplan apply` started but its parser read the
+    command before the plugin could complete it (the plugin loaded late): None otherwise."""
+    import os
+    import sys
+
+    from capplan.runtime.launch_line import command_of, its_arguments
+
+    command = command_of(os.environ.get(COMMAND, ""))
+    if command is None or ctx.launch.done or not its_arguments(command, sys.argv[1:]):
+        return None
+    return (
+        f"capplan: vLLM parsed this server's command before capplan's plugin was loaded, so what the plan "
+        f"{ctx.plan_path} adds to it was not added; refusing to start (run capplan apply --dry-run and start "
+        "the completed command it prints)"
+    )
 
 
 def _compute_hash(ctx: HookContext, hook: Hook, original: Any) -> Any:

@@ -131,7 +131,9 @@ def _dispatch(ctx: HookContext, hook: Hook, original: Any) -> Any:
             result = lookup(num_reqs, num_tokens, call["uniform_token_count"], num_active_loras)
             graph_id = result.graph_id
             if graph_id >= 0 and ctx.deferred is not None:
-                graph_id = ctx.deferred.resolve(graph_id)  # not captured yet: its chain's first captured graph
+                # not captured yet: its chain's first captured graph; a miss where a step of real
+                # requests dispatches (inside vLLM's dispatch-and-DP-sync, not a warm-up step)
+                graph_id = ctx.deferred.resolve(graph_id, step.inside and not step.warmup)
             if graph_id >= 0:
                 desc = vllm_descs[graph_id]
             else:
