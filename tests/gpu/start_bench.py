@@ -300,9 +300,32 @@ def summarize(out: Path, done: list[dict]) -> None:
         },
         "warmups": [{k: d.get(k) for k in ("arm", "healthy_s", "kv_cache_tokens", "error")} for d in done[:3]],
     }
+    commits = [d.get("capplan_commit") for d in done]
+    summary["capplan_commit"] = max(set(commits), key=commits.count) if commits else None  # most starts'
     out.write_text(json.dumps(summary, indent=2))
+    write_run_record(out.parent / "run.json", done)
     print(json.dumps({k: summary[k] for k in ("healthy_ratio_apply_over_vllm",
                                               "healthy_ratio_apply_over_startup_plan")}, indent=1))  # fmt: skip
+
+
+def write_run_record(path: Path, done: list[dict]) -> None:
+    """What ran behind each file of the run (the runtime's reports name no capplan commit): per
+    start, its log and report, the capplan commit, vLLM, torch, the GPU, the host CPU, the
+    attention backend and the command; from the starts' records."""
+    keys = ("capplan_commit", "vllm", "torch", "gpu", "host_cpu", "attention_backend", "command")
+    starts = []
+    for d in done:
+        files = [f"start{d['index']}-{d['arm']}.log.gz"]
+        if d["arm"] == "apply":
+            files.append(f"start{d['index']}-{d['arm']}.report.json")
+        starts.append({"files": files, "arm": d["arm"], **{k: d.get(k) for k in keys}})
+    commits = [d.get("capplan_commit") for d in done]
+    record = {
+        "note": "what ran behind each startN-ARM file in this folder, from starts.jsonl",
+        "capplan_commit": max(set(commits), key=commits.count) if commits else None,
+        "starts": starts,
+    }
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def main() -> None:
