@@ -63,16 +63,23 @@ class ParserFailed(Exception):
 
 
 class Reading:
-    """The one reading of the server's own command in this process (reentrant parser calls,
-    those of the reading itself among them, pass through)."""
+    """The one reading of the server's own command in this process: the command CAPPLAN_COMMAND
+    carries (None without one), read once; reentrant parser calls, those of the reading itself
+    among them, pass through."""
 
     def __init__(self) -> None:
+        import os
+
+        from capplan.envvars import COMMAND
+
+        self.command = command_of(os.environ.get(COMMAND, ""))
         self.busy = False
         self.done = False
 
-    def arguments(self, plan: Plan, plan_path: str, command: list[str], args: list[str]) -> tuple[list[str], Any]:
+    def arguments(self, plan: Plan, plan_path: str, args: list[str]) -> tuple[list[str], Any]:
         """(the arguments to parse, the lines to log or None when this call is not the server's own)."""
-        if self.busy or self.done or not its_arguments(command, args):
+        command = self.command
+        if command is None or self.busy or self.done or not its_arguments(command, args):
             return args, None
         self.busy = True
         try:
@@ -81,3 +88,8 @@ class Reading:
             self.busy = False
         self.done = True
         return full, said
+
+    def unread(self, argv: list[str]) -> bool:
+        """Whether this process is the server of the command and its parser ran without the reading
+        (the plugin was loaded after it)."""
+        return self.command is not None and not self.done and its_arguments(self.command, argv)

@@ -92,22 +92,18 @@ def _create_engine_config(ctx: HookContext, hook: Hook, original: Any) -> Any:
 
 def _parse_args(ctx: HookContext, hook: Hook, original: Any) -> Any:
     """vLLM's server parser reads the command `capplan apply` passed, completed from the plan."""
-    import os
     import sys
 
     from capplan.errors import CapplanError, printable
-    from capplan.runtime.launch_line import ParserFailed, command_of
+    from capplan.runtime.launch_line import ParserFailed
 
-    command = command_of(os.environ.get(COMMAND, ""))
     reading = ctx.launch
 
     @functools.wraps(original)
     def parse_args(self: Any, args: Any = None, namespace: Any = None) -> Any:
         given = list(sys.argv[1:] if args is None else args)
-        if command is None or reading.busy or reading.done:
-            return original(self, args, namespace)
         try:
-            full, said = reading.arguments(ctx.plan, ctx.plan_path, command, given)
+            full, said = reading.arguments(ctx.plan, ctx.plan_path, given)
         except CapplanError as exc:
             raise SystemExit(f"capplan: {exc.one_line()}") from None
         except ParserFailed as exc:  # vLLM's own parser failed on the line: one line, no traceback
@@ -131,13 +127,9 @@ def _command_given(need: Need) -> bool:
 def launch_line_unread(ctx: HookContext) -> str | None:
     """The refusal when this process is the server `capplan apply` started but its parser read the
     command before the plugin could complete it (the plugin loaded late): None otherwise."""
-    import os
     import sys
 
-    from capplan.runtime.launch_line import command_of, its_arguments
-
-    command = command_of(os.environ.get(COMMAND, ""))
-    if command is None or ctx.launch.done or not its_arguments(command, sys.argv[1:]):
+    if not ctx.launch.unread(sys.argv[1:]):
         return None
     return (
         f"capplan: vLLM parsed this server's command before capplan's plugin was loaded, so what the plan "
