@@ -52,6 +52,7 @@ from run_identity import BACKEND_LINE, identity  # noqa: E402
 from serve_run import free_port, save_word_tokenizer  # noqa: E402
 
 T0 = time.monotonic()
+START_LIMIT_S = 480.0  # a start not healthy by then is recorded as failed
 CONFIG = HERE / "configs" / "llama-3.1-8b.json"
 # Two starts of this plan whose capture ran first (no profiling pass before it): 1.1914 GiB each.
 CALIBRATION = HERE / "results" / "startup" / "0.33.0-h100" / "first-capture.calibration.yaml"
@@ -114,12 +115,23 @@ def prepare(work: Path, release: str) -> tuple[Path, dict]:
 
 def server_command(model: Path, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--load-format", "dummy", "--served-model-name", "base", "--port", str(port),
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",  # `vllm serve`, the bundle has no script
+        str(model), "--load-format", "dummy", "--served-model-name", "base", "--port", str(port),
         "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
         "--max-num-seqs", "128", "--max-num-batched-tokens", "8192", "--max-model-len", "4096",
         "--gpu-memory-utilization", "0.92", "--dtype", "bfloat16", "--seed", "0", "--specialize-active-lora",
     ]  # fmt: skip
+
+
+def gpu_released(limit: float = 60.0) -> None:
+    """Wait for the stopped server's processes to leave the GPU, so the next start finds it free."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout  # fmt: skip
+        if not out.strip():
+            return
+        time.sleep(1)
 
 
 def stamped_reader(stream, sink: list, log) -> None:
@@ -192,6 +204,7 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
         finally:
             stop(proc)
             reader.join(timeout=10)
+            gpu_released()
     text = "".join(line for _, line in lines)
     result["phases_s"] = {
         name: next((round(t - t0, 2) for t, line in lines if rx.search(line)), None) for name, rx in MARKS.items()
@@ -214,12 +227,24 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
 
 
 def order(pairs: int, triples: int) -> list[str]:
-    out = ["vllm", "apply", "startup"]  # uncounted: the compile cache warm for each arm; startup records its plan
+    """The first start of each arm is uncounted (the compile cache warm for it; startup's records
+    its plan). The pairs come first; the startup arm, where device time allows, after them."""
+    out = ["vllm", "apply"]
     for i in range(pairs):
         out += ["vllm", "apply"] if i % 2 == 0 else ["apply", "vllm"]
-        if i < triples:
-            out.append("startup")
+    if triples:
+        out.append("startup")  # the recording boot
+        for i in range(triples):
+            out += ["startup", "apply"] if i % 2 == 0 else ["apply", "startup"]
     return out
+
+
+def warmups(done: list[dict]) -> list[dict]:
+    """The first start of each arm."""
+    seen: dict[str, dict] = {}
+    for d in done:
+        seen.setdefault(d["arm"], d)
+    return list(seen.values())
 
 
 def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> None:
@@ -230,14 +255,15 @@ def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> Non
     record = work / "starts.jsonl"
     done = [json.loads(line) for line in record.open()] if record.exists() else []
     for arm in order(pairs, triples)[len(done) :]:
-        spent = [d["wall_s"] for d in done[3:] if "wall_s" in d]
+        first = warmups(done)
+        spent = [d["wall_s"] for d in done if "wall_s" in d and all(d is not w for w in first)]
         expect = max(spent) + 15 if spent else 200
         left = until - (time.monotonic() - T0)
         if left < expect:
             print(f"stopping: {left:.0f} s left, a start takes up to {expect:.0f} s", flush=True)
             break
         t = time.perf_counter()
-        result = start_once(arm, len(done), work, model, plan, ident, limit=max(60.0, left - 20))
+        result = start_once(arm, len(done), work, model, plan, ident, limit=min(START_LIMIT_S, max(60.0, left - 20)))
         result["wall_s"] = round(time.perf_counter() - t, 1)
         done.append(result)
         with record.open("a") as f:
@@ -248,22 +274,25 @@ def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> Non
 
 
 def summarize(out: Path, done: list[dict]) -> None:
-    counted = done[3:]
+    first = warmups(done)
+    counted = [d for d in done if all(d is not w for w in first)]
     pairs: list[tuple[dict, dict]] = []
     by_arm: dict[str, list[dict]] = {a: [] for a in ARMS}
     for d in counted:
         by_arm[d["arm"]].append(d)
-    vllm_runs = [d for d in counted if d["arm"] in ("vllm", "apply")]
-    for a, b in zip(vllm_runs[0::2], vllm_runs[1::2]):
-        pair = {a["arm"]: a, b["arm"]: b}
-        if set(pair) == {"vllm", "apply"} and all("healthy_s" in p and "error" not in p for p in pair.values()):
-            pairs.append((pair["apply"], pair["vllm"]))
-    ratio = [a["healthy_s"] / v["healthy_s"] for a, v in pairs]
-    startup_ratio = []
-    for s in by_arm["startup"]:
-        before = [a for a, _ in pairs if a["index"] < s["index"]]
-        if before and "healthy_s" in s and "error" not in s:
-            startup_ratio.append(before[-1]["healthy_s"] / s["healthy_s"])
+    recording = next((d["index"] for d in done if d["arm"] == "startup"), len(done))
+    paired = [d for d in counted if d["index"] < recording]  # vllm and apply, interleaved
+    tripled = [d for d in counted if d["index"] > recording]  # startup and apply, interleaved
+
+    def ratios(starts: list[dict], other: str) -> list[float]:
+        out = []
+        for a, b in zip(starts[0::2], starts[1::2]):
+            pair = {a["arm"]: a, b["arm"]: b}
+            if set(pair) == {"apply", other} and all("healthy_s" in p and "error" not in p for p in pair.values()):
+                out.append(pair["apply"]["healthy_s"] / pair[other]["healthy_s"])
+        return out
+
+    ratio, startup_ratio = ratios(paired, "vllm"), ratios(tripled, "startup")
 
     def column(arm: str, key: str) -> list:
         return [d.get(key) for d in by_arm[arm]]
@@ -276,7 +305,7 @@ def summarize(out: Path, done: list[dict]) -> None:
         if done
         else {},
         "capplan_commit_by_start": {str(d["index"]): d.get("capplan_commit") for d in done},
-        "commands": {d["arm"]: d["command"] for d in done[:3]},
+        "commands": {d["arm"]: d["command"] for d in first},
         "calibration_by_start": {
             str(d["index"]): d["command"][d["command"].index("--calibration") + 1]
             for d in done
@@ -298,7 +327,7 @@ def summarize(out: Path, done: list[dict]) -> None:
             }
             for arm in ARMS
         },
-        "warmups": [{k: d.get(k) for k in ("arm", "healthy_s", "kv_cache_tokens", "error")} for d in done[:3]],
+        "warmups": [{k: d.get(k) for k in ("index", "arm", "healthy_s", "kv_cache_tokens", "error")} for d in first],
     }
     commits = [d.get("capplan_commit") for d in done]
     summary["capplan_commit"] = max(set(commits), key=commits.count) if commits else None  # most starts'
