@@ -65,13 +65,15 @@ lora: {{enabled: true, max_loras: 4, specialize: true, specialize_active: true}}
 """
 ARMS = ("vllm", "apply", "startup")
 VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d ")
-# (phase, the line that ends it); the first match of each
+# (phase, the line that ends it); the first match of each, but for "captured": the last (vLLM's
+# profiling capture, where it runs, writes the same line before the KV cache is sized)
 MARKS = {
     "vllm_first_line": VLLM_LINE,
     "weights_loaded": re.compile(r"Model loading took"),
     "compiled": re.compile(r"torch\.compile takes|Directly load (?:the )?compiled|compil\w+ .*took"),
     "kv_memory": re.compile(r"Available KV cache memory"),
     "kv_cache": re.compile(r"GPU KV cache size"),
+    "profiling_captured": re.compile(r"Graph capturing finished"),
     "captured": re.compile(r"Graph capturing finished"),
     "engine_ready": re.compile(r"init engine .* took"),
 }
@@ -85,6 +87,38 @@ NUMBERS = {
     "pool_actual_gib": re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\)"),
     "pool_estimated_gib": re.compile(r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB \(estimated\)"),
 }
+
+
+VLLM_TIME = re.compile(r" (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+
+
+def phases(lines: list[tuple[float, str]]) -> dict:
+    """Each phase's end, in seconds from launch, from (seconds, line) pairs; "profiling_captured"
+    only where the profiling capture ran (a capture finished before the KV cache was sized)."""
+    found = {name: [t for t, line in lines if rx.search(line)] for name, rx in MARKS.items()}
+    out = {name: round(ts[-1] if name == "captured" else ts[0], 2) if ts else None for name, ts in found.items()}
+    sized = out["kv_cache"]
+    first = out["profiling_captured"]
+    if first is None or sized is None or first > sized:
+        out["profiling_captured"] = None
+    return out
+
+
+def log_phases(text: str, first_line_s: float) -> dict:
+    """`phases` from a server log alone: vLLM's own timestamps (to the second), placed by the
+    arrival of vLLM's first line (as stamped when it ran); capplan's lines carry no time and
+    take the time of the vLLM line before them."""
+    stamped, at, origin = [], None, None
+    for line in text.splitlines():
+        m = VLLM_TIME.search(line) if VLLM_LINE.search(line) else None
+        if m:
+            d, h, mi, sec = int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))
+            when = ((d * 24 + h) * 60 + mi) * 60 + sec
+            origin = when if origin is None else origin
+            at = first_line_s + when - origin
+        if at is not None:
+            stamped.append((at, line))
+    return phases(stamped)
 
 
 def host_cpu() -> str:
@@ -206,9 +240,7 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
             reader.join(timeout=10)
             gpu_released()
     text = "".join(line for _, line in lines)
-    result["phases_s"] = {
-        name: next((round(t - t0, 2) for t, line in lines if rx.search(line)), None) for name, rx in MARKS.items()
-    }
+    result["phases_s"] = phases([(t - t0, line) for t, line in lines])
     for name, rx in NUMBERS.items():
         found = rx.findall(text)
         result[name] = float(found[-1].replace(",", "")) if found else None
@@ -273,6 +305,18 @@ def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> Non
     summarize(out, done)
 
 
+def with_log_phases(work: Path, d: dict) -> dict:
+    """The start's phases read again from its kept log (gzip or not), where it is in WORK."""
+    import gzip
+
+    name = f"start{d['index']}-{d['arm']}.log"
+    first = (d.get("phases_s") or {}).get("vllm_first_line")
+    for path, read in ((work / name, Path.read_text), (work / f"{name}.gz", lambda p: gzip.decompress(p.read_bytes()).decode())):
+        if first is not None and path.exists():
+            return {**d, "phases_s": log_phases(read(path), first)}
+    return d
+
+
 def summarize(out: Path, done: list[dict]) -> None:
     first = warmups(done)
     counted = [d for d in done if all(d is not w for w in first)]
@@ -327,6 +371,7 @@ def summarize(out: Path, done: list[dict]) -> None:
             }
             for arm in ARMS
         },
+        "phases_s_by_start": {f"{d['index']}-{d['arm']}": d.get("phases_s") for d in done},
         "warmups": [{k: d.get(k) for k in ("index", "arm", "healthy_s", "kv_cache_tokens", "error")} for d in first],
     }
     commits = [d.get("capplan_commit") for d in done]
@@ -369,7 +414,7 @@ def main() -> None:
 
     if args[2] == "summary":
         record = work / "starts.jsonl"
-        summarize(out, [json.loads(line) for line in record.open()])
+        summarize(out, [with_log_phases(work, json.loads(line)) for line in record.open()])
         return
     if shutil.which("nvidia-smi") is None:
         raise SystemExit("start_bench.py starts needs a GPU")
