@@ -311,7 +311,10 @@ def with_log_phases(work: Path, d: dict) -> dict:
 
     name = f"start{d['index']}-{d['arm']}.log"
     first = (d.get("phases_s") or {}).get("vllm_first_line")
-    for path, read in ((work / name, Path.read_text), (work / f"{name}.gz", lambda p: gzip.decompress(p.read_bytes()).decode())):
+    for path, read in (
+        (work / name, Path.read_text),
+        (work / f"{name}.gz", lambda p: gzip.decompress(p.read_bytes()).decode()),
+    ):
         if first is not None and path.exists():
             return {**d, "phases_s": log_phases(read(path), first)}
     return d
@@ -320,7 +323,6 @@ def with_log_phases(work: Path, d: dict) -> dict:
 def summarize(out: Path, done: list[dict]) -> None:
     first = warmups(done)
     counted = [d for d in done if all(d is not w for w in first)]
-    pairs: list[tuple[dict, dict]] = []
     by_arm: dict[str, list[dict]] = {a: [] for a in ARMS}
     for d in counted:
         by_arm[d["arm"]].append(d)

@@ -6,7 +6,10 @@ nothing but join the plan check of an engine of several ranks, so that a
 rank (or node) launched without a plan stops every rank at start instead of
 leaving the ranks that have one waiting, or capturing another graph set. A
 plan that does not load or a vLLM capplan cannot hook stops the process with
-one clear line, before any graph is captured.
+one clear line, before any graph is captured: in the process that loads the plugin for the
+hooks of vLLM modules it has imported, at the import of the others (the model runner's, in the
+engine process, before any weight loads), so that vLLM's API server, which loads the plugin
+while it builds its parser, imports nothing of the engine's for capplan.
 """
 
 from __future__ import annotations
