@@ -1060,7 +1060,7 @@ def test_without_nvml_every_capture_is_read_by_the_device(monkeypatch):
     deferred = DeferredCapture(ctx)
     for takes in (2**20, 3 * 2**20):
         call = Call(inspect.signature(capture), (), {"takes": takes})
-        assert deferred.state.vllm(0, call, SimpleNamespace(), capture).used == takes
+        assert deferred.state.vllm(0, call, SimpleNamespace(_capture_descs={}), capture).used == takes
     assert deferred.state.vllm.memory is None and deferred.state.vllm.readings == {"process": 0, "device": 2}
 
 
@@ -1202,3 +1202,35 @@ def test_the_next_deferred_graph_is_the_most_missed_and_plan_order_decides_ties(
     assert sets.misses[got] == most and got == next(g for g in pending if sets.misses[g] == most)
     sets.take([got])
     assert got not in sets.pending and sets.pending == [g for g in pending if g != got]
+
+
+def test_a_capture_sets_vllm_s_list_to_its_graph_and_puts_the_list_back_even_when_it_fails(monkeypatch):
+    """The one swap of vLLM's capture list (vllm_capture.capture_list): the capture sees its graph
+    alone; after it, and after a capture that raised, the manager has the list it had."""
+    import inspect
+    from types import SimpleNamespace
+
+    from capplan.runtime.deferred.capture import DeferredCapture
+    from capplan.runtime.hooking import Call
+
+    fake_gpu(monkeypatch, FakeNvml(), {"device": 10 * 2**30})
+    desc = SimpleNamespace(cg_mode="FULL")
+    plan = plan_of(tiered(["FULL:1x1@0"]))
+    deferred = DeferredCapture(SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], vllm_descs={0: desc}))
+    vllms = {"PIECEWISE": ["a", "b"]}
+    manager = SimpleNamespace(_capture_descs=vllms)
+    seen = []
+
+    def capture(*, fail: bool) -> str:
+        seen.append(manager._capture_descs)
+        if fail:
+            raise ValueError("CUDA error: out of memory")
+        return "done"
+
+    signature = inspect.signature(capture)
+    assert deferred.state.vllm(0, Call(signature, (), {"fail": False}), manager, capture).result == "done"
+    assert manager._capture_descs is vllms
+    with pytest.raises(RuntimeError, match=r"capture of graph \S+ failed \(ValueError: CUDA error: out of memory\)"):
+        deferred.state.vllm(0, Call(signature, (), {"fail": True}), manager, capture)
+    assert manager._capture_descs is vllms
+    assert seen == [{"FULL": [desc]}, {"FULL": [desc]}]

@@ -75,9 +75,10 @@ def in_child(work) -> dict:
 
 def hooks_in_place(selected) -> dict:
     from capplan.runtime.hooking import MARK, resolve
+    from capplan.runtime.imports import module_of
     from capplan.runtime.registry import installed
 
-    for module in ENGINE:
+    for module in (*ENGINE, *(module_of(h.at or h.target) for h in selected)):
         __import__(module)
     placed = [
         h.name for h in selected if h.install is not None and getattr(resolve(h.at or h.target), MARK, None) == h.name

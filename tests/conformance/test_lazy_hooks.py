@@ -30,12 +30,15 @@ lora: {{enabled: true, max_loras: 4, specialize_active: true}}
 pytestmark = pytest.mark.conformance
 
 
-@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
-def test_the_api_server_imports_nothing_for_capplan_and_the_engine_gets_every_hook(version, tmp_path):
+TIERS = "tiers: {ready: full_decode}\n"
+
+
+@pytest.mark.parametrize("version, tiers", [("0.25.0", False), ("0.33.0", False), ("0.33.0", True)])
+def test_the_api_server_imports_nothing_for_capplan_and_the_engine_gets_every_hook(version, tiers, tmp_path):
     if not _oracle_ready(version):
         pytest.skip(_missing(version))
     spec, plan = tmp_path / "spec.yaml", tmp_path / "spec.plan.yaml"
-    spec.write_text(SPEC.format(version=version))
+    spec.write_text(SPEC.format(version=version) + (TIERS if tiers else ""))
     subprocess.run(
         [sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True, capture_output=True
     )

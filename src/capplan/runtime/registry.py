@@ -109,6 +109,8 @@ def install(
         vllm_descs=[],
         layouts=layouts_of(plan),
     )
+    if plan.tiers is not None:
+        ctx.deferred = report.deferred = DeferredCapture(ctx)
     by_module: dict[str, list[Hook]] = {}
     for hook in hooks:  # table order within each module
         by_module.setdefault(module_of(hook.at or hook.target), []).append(hook)
@@ -149,8 +151,6 @@ def _with_descriptors(ctx: HookContext) -> None:
     ctx.desc_cls = cg.BatchExecutionDescriptor
     ctx.vllm_descs = [manager.to_vllm(ctx.release, ctx.desc_cls, g.descriptor) for g in ctx.plan.graphs]
     ctx.report.graph_ids = {desc: i for i, desc in enumerate(ctx.vllm_descs)}
-    if ctx.plan.tiers is not None:
-        ctx.deferred = ctx.report.deferred = DeferredCapture(ctx)
 
 
 def installed() -> HookContext | None:

@@ -139,12 +139,8 @@ class Serving:
             if call["lora_capture_hook"] is not None:
                 call["lora_capture_hook"] = self.lora_hook()
             state.hold.release()
-            kept = state.manager._capture_descs
-            try:
-                got = state.capture_one(gid, call, state.manager, state.capture_fn)
-                state.timed(gid, got.seconds)
-            finally:
-                state.manager._capture_descs = kept
+            got = state.capture_one(gid, call, state.manager, state.capture_fn)
+            state.timed(gid, got.seconds)
             graphs.take([gid])
             record.landed.append(gid)
             record.deferred_bytes.append(got.used)

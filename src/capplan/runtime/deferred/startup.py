@@ -32,6 +32,7 @@ from capplan.planner.tiers import attention_warm
 from capplan.runtime.deferred.estimate import MODES, SAMPLES_MAX, SAMPLES_MIN, spread_sample
 from capplan.runtime.deferred.ranks import ranks_of
 from capplan.runtime.deferred.state import DeferredState
+from capplan.runtime.deferred.vllm_capture import set_capture_list
 from capplan.runtime.hooking import Call, Hook, check_attributes
 from capplan.runtime.log import log
 
@@ -92,7 +93,7 @@ class StartUp:
         """Before the start-up capture: the manager's capture list becomes the ready graphs."""
         # More than one rank: every capture on the idle turns, which reach every rank at once.
         self.state.serving.step_captures = self.state.ranks is None or self.state.ranks.single
-        manager._capture_descs = self.state.ready_descs()
+        set_capture_list(manager, self.state.ready_descs())
 
     def sample_deferred(
         self, mode: str, candidates: Sequence[int], capture: Measure, most: int | None = None
@@ -150,10 +151,13 @@ class StartUp:
         start.profiled_ids = [*extra_pw, *extra_full]
         start.profiled = True
         captured_pw = sorted(ready_pw + extra_pw)
-        manager._capture_descs = {
-            **({descs[captured_pw[0]].cg_mode: [descs[g] for g in captured_pw]} if captured_pw else {}),
-            **({descs[all_full[0]].cg_mode: [descs[g] for g in all_full]} if all_full else {}),
-        }
+        set_capture_list(
+            manager,
+            {
+                **({descs[captured_pw[0]].cg_mode: [descs[g] for g in captured_pw]} if captured_pw else {}),
+                **({descs[all_full[0]].cg_mode: [descs[g] for g in all_full]} if all_full else {}),
+            },
+        )
         left_out = len(deferred_of["PIECEWISE"]) - len(extra_pw)
         start.profiling_extra = estimate.per_graph_bytes("PIECEWISE") * left_out
         return last[0]
@@ -181,25 +185,21 @@ class StartUp:
             last[0] = got.result
             return got.used
 
-        kept = manager._capture_descs
-        try:
-            for gid in list(graphs.ready_ids):
-                used = capture(gid)
-                start.ready_bytes.append(used)
-                if not start.profiled:
-                    # After a profiling pass the ready captures read near nothing: no readings.
-                    state.estimate.reading(graphs.mode(gid), used, deferred=False)
-            if not start.profiled and not state.synced:
-                self.sample_at_start(capture)
-            if start.profiled:
-                started = time.perf_counter()
-                self.free_at_start(capture)
-                start.free_seconds = time.perf_counter() - started
-        finally:
-            manager._capture_descs = kept
+        for gid in list(graphs.ready_ids):
+            used = capture(gid)
+            start.ready_bytes.append(used)
+            if not start.profiled:
+                # After a profiling pass the ready captures read near nothing: no readings.
+                state.estimate.reading(graphs.mode(gid), used, deferred=False)
+        if not start.profiled and not state.synced:
+            self.sample_at_start(capture)
+        if start.profiled:
+            started = time.perf_counter()
+            self.free_at_start(capture)
+            start.free_seconds = time.perf_counter() - started
         if start.sampled_ids or start.free_ids:  # ready from here on: in the manager's list, which the report counts
             graphs.ready_now()
-            manager._capture_descs = state.ready_descs()
+            set_capture_list(manager, state.ready_descs())
         if graphs.pending:
             state.hold_pending("start")
         state.active = True

@@ -1,7 +1,10 @@
 """vLLM's capture of one graph at a time, measured: its seconds and the device memory it took.
 
 Each graph is captured in a call of vLLM's `ModelCudaGraphManager.capture` of its own, the
-manager's capture list set to that graph alone, so that each one's memory is read. A
+manager's capture list set to that graph alone for the call and put back after it
+(`capture_list`, the one place deferred capture swaps vLLM's list; `set_capture_list` where the
+list stays changed: the ready graphs, for vLLM's own capture and the report), so that each
+one's memory is read. A
 capture's memory is read from this process's own device memory where NVML gives it
 (`device_memory`), else from the device's; the readings are counted each way.
 """
@@ -9,6 +12,8 @@ capture's memory is read from this process's own device memory where NVML gives 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +34,23 @@ class Captured:
     seconds: float
     used: int
     gpu_wait: float = 0.0
+
+
+def set_capture_list(manager: Any, descs: dict[Any, list[Any]]) -> None:
+    """vLLM's capture list (its descriptors by mode) from here on."""
+    manager._capture_descs = descs
+
+
+@contextmanager
+def capture_list(manager: Any, descs: dict[Any, list[Any]]) -> Iterator[None]:
+    """vLLM's capture list set to `descs` inside, and the list it had put back after (an error
+    included)."""
+    kept = manager._capture_descs
+    set_capture_list(manager, descs)
+    try:
+        yield
+    finally:
+        set_capture_list(manager, kept)
 
 
 class CaptureOne(Protocol):
@@ -60,9 +82,9 @@ class VllmCapture:
                 torch.cuda.synchronize()  # the last step's GPU work, which the capture waits for anyway
             gpu_wait = time.perf_counter() - started
             before = in_use(self.memory) if cuda else (None, 0)
-            manager._capture_descs = {desc.cg_mode: [desc]}
             try:
-                result = call.run(capture_fn)
+                with capture_list(manager, {desc.cg_mode: [desc]}):
+                    result = call.run(capture_fn)
             except Exception as exc:
                 raise RuntimeError(
                     f"capplan: capture of graph {address(self.ctx.plan.graphs[gid].descriptor)} failed "
