@@ -277,3 +277,65 @@ def test_capplan_s_ray_prefix_is_added_once_and_the_user_s_kept(value):
     assert [p for p in out if p in users] == users  # every prefix the user gave, in the user's order
     assert len(out) == len(users) + (PREFIX not in users)  # nothing else but capplan's, and that once
     assert with_ray_prefix(result) == result  # applied twice: unchanged
+
+
+TIERS_PLAN = ROOT / "examples" / "h200-tiny-llama-025-tiers.plan.yaml"
+
+
+def apply_tiers(*options, plan=TIERS_PLAN, env=None):
+    code = (
+        "import os; print(os.environ.get('CAPPLAN_STEP_PAUSE_MS'), os.environ.get('CAPPLAN_SLOW_CAPTURE_EVERY_STEPS'))"
+    )
+    args = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), *options]
+    return subprocess.run(
+        [*args, "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_the_operator_s_pause_bounds_reach_the_engine_and_are_said(fake_vllm):
+    proc = apply_tiers("--step-pause-ms", "120", "--slow-capture-every-steps", "0", env=fake_vllm)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["120.0", "0"]
+    assert (
+        "capplan: deferred capture: a step waits on a capture expected to take at most 120 ms; a longer one, of a "
+        "graph the traffic missed, never (idle turns only)"
+    ) in proc.stderr
+    unset = apply_tiers(env=fake_vllm)  # the engine's defaults: nothing passed, nothing said
+    assert unset.returncode == 0 and unset.stdout.split() == ["None", "None"] and "deferred capture" not in unset.stderr
+
+
+@pytest.mark.parametrize(
+    "options, line",
+    [
+        (["--step-pause-ms", "0"], "error: --step-pause-ms 0: give milliseconds above 0 and at most 60000"),
+        (["--step-pause-ms", "nan"], "error: --step-pause-ms nan: give milliseconds above 0 and at most 60000"),
+        (["--slow-capture-every-steps", "-1"], "error: --slow-capture-every-steps -1: give 0 (never) to 1000000 steps"),
+    ],
+)
+def test_a_pause_bound_out_of_range_is_refused_before_anything_runs(fake_vllm, options, line):
+    proc = apply_tiers(*options, env=fake_vllm)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert last_line(proc) == line
+
+
+def test_a_pause_bound_for_a_plan_that_defers_nothing_is_refused(fake_vllm):
+    proc = apply_tiers("--step-pause-ms", "80", plan=PLAN, env=fake_vllm)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert last_line(proc) == (
+        "error: --step-pause-ms bounds deferred capture, and this plan defers no graph (its spec has no tiers)"
+    )
+
+
+def test_a_pause_bound_set_by_hand_in_the_environment_is_checked_by_the_engine():
+    from capplan.errors import EngineRefusal
+    from capplan.runtime.deferred.pauses import Pauses
+
+    assert Pauses.from_env({}) == Pauses(0.05, 100)
+    assert Pauses.from_env({"CAPPLAN_STEP_PAUSE_MS": "20", "CAPPLAN_SLOW_CAPTURE_EVERY_STEPS": "7"}) == Pauses(0.02, 7)
+    for env in ({"CAPPLAN_STEP_PAUSE_MS": "fast"}, {"CAPPLAN_SLOW_CAPTURE_EVERY_STEPS": "-3"}):
+        with pytest.raises(EngineRefusal, match="^capplan: "):
+            Pauses.from_env(env)

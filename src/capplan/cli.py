@@ -334,11 +334,24 @@ def apply_cmd(
     trace: h.ApplyTrace = None,
     calibration: h.ApplyCalibration = None,
     graph_margin: h.ApplyGraphMargin = None,
+    step_pause_ms: h.ApplyStepPause = None,
+    slow_capture_every_steps: h.ApplySlowEvery = None,
 ) -> None:
     from capplan.commands.apply import ApplyRequest, apply
 
     request = ApplyRequest(
-        plan, list(ctx.args), runner, dry_run, report, smoke, tolerance, trace, calibration, graph_margin
+        plan,
+        list(ctx.args),
+        runner,
+        dry_run,
+        report,
+        smoke,
+        tolerance,
+        trace,
+        calibration,
+        graph_margin,
+        step_pause_ms,
+        slow_capture_every_steps,
     )
     applied = apply(request, _note)
     if applied.text is not None:

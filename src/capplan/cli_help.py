@@ -465,6 +465,26 @@ ApplyGraphMargin = Annotated[
         show_default=False,
     ),
 ]
+ApplyStepPause = Annotated[
+    float | None,
+    typer.Option(
+        "--step-pause-ms",
+        help="Plans with tiers: the longest a serving step may wait on a deferred capture, in ms (default 50). "
+        "A capture expected to take longer (the slowest of its mode's recent captures) waits for an idle turn, "
+        "or, for a graph the traffic missed, is spaced by --slow-capture-every-steps.",
+        show_default=False,
+    ),
+]
+ApplySlowEvery = Annotated[
+    int | None,
+    typer.Option(
+        "--slow-capture-every-steps",
+        help="Plans with tiers: a graph the traffic missed whose capture is expected to exceed --step-pause-ms "
+        "is still captured before a step, at most once in this many steps (default 100: at most 1% of steps "
+        "wait on one; 0: never, such graphs land on idle turns only, which sustained load may never give).",
+        show_default=False,
+    ),
+]
 ApplyTolerance = Annotated[float, typer.Option("--tolerance", help="Max |logprob| difference for --smoke.")]
 ApplyTrace = Annotated[
     Path | None,

@@ -37,8 +37,8 @@ from capplan.planner.dispatch import Batch, Dispatcher, compatible  # noqa: E402
 from capplan.planner.lora_cases import kernel_slots  # noqa: E402
 from capplan.planner.tiers import attention_warm  # noqa: E402
 from capplan.runtime import registry  # noqa: E402
-from capplan.runtime.deferred import serving as serving_mod  # noqa: E402
 from capplan.runtime.deferred.estimate import SAMPLES_MAX, SAMPLES_MIN, spread_sample  # noqa: E402
+from capplan.runtime.deferred.pauses import Pauses  # noqa: E402
 from capplan.runtime.versions import detect_release  # noqa: E402
 
 RELEASE = detect_release(vllm.__version__)
@@ -296,14 +296,16 @@ def main(out: Path) -> None:
         runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
     report["slow_captures_left_to_idle"] = len(captures) == before and deferred.state.serving.left_to_idle == 2
     # Under sustained load there is no idle turn: a slow capture of a graph the traffic missed runs
-    # on a step turn anyway, the most missed first, at most once every PAUSE_SPACING_STEPS steps.
+    # on a step turn anyway, the most missed first, at most once every slow-capture spacing's steps.
     pending = deferred.state.graphs.pending
     wanted = pending[-1]  # the last of the queue, as the graphs the 8B load needed were
     deferred.state.graphs.misses.clear()
     for _ in range(3):
         deferred.state.graphs.resolve(wanted)  # a batch dispatched to it replays its fallback
     before, steps0 = len(captures), deferred.state.serving.steps
-    while deferred.state.serving.steps - steps0 < 2 * serving_mod.PAUSE_SPACING_STEPS:
+    spacing = deferred.state.pauses.slow_every_steps
+    report["default_pauses"] = (deferred.state.pauses.step_pause_s, spacing) == (0.05, 100)
+    while deferred.state.serving.steps - steps0 < 2 * spacing:
         runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
         for times in deferred.state.serving.recent_seconds.values():
             times.append(1.0)  # every capture slow, as at 8B (about 105 ms against the 50 ms budget)
@@ -311,6 +313,27 @@ def main(out: Path) -> None:
     report["missed_graph_landed_first_under_load"] = paced[:1] == [wanted]
     report["slow_step_captures_spaced"] = len(paced) == 1  # the others were never missed: left to idle
     report["miss_counted"] = deferred.state.graphs.misses[wanted] == 3
+    # The operator's bounds: spacing 0, a slow capture never pauses a step, missed or not; a bound
+    # above the captures' time, a step turn captures as a fast one would.
+    second = next(g for g in deferred.state.graphs.pending if g != wanted)
+
+    def steps_under_load(n: int) -> list[str]:
+        start = len(captures)
+        for _ in range(n):
+            runner_mod.GPUModelRunner.execute_model(runner, SimpleNamespace(), None, False)
+            for times in deferred.state.serving.recent_seconds.values():
+                times.append(1.0)
+        return [address_of(plan, d) for c in captures[start:] for d in c]
+
+    deferred.state.graphs.resolve(second)
+    deferred.state.pauses = Pauses(step_pause_s=0.05, slow_every_steps=0)
+    report["operator_spacing_0_never_pauses"] = steps_under_load(2 * spacing) == []
+    deferred.state.pauses = Pauses(step_pause_s=2.0, slow_every_steps=100)
+    landed = steps_under_load(deferred.state.tiers.every_steps)
+    report["operator_bound_above_captures_lands"] = landed[:1] == [second]
+    deferred.state.pauses = Pauses()
+    n, p = check_state(plan, manager, deferred.state.graphs.captured)  # the graph landed there: replays a fit
+    states, checked, problems = states + 1, checked + n, problems + p
     n, p = check_state(plan, manager, deferred.state.graphs.captured)  # every batch still replays a fit
     states, checked, problems = states + 1, checked + n, problems + p
     for mode, times in deferred.state.serving.recent_seconds.items():
@@ -365,8 +388,8 @@ def main(out: Path) -> None:
 
     # Asleep: no capture; vLLM's loop handles the request, then waits for input as usual.
     report["asleep_blocks_as_vllm"] = turn() == "blocked" and core.process_input_queue_block is True
-    # (3 landed before: 2 on step turns, 1 paced for the missed graph)
-    report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(DEFERRED) - 3
+    # (4 landed before: 2 on step turns, 1 paced for the missed graph, 1 under the operator's raised bound)
+    report["asleep_no_capture"] = calls == [] and len(deferred.pending) == len(DEFERRED) - 4
     report["idle_loop_handled_utility_request"] = handled == [("UTILITY", "add_lora")]
     sleeping[0] = False
     turns = []

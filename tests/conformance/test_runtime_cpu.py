@@ -149,7 +149,8 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     # Under sustained load (no idle turn, every capture over the step budget) the graph the traffic
     # missed, last in the queue, lands on a step turn first, and slow step captures stay spaced.
     assert report["miss_counted"] and report["missed_graph_landed_first_under_load"]
-    assert report["slow_step_captures_spaced"]
+    assert report["slow_step_captures_spaced"] and report["default_pauses"]
+    assert report["operator_spacing_0_never_pauses"] and report["operator_bound_above_captures_lands"]
     assert report["multi_rank_steps_never_capture"]
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]

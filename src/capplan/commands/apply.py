@@ -30,6 +30,8 @@ class ApplyRequest:
     trace: Path | None = None
     calibration: Path | None = None
     graph_margin: float | None = None
+    step_pause_ms: float | None = None  # deferred capture's bounds (plans with tiers)
+    slow_capture_every_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,12 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
     from capplan.launcher.launch import check_environment, run_child
 
     budget = calibration_notes(loaded, r.calibration, r.graph_margin)  # a bad calibration: refused here
+    pauses = pause_settings(loaded, r.step_pause_ms, r.slow_capture_every_steps)
     if r.dry_run:
         if sys.stderr.isatty():  # a person waits for one import of vLLM; a log gets only the verdict
             notes("capplan: reading the command with vLLM's own argument parser (one import of vLLM, some seconds)...")
         command, said = prepare(loaded, str(r.plan), r.command)
-        for line in [*said, *budget]:
+        for line in [*said, *budget, *pause_note(pauses)]:
             notes(line)
         return Applied(0, shlex.join(command))
     # No import of vLLM here: the server process reads its own command with vLLM's parser
@@ -95,7 +98,8 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
         env[CALIBRATION] = str(r.calibration.resolve())
         if r.graph_margin is not None:
             env[GRAPH_MARGIN] = repr(r.graph_margin)
-    said += budget
+    said += [*budget, *pause_note(pauses)]
+    env.update(pauses)
     if r.report is not None:
         env["CAPPLAN_REPORT"] = str(r.report.resolve())
     if r.trace is not None:
@@ -112,6 +116,39 @@ def apply(request: ApplyRequest, notes: Notes = no_notes) -> Applied:
             "check that the command starts vLLM with Model Runner V2",
         )
     return Applied(code)
+
+
+def pause_settings(plan: Plan, step_pause_ms: float | None, slow_every: int | None) -> dict[str, str]:
+    """The environment that gives the engine the operator's bounds on deferred capture's step
+    pauses; UsageError for a value out of range, or for a plan that defers nothing."""
+    from capplan.runtime.deferred.pauses import SLOW_EVERY, STEP_PAUSE_MS, pause_problem
+
+    options = (("--step-pause-ms", step_pause_ms), ("--slow-capture-every-steps", slow_every))
+    given = [flag for flag, value in options if value is not None]
+    if not given:
+        return {}
+    if plan.tiers is None:
+        raise UsageError(f"{given[0]} bounds deferred capture, and this plan defers no graph (its spec has no tiers)")
+    problem = pause_problem(step_pause_ms, slow_every)
+    if problem is not None:
+        raise UsageError(problem)
+    env = {STEP_PAUSE_MS: repr(step_pause_ms)} if step_pause_ms is not None else {}
+    return env | ({SLOW_EVERY: str(slow_every)} if slow_every is not None else {})
+
+
+def pause_note(env: dict[str, str]) -> list[str]:
+    """The line that says the bounds `pause_settings` passes (none when the defaults stay)."""
+    from capplan.runtime.deferred.pauses import Pauses
+
+    if not env:
+        return []
+    pauses = Pauses.from_env(env)
+    every = pauses.slow_every_steps
+    spaced = f"at most once in {every} steps" if every else "never (idle turns only)"
+    return [
+        f"capplan: deferred capture: a step waits on a capture expected to take at most {pauses.step_pause_s * 1000:g} "
+        f"ms; a longer one, of a graph the traffic missed, {spaced}"
+    ]
 
 
 def calibration_notes(plan: Plan, calibration: Path | None, margin: float | None) -> list[str]:

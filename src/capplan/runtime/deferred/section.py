@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.runtime.deferred.serving import PAUSE_SPACING_STEPS, STEP_PAUSE_BUDGET_S
 from capplan.runtime.deferred.state import DeferredState
 
 
@@ -41,11 +40,11 @@ def section(state: DeferredState) -> dict[str, Any]:
         "steps_seen": serving.steps,
         "fallback_steps": graphs.fallback_steps,
         "misses_by_graph": {names(g): n for g, n in sorted(graphs.misses.items())},  # fallbacks replayed for it
-        "pause_spacing_steps": PAUSE_SPACING_STEPS,
+        "pause_spacing_steps": state.pauses.slow_every_steps,
         "longest_step_pause_seconds": round(serving.longest_step_pause, 4),
         "step_captures": serving.step_captures,
         "dp_synced_captures": state.synced,
-        "step_pause_budget_seconds": STEP_PAUSE_BUDGET_S,
+        "step_pause_budget_seconds": state.pauses.step_pause_s,
         "step_captures_left_to_idle": serving.left_to_idle,
         "longest_idle_capture_seconds": round(serving.longest_idle_capture, 4),
         "capture_seconds": round(sum(c["seconds"] for c in serving.captures), 3),

@@ -4,8 +4,9 @@ When a capture runs:
 
 - Single-rank engine: before every `every_steps`-th model-runner step (as it starts, before its
   inputs are prepared), unless one of the last `RECENT` captures of its mode took longer than
-  `STEP_PAUSE_BUDGET_S`: then only a graph the traffic has missed, and at most once every
-  `PAUSE_SPACING_STEPS` steps, else it waits for an idle turn; and one per idle turn of the
+  the step pause bound: then only a graph the traffic has missed, and at most once every
+  slow-capture spacing's steps, else it waits for an idle turn (the operator's two settings,
+  `pauses.Pauses`); and one per idle turn of the
   engine core. The next graph is the pending one the traffic missed most (`GraphSets.next`);
   ranks that capture together keep plan order.
 - Several TP or PP ranks: only on the engine core's idle turns, where one `collective_rpc`
@@ -27,20 +28,6 @@ from typing import Any
 from capplan.runtime.deferred.state import DeferredState
 from capplan.runtime.log import log
 from capplan.runtime.lora_warm import dummy_mapping, layout_for
-
-STEP_PAUSE_BUDGET_S = 0.05
-"""The longest a step may wait on a deferred capture. A capture expected to take longer (one of
-the last `RECENT` captures of its mode took longer) is left to the engine's idle turns.
-Rank-local, so only a single-rank engine captures on step turns."""
-
-
-PAUSE_SPACING_STEPS = 100
-"""Fewest steps between two step-turn captures expected over `STEP_PAUSE_BUDGET_S`. Under
-sustained load the engine core is never idle, and captures of an 8B model take about 105 ms
-(host-bound), over the budget: left to idle turns, the graphs the load needed landed only
-after it ended. A graph the traffic misses is worth a pause once (each later step that would
-use it replays a padded fallback, or runs eager); spaced so, at most 1% of steps wait on one,
-which leaves the 99th percentile of inter-token intervals to the steps that do not."""
 
 
 class Serving:
@@ -65,7 +52,8 @@ class Serving:
             gid = self.next_graph()
             trigger = "step"
             if self.slow(gid):
-                if state.graphs.misses[gid] > 0 and record.steps - record.last_paced_step >= PAUSE_SPACING_STEPS:
+                every = state.pauses.slow_every_steps
+                if every and state.graphs.misses[gid] > 0 and record.steps - record.last_paced_step >= every:
                     record.last_paced_step, trigger = record.steps, "missed"
                 else:  # the most missed graph of a mode whose captures are fast, if any, lands instead
                     fast = next((g for g in state.graphs.ranked() if not self.slow(g)), None)
@@ -100,9 +88,9 @@ class Serving:
         return state.graphs.next(by_misses=state.serving.step_captures and not state.synced)
 
     def slow(self, gid: int) -> bool:
-        """Whether capturing `gid` is expected to pause a step longer than the budget."""
+        """Whether capturing `gid` is expected to pause a step longer than the operator's bound."""
         expected = self.expected_seconds(gid)
-        return expected is not None and expected > STEP_PAUSE_BUDGET_S
+        return expected is not None and expected > self.state.pauses.step_pause_s
 
     def expected_seconds(self, gid: int) -> float | None:
         """How long capturing graph `gid` is expected to take: the slowest of the last `RECENT`

@@ -8,6 +8,7 @@ what the start and the serving-time captures did, for the report. Start-up
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from capplan.errors import EngineRefusal
 from capplan.runtime.deferred.estimate import Estimate
 from capplan.runtime.deferred.graphs import GraphSets
 from capplan.runtime.deferred.held import Hold, TakeBlock
+from capplan.runtime.deferred.pauses import Pauses
 from capplan.runtime.deferred.ranks import Ranks
 from capplan.runtime.deferred.vllm_capture import CaptureOne, VllmCapture
 from capplan.runtime.hooking import Call
@@ -64,11 +66,13 @@ class ServingRecord:
 
 class Seams(TypedDict, total=False):
     """What a check stands in for: vLLM's TP and PP groups (`ranks`), vLLM's capture of one graph
-    (`capture_one`) and the driver's cudaMalloc (`take_block`)."""
+    (`capture_one`), the driver's cudaMalloc (`take_block`) and the operator's pause bounds
+    (`pauses`, else read from the environment `capplan apply` set)."""
 
     ranks: Ranks
     capture_one: CaptureOne
     take_block: TakeBlock
+    pauses: Pauses
 
 
 class DeferredState:
@@ -80,6 +84,7 @@ class DeferredState:
         self.ctx = ctx
         self.tiers = plan.tiers
         self.graphs = GraphSets(plan)
+        self.pauses = seams.get("pauses") or Pauses.from_env(os.environ)
         self.estimate = Estimate()
         self.hold = Hold(seams.get("take_block"))
         self.ranks: Ranks | None = seams.get("ranks")  # None: read from vLLM's graph manager at the first capture
