@@ -251,6 +251,8 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
     result["out_of_memory"] = text.count("OutOfMemory") + text.count("out of memory")
     try:
         rep = json.loads(report.read_text())
+        # the runtime's report names no capplan commit: the start's record does, and so the kept file
+        report.write_text(json.dumps({"capplan_commit": ident.get("capplan_commit"), **rep}, indent=2) + "\n")
         result["report"] = {k: rep.get(k) for k in ("graphs_planned", "graphs_captured", "capture_seconds",
                                                     "graph_memory_gib", "profiling_capture", "graph_budget")}  # fmt: skip
     except (OSError, ValueError):
