@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,3 +339,23 @@ def test_a_pause_bound_set_by_hand_in_the_environment_is_checked_by_the_engine()
     for env in ({"CAPPLAN_STEP_PAUSE_MS": "fast"}, {"CAPPLAN_SLOW_CAPTURE_EVERY_STEPS": "-3"}):
         with pytest.raises(EngineRefusal, match="^capplan: "):
             Pauses.from_env(env)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.dictionaries(
+        st.sampled_from(["CAPPLAN_STEP_PAUSE_MS", "CAPPLAN_SLOW_CAPTURE_EVERY_STEPS"]),
+        st.one_of(st.text(max_size=12), st.integers(-(10**9), 10**9).map(str), st.floats().map(repr)),
+    )
+)
+def test_the_engine_s_reading_of_the_pause_bounds_gives_bounds_in_range_or_one_line(env):
+    """Whatever the environment holds: bounds within the launcher's ranges, or capplan's one-line refusal."""
+    from capplan.errors import EngineRefusal
+    from capplan.runtime.deferred.pauses import MAX_SLOW_EVERY, MAX_STEP_PAUSE_MS, Pauses
+
+    try:
+        pauses = Pauses.from_env(env)
+    except EngineRefusal as exc:
+        assert str(exc).startswith("capplan: ") and "\n" not in str(exc)
+        return
+    assert 0 < pauses.step_pause_s * 1000 <= MAX_STEP_PAUSE_MS and 0 <= pauses.slow_every_steps <= MAX_SLOW_EVERY

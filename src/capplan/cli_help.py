@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from capplan.runtime.deferred.pauses import DEFAULT_SLOW_EVERY, DEFAULT_STEP_PAUSE_MS
+
 PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
 CalibrationOption = Annotated[
     Path | None,
@@ -469,7 +471,8 @@ ApplyStepPause = Annotated[
     float | None,
     typer.Option(
         "--step-pause-ms",
-        help="Plans with tiers: the longest a serving step may wait on a deferred capture, in ms (default 50). "
+        help="Plans with tiers: the longest a serving step may wait on a deferred capture, in ms (default "
+        f"{DEFAULT_STEP_PAUSE_MS:g}). "
         "A capture expected to take longer (the slowest of its mode's recent captures) waits for an idle turn, "
         "or, for a graph the traffic missed, is spaced by --slow-capture-every-steps.",
         show_default=False,
@@ -480,8 +483,9 @@ ApplySlowEvery = Annotated[
     typer.Option(
         "--slow-capture-every-steps",
         help="Plans with tiers: a graph the traffic missed whose capture is expected to exceed --step-pause-ms "
-        "is still captured before a step, at most once in this many steps (default 100: at most 1% of steps "
-        "wait on one; 0: never, such graphs land on idle turns only, which sustained load may never give).",
+        f"is still captured before a step, at most once in this many steps (default {DEFAULT_SLOW_EVERY}: at most "
+        f"{100 / DEFAULT_SLOW_EVERY:g}% of steps wait on one; 0: never, such graphs land on idle turns only, which "
+        "sustained load may never give).",
         show_default=False,
     ),
 ]
