@@ -115,7 +115,7 @@ def install(
     for hook in hooks:  # table order within each module
         by_module.setdefault(module_of(hook.at or hook.target), []).append(hook)
     now = [h for m, group in by_module.items() if m in sys.modules for h in group]
-    checked(now, release, vllm.__version__)
+    checked(now, release, vllm.__version__)  # before anything, the descriptors included
     when_imported(DESCRIPTORS, lambda: _with_descriptors(ctx))  # before any hook reads them
     install_all(now, ctx)
     adopt(ctx)
