@@ -294,6 +294,48 @@ def test_the_report_keeps_the_readings_the_start_held_by_apart_from_later_ones()
     assert report["deferred"] == len(PLAN.tiers.deferred) - sampled  # what is captured while serving
 
 
+class _Call(dict):
+    """vLLM's capture call as the hooks bind it (`hooking.Call`): arguments by name."""
+
+    def copy(self) -> _Call:
+        return _Call(self)
+
+
+def test_the_report_counts_every_capture_of_the_plans_graphs_once(monkeypatch):
+    """Through the start-up capture (no profiling pass before it) and the idle captures: the
+    section's total is every graph this process captured, each once (the ready ones, the sample
+    taken at start, the landed ones), and it is a first capture, comparable with a full plan's
+    graph memory read the same way."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False)))
+    mode = {g.id: g.descriptor.cg_mode for g in PLAN.graphs}
+    costs = {"PIECEWISE": 3 * MiB, "FULL": 1 * MiB}
+    seen: list[int] = []
+
+    def capture_one(gid: int, call: Any, manager: Any, capture_fn: Any) -> Captured:
+        seen.append(gid)
+        return Captured(None, 0.01, costs[mode[gid]])
+
+    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
+    report = SimpleNamespace(changed=lambda: None, deferred_captured=lambda desc: None)
+    ctx = SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs, report=report)
+    deferred = DeferredCapture(ctx, ranks=Voting(lambda yes: yes), capture_one=capture_one)
+    manager = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True, _capture_descs={})
+    call = _Call(block_tables=SimpleNamespace(input_block_tables=[]), lora_capture_hook=None)
+    deferred.warm_attention(_Call(self=manager, attn_groups=[]))
+    deferred.ready_only(manager)
+    deferred.capture_ready(manager, None, call)
+    assert deferred.state.start.sampled_ids  # the start took a sample of the deferred graphs
+    while deferred.capture_idle():
+        pass
+    section = deferred.to_json()
+    assert sorted(seen) == list(range(len(PLAN.graphs)))  # each graph captured once
+    assert not deferred.pending and section["all_first_capture"] is True
+    assert section["all_graph_memory_gib"] == round(sum(costs[mode[g]] for g in seen) / 2**30, 4)
+    assert section["graph_memory_gib"] < section["all_graph_memory_gib"]  # the landed ones alone
+
+
 def profiled(
     costs: dict[str, int],
     tp_size: int = 1,

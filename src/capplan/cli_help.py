@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from capplan.calibration.budget import MARGIN_RULE
 from capplan.runtime.deferred.pauses import DEFAULT_SLOW_EVERY, DEFAULT_STEP_PAUSE_MS
 
 PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
@@ -449,7 +450,7 @@ ApplyCalibration = Annotated[
     typer.Option(
         "--calibration",
         help="A calibration (file or folder) of this deployment (capplan calibrate-start) with starts of this "
-        "plan whose capture ran first (a start with --kv-cache-memory: vLLM then skips its profiling pass, after "
+        "plan whose capture ran first (a start with --kv-cache-memory-bytes: vLLM then skips its profiling pass, after "
         "which a capture's reading undercounts): the engine "
         "leaves the graph memory those starts measured, plus --graph-margin, free beside the KV cache and skips "
         "vLLM's profiling capture (0.29.0 on: capture paid once). Used only where the "
@@ -462,8 +463,8 @@ ApplyGraphMargin = Annotated[
     float | None,
     typer.Option(
         "--graph-margin",
-        help="GiB left beside the calibration's measured graph memory (default: 10% of it, the reserve "
-        "`show` and `flags` print).",
+        help=f"GiB left beside the calibration's measured graph memory (default: {MARGIN_RULE} of it, the "
+        "reserve `show` and `flags` print).",
         show_default=False,
     ),
 ]

@@ -1,6 +1,6 @@
 """Time to healthy and KV cache: `capplan apply` with a calibration against vLLM alone, same command.
 
-    python tests/gpu/start_bench.py WORK OUT.json starts [--pairs N] [--triples K] [--until SECONDS]
+    python tests/gpu/start_bench.py WORK OUT.json starts [--pairs N] [--triples K] [--tiers T] [--until SECONDS]
     python tests/gpu/start_bench.py WORK OUT.json summary
 
 Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`) with `--load-format dummy` (times and memory
@@ -14,12 +14,19 @@ command line:
              of this plan's H100 starts whose capture ran first
              (`results/startup/0.33.0-h100/first-capture.calibration.yaml`);
 - `startup`: vLLM alone with `VLLM_ENABLE_STARTUP_PLAN=1` (0.27.0 on), booting from the startup
-             plan its recording boot saved.
+             plan its recording boot saved;
+- `tiers`:   `capplan apply TIERS_PLAN -- <the same command> --kv-cache-memory-bytes 50 GiB`: the
+             same graphs with one ready and the rest deferred, vLLM's profiling pass skipped (the KV
+             cache's size given) so that every capture is a first capture, as the apply arm's; once
+             healthy, no traffic, until every deferred graph has landed on the idle turns. Its
+             graph memory, every capture counted (the report's `all_graph_memory_gib`), against the
+             apply arm's (the full plan's, first capture) from the same run.
 Each arm starts once uncounted first (the torch.compile cache warm for it, as an operator's
 restart finds it; the plan's fingerprint is in the compile-cache key, so the apply arm compiles
 its own artifact; the startup arm's warm-up is its recording boot). Then counted pairs,
 interleaved (vllm apply, apply vllm, ...), each followed by a startup start for the first K
-pairs. Every start appends to WORK/starts.jsonl, so a later call goes on where one stopped.
+pairs, then T tiers starts (the first right after the warm-ups). Every start appends to
+WORK/starts.jsonl, so a later call goes on where one stopped.
 
 Each start: the time from launch to /health answering, every output line stamped with its
 arrival (the phases come from the log: the first line vLLM writes, weights loaded,
@@ -63,7 +70,10 @@ scheduler: {{max_num_seqs: 128, max_num_batched_tokens: 8192, max_model_len: 409
 cudagraph: {{mode: FULL_AND_PIECEWISE}}
 lora: {{enabled: true, max_loras: 4, specialize: true, specialize_active: true}}
 """
-ARMS = ("vllm", "apply", "startup")
+TIERS = 'tiers: {ready: ["FULL:1x1@0"], every_steps: 8}\n'  # one graph ready, the other 257 deferred
+TIERS_KV_BYTES = 50 * 2**30  # the tiers arm's KV cache, given: vLLM skips its profiling pass
+LANDING_LIMIT_S = 120.0  # a tiers start whose deferred graphs have not all landed by then is recorded so
+ARMS = ("vllm", "apply", "startup", "tiers")
 VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d ")
 # (phase, the line that ends it); the first match of each, but for "captured": the last (vLLM's
 # profiling capture, where it runs, writes the same line before the KV cache is sized)
@@ -139,12 +149,15 @@ def prepare(work: Path, release: str) -> tuple[Path, dict]:
         config = json.loads(CONFIG.read_text())
         (model / "config.json").write_text(json.dumps(config, indent=2))
         save_word_tokenizer(model, config["vocab_size"])
-    spec = work / "full.yaml"
-    spec.write_text(SPEC.format(release=release))
-    plan = work / "full.plan.yaml"
-    subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
-    fingerprint = next(line.split('"')[1] for line in plan.read_text().splitlines() if line.startswith("fingerprint"))
-    return model, {"plan": str(plan), "fingerprint": fingerprint}
+    plans = {}
+    for name, text in (("full", SPEC.format(release=release)), ("tiers", SPEC.format(release=release) + TIERS)):
+        spec, plan = work / f"{name}.yaml", work / f"{name}.plan.yaml"
+        spec.write_text(text)
+        subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
+        plans[name] = str(plan)
+    fingerprint = next(line.split('"')[1] for line in Path(plans["full"]).read_text().splitlines()
+                       if line.startswith("fingerprint"))  # fmt: skip
+    return model, {"plan": plans["full"], "tiers_plan": plans["tiers"], "fingerprint": fingerprint}
 
 
 def server_command(model: Path, port: int) -> list[str]:
@@ -212,6 +225,9 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
     if arm == "apply":
         cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", plan["plan"], "--calibration",
                str(CALIBRATION), "--report", str(report), "--", *cmd]  # fmt: skip
+    if arm == "tiers":
+        cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", plan["tiers_plan"], "--report",
+               str(report), "--", *cmd, "--kv-cache-memory-bytes", str(TIERS_KV_BYTES)]  # fmt: skip
     if arm == "startup":
         env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
     result: dict = {"arm": arm, "index": n, "command": cmd, **ident}
@@ -232,6 +248,8 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
                     raise RuntimeError(f"not healthy in {limit:.0f} s")
                 time.sleep(0.25)
             result["healthy_s"] = round(time.perf_counter() - t0, 2)
+            if arm == "tiers":
+                result["landing"] = landed(report, time.perf_counter())
             result["request"] = one_request(port)
         except Exception as exc:  # noqa: BLE001 - recorded with the start
             result["error"] = f"{type(exc).__name__}: {exc}"
@@ -255,22 +273,46 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
         report.write_text(json.dumps({"capplan_commit": ident.get("capplan_commit"), **rep}, indent=2) + "\n")
         result["report"] = {k: rep.get(k) for k in ("graphs_planned", "graphs_captured", "capture_seconds",
                                                     "graph_memory_gib", "profiling_capture", "graph_budget")}  # fmt: skip
+        if rep.get("deferred"):
+            result["report"]["deferred"] = {k: rep["deferred"].get(k) for k in DEFERRED_KEYS}
     except (OSError, ValueError):
         pass
     return result
 
 
-def order(pairs: int, triples: int) -> list[str]:
-    """The first start of each arm is uncounted (the compile cache warm for it; startup's records
-    its plan). The pairs come first; the startup arm, where device time allows, after them."""
-    out = ["vllm", "apply"]
+DEFERRED_KEYS = ("ready", "deferred", "captured", "pending", "all_graph_memory_gib", "all_first_capture",
+                 "graph_memory_gib", "ready_graph_memory_gib", "sampled_at_start_mib", "reserved_gib",
+                 "reserve_shortfall", "hold_basis", "held_per_graph_mib_at_start", "memory_readings",
+                 "capture_seconds", "longest_idle_capture_seconds", "deferred_graph_memory_mib_by_mode")  # fmt: skip
+
+
+def landed(report: Path, since: float) -> dict:
+    """Wait, with no traffic, until the tiers start's report says no deferred graph is pending (the
+    runtime rewrites it within a second of a change); the seconds from `since`."""
+    pending = None
+    while time.perf_counter() - since < LANDING_LIMIT_S:
+        try:
+            pending = json.loads(report.read_text())["deferred"]["pending"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pending = None
+        if pending == []:
+            return {"all_landed": True, "seconds_after_healthy": round(time.perf_counter() - since, 2)}
+        time.sleep(0.5)
+    return {"all_landed": False, "pending": None if pending is None else len(pending), "waited_s": LANDING_LIMIT_S}
+
+
+def order(pairs: int, triples: int, tiers: int = 0) -> list[str]:
+    """The first start of each arm is uncounted for time (the compile cache warm for it; startup's
+    records its plan). The first tiers start (memory only) right after the warm-ups, the pairs
+    next; the startup arm, where device time allows, after them; the other tiers starts last."""
+    out = ["vllm", "apply"] + ["tiers"] * min(tiers, 1)
     for i in range(pairs):
         out += ["vllm", "apply"] if i % 2 == 0 else ["apply", "vllm"]
     if triples:
         out.append("startup")  # the recording boot
         for i in range(triples):
             out += ["startup", "apply"] if i % 2 == 0 else ["apply", "startup"]
-    return out
+    return out + ["tiers"] * max(tiers - 1, 0)
 
 
 def warmups(done: list[dict]) -> list[dict]:
@@ -281,14 +323,14 @@ def warmups(done: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def starts(work: Path, out: Path, until: float, pairs: int, triples: int) -> None:
+def starts(work: Path, out: Path, until: float, pairs: int, triples: int, tiers: int) -> None:
     ident = {**identity(), "host_cpu": host_cpu()}
     release = ident["vllm"].split("+")[0]
     model, plan = prepare(work, release)
     ident["plan_fingerprint"] = plan["fingerprint"]
     record = work / "starts.jsonl"
     done = [json.loads(line) for line in record.open()] if record.exists() else []
-    for arm in order(pairs, triples)[len(done) :]:
+    for arm in order(pairs, triples, tiers)[len(done) :]:
         first = warmups(done)
         spent = [d["wall_s"] for d in done if "wall_s" in d and all(d is not w for w in first)]
         expect = max(spent) + 15 if spent else 200
@@ -329,8 +371,9 @@ def summarize(out: Path, done: list[dict]) -> None:
     for d in counted:
         by_arm[d["arm"]].append(d)
     recording = next((d["index"] for d in done if d["arm"] == "startup"), len(done))
-    paired = [d for d in counted if d["index"] < recording]  # vllm and apply, interleaved
-    tripled = [d for d in counted if d["index"] > recording]  # startup and apply, interleaved
+    timed = [d for d in counted if d["arm"] != "tiers"]
+    paired = [d for d in timed if d["index"] < recording]  # vllm and apply, interleaved
+    tripled = [d for d in timed if d["index"] > recording]  # startup and apply, interleaved
 
     def ratios(starts: list[dict], other: str) -> list[float]:
         out = []
@@ -375,6 +418,7 @@ def summarize(out: Path, done: list[dict]) -> None:
             }
             for arm in ARMS
         },
+        "tiers": tiers_memory(done),
         "phases_s_by_start": {f"{d['index']}-{d['arm']}": d.get("phases_s") for d in done},
         "warmups": [{k: d.get(k) for k in ("index", "arm", "healthy_s", "kv_cache_tokens", "error")} for d in first],
     }
@@ -386,6 +430,34 @@ def summarize(out: Path, done: list[dict]) -> None:
                                               "healthy_ratio_apply_over_startup_plan")}, indent=1))  # fmt: skip
 
 
+def tiers_memory(done: list[dict]) -> dict | None:
+    """Every tiers start (memory needs no warm cache): its graph memory, all captures counted,
+    against the median of the apply arm's (the full plan's, first capture) in the same run."""
+    tiers = [d for d in done if d["arm"] == "tiers"]
+    full = sorted(g for d in done if d["arm"] == "apply"
+                  if (g := (d.get("report") or {}).get("graph_memory_gib")) is not None)  # fmt: skip
+    if not tiers:
+        return None
+    full_gib = full[len(full) // 2] if full else None
+    starts = []
+    for d in tiers:
+        dd = ((d.get("report") or {}).get("deferred")) or {}
+        total = dd.get("all_graph_memory_gib")
+        at_start = (dd.get("ready_graph_memory_gib") or 0) + sum(dd.get("sampled_at_start_mib") or []) / 1024
+        at_start += dd.get("reserved_gib") or 0
+        starts.append({
+            "index": d["index"], "error": d.get("error"), "landing": d.get("landing"),
+            "all_first_capture": dd.get("all_first_capture"), "all_graph_memory_gib": total,
+            "reserved_gib": dd.get("reserved_gib"), "reserve_shortfall": dd.get("reserve_shortfall"),
+            "captured_while_serving": dd.get("captured"), "pending": dd.get("pending"),
+            "over_full_plan": round(total / full_gib, 4) if total is not None and full_gib else None,
+            # at start: what the graphs captured then took, and the block held for the rest
+            "set_aside_at_start_gib": round(at_start, 4),
+            "set_aside_at_start_over_full_plan": round(at_start / full_gib, 4) if full_gib else None,
+        })  # fmt: skip
+    return {"full_plan_graph_memory_gib": full_gib, "full_plan_readings_gib": full, "starts": starts}
+
+
 def write_run_record(path: Path, done: list[dict]) -> None:
     """What ran behind each file of the run (the runtime's reports name no capplan commit): per
     start, its log and report, the capplan commit, vLLM, torch, the GPU, the host CPU, the
@@ -394,7 +466,7 @@ def write_run_record(path: Path, done: list[dict]) -> None:
     starts = []
     for d in done:
         files = [f"start{d['index']}-{d['arm']}.log.gz"]
-        if d["arm"] == "apply":
+        if d["arm"] in ("apply", "tiers"):
             files.append(f"start{d['index']}-{d['arm']}.report.json")
         starts.append({"files": files, "arm": d["arm"], **{k: d.get(k) for k in keys}})
     commits = [d.get("capplan_commit") for d in done]
@@ -422,7 +494,8 @@ def main() -> None:
         return
     if shutil.which("nvidia-smi") is None:
         raise SystemExit("start_bench.py starts needs a GPU")
-    starts(work, out, float(option("--until", "540")), int(option("--pairs", "5")), int(option("--triples", "2")))
+    starts(work, out, float(option("--until", "540")), int(option("--pairs", "5")), int(option("--triples", "2")),
+           int(option("--tiers", "0")))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,19 +3,19 @@
 # machine, after part1a and part1b of a vLLM bundle were unpacked there (tests/gpu/README.md).
 # capplan runs from .carry/src.tgz (`git archive` of the commit under test, its hash in COMMIT),
 # so that every record names the code that produced it.
-#   bash tests/gpu/start_bench.sh BUNDLE WAIT_SECONDS [PAIRS] [TRIPLES]
+#   bash tests/gpu/start_bench.sh BUNDLE WAIT_SECONDS [PAIRS] [TRIPLES] [TIERS]
 # The benchmark runs in the background, so that no start is cut by a call's end: the first call
 # starts it, every call (the first included) waits up to WAIT_SECONDS for it to finish, then brings
 # back what has run so far (starts already in /tmp/sb are kept; a benchmark that is no longer
 # running is started again and goes on where it stopped).
 set -euo pipefail
-B=${1:?bundle folder}; WAIT=${2:?seconds}; PAIRS=${3:-5}; TRIPLES=${4:-2}
+B=${1:?bundle folder}; WAIT=${2:?seconds}; PAIRS=${3:-5}; TRIPLES=${4:-2}; TIERS=${5:-0}
 source tests/gpu/device_env.sh
 mkdir -p /tmp/sb
 running() { [ -f /tmp/sb/bench.pid ] && kill -0 "$(cat /tmp/sb/bench.pid)" 2>/dev/null; }
 if ! running && [ ! -f /tmp/sb/summary.json ]; then
   setsid nohup python3 tests/gpu/start_bench.py /tmp/sb /tmp/sb/summary.json starts --pairs "$PAIRS" \
-    --triples "$TRIPLES" --until 100000 >>/tmp/sb/bench.out 2>&1 </dev/null &
+    --triples "$TRIPLES" --tiers "$TIERS" --until 100000 >>/tmp/sb/bench.out 2>&1 </dev/null &
   echo $! >/tmp/sb/bench.pid
 fi
 end=$((SECONDS + WAIT))

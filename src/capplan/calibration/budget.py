@@ -3,12 +3,13 @@ deployment instead of vLLM's throwaway profiling capture.
 
 From 0.29.0 vLLM sizes the KV cache by capturing a sample of the graphs once, discarding
 them, and extrapolating (`profile_cudagraph_memory`); then it captures the real set. At
-Llama-3.1-8B's shape on an H100 that pass took 17.8 s and estimated 1.17 GiB for graphs that
-took 0.35 GiB: the KV cache lost the difference, and capture was paid twice. A calibration
-holds what the plan's own starts measured (the fall in the GPU's free memory across the real
-capture, identical to the byte across starts of one plan on one GPU model). Where it measured
-this plan on this deployment, the reserve is the largest of those starts plus a stated margin;
-anywhere else vLLM's own profiling stays in charge, and the reason is said.
+Llama-3.1-8B's shape on an H100 that pass took about 20 s, and its estimate (1.21 GiB) was 1.6%
+above what the same plan's graphs took when captured first (1.1914 GiB): capture is paid twice,
+and the estimate is close. A calibration holds what the plan's own starts measured (the fall in
+the GPU's free memory across the real capture, identical to the byte across starts of one plan
+on one GPU model). Where it measured this plan on this deployment, the reserve is the largest of
+those starts plus a stated margin; anywhere else vLLM's own profiling stays in charge, and the
+reason is said.
 
 Pure: the engine reads its identity (`runtime.report.deployment_identity`) and asks here.
 """
@@ -23,11 +24,17 @@ from capplan.schemas.calibration import Calibration, Start
 from capplan.schemas.plan import Plan
 
 GIB = 2**30
-GRAPH_MARGIN = 0.10
-"""The default margin, as a share of the largest measured graph memory (`show` and `flags` print
-the same reserve). Starts of one plan on one GPU model measured the same bytes (1.1914 GiB in two
-H100 starts without the profiling pass; 0.3496 GiB in three after it): the margin is for what one
-host's allocator could round differently, not for a spread seen."""
+GRAPH_MARGIN = 0.005
+MARGIN_FLOOR_BYTES = 4 * 2**20
+"""The default margin: 0.5% of the largest measured graph memory, at least 4 MiB (`show` and
+`flags` print the same reserve; `MARGIN_RULE` says it). Nine starts of one plan on one H100 host
+whose capture ran first measured the same bytes (1.1914 GiB), and after vLLM's profiling pass
+three starts on two H100 hosts a day apart did too (0.3496 GiB); the readings move in 2 MiB pages.
+The margin is for a page or two one host could round differently, not for a spread seen: at
+Llama-3.1-8B's shape it is 6.1 MiB, three pages, below the 19 MiB by which vLLM's own estimate
+exceeded the measure, so the KV cache is not smaller than vLLM alone sizes it. A capture that
+outgrows the reserve stops the engine before serving (`outgrown`), naming --graph-margin."""
+MARGIN_RULE = f"{GRAPH_MARGIN:.1%}, at least {MARGIN_FLOOR_BYTES // 2**20} MiB"
 MAX_MARGIN_GIB = 64.0
 
 # What the engine compares, as the calibration's identity and runtime.report.deployment_identity
@@ -112,11 +119,12 @@ def reading_bytes(gib: float) -> int:
 
 
 def default_margin_bytes(measured_bytes: int) -> int:
-    return round(measured_bytes * GRAPH_MARGIN)
+    """The default margin on `measured_bytes` (`MARGIN_RULE`)."""
+    return max(round(measured_bytes * GRAPH_MARGIN), MARGIN_FLOOR_BYTES)
 
 
 FIRST_CAPTURE_HINT = (
-    "a start whose capture runs first measures it: one with the KV cache's size given (--kv-cache-memory), "
+    "a start whose capture runs first measures it: one with the KV cache's size given (--kv-cache-memory-bytes), "
     "where vLLM skips its profiling pass"
 )
 
@@ -150,7 +158,7 @@ def graph_budget(
     plan: Plan, calibration: Calibration, live: dict[str, Any], margin_gib: float | None = None
 ) -> GraphBudget | str:
     """The reserve for this plan on this engine, or why the calibration cannot give one (then
-    vLLM's own profiling sizes the KV cache). `margin_gib` None: GRAPH_MARGIN of the measure."""
+    vLLM's own profiling sizes the KV cache). `margin_gib` None: the default margin (`MARGIN_RULE`)."""
     if plan.tiers is not None:
         return "the plan defers graphs (tiers): deferred capture sizes its own reserve"
     mine, why = plan_starts(plan, calibration)

@@ -70,9 +70,9 @@ class Priced:
 
     def reserve_bytes(self) -> int | None:
         """The graph memory to leave free beside the KV cache (`show`; `flags` may call it): the
-        largest of the starts' readings plus GRAPH_MARGIN, where starts whose capture ran first
-        measured this plan; None where it is scaled, predicted or read after vLLM's profiling pass
-        (vLLM's own estimate stays in charge)."""
+        largest of the starts' readings plus the default margin (`budget.MARGIN_RULE`), where starts
+        whose capture ran first measured this plan; None where it is scaled, predicted or read after
+        vLLM's profiling pass (vLLM's own estimate stays in charge)."""
         if self.reserve_gib is None:
             return None
         measured = reading_bytes(self.reserve_gib)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capplan.calibration.budget import FIRST_CAPTURE_HINT, GRAPH_MARGIN
+from capplan.calibration.budget import FIRST_CAPTURE_HINT, MARGIN_RULE
 from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
@@ -316,7 +316,7 @@ def reserve_line(priced: Priced) -> str:
         )
     return (
         f"graph memory to leave free beside the KV cache: {reserve / 2**30:.3f} GiB ({reserve} bytes: "
-        f"the largest of the starts' readings + {GRAPH_MARGIN:.0%}); size the KV cache "
+        f"the largest of the starts' readings + {MARGIN_RULE}); size the KV cache "
         "(--kv-cache-memory-bytes, or --gpu-memory-utilization) to leave that, in place of vLLM's "
         "profiling estimate of its graphs"
     )

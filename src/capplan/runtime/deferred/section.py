@@ -21,6 +21,14 @@ def by_mode(state: DeferredState) -> dict[str, dict[str, float]]:
     return out
 
 
+def all_bytes(state: DeferredState) -> int:
+    """What every capture of the plan's graphs in this process took: the ready graphs, the deferred
+    ones sampled or taken at start, those landed while serving (vLLM's profiling pass, discarded,
+    is not among them)."""
+    start = state.start
+    return sum(start.ready_bytes) + sum(start.sampled_bytes) + sum(start.free_bytes) + sum(state.serving.deferred_bytes)
+
+
 def section(state: DeferredState) -> dict[str, Any]:
     graphs, start, serving, hold, estimate = state.graphs, state.start, state.serving, state.hold, state.estimate
     names = graphs.name
@@ -52,6 +60,10 @@ def section(state: DeferredState) -> dict[str, Any]:
         "reserve_shortfall": hold.shortfall,
         "graph_memory_gib": round(sum(serving.deferred_bytes) / 2**30, 4),
         "ready_graph_memory_gib": round(sum(start.ready_bytes) / 2**30, 4),
+        # every graph this process captured for the plan (ready, sampled and taken at start, landed):
+        # comparable with a full plan's graph memory where no profiling pass ran before (`all_first_capture`)
+        "all_graph_memory_gib": round(all_bytes(state) / 2**30, 4),
+        "all_first_capture": not start.profiled,
         "ready_graph_memory_mib": [round(b / 2**20, 2) for b in start.ready_bytes],
         "profiling_extra_gib": round(start.profiling_extra / 2**30, 4),
         "hold_basis": "vLLM's profiling pass" if start.profiled else basis,
