@@ -152,12 +152,19 @@ def test_apply_without_vllm_refuses_at_once_and_the_dry_run_names_the_contradict
 def test_apply_dry_run_prints_the_flags_it_adds_and_the_command_without_vllm():
     proc = run_cli("apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M")
     assert proc.returncode == 0, proc.stderr
-    reader, note = proc.stderr.splitlines()  # vLLM is not installed here: capplan's own reader read the line
+    reader, note, left = proc.stderr.splitlines()  # vLLM is not installed here: capplan's own reader read the line
     assert reader.startswith("capplan: vLLM's argument parser could not be run with ") and "own reader" in reader
     assert note.startswith("capplan: added from the plan: --max-num-seqs 256 --max-num-batched-tokens 8192")
     assert "--max-loras 8" in note
+    # vLLM derives max_model_len from the model where the line leaves it out: never added, the
+    # engine compares its own with the plan's
+    assert "--max-model-len" not in note and left.startswith("capplan: --max-model-len left to vLLM")
     command = shlex.split(proc.stdout)
-    assert command[:3] == ["vllm", "serve", "M"] and contradictions(PLAN, read_command(command)) == []
+    assert command[:3] == ["vllm", "serve", "M"] and "--max-model-len" not in command
+    assert contradictions(PLAN, read_command(command)) == []
+    given = run_cli("apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M",
+                    "--max-model-len", str(PLAN.spec.scheduler.max_model_len))  # fmt: skip
+    assert given.returncode == 0 and "left to vLLM" not in given.stderr
 
 
 def test_a_refused_launch_prints_one_line_only():
@@ -226,7 +233,7 @@ def test_the_engine_check_compares_parallel_sizes_only_when_the_spec_names_them(
 
     from capplan.runtime.engine_check import config_problem
 
-    def config(plan, tp):
+    def config(plan, tp, model_len=None):
         spec = plan.spec
         return SimpleNamespace(
             compilation_config=SimpleNamespace(
@@ -238,7 +245,7 @@ def test_the_engine_check_compares_parallel_sizes_only_when_the_spec_names_them(
             scheduler_config=SimpleNamespace(
                 max_num_seqs=spec.scheduler.max_num_seqs, max_num_batched_tokens=spec.scheduler.max_num_batched_tokens
             ),
-            model_config=SimpleNamespace(max_model_len=spec.scheduler.max_model_len),
+            model_config=SimpleNamespace(max_model_len=model_len or spec.scheduler.max_model_len),
             lora_config=None,
             speculative_config=None,
             parallel_config=SimpleNamespace(data_parallel_size=1, tensor_parallel_size=tp, pipeline_parallel_size=1),
@@ -249,3 +256,7 @@ def test_the_engine_check_compares_parallel_sizes_only_when_the_spec_names_them(
     assert config_problem(named, "p", config(named, 2)) is None
     assert "parallel.tensor_parallel_size: plan 2, engine 4" in config_problem(named, "p", config(named, 4))
     assert config_problem(unnamed, "p", config(unnamed, 4)) is None  # not named: TP changes no graph
+    # what vLLM derived from the model (apply leaves --max-model-len to it) against the plan's
+    derived = config_problem(unnamed, "p", config(unnamed, 1, model_len=131072))
+    assert derived is not None and "max_model_len: plan 4096, engine 131072" in derived
+    assert "Refused before the engine started" in derived and "\n" not in derived

@@ -59,12 +59,28 @@ def _by_flag(setting: Setting) -> bool:
     return setting.flag is not None and setting.kind in ("int", "bool")
 
 
-def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
-    """(the command with what the plan determines and it leaves out, what was added)."""
+def left_to_model(plan: Plan, cmd: Command) -> list[Setting]:
+    """The plan's settings that vLLM derives from the model where the command leaves them out
+    (`max_model_len` from its config.json): never added to an operator's command (that would
+    change the deployment: a 128k model served at the spec's 4k); the engine compares vLLM's own
+    value with the plan's and refuses a difference before any weight loads."""
+    want = line_values(plan)
+    return [s for s in SETTINGS if s.from_model and s.name in want and s.name not in cmd.values]
+
+
+def complete(plan: Plan, cmd: Command, fill_model: bool = False) -> tuple[list[str], list[str]]:
+    """(the command with what the plan determines and it leaves out, what was added). What vLLM
+    derives from the model is added only with `fill_model` (`flags`: a line built from the plan
+    alone, where there is no operator's value to keep)."""
     want = line_values(plan)
     argv = list(cmd.argv)
     added: list[str] = []
-    needed = [s for s in SETTINGS if s.name in want and s.name not in cmd.values and s.name not in cmd.from_model]
+    to_model = set() if fill_model else {s.name for s in left_to_model(plan, cmd)}
+    needed = [
+        s
+        for s in SETTINGS
+        if s.name in want and s.name not in cmd.values and s.name not in cmd.from_model and s.name not in to_model
+    ]
     for s in needed:
         if s.flag is not None and s.kind == "int":
             added += [s.flag, str(want[s.name])]
@@ -107,7 +123,7 @@ def complete(plan: Plan, cmd: Command) -> tuple[list[str], list[str]]:
 
 def flags_for(plan: Plan) -> list[str]:
     """The vLLM engine arguments that match a plan, in `vllm serve` form."""
-    return complete(plan, Command(["vllm", "serve", "MODEL"], 3))[0][3:]
+    return complete(plan, Command(["vllm", "serve", "MODEL"], 3), fill_model=True)[0][3:]
 
 
 def render(plan: Plan, form: str, plan_path: str = "PLAN") -> str:
@@ -209,6 +225,13 @@ def prepare(
         )
     full, added = complete(plan, cmd)
     lines = [*reader, f"capplan: added from the plan: {shlex.join(added)}"] if added else list(reader)
+    for s in left_to_model(plan, cmd):
+        value = line_values(plan)[s.name]
+        lines.append(
+            f"capplan: {s.flag} left to vLLM, which derives it from the model (the plan has {short(value)}); the "
+            f"engine refuses to start before loading weights if vLLM's differs (give {s.flag} {short(value)} "
+            "to serve the plan's)"
+        )
     if cmd.unread:
         lines.append(f"capplan: not read here, checked by the engine: {shlex.join(cmd.unread)}")
     return full, lines
