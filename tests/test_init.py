@@ -93,7 +93,9 @@ def test_init_reads_a_serve_line_as_vllm_does(workdir):
     assert spec["target"]["vllm"] == "0.29.0"
     assert spec["model"] == {"name": "org/m"}
     assert "#   --port 9000: no setting of the plan" in result.stdout
-    assert "#   scheduler.max_model_len 4096" in result.stdout  # not given: the spec's default, said
+    assert "#   scheduler.max_model_len 4096 (vLLM derives it from the model: `capplan apply` leaves it to vLLM" in (
+        result.stdout
+    )  # not given: the spec's default, said, and that apply does not push it
     assert not any(p.name != "vllm.yaml" for p in workdir.iterdir())
 
 

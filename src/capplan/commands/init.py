@@ -291,6 +291,12 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     pinned = line_values(plan)
     defaults = [
         f"{name} {short(pinned[name])}"
+        + (
+            f" (vLLM derives it from the model: `capplan apply` leaves it to vLLM, and the engine refuses to start "
+            f"where the model's differs; set the model's here, or give {BY_NAME[name].flag})"
+            if BY_NAME[name].from_model
+            else ""
+        )
         for name in pinned
         if name not in cmd.values and _field_path(name) and name in BY_NAME
     ]
@@ -332,7 +338,8 @@ def _header(
         lines += [f"#   {printable(n)}" for n in not_carried]
     if defaults:
         lines.append(
-            "# Not given, the spec's default (`capplan apply` passes it to vLLM; edit it where yours differs):"
+            "# Not given, the spec's default (`capplan apply` passes it to vLLM unless said; edit it where yours "
+            "differs):"
         )
         lines += [f"#   {printable(d)}" for d in defaults]
     return "\n".join(lines) + "\n"
