@@ -559,3 +559,46 @@ def test_optimize_budgets_graph_memory_and_seconds_by_the_deployment_s_starts(tm
     assert done.exit_code == 0, done.output
     chosen = json.loads(done.stdout)["chosen"]
     assert chosen["graphs"] < est.graphs and chosen["graph_memory_gib"] <= float(limit), chosen
+
+
+def test_a_price_says_whose_starts_it_rests_on_and_another_release_is_said(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shipped = DATA / "calibrations" / "h200-vllm033-tiny-llama.yaml"
+    Path("tiny.yaml").write_text(_tiny_named())
+    assert runner.invoke(app, ["compile", "tiny.yaml"]).exit_code == 0
+    price = json.loads(runner.invoke(app, ["show", "tiny.plan.yaml", "--json", "--calibration", str(shipped)]).stdout)
+    assert price["price"]["kind"] == "measured"
+    assert "on model tiny-llama, GPU NVIDIA H200, vLLM 0.33.0" in price["price"]["basis"]
+    assert not any("another release" in n for n in price["price"]["notes"])
+    # The same deployment planned for 0.29.0: priced from 0.33.0 starts, and said so
+    Path("old.yaml").write_text(_tiny_named().replace('vllm: "0.33.0"', 'vllm: "0.29.0"'))
+    assert runner.invoke(app, ["compile", "old.yaml"]).exit_code == 0
+    old = json.loads(runner.invoke(app, ["show", "old.plan.yaml", "--json", "--calibration", str(shipped)]).stdout)
+    assert old["price"]["kind"] == "scaled" and "vLLM 0.33.0" in old["price"]["basis"]
+    assert (
+        "the starts ran vLLM 0.33.0; this plan targets vLLM 0.29.0: another release's figures"
+        in (old["price"]["notes"])
+    )
+
+
+def test_a_planted_calibration_folder_above_the_plans_cannot_advise_an_impossible_reserve(tmp_path, monkeypatch):
+    """A `.capplan/calibration` folder in a parent folder, with a start of the plan's own
+    fingerprint claiming 99,999 GiB of graphs: refused in one line naming the file and the
+    field, not printed as memory to leave free."""
+    work = tmp_path / "deploy" / "plans"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    Path("tiny.yaml").write_text(_tiny_named())
+    assert runner.invoke(app, ["compile", "tiny.yaml"]).exit_code == 0
+    fingerprint = yaml.safe_load(Path("tiny.plan.yaml").read_text())["fingerprint"]
+    planted = tmp_path / ".capplan" / "calibration"
+    planted.mkdir(parents=True)
+    start = {"report": "r.json", "fingerprint": fingerprint, "graphs": 66, "lora_graphs": 48, "max_tokens": 64,
+             "capture_seconds": 1.0, "graph_memory_gib": 99999.0, "after_profiling": False}  # fmt: skip
+    (planted / "x.yaml").write_text(yaml.safe_dump({"name": "x", "starts": [start]}))
+    for args in (["flags", "tiny.plan.yaml"], ["show", "tiny.plan.yaml"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code in (1, 2), (args, result.output)
+        line = result.stderr.strip()
+        assert "\n" not in line and "x.yaml" in line and "starts.0.graph_memory_gib: must be <= 1024" in line, line
+        assert "109998" not in result.output

@@ -128,8 +128,8 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
             _figure([s.capture_seconds for s in same]),
             _figure([s.graph_memory_gib for s in same]),
             "measured",
-            f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)})",
-            _after_profiling_note(same),
+            f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)}), {whose(cal)}",
+            (*_release_note(plan, cal), *_after_profiling_note(same)),
             reserve_gib=_first_capture_reading(plan, cal),
         )
     if not graphs:
@@ -141,8 +141,9 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
         _figure(secs),
         _figure(mem),
         "scaled",
-        f"scaled by graphs and workspace from {len(cal.starts)} start(s) of this deployment in calibration "
-        f"{cal.name} ({_sources(cal.starts)})",
+        f"scaled by graphs and workspace from {len(cal.starts)} start(s) in calibration "
+        f"{cal.name} ({_sources(cal.starts)}), {whose(cal)}",
+        _release_note(plan, cal),
     )
 
 
@@ -178,6 +179,38 @@ def _starts_estimate(cal: Calibration, plan: Plan) -> Estimate:
     priced = price_from_starts(plan, cal)
     assert priced is not None  # the calibration has starts
     return Estimate(priced.graphs, priced.seconds.value, priced.gib.value)
+
+
+def whose(cal: Calibration) -> str:
+    """The deployment a calibration's starts measured, as its identity records it: the model (its
+    name, else its shape), the GPU, vLLM and the parallel sizes; or that it records none."""
+    ident = cal.identity
+    if ident is None:
+        return "of a deployment it does not record (no model, GPU or release)"
+    parts = []
+    if ident.model is not None and ident.model.name:
+        parts.append(f"model {ident.model.name}")
+    elif ident.shape is not None:
+        parts.append(f"a model of {ident.shape.num_layers} layers, hidden size {ident.shape.hidden_size}")
+    parts.append(f"GPU {ident.gpu}" if ident.gpu else "no GPU recorded")
+    parts.append(f"vLLM {ident.vllm}" if ident.vllm else "no vLLM release recorded")
+    sizes = (ident.tensor_parallel_size, ident.pipeline_parallel_size)
+    if any(n not in (None, 1) for n in sizes):
+        parts.append(f"TP {ident.tensor_parallel_size or 1}, PP {ident.pipeline_parallel_size or 1}")
+    return "on " + ", ".join(parts)
+
+
+def _release_note(plan: Plan, cal: Calibration) -> tuple[str, ...]:
+    """Where the starts ran a vLLM the plan was not compiled for (it plans, captures and measures
+    differently): said, since their figures are then another release's."""
+    ran = cal.identity.vllm if cal.identity else None
+    if ran is None:
+        return ("the calibration records no vLLM release: its figures may be another release's",)
+    from capplan.releases import release_problem
+
+    if release_problem(plan.spec.target.vllm, ran) is None:
+        return ()
+    return (f"the starts ran vLLM {ran}; this plan targets vLLM {plan.spec.target.vllm}: another release's figures",)
 
 
 def _sources(starts: list[Start]) -> str:

@@ -24,8 +24,8 @@ class CalibrationRun(_Strict):
     no_lora_graphs: int = Field(ge=0, le=10_000_000)
     lora_graphs: int = Field(ge=0, le=10_000_000)
     max_tokens: int = Field(ge=1, le=1 << 24)  # the largest graph's tokens: its workspace stays in the graph pool
-    capture_seconds: float = Field(ge=0, le=1e6)
-    graph_memory_gib: float = Field(ge=0, le=1e5)
+    capture_seconds: float = Field(ge=0, le=86_400)  # a day: no capture of one engine takes longer
+    graph_memory_gib: float = Field(ge=0, le=1024)  # one process's graphs: more than any GPU holds
 
 
 class StepTime(_Strict):
@@ -82,8 +82,8 @@ class Start(_Strict):
     graphs: int = Field(ge=1, le=10_000_000)
     lora_graphs: int = Field(ge=0, le=10_000_000)
     max_tokens: int = Field(ge=1, le=1 << 24)
-    capture_seconds: float = Field(gt=0, le=1e6)
-    graph_memory_gib: float = Field(gt=0, le=1e5)
+    capture_seconds: float = Field(gt=0, le=86_400)  # a day: no capture of one engine takes longer
+    graph_memory_gib: float = Field(gt=0, le=1024)  # one process's graphs: more than any GPU holds
     after_profiling: bool | None = None
     """Whether the capture followed vLLM's memory-profiling capture (0.29.0 on, unless the KV cache's
     size is given): that first capture leaves memory allocated that the second reuses, so the
