@@ -434,8 +434,8 @@ def tiers_memory(done: list[dict]) -> dict | None:
     """Every tiers start (memory needs no warm cache): its graph memory, all captures counted,
     against the median of the apply arm's (the full plan's, first capture) in the same run."""
     tiers = [d for d in done if d["arm"] == "tiers"]
-    full = sorted(g for d in done if d["arm"] == "apply"
-                  if (g := (d.get("report") or {}).get("graph_memory_gib")) is not None)  # fmt: skip
+    full = sorted(g for d in done if d["arm"] == "apply" and (d.get("report") or {}).get("profiling_capture") is None
+                  if (g := (d.get("report") or {}).get("graph_memory_gib")) is not None)  # first captures only  # fmt: skip
     if not tiers:
         return None
     full_gib = full[len(full) // 2] if full else None
@@ -451,7 +451,8 @@ def tiers_memory(done: list[dict]) -> dict | None:
             "reserved_gib": dd.get("reserved_gib"), "reserve_shortfall": dd.get("reserve_shortfall"),
             "captured_while_serving": dd.get("captured"), "pending": dd.get("pending"),
             "over_full_plan": round(total / full_gib, 4) if total is not None and full_gib else None,
-            # at start: what the graphs captured then took, and the block held for the rest
+            # at start: what the graphs captured then took, and the most held for the rest (the report's
+            # peak: the block taken at start where no later hold grew past it, as the log's line says)
             "set_aside_at_start_gib": round(at_start, 4),
             "set_aside_at_start_over_full_plan": round(at_start / full_gib, 4) if full_gib else None,
         })  # fmt: skip

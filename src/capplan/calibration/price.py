@@ -192,6 +192,8 @@ def whose(cal: Calibration) -> str:
         parts.append(f"model {ident.model.name}")
     elif ident.shape is not None:
         parts.append(f"a model of {ident.shape.num_layers} layers, hidden size {ident.shape.hidden_size}")
+    else:
+        parts.append("no model recorded")
     parts.append(f"GPU {ident.gpu}" if ident.gpu else "no GPU recorded")
     parts.append(f"vLLM {ident.vllm}" if ident.vllm else "no vLLM release recorded")
     sizes = (ident.tensor_parallel_size, ident.pipeline_parallel_size)

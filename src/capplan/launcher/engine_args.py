@@ -65,7 +65,11 @@ def left_to_model(plan: Plan, cmd: Command) -> list[Setting]:
     change the deployment: a 128k model served at the spec's 4k); the engine compares vLLM's own
     value with the plan's and refuses a difference before any weight loads."""
     want = line_values(plan)
-    return [s for s in SETTINGS if s.from_model and s.name in want and s.name not in cmd.values]
+    return [
+        s
+        for s in SETTINGS
+        if s.from_model and s.name in want and s.name not in cmd.values and s.name not in cmd.from_model
+    ]  # (`auto` or -1 on the line: the operator left it to vLLM already)
 
 
 def complete(plan: Plan, cmd: Command, fill_model: bool = False) -> tuple[list[str], list[str]]:

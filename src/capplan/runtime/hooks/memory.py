@@ -5,8 +5,8 @@ extrapolates (`GPUModelRunner.profile_cudagraph_memory`), then sizes the KV cach
 estimate free; the real capture follows. Where CAPPLAN_CALIBRATION names a calibration that
 measured this plan on this deployment with its capture run first (capplan.calibration.budget),
 the estimate is answered from it: capture is paid once. (vLLM's estimate is not overstated: at
-8B on an H100 it was 1.21 GiB for a plan that took 1.19 GiB captured first; the reserve, the
-reading plus a margin, can leave the KV cache a little smaller than vLLM's.)
+8B on an H100 it was 1.21 GiB for a plan that took 1.1914 GiB captured first; the reserve, the
+reading plus the default margin, 1.1974 GiB, left the KV cache 64 tokens larger than vLLM's.)
 vLLM's own profiling of weights and activations (`profile_run`) still runs. Anywhere else
 vLLM's profiling stays in charge, and the log and the report say why. If the real capture
 takes more than was left, the engine stops before serving with one line naming the figures
