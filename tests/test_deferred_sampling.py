@@ -302,6 +302,24 @@ class _Call(dict):
         return _Call(self)
 
 
+def started_first(plan: Any, capture_one: Any) -> DeferredCapture:
+    """One rank's start-up capture with no profiling pass before it (the KV cache's size given),
+    through capplan's own hooks: the first capture's attention read (no kernel switch), the
+    ready list set, the ready graphs and the sample captured by `capture_one`. Needs torch faked
+    without CUDA (the hold is a GPU's)."""
+    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in plan.graphs]
+    report = SimpleNamespace(changed=lambda: None, deferred_captured=lambda desc: None)
+    ctx = SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], vllm_descs=descs, report=report)
+    deferred = DeferredCapture(ctx, ranks=Voting(lambda yes: yes), capture_one=capture_one)
+    manager = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True, _capture_descs={})
+    deferred.warm_attention(_Call(self=manager, attn_groups=[]))
+    deferred.ready_only(manager)
+    deferred.capture_ready(
+        manager, None, _Call(block_tables=SimpleNamespace(input_block_tables=[]), lora_capture_hook=None)
+    )
+    return deferred
+
+
 def test_the_report_counts_every_capture_of_the_plans_graphs_once(monkeypatch):
     """Through the start-up capture (no profiling pass before it) and the idle captures: the
     section's total is every graph this process captured, each once (the ready ones, the sample
@@ -316,15 +334,7 @@ def test_the_report_counts_every_capture_of_the_plans_graphs_once(monkeypatch):
         seen.append(gid)
         return Captured(None, 0.01, costs[mode[gid]])
 
-    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in PLAN.graphs]
-    report = SimpleNamespace(changed=lambda: None, deferred_captured=lambda desc: None)
-    ctx = SimpleNamespace(plan=PLAN, release=RELEASES["0.33.0"], vllm_descs=descs, report=report)
-    deferred = DeferredCapture(ctx, ranks=Voting(lambda yes: yes), capture_one=capture_one)
-    manager = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True, _capture_descs={})
-    call = _Call(block_tables=SimpleNamespace(input_block_tables=[]), lora_capture_hook=None)
-    deferred.warm_attention(_Call(self=manager, attn_groups=[]))
-    deferred.ready_only(manager)
-    deferred.capture_ready(manager, None, call)
+    deferred = started_first(PLAN, capture_one)
     assert deferred.state.start.sampled_ids  # the start took a sample of the deferred graphs
     while deferred.capture_idle():
         pass
@@ -689,15 +699,7 @@ def test_the_h100_first_capture_tiers_start_is_reproduced_and_costs_no_extra_mem
     def capture_one(gid: int, call: Any, manager: Any, capture_fn: Any) -> Captured:
         return Captured(None, 0.1, int(read[gid] * MiB))
 
-    descs = [SimpleNamespace(cg_mode=g.descriptor.cg_mode) for g in plan.graphs]
-    ctx = SimpleNamespace(plan=plan, release=RELEASES["0.33.0"], vllm_descs=descs,
-                          report=SimpleNamespace(changed=lambda: None, deferred_captured=lambda desc: None))  # fmt: skip
-    deferred = DeferredCapture(ctx, ranks=Voting(lambda yes: yes), capture_one=capture_one)
-    manager = SimpleNamespace(tp_size=1, is_first_pp_rank=True, is_last_pp_rank=True, _capture_descs={})
-    deferred.warm_attention(_Call(self=manager, attn_groups=[]))  # FLASH_ATTN: no kernel switch read
-    deferred.ready_only(manager)
-    deferred.capture_ready(manager, None, _Call(block_tables=SimpleNamespace(input_block_tables=[]),
-                                                lora_capture_hook=None))  # fmt: skip
+    deferred = started_first(plan, capture_one)  # FLASH_ATTN: no kernel switch read
     assert [names[g] for g in deferred.state.start.sampled_ids] == d["sampled_at_start"]
     deferred.state.estimate.fix_start_bounds()  # as the hold at start does on a GPU
     held = deferred.state.pending_bound()
