@@ -134,7 +134,7 @@ def test_the_start_reports_say_whether_their_capture_followed_the_profiling_pass
 def _ctx(plan, budget=None):
     return SimpleNamespace(
         plan=plan, plan_path=str(PLAN), release=RELEASES["0.33.0"], deferred=None,
-        report=Report(plan, str(PLAN)), graph_budget=budget,
+        report=Report(plan, str(PLAN)), graph_budget=budget, capture_each=False,
     )  # fmt: skip
 
 
@@ -181,14 +181,28 @@ def test_the_profiling_capture_is_answered_from_the_calibration(monkeypatch):
     assert "NVIDIA A100" in other.report.to_json()["graph_budget"]["why"]
 
 
-def test_the_hook_applies_only_with_a_calibration_on_releases_that_profile_by_capture():
+def test_the_hook_applies_on_releases_that_profile_by_capture_and_records_vllm_s_estimate_without_one(monkeypatch):
     from capplan.runtime.hooking import Need
     from capplan.runtime.registry import selected
 
     plan = load_plan(PLAN)
     names = {h.name for h in selected(Need(RELEASES["0.33.0"], plan, {CALIBRATION: str(FIRST)}))}
     assert "memory.calibrated" in names
-    assert "memory.calibrated" not in {h.name for h in selected(Need(RELEASES["0.33.0"], plan, {}))}
+    assert "memory.calibrated" in {h.name for h in selected(Need(RELEASES["0.33.0"], plan, {}))}
+    tiered = plan.model_copy(update={"tiers": object()})
+    assert "memory.calibrated" not in {h.name for h in selected(Need(RELEASES["0.33.0"], tiered, {}))}
+    # without a calibration vLLM's profiling pass runs and its estimate is recorded, not changed
+    monkeypatch.delenv(CALIBRATION, raising=False)
+    ran = []
+
+    def profile_cudagraph_memory(self):
+        ran.append(self)
+        return int(1.21 * GIB)
+
+    ctx = _ctx(plan)
+    assert memory._calibrated(ctx, memory.HOOKS[0], profile_cudagraph_memory)(_Runner()) == int(1.21 * GIB)
+    assert len(ran) == 1 and ctx.graph_budget is None and ctx.report.graph_budget is None
+    assert ctx.report.to_json()["vllm_estimate_gib"] == 1.21
     assert "memory.calibrated" not in {
         h.name for h in selected(Need(RELEASES["0.28.0"], plan, {CALIBRATION: str(FIRST)}))
     }  # MRV2's profile_cudagraph_memory returns 0 there: there is no profiling capture to skip
@@ -397,3 +411,45 @@ def test_apply_takes_a_calibration_folder_as_the_engine_does(fake_vllm, tmp_path
     assert result.exit_code == 0, result.output
     assert "measured up to 1.1914 GiB" in result.output
     assert json.loads(out.read_text())[CALIBRATION] == str(folder.resolve())
+
+
+def test_capture_each_takes_every_graph_in_plan_order_and_records_each_one(monkeypatch):
+    """CAPPLAN_CAPTURE_EACH: one capture call per graph, in the plan's order, each one's seconds and
+    growth in the report; the whole capture's reading stays beside them."""
+    from capplan.runtime.deferred import vllm_capture
+
+    free = iter([80 * GIB, 80 * GIB - GIB])
+    monkeypatch.setattr(report_module, "_free_memory", lambda: next(free))
+    plan = load_plan(PLAN)
+    ctx = _ctx(plan)
+    ctx.capture_each = True
+    ctx.vllm_descs = list(range(len(plan.graphs)))
+    ctx.report.planned(len(plan.graphs))
+    taken = []
+
+    class One:
+        def __init__(self, c):
+            assert c is ctx
+
+        def __call__(self, gid, call, manager, capture_fn):
+            taken.append(gid)
+            return vllm_capture.Captured(call.run(capture_fn), 0.01 * (gid + 1), 4096 * (gid + 1))
+
+    monkeypatch.setattr(vllm_capture, "VllmCapture", One)
+    calls = []
+    got = manager_hooks._capture(ctx, manager_hooks.HOOKS[2].on(ctx.release), lambda self: calls.append(1) or "x")(
+        _Manager(plan)
+    )
+    assert got == "x" and taken == list(range(len(plan.graphs))) and len(calls) == len(plan.graphs)
+    rows = ctx.report.to_json()["captures"]
+    assert [r["graph"] for r in rows] == taken
+    g = plan.graphs[7].descriptor
+    assert rows[7] == {"graph": 7, "cg_mode": g.cg_mode, "num_tokens": g.num_tokens, "lora_case": g.num_active_loras,
+                       "seconds": 0.08, "bytes": 4096 * 8}  # fmt: skip
+    assert ctx.report.to_json()["graph_memory_gib"] == 1.0
+    ctx.capture_each = False
+    assert ctx.report.to_json()["captures"] is not None  # what ran is reported; a plain capture writes none
+    plain = _ctx(plan)
+    monkeypatch.setattr(report_module, "_free_memory", lambda: None)
+    manager_hooks._capture(plain, manager_hooks.HOOKS[2].on(plain.release), lambda self: "y")(_Manager(plan))
+    assert plain.report.to_json()["captures"] is None

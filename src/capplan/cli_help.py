@@ -567,7 +567,7 @@ FlagsFormat = Annotated[
     ),
 ]
 
-CALIBRATE_HELP = """Measure capture cost and step times on this machine's GPU, through vLLM, into a calibration file.
+CALIBRATE_HELP = """Measure decode step times (and capture runs) offline on this machine's GPU, into a calibration file.
 
 Builds three engines from SPEC, each in its own process with a plan in
 force: the spec's own plan (capture cost; decode step time replaying each
@@ -578,6 +578,36 @@ and optimize with --calibration; optimize then minimizes predicted step
 time. Needs a GPU and vLLM; extra LLM(...) keywords come from the JSON
 object in CAPPLAN_SMOKE_LLM_ARGS. Takes a few minutes.
 """
+PROBE_HELP = """Probe the deployment on this machine's GPU: capture PLAN once with vLLM's dummy weights and write a calibration.
+
+Starts `vllm serve MODEL --load-format dummy` under `capplan apply PLAN`
+(the plan in force, the line completed from the plan), with each graph
+captured in a call of its own, and stops it once every graph is captured.
+MODEL is the model's folder or its config.json alone (no weights and no
+adapters are read; without a tokenizer the server runs with
+--skip-tokenizer-init). Arguments after `--` go to `vllm serve` as the
+deployment runs it (e.g. --max-lora-rank 16 --max-model-len 4096). Unless
+they give one, the KV cache is given 4 GiB (--kv-cache-memory-bytes), so
+vLLM skips its profiling capture and every graph's growth is a first
+capture's, the memory a reserve beside the KV cache must hold (after that
+pass the capture reuses memory the pass left allocated).
+
+The calibration records each capture's seconds and graph-pool growth by
+mode, size and LoRA case, the capture's total, the model's shape, the GPU,
+vLLM, torch and the host's CPU. (Start reports of `capplan apply` record
+vLLM's profiling pass, its graph-memory estimate and the KV cache vLLM
+sized.) show, diff and flags
+price plans of this deployment from it (--calibration, or a
+.capplan/calibration folder beside the plans). The start report is kept
+beside the calibration (OUTPUT with .report.json); vLLM's log is kept only
+when the probe fails. Exit 1 when vLLM fails or the capture does not finish
+within --timeout seconds. Needs a GPU and vLLM.
+"""
+ProbeModel = Annotated[
+    Path, typer.Option("--model", help="The model's folder, or its config.json alone (dummy weights are used).")
+]
+ProbeTimeout = Annotated[int, typer.Option("--timeout", help="Seconds to wait for every graph to be captured.")]
+
 CalibrateSpec = Annotated[Path, typer.Argument(help="Spec YAML of the deployment to measure.", show_default=False)]
 CalibrateModel = Annotated[
     Path,

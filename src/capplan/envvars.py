@@ -17,6 +17,10 @@ that graph memory free beside the KV cache instead of estimating it by a throwaw
 GRAPH_MARGIN = "CAPPLAN_GRAPH_MARGIN_GIB"
 """The margin, in GiB, left beside the calibration's measured graph memory."""
 
+CAPTURE_EACH = "CAPPLAN_CAPTURE_EACH"
+"""Set to 1 (`capplan calibrate` does): the real capture takes the plan's graphs one call each, in
+the plan's order, and the report records each capture's seconds and pool growth (`captures`)."""
+
 PREFIX = "CAPPLAN_"
 """What every capplan environment variable starts with (the plan, the report, the DP audit, the trace)."""
 

@@ -17,43 +17,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capplan.errors import InputError
 from capplan.files import json_value, read_text, shown
-from capplan.schemas.calibration import Calibration, Identity, ModelShape, Start
+from capplan.schemas.calibration import CaptureCost, Calibration, GraphSizes, Identity, ModelShape, Start
 from capplan.schemas.plan import Plan
-from capplan.schemas.spec import PRINTABLE, Model
+from capplan.schemas.report import KNOWN_FORMATS, REPORT_FORMAT, Capture, KVCache, StartReport
+from capplan.schemas.report import Identity as Measured
+from capplan.schemas.spec import Model
 
 MAX_REPORT_BYTES = 64 << 20
 FOLDER = ".capplan/calibration"  # found beside the plans, or in a folder above them
 
 
-class _Measured(BaseModel):
-    """The deployment as the runtime read it from vLLM's config (`runtime.report.identify`)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-    shape: ModelShape | None = None
-    model: str | None = Field(None, min_length=1, max_length=500, pattern=PRINTABLE)
-    gpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
-    vllm: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
-    torch: str | None = Field(None, min_length=1, max_length=50, pattern=PRINTABLE)
-    attention_backend: str | None = Field(None, min_length=1, max_length=100, pattern=PRINTABLE)
-    tensor_parallel_size: int | None = Field(None, ge=1, le=1024)
-    pipeline_parallel_size: int | None = Field(None, ge=1, le=1024)
-    data_parallel_size: int | None = Field(None, ge=1, le=1024)
-    lora_rank: int | None = Field(None, ge=1, le=1 << 16)
-
-
 class _Report(BaseModel):
-    """What a calibration reads of a start report (the report holds more)."""
+    """What a calibration reads of a start report of any format it knows (the report holds more;
+    format 1 is checked whole against `StartReport` first)."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    report_format: int = 0
     fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     graphs_planned: int = Field(ge=0)
     graphs_captured: int = Field(ge=0)
     capture_seconds: float
     graph_memory_gib: float | None
     deferred: dict[str, object] | None = None
-    identity: _Measured | None = None  # reports of earlier runtimes have none
+    identity: Measured | None = None  # reports of earlier runtimes have none
     profiling_capture: dict[str, object] | None = None  # vLLM's profiling pass before the capture, if it ran
     after_profiling: bool | None = None  # from `profiling_capture`; None where the report has no such key
+    captures: list[Capture] | None = None  # format 1: each graph's capture, where each had a call of its own
+    vllm_estimate_gib: float | None = None
+    kv_cache: KVCache | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,16 @@ def read_report(path: Path) -> _Report:
             f"{name}: not a start report (no fingerprint and graphs captured)",
             "give the file capplan apply --report (CAPPLAN_REPORT) wrote",
         )
+    fmt = data.get("report_format", 0)  # reports before the format was versioned carry none: format 0
+    if type(fmt) is not int or fmt not in KNOWN_FORMATS:
+        raise InputError(
+            f"{name}: report format {str(fmt)[:20]}; this capplan reads formats "
+            f"{', '.join(map(str, KNOWN_FORMATS))} (the format is the report's report_format)",
+            "read it with the capplan release whose runtime wrote it, or upgrade capplan",
+        )
     try:
+        if fmt == REPORT_FORMAT:
+            StartReport.model_validate(data)
         report = _Report.model_validate(data)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
@@ -94,7 +94,7 @@ def read_report(path: Path) -> _Report:
     return report
 
 
-def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
+def start_of(path: Path, plan: Plan) -> tuple[Start, Measured]:
     """One start, from its report, checked against the plan it ran: a report of another plan,
     of deferred capture, of a capture that did not finish, or whose memory reading another
     process disturbed is refused with the reason."""
@@ -136,6 +136,14 @@ def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
             capture_seconds=r.capture_seconds,
             graph_memory_gib=r.graph_memory_gib,
             after_profiling=r.after_profiling,
+            report_format=r.report_format,
+            graph_sizes=graph_sizes(plan),
+            captures=_captures(name, r, plan),
+            vllm_estimate_gib=r.vllm_estimate_gib,
+            profiling_seconds=_profiling_seconds(r),
+            kv_cache_tokens=r.kv_cache.tokens if r.kv_cache is not None else None,
+            host_cpu=r.identity.host_cpu if r.identity else None,
+            host_cores=r.identity.host_cores if r.identity else None,
         )
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
@@ -143,14 +151,48 @@ def start_of(path: Path, plan: Plan) -> tuple[Start, _Measured]:
             f"{name}: {'.'.join(str(p) for p in err['loc'])} {err.get('input')!r}: {err['msg'].lower()}",
             "give the file capplan apply --report wrote, unedited",
         ) from None
-    return start, r.identity or _Measured()
+    return start, r.identity or Measured()
 
+
+def graph_sizes(plan: Plan) -> list[GraphSizes]:
+    """The plan's graphs by mode and LoRA case, their sizes largest first (so that a calibration
+    of this plan can price another plan graph by graph)."""
+    found: dict[tuple[str, int], list[int]] = {}
+    for g in plan.graphs:
+        found.setdefault((g.descriptor.cg_mode, g.descriptor.num_active_loras), []).append(g.descriptor.num_tokens)
+    return [GraphSizes(cg_mode=m, lora_case=c, sizes=sorted(v, reverse=True)) for (m, c), v in sorted(found.items())]
+
+
+def _captures(name: str, r: _Report, plan: Plan) -> list[CaptureCost]:
+    """Each graph's capture, where the start captured each in a call of its own: one per plan graph,
+    in the plan's order, each the graph the plan has there; otherwise refused."""
+    if r.captures is None:
+        return []
+    got = [(c.graph, c.cg_mode, c.num_tokens, c.lora_case) for c in r.captures]
+    want = [(i, g.descriptor.cg_mode, g.descriptor.num_tokens, g.descriptor.num_active_loras)
+            for i, g in enumerate(plan.graphs)]  # fmt: skip
+    if got != want:
+        raise InputError(
+            f"{name}: its captures are not the plan's graphs in the plan's order ({len(got)} rows, "
+            f"{len(want)} graphs)",
+            "give the file capplan calibrate or capplan apply --report wrote for this plan, unedited",
+        )
+    return [CaptureCost(cg_mode=c.cg_mode, lora_case=c.lora_case, num_tokens=c.num_tokens, seconds=c.seconds,
+                        mib=round(c.bytes / 2**20, 3)) for c in r.captures]  # fmt: skip
+
+
+def _profiling_seconds(r: _Report) -> float | None:
+    seconds = (r.profiling_capture or {}).get("seconds")
+    return float(seconds) if type(seconds) in (int, float) else None
+
+
+HOST = ("host_cpu", "host_cores")
 
 SHAPE_DECIDES = ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                  "vocab_size", "num_experts")  # fmt: skip
 
 
-def identity_of(plan: Plan, given: Given, measured: _Measured) -> Identity:
+def identity_of(plan: Plan, given: Given, measured: Measured) -> Identity:
     """The deployment's identity: what the starts recorded (measured), what the operator gave
     for what they did not (recorded as given), and the parallel sizes the plan's spec pins
     where neither says. A given value that contradicts a recorded one is refused."""
@@ -210,11 +252,13 @@ def _said(value: object) -> str:
     return str(value)
 
 
-def _one_deployment(measured: list[_Measured], reports: list[Path]) -> _Measured:
+def _one_deployment(measured: list[Measured], reports: list[Path]) -> Measured:
     """The identity every start recorded (they must agree: starts of one deployment)."""
     first = measured[0]
     for m, path in zip(measured[1:], reports[1:]):
-        for key in _Measured.model_fields:
+        for key in Measured.model_fields:
+            if key in HOST:
+                continue  # starts of one deployment may run on several hosts: each start records its own
             a, b = getattr(first, key), getattr(m, key)
             if a is not None and b is not None and not _agrees(key, a, b):
                 raise InputError(

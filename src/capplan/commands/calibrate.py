@@ -255,3 +255,168 @@ def calibrate_starts(
         data.pop(key, None)
     write_atomic(output, header + _calibration_yaml(data), sources)
     return StartsCalibrated(output, len(cal.starts), tuple(cal.identity.given if cal.identity else ()))
+
+
+@dataclass(frozen=True)
+class Probed:
+    """A probe's calibration: where it went, the report beside it, and what it measured."""
+
+    output: Path
+    report: Path
+    graphs: int
+    capture_seconds: float
+    graph_memory_gib: float
+    seconds: float  # from launch to the report's last capture
+
+
+PROBE_LIMIT_S = 900.0
+
+
+def probe(
+    plan: Path,
+    model: Path,
+    output: Path,
+    name: str | None = None,
+    serve_args: tuple[str, ...] = (),
+    limit: float = PROBE_LIMIT_S,
+    say: Any = print,
+) -> Probed:
+    """Capture the plan once on this machine's GPU, each graph in a call of its own, with vLLM's
+    dummy weights: `vllm serve MODEL --load-format dummy` under `capplan apply` with
+    CAPPLAN_CAPTURE_EACH=1 (the plan in force, completing the line from the plan as apply does),
+    stopped once the report says every graph is captured. The report is kept beside the
+    calibration (OUTPUT with .report.json); the calibration holds its one start, each capture's
+    seconds and pool growth, vLLM's estimate and the KV cache vLLM sized, the host and the GPU."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from capplan.calibration.shape import shape_from_config
+    from capplan.calibration.starts import Given, calibration_from_starts
+    from capplan.envvars import CAPTURE_EACH
+    from capplan.files import check_output, shown, write_atomic
+    from capplan.planfile.read import load_plan
+
+    config = model / "config.json" if model.is_dir() else model
+    report = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".report.json")
+    sources = inputs(plan, config)
+    check_output(output, sources)
+    check_output(report, sources)
+    if report.exists() or report.is_symlink():
+        raise UsageError(f"{shown(report)}: exists; the probe keeps its report there (move it or pick another -o)")
+    if name is not None and (not 0 < len(name) <= 200 or not name.isprintable()):
+        raise UsageError("--name must be 1 to 200 printable characters")
+    loaded = load_plan(plan)
+    if loaded.tiers is not None:
+        raise InputError(f"{printable(plan.name)}: a plan with tiers; a probe captures every graph at start",
+                         "probe the plan without tiers (the same graphs)")  # fmt: skip
+    if not loaded.graphs:
+        raise InputError(f"{printable(plan.name)}: captures no graphs (cudagraph mode NONE): nothing to measure")
+    shape = shape_from_config(config)
+    with tempfile.TemporaryDirectory(prefix="capplan-probe-") as tmp:
+        folder = model
+        serve_extra: list[str] = []
+        if not model.is_dir() or not any((model / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            folder = Path(tmp) / "model"  # config.json alone: the weights are dummy, no tokenizer is needed
+            folder.mkdir()
+            shutil.copyfile(config, folder / "config.json")
+            serve_extra.append("--skip-tokenizer-init")
+        command = [
+            sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report), "--",
+            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--load-format", "dummy",
+            "--port", str(_free_port()), *serve_extra, *_kv_given(serve_args), *serve_args,
+        ]  # fmt: skip
+        env = {**os.environ, CAPTURE_EACH: "1"}
+        log_path = Path(tmp) / "serve.log"
+        say(f"probing {len(loaded.graphs)} graphs of {printable(plan.name)} with dummy weights (vLLM's log: kept "
+            "on failure)")  # fmt: skip
+        t0 = time.monotonic()
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                seen, done = -1, False
+                while not done:
+                    if proc.poll() is not None:
+                        break
+                    if time.monotonic() - t0 > limit:
+                        break
+                    time.sleep(1.0)
+                    try:
+                        data = json.loads(report.read_text())
+                    except (OSError, ValueError):
+                        continue
+                    rows = data.get("captures") or []
+                    done = data.get("graphs_captured") == len(loaded.graphs) and len(rows) == len(loaded.graphs)
+                    if len(rows) != seen and (len(rows) - seen >= 50 or done):
+                        seen = len(rows)
+                        say(f"  {seen}/{len(loaded.graphs)} graphs captured, {time.monotonic() - t0:.0f} s")
+            finally:
+                elapsed = time.monotonic() - t0
+                _stop(proc)
+        if not done:
+            kept = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
+            if not kept.exists():
+                shutil.copyfile(log_path, kept)
+                os.chmod(kept, 0o644)
+            why = (f"vLLM exited with {proc.returncode}" if proc.returncode not in (None, -15)
+                   else f"not every graph captured in {limit:.0f} s")  # fmt: skip
+            raise InputError(f"probe failed: {why}; vLLM's log is {shown(kept)}",
+                             "read the log's last lines; a start under capplan apply must succeed for a probe to")  # fmt: skip
+    cal = calibration_from_starts([report], loaded, Given(shape=shape), name or output.stem)
+    ident = cal.identity
+    if ident is not None and ident.model is not None and ident.model.name == str(folder) and folder != model:
+        said = ident.model.model_copy(update={"name": printable(str(model))[:200]})  # not the probe's temporary folder
+        cal = cal.model_copy(update={"identity": ident.model_copy(update={"model": said})})
+    data = cal.model_dump(mode="json", exclude_none=True)
+    if cal.identity is not None:
+        data["identity"] = cal.identity.model_dump(mode="json", exclude_none=True)
+    start = cal.starts[0]
+    header = (
+        f"# Calibration probed by capplan calibrate: {printable(plan.name)} captured with dummy weights, each graph "
+        f"in a call of its own ({elapsed:.0f} s from launch); report: {printable(report.name)}\n"
+    )
+    write_atomic(output, header + _calibration_yaml(data), sources)
+    return Probed(output, report, start.graphs, start.capture_seconds, start.graph_memory_gib, round(elapsed, 1))
+
+
+PROBE_KV_BYTES = 4 << 30
+
+
+def _kv_given(serve_args: tuple[str, ...]) -> list[str]:
+    """The KV cache's size given (4 GiB, unless the line gives one): vLLM then skips its profiling
+    capture, so every graph's growth is what a first capture takes (what a reserve beside the KV
+    cache must hold; after that pass the capture reuses memory it left allocated)."""
+    if any(a == "--kv-cache-memory-bytes" or a.startswith("--kv-cache-memory-bytes=") for a in serve_args):
+        return []
+    return ["--kv-cache-memory-bytes", str(PROBE_KV_BYTES)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: Any) -> None:
+    """The server and everything it started: SIGTERM to its process group, SIGKILL after 30 s."""
+    import os
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue

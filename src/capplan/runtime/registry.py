@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from capplan.envvars import CAPTURE_EACH
 from capplan.planner.dispatch import Dispatcher
 from capplan.releases import Release, release_problem
 from capplan.runtime.context import HookContext, adopt, current, layouts_of
@@ -97,7 +98,8 @@ def install(
     problem = release_problem(plan.spec.target.vllm, vllm.__version__)
     if problem:
         raise IncompatibleVllm(f"capplan: {problem[0]}; {problem[1]}")
-    hooks = selected(Need(release, plan, os.environ if env is None else env), table)
+    environ = os.environ if env is None else env
+    hooks = selected(Need(release, plan, environ), table)
     report = Report(plan, plan_path)
     ctx = HookContext(
         plan=plan,
@@ -108,6 +110,7 @@ def install(
         desc_cls=None,
         vllm_descs=[],
         layouts=layouts_of(plan),
+        capture_each=environ.get(CAPTURE_EACH) == "1" and plan.tiers is None,
     )
     if plan.tiers is not None:
         ctx.deferred = report.deferred = DeferredCapture(ctx)

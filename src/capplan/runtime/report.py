@@ -55,6 +55,9 @@ class Report:
         self.identity: dict[str, Any] | None = None  # the deployment this start ran (`identify`)
         # where the graph memory left beside the KV cache came from (hooks.memory): a calibration, or vLLM
         self.graph_budget: dict[str, Any] | None = None
+        self.captures: list[dict[str, Any]] | None = None  # one row per capture, where each graph had its own
+        self.vllm_estimate_bytes: int | None = None  # vLLM's graph-memory estimate from its profiling pass
+        self.kv_cache: dict[str, int] | None = None  # the KV cache vLLM sized, as this process saw it
         # vLLM's workers may be forked processes that leave through os._exit,
         # which skips atexit but runs multiprocessing's finalizers.
         atexit.register(self.finish)
@@ -135,6 +138,26 @@ class Report:
         if self._free0 is not None and free1 is not None:
             self.graph_memory_bytes = self._free0 - free1
         self.captured.update(_captured(manager))
+        self.kv_cache_sized(getattr(manager, "vllm_config", None))
+
+    def captured_one(self, gid: int, seconds: float, used: int) -> None:
+        """One graph captured in a call of its own (CAPPLAN_CAPTURE_EACH): its seconds and the
+        pool's growth across it."""
+        d = self.plan.graphs[gid].descriptor
+        row = {"graph": gid, "cg_mode": d.cg_mode, "num_tokens": d.num_tokens, "lora_case": d.num_active_loras,
+               "seconds": round(seconds, 4), "bytes": int(used)}  # fmt: skip
+        self.captures = [*(self.captures or []), row]
+
+    def kv_cache_sized(self, vllm_config: Any) -> None:
+        """The KV cache vLLM sized (its blocks and block size), where this process's config holds
+        them (the engine core's, with the worker in the same process); left out otherwise."""
+        try:
+            cache = vllm_config.cache_config
+            blocks, size = cache.num_gpu_blocks, cache.block_size
+        except Exception:  # noqa: BLE001 - a report must never break the engine
+            return
+        if type(blocks) is int and type(size) is int and blocks > 0 and size > 0:
+            self.kv_cache = {"blocks": blocks, "block_size": size, "tokens": blocks * size}
 
     def changed(self) -> None:
         """Something a section reports changed: the next flush writes it."""
@@ -152,8 +175,11 @@ class Report:
             for (m, c), n in sorted(planned.items())
         ]
         total = sum(self.hits.values()) + self.eager
+        from capplan.schemas.report import REPORT_FORMAT
+
         return {
             "plan": self.plan_path,
+            "report_format": REPORT_FORMAT,
             "fingerprint": self.plan.fingerprint,
             "pid": os.getpid(),
             "graphs": rows,
@@ -162,6 +188,11 @@ class Report:
             "vllm_would_capture": self.vllm_planned,
             "capture_seconds": round(self.capture_seconds, 3),
             "graph_memory_gib": None if self.graph_memory_bytes is None else round(self.graph_memory_bytes / 2**30, 4),
+            "captures": self.captures,
+            "vllm_estimate_gib": None
+            if self.vllm_estimate_bytes is None
+            else round(self.vllm_estimate_bytes / 2**30, 4),
+            "kv_cache": self.kv_cache,
             "dispatch": {
                 "calls": total,
                 "graph_hits": sum(self.hits.values()),
@@ -321,6 +352,23 @@ def deployment_identity(vllm_config: Any) -> dict[str, Any]:
     torch = sys.modules.get("torch")  # the engine imported it; never imported here
     if torch is not None and torch.cuda.is_available():
         out["gpu"] = str(torch.cuda.get_device_name())
+    out.update(host())
+    return out
+
+
+def host() -> dict[str, Any]:
+    """The host's CPU model and cores: capture is bound by the host, which records the kernels."""
+    out: dict[str, Any] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    if name and name.isprintable():
+        out["host_cpu"] = name[:200]
+    cores = os.cpu_count()
+    if cores:
+        out["host_cores"] = cores
     return out
 
 

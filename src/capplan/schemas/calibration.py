@@ -73,6 +73,25 @@ class Identity(_Strict):
     given: list[IdentityField] = Field(default_factory=list, max_length=20)
 
 
+class CaptureCost(_Strict):
+    """One graph captured in a call of its own (`capplan calibrate`): its seconds and the graph
+    pool's growth across it."""
+
+    cg_mode: Literal["FULL", "PIECEWISE"]
+    lora_case: int = Field(ge=0, le=1 << 16)
+    num_tokens: int = Field(ge=1, le=1 << 24)
+    seconds: float = Field(ge=0, le=86_400)
+    mib: float = Field(ge=-(1 << 20), le=1 << 20)  # a growth: a capture may free more than it takes
+
+
+class GraphSizes(_Strict):
+    """A plan's graphs of one mode and LoRA case: their token sizes."""
+
+    cg_mode: Literal["FULL", "PIECEWISE"]
+    lora_case: int = Field(ge=0, le=1 << 16)
+    sizes: list[int] = Field(min_length=1, max_length=1 << 16)
+
+
 class Start(_Strict):
     """One engine start under `capplan apply`, from the report it left (CAPPLAN_REPORT): the
     plan it captured (its fingerprint, graph counts and largest graph) and what capture took."""
@@ -89,6 +108,14 @@ class Start(_Strict):
     size is given): that first capture leaves memory allocated that the second reuses, so the
     second's graph memory leaves it out (8B on an H100: 0.35 GiB after the pass, 1.19 GiB without
     it). None: the report did not say (written by an older runtime)."""
+    report_format: int | None = Field(None, ge=0, le=1 << 16)  # of the report it was read from
+    graph_sizes: list[GraphSizes] = Field(default_factory=list, max_length=1 << 16)  # the plan's graphs
+    captures: list[CaptureCost] = Field(default_factory=list, max_length=1 << 20)  # each graph's, in order
+    vllm_estimate_gib: float | None = Field(None, ge=0, le=1024)  # vLLM's estimate from its profiling pass
+    profiling_seconds: float | None = Field(None, ge=0, le=86_400)  # vLLM's profiling capture, where it ran
+    kv_cache_tokens: int | None = Field(None, ge=1, le=1 << 40)  # the KV cache vLLM sized
+    host_cpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
+    host_cores: int | None = Field(None, ge=1, le=1 << 16)
 
 
 class Calibration(_Strict):

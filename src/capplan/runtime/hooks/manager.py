@@ -189,7 +189,7 @@ def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
             if deferred is not None and not deferred.active:
                 deferred.ready_only(manager)  # start-up: the ready graphs only, each measured
                 return deferred.capture_ready(manager, original, call)
-            result = call.run(original)
+            result = _capture_each(ctx, manager, original, call) if ctx.capture_each else call.run(original)
         except Exception as exc:
             if ctx.graph_budget is not None and type(exc).__name__ == "OutOfMemoryError":
                 raise GraphMemoryOutgrown(out_of_memory(ctx.graph_budget)) from None
@@ -203,6 +203,21 @@ def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
         return result
 
     return capture
+
+
+def _capture_each(ctx: HookContext, manager: Any, original: Any, call: Any) -> Any:
+    """The plan's graphs captured one call each, in the plan's (and vLLM's) order, each one's
+    seconds and pool growth recorded (CAPPLAN_CAPTURE_EACH, `capplan calibrate`): the same
+    graphs into the same pool, so the growths add up to the capture's."""
+    from capplan.runtime.deferred.vllm_capture import VllmCapture
+
+    one = VllmCapture(ctx)
+    result = None
+    for gid in range(len(ctx.vllm_descs)):
+        got = one(gid, call, manager, original)
+        ctx.report.captured_one(gid, got.seconds, got.used)
+        result = got.result
+    return result
 
 
 def _capture_attributes(release: Release) -> tuple[str, ...]:

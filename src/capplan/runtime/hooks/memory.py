@@ -67,13 +67,15 @@ def _calibrated(ctx: HookContext, hook: Hook, original: Any) -> Any:
     def profile_cudagraph_memory(*args: Any, **kwargs: Any) -> Any:
         runner = bind(args, kwargs)["self"]
         where = os.environ.get(CALIBRATION, "")
+        if not where:  # no calibration: vLLM's estimate, recorded beside the capture's measure
+            return _estimate(ctx, original(*args, **kwargs))
         answer = budget_for(ctx, runner.vllm_config, os.environ)
         if isinstance(answer, str):
             ctx.report.graph_budget = {"source": "vllm", "calibration": where, "why": answer}
             log.info(
                 "vLLM's profiling capture estimates CUDA-graph memory: calibration %s: %s", printable(where), answer
             )
-            return original(*args, **kwargs)
+            return _estimate(ctx, original(*args, **kwargs))
         ctx.graph_budget = answer
         ctx.report.graph_budget = {**answer.to_json(), "calibration": where}
         log.info(
@@ -90,8 +92,16 @@ def _calibrated(ctx: HookContext, hook: Hook, original: Any) -> Any:
     return profile_cudagraph_memory
 
 
-def _calibration_given(need: Need) -> bool:
-    return bool(need.env.get(CALIBRATION)) and need.plan.tiers is None
+def _estimate(ctx: HookContext, estimate: Any) -> Any:
+    """vLLM's graph-memory estimate, recorded in the report as it is returned."""
+    if type(estimate) is int:
+        ctx.report.vllm_estimate_bytes = estimate
+    return estimate
+
+
+def _whole_capture(need: Need) -> bool:
+    """Every graph captured at start (no tiers: deferred capture adds to vLLM's estimate itself)."""
+    return need.plan.tiers is None
 
 
 HOOKS = (
@@ -99,10 +109,10 @@ HOOKS = (
         "memory.calibrated",
         f"{RUNNER}:GPUModelRunner.profile_cudagraph_memory",
         "the KV cache sized by the plan's measured graph memory (a calibration of this deployment), not by a "
-        "throwaway capture; the real capture checked against it",
+        "throwaway capture; the real capture checked against it; without a calibration, vLLM's estimate recorded",
         _calibrated,
         reads=("self",),
         releases=attrgetter("profiling_capture"),
-        when=_calibration_given,
+        when=_whole_capture,
     ),
 )

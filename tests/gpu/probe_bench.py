@@ -1,0 +1,174 @@
+"""Probes against full starts: what `capplan calibrate` measures, and how well it prices another plan.
+
+    python tests/gpu/probe_bench.py WORK OUT.json run [--until SECONDS]
+    python tests/gpu/probe_bench.py WORK OUT.json summary
+
+Four shapes (`configs/`: Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-14B and the MoE OLMoE-1B-7B, each
+its published config.json) with `--load-format dummy`, vLLM's OpenAI server under default
+multiprocessing, 4 adapters at rank 16 with active-count specialization, max_model_len 4096. Plan
+A: max_num_seqs 128, max_loras 4; plan B (the changed plan): max_num_seqs 256, max_loras 8. Jobs,
+in this order, each recorded as it ends in WORK/jobs.jsonl (a later call goes on where one
+stopped):
+- `probe`: `capplan calibrate PLAN_A --model MODEL` (each graph captured in a call of its own);
+  for the 1B, MODEL is its config.json alone (the probe's own path), else a folder with a
+  word-level tokenizer;
+- `start`: `capplan apply PLAN --report R -- vllm serve ...` with the same KV cache given as the
+  probe's (4 GiB, so that vLLM's profiling pass is skipped and the capture is a first capture,
+  as the probe's), to healthy, one greedy request, stopped;
+for the 8B and the 1B: probe A, start A, start B; then probes of A for the 14B and the MoE.
+Every record names the capplan commit, vLLM, torch, the GPU, the host CPU and the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from run_identity import BACKEND_LINE, identity  # noqa: E402
+from serve_run import free_port, save_word_tokenizer  # noqa: E402
+from start_bench import gpu_released, healthy, host_cpu, one_request, stamped_reader  # noqa: E402
+
+SPEC = """\
+target: {{runner: mrv2, vllm: "{release}"}}
+scheduler: {{max_num_seqs: {seqs}, max_num_batched_tokens: 8192, max_model_len: 4096}}
+cudagraph: {{mode: FULL_AND_PIECEWISE}}
+lora: {{enabled: true, max_loras: {loras}, specialize: true, specialize_active: true}}
+"""
+PLANS = {"A": {"seqs": 128, "loras": 4}, "B": {"seqs": 256, "loras": 8}}
+SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-14b", "olmoe-1b-7b")
+JOBS = [
+    ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
+    ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"), ("llama-3.2-1b", "start", "B"),
+    ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"),
+]  # fmt: skip
+KV_BYTES = 4 << 30  # as the probe gives it
+SERVE_ARGS = ["--max-lora-rank", "16", "--max-model-len", "4096", "--dtype", "bfloat16", "--seed", "0",
+              "--served-model-name", "base"]  # fmt: skip
+START_LIMIT_S = 600.0
+
+
+def prepare(work: Path, shape: str, release: str) -> tuple[Path, Path, dict[str, Path]]:
+    """The shape's model folder (config.json and a tokenizer), its config.json, and plans A and B."""
+    folder = work / shape
+    config = HERE / "configs" / f"{shape}.json"
+    if not (folder / "tokenizer.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        data = json.loads(config.read_text())
+        (folder / "config.json").write_text(json.dumps(data, indent=2))
+        save_word_tokenizer(folder, data["vocab_size"])
+    plans = {}
+    for name, values in PLANS.items():
+        spec, plan = work / f"plan{name}.yaml", work / f"plan{name}.plan.yaml"
+        if not plan.exists():
+            spec.write_text(SPEC.format(release=release, **values))
+            subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True)
+        plans[name] = plan
+    return folder, config, plans
+
+
+def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict) -> dict:
+    out = work / f"{shape}-probe.calibration.yaml"
+    for old in (out, work / f"{shape}-probe.calibration.report.json", work / f"{shape}-probe.calibration.log"):
+        old.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "capplan", "calibrate", str(plan), "--model", str(model), "-o", str(out), "--",
+           *SERVE_ARGS]  # fmt: skip
+    t0 = time.perf_counter()
+    got = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    result = {"job": "probe", "shape": shape, "command": cmd, **ident, "seconds": round(time.perf_counter() - t0, 2),
+              "exit": got.returncode, "stdout": got.stdout[-2000:], "stderr": got.stderr[-4000:]}  # fmt: skip
+    gpu_released()
+    return result
+
+
+def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dict) -> dict:
+    port = free_port()
+    report = work / f"{shape}-start{name}.report.json"
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report), "--",
+           sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--load-format", "dummy",
+           "--port", str(port), "--kv-cache-memory-bytes", str(KV_BYTES), *SERVE_ARGS]  # fmt: skip
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
+    result: dict = {"job": "start", "shape": shape, "plan": name, "command": cmd, **ident}
+    lines: list = []
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with (work / f"{shape}-start{name}.log").open("w") as log:
+        reader = threading.Thread(target=stamped_reader, args=(proc.stdout, lines, log), daemon=True)
+        reader.start()
+        try:
+            while not healthy(port):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}")
+                if time.perf_counter() - t0 > START_LIMIT_S:
+                    raise RuntimeError(f"not healthy in {START_LIMIT_S:.0f} s")
+                time.sleep(0.25)
+            result["healthy_s"] = round(time.perf_counter() - t0, 2)
+            result["request"] = one_request(port)
+        except Exception as exc:  # noqa: BLE001 - recorded with the start
+            result["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            reader.join(timeout=10)
+            gpu_released()
+    text = "".join(line for _, line in lines)
+    result["attention_backend"] = sorted(set(BACKEND_LINE.findall(text)))
+    result["tracebacks"] = text.count("Traceback")
+    try:
+        rep = json.loads(report.read_text())
+        result["report"] = {k: rep.get(k) for k in ("graphs_planned", "graphs_captured", "capture_seconds",
+                                                    "graph_memory_gib", "kv_cache", "vllm_estimate_gib")}  # fmt: skip
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def run(work: Path, until: float) -> None:
+    import vllm
+
+    work.mkdir(parents=True, exist_ok=True)
+    record = work / "jobs.jsonl"
+    done = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    ident = {**identity(), "host_cpu": host_cpu()}
+    t_end = time.monotonic() + until
+    for shape, job, name in JOBS:
+        if any(d["shape"] == shape and d["job"] == job and d.get("plan", "A") == name for d in done):
+            continue
+        if time.monotonic() > t_end:
+            break
+        folder, config, plans = prepare(work, shape, vllm.__version__.split("+")[0])
+        print(f"{shape} {job} {name}", flush=True)
+        if job == "probe":
+            model = config if shape == "llama-3.2-1b" else folder
+            result = probe(work, shape, plans[name], model, ident)
+        else:
+            result = start(work, shape, name, plans[name], folder, ident)
+        done.append(result)
+        with record.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(json.dumps({k: result.get(k) for k in ("shape", "job", "plan", "exit", "seconds", "healthy_s",
+                                                        "error", "report")}), flush=True)  # fmt: skip
+
+
+def main() -> None:
+    work, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    until = float(sys.argv[sys.argv.index("--until") + 1]) if "--until" in sys.argv else 1e9
+    if what == "run":
+        run(work, until)
+    else:
+        raise SystemExit(f"unknown step {what!r}: run")
+
+
+if __name__ == "__main__":
+    main()
