@@ -15,7 +15,11 @@ stopped):
 - `start`: `capplan apply PLAN --report R -- vllm serve ...` with the same KV cache given as the
   probe's (4 GiB, so that vLLM's profiling pass is skipped and the capture is a first capture,
   as the probe's), to healthy, one greedy request, stopped;
-for the 8B and the 1B: probe A, start A, start B; then probes of A for the 14B and the MoE.
+- `profiled`: a start as `start`, but with vLLM's memory profiling (no KV cache given,
+  `--gpu-memory-utilization 0.92`): both capture passes, vLLM's graph-memory estimate and the KV
+  cache vLLM sized, beside the probe's first-capture figures;
+for the 8B and the 1B: probe A, start A, start B; then probes of A for the 14B and the MoE; then
+the 8B's profiled start.
 Every record names the capplan commit, vLLM, torch, the GPU, the host CPU and the command.
 """
 
@@ -47,7 +51,7 @@ SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-14b", "olmoe-1b-7b")
 JOBS = [
     ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
     ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"), ("llama-3.2-1b", "start", "B"),
-    ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"),
+    ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"), ("llama-3.1-8b", "profiled", "A"),
 ]  # fmt: skip
 KV_BYTES = 4 << 30  # as the probe gives it
 SERVE_ARGS = ["--max-lora-rank", "16", "--max-model-len", "4096", "--dtype", "bfloat16", "--seed", "0",
@@ -88,19 +92,21 @@ def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict) -> dict:
     return result
 
 
-def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dict) -> dict:
+def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dict, job: str = "start") -> dict:
     port = free_port()
-    report = work / f"{shape}-start{name}.report.json"
+    tag = f"{shape}-{job}{name}"
+    report = work / f"{tag}.report.json"
     report.unlink(missing_ok=True)
+    memory = ["--gpu-memory-utilization", "0.92"] if job == "profiled" else ["--kv-cache-memory-bytes", str(KV_BYTES)]
     cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report), "--",
            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--load-format", "dummy",
-           "--port", str(port), "--kv-cache-memory-bytes", str(KV_BYTES), *SERVE_ARGS]  # fmt: skip
+           "--port", str(port), *memory, *SERVE_ARGS]  # fmt: skip
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
-    result: dict = {"job": "start", "shape": shape, "plan": name, "command": cmd, **ident}
+    result: dict = {"job": job, "shape": shape, "plan": name, "command": cmd, **ident}
     lines: list = []
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    with (work / f"{shape}-start{name}.log").open("w") as log:
+    with (work / f"{tag}.log").open("w") as log:
         reader = threading.Thread(target=stamped_reader, args=(proc.stdout, lines, log), daemon=True)
         reader.start()
         try:
@@ -127,8 +133,10 @@ def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dic
     result["tracebacks"] = text.count("Traceback")
     try:
         rep = json.loads(report.read_text())
+        report.write_text(json.dumps({"capplan_commit": ident.get("capplan_commit"), **rep}, indent=2) + "\n")
         result["report"] = {k: rep.get(k) for k in ("graphs_planned", "graphs_captured", "capture_seconds",
-                                                    "graph_memory_gib", "kv_cache", "vllm_estimate_gib")}  # fmt: skip
+                                                    "graph_memory_gib", "kv_cache", "vllm_estimate_gib",
+                                                    "profiling_capture")}  # fmt: skip
     except (OSError, ValueError):
         pass
     return result
@@ -153,7 +161,7 @@ def run(work: Path, until: float) -> None:
             model = config if shape == "llama-3.2-1b" else folder
             result = probe(work, shape, plans[name], model, ident)
         else:
-            result = start(work, shape, name, plans[name], folder, ident)
+            result = start(work, shape, name, plans[name], folder, ident, job)
         done.append(result)
         with record.open("a") as f:
             f.write(json.dumps(result) + "\n")

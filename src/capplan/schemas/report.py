@@ -86,6 +86,7 @@ class Identity(_Strict):
 class StartReport(_Strict):
     """A report of format 1, every key the runtime writes (`Report.to_json`)."""
 
+    capplan_commit: str | None = Field(None, max_length=64)  # added where a GPU run keeps the report
     plan: str
     report_format: Literal[1]
     fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")

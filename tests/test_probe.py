@@ -1,0 +1,175 @@
+"""`capplan calibrate` (the probe) and the versioned start report it reads.
+
+The probe's server is stood in for by a small process that writes what the runtime writes (the
+runtime's own `Report`, each graph captured once) and then waits to be stopped, as `vllm serve`
+does; the GPU run of the real thing is `tests/gpu/probe_bench.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from capplan.calibration.starts import read_report
+from capplan.cli import app
+from capplan.errors import CapplanError
+from capplan.loading import load_calibration
+from capplan.planfile import load_plan
+from capplan.runtime.report import Report
+from capplan.schemas.report import REPORT_FORMAT, StartReport
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "tests" / "gpu" / "results" / "startup" / "0.33.0-h100" / "full.plan.yaml"  # 258 graphs, 8B
+CONFIG = ROOT / "tests" / "gpu" / "configs" / "llama-3.1-8b.json"
+runner = CliRunner()
+
+SERVER = """\
+import json, os, sys, time
+from capplan.planfile import load_plan
+from capplan.runtime.report import Report
+report_path, plan_path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+assert os.environ.get("CAPPLAN_CAPTURE_EACH") == "1"
+if mode == "fail":
+    print("Traceback (most recent call last): ... CUDA out of memory", flush=True)
+    sys.exit(1)
+plan = load_plan(plan_path)
+r = Report(plan, plan_path)
+r.planned(len(plan.graphs))
+r.identity = {"shape": {"num_layers": 32, "hidden_size": 4096, "dtype": "bfloat16"}, "model": sys.argv[4],
+              "gpu": "NVIDIA H100 80GB HBM3", "vllm": "0.33.0", "torch": "2.11.0+cu130",
+              "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "lora_rank": 16,
+              "host_cpu": "Example CPU", "host_cores": 16}
+for gid, g in enumerate(plan.graphs):
+    r.captured_one(gid, 0.1, (4 << 20) if gid else (300 << 20))
+    r.captured[(g.descriptor.cg_mode, g.descriptor.num_active_loras)] += 1
+r.capture_seconds, r.graph_memory_bytes = 0.1 * len(plan.graphs), (4 << 20) * len(plan.graphs) + (296 << 20)
+r.kv_cache = {"blocks": 2048, "block_size": 16, "tokens": 32768}
+os.environ["CAPPLAN_REPORT"] = report_path
+r.write()
+if mode != "slow":
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    """Popen of the probe's `capplan apply ... -- vllm serve ...` replaced by the stand-in server."""
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    real = subprocess.Popen
+    seen = {}
+
+    def popen(cmd, **kwargs):
+        seen["cmd"], seen["env"] = cmd, kwargs.get("env")
+        report = cmd[cmd.index("--report") + 1]
+        folder = cmd[cmd.index("serve") + 1]
+        return real([sys.executable, str(script), report, cmd[6], seen.get("mode", "ok"), folder], **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return seen
+
+
+def test_a_probe_writes_the_deployment_s_calibration_with_each_capture(stand_in, tmp_path):
+    out = tmp_path / "cal.yaml"
+    result = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "258 graphs captured" in result.stderr and f"wrote {out}" in result.stdout
+    cmd = stand_in["cmd"]
+    assert cmd[cmd.index("--") + 1 :][3:6] == ["serve", cmd[cmd.index("serve") + 1], "--load-format"]
+    assert "--skip-tokenizer-init" in cmd  # config.json alone: no tokenizer
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(4 << 30)  # first captures
+    cal = load_calibration(out)
+    (start,) = cal.starts
+    plan = load_plan(PLAN)
+    assert [(c.cg_mode, c.num_tokens, c.lora_case) for c in start.captures] == [
+        (g.descriptor.cg_mode, g.descriptor.num_tokens, g.descriptor.num_active_loras) for g in plan.graphs
+    ]
+    assert start.captures[0].mib == 300 and start.captures[1].mib == 4
+    assert start.report_format == REPORT_FORMAT and start.kv_cache_tokens == 32768
+    assert start.host_cpu == "Example CPU" and start.host_cores == 16
+    assert cal.identity.model.name == str(CONFIG)  # not the probe's temporary folder
+    assert cal.identity.shape.num_layers == 32 and cal.identity.gpu == "NVIDIA H100 80GB HBM3"
+    assert sum(len(s.sizes) for s in start.graph_sizes) == len(plan.graphs)
+    kept = tmp_path / "cal.report.json"
+    assert json.loads(kept.read_text())["report_format"] == REPORT_FORMAT
+    assert oct(out.stat().st_mode & 0o777) == "0o644" and not (tmp_path / "cal.log").exists()
+
+
+def test_a_failed_probe_keeps_vllm_s_log_and_writes_no_calibration(stand_in, tmp_path):
+    stand_in["mode"] = "fail"
+    out = tmp_path / "cal.yaml"
+    result = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(out)])
+    assert result.exit_code == 1
+    line = result.stderr.strip().splitlines()[-2 if "hint" in result.stderr else -1]
+    assert "vLLM exited with 1" in result.stderr and str(tmp_path / "cal.log") in result.stderr
+    assert "Traceback" not in result.stderr.replace("Traceback (most recent call last): ...", "")
+    assert not out.exists() and "CUDA out of memory" in (tmp_path / "cal.log").read_text()
+    assert line
+
+
+def test_a_probe_refuses_before_starting_anything(stand_in, tmp_path):
+    out = tmp_path / "cal.yaml"
+    (tmp_path / "cal.report.json").write_text("{}")
+    result = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(out)])
+    assert result.exit_code == 2 and "cal.report.json: exists" in result.stderr and "cmd" not in stand_in
+    result = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(tmp_path / "b.yaml"),
+                                 "--timeout", "5"])  # fmt: skip
+    assert result.exit_code == 2 and "--timeout must be 60 to 86400" in result.stderr
+    missing = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(tmp_path), "-o", str(tmp_path / "c.yaml")])
+    assert missing.exit_code == 1 and "config.json" in missing.stderr and "Traceback" not in missing.stderr
+    assert "cmd" not in stand_in
+
+
+# -- the report format -----------------------------------------------------------------------------
+def _report() -> dict:
+    plan = load_plan(PLAN)
+    r = Report(plan, str(PLAN))
+    r.planned(len(plan.graphs))
+    r.captured_one(0, 0.5, 1 << 20)
+    return r.to_json()
+
+
+def test_the_runtime_writes_the_format_the_schema_describes_every_key_of():
+    data = _report()
+    assert data["report_format"] == REPORT_FORMAT == 1
+    StartReport.model_validate(data)
+    assert set(data) == set(StartReport.model_fields) - {"capplan_commit"}  # a key added is a format change
+    with pytest.raises(ValidationError):
+        StartReport.model_validate({**data, "new_key": 1})
+    assert list(json.dumps(data, indent=2).splitlines()[1:2]) == ['  "plan": "' + str(PLAN) + '",']  # _owns
+
+
+@pytest.mark.parametrize("fmt", [2, 99, "1", True, None, -1])
+def test_a_report_of_a_format_this_capplan_does_not_know_is_refused_with_the_reason(tmp_path, fmt):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**_report(), "report_format": fmt}))
+    with pytest.raises(CapplanError) as e:
+        read_report(path)
+    assert "report format" in str(e.value) and "reads formats 0, 1" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_report_of_format_0_is_read_as_earlier_runtimes_wrote_it(tmp_path):
+    kept = ROOT / "tests" / "gpu" / "results" / "production" / "0.33.0-h100" / "start0-full.report.json"
+    assert "report_format" not in json.loads(kept.read_text())
+    assert read_report(kept).report_format == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(sorted(StartReport.model_fields)), value=st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=30),
+    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)))  # fmt: skip
+def test_a_format_1_report_with_any_value_changed_is_read_or_refused_in_one_line(tmp_path_factory, key, value):
+    path = tmp_path_factory.mktemp("r") / "r.json"
+    path.write_text(json.dumps({**_report(), key: value}, allow_nan=True))
+    try:
+        read_report(path)
+    except CapplanError as e:
+        assert "\n" not in str(e) and str(path.name) in str(e)
