@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from capplan.errors import InputError
+from capplan.errors import InputError, printable
 from capplan.files import json_value, read_text, shown
 from capplan.schemas.calibration import CaptureCost, Calibration, GraphSizes, Identity, ModelShape, Start
 from capplan.schemas.plan import Plan
@@ -75,7 +75,7 @@ def read_report(path: Path) -> _Report:
     fmt = data.get("report_format", 0)  # reports before the format was versioned carry none: format 0
     if type(fmt) is not int or fmt not in KNOWN_FORMATS:
         raise InputError(
-            f"{name}: report format {str(fmt)[:20]}; this capplan reads formats "
+            f"{name}: report format {printable(repr(fmt)[:30])}; this capplan reads formats "
             f"{', '.join(map(str, KNOWN_FORMATS))} (the format is the report's report_format)",
             "read it with the capplan release whose runtime wrote it, or upgrade capplan",
         )

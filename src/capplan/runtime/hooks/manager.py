@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 from capplan.calibration.budget import outgrown
@@ -206,18 +207,54 @@ def _capture(ctx: HookContext, hook: Hook, original: Any) -> Any:
 
 
 def _capture_each(ctx: HookContext, manager: Any, original: Any, call: Any) -> Any:
-    """The plan's graphs captured one call each, in the plan's (and vLLM's) order, each one's
-    seconds and pool growth recorded (CAPPLAN_CAPTURE_EACH, `capplan calibrate`): the same
-    graphs into the same pool, so the growths add up to the capture's."""
-    from capplan.runtime.deferred.vllm_capture import VllmCapture
+    """vLLM's one capture of the plan's graphs, as it runs it (one stream, one pool), each graph's
+    seconds and pool growth read between one graph and the next (CAPPLAN_CAPTURE_EACH, `capplan
+    calibrate`). vLLM walks its capture list in order; the list is handed over as `Boundaries`,
+    which reads the clock and the memory as vLLM takes each graph and once more when it is done.
+    (Capturing each graph in a call of its own is no measure: vLLM captures each call on a new
+    stream, so no graph reuses another's freed pool memory: at 8B on an H100, 4.3x the memory.)"""
+    from capplan.runtime.deferred.device_memory import growth, in_use, open_for_current_device
 
-    one = VllmCapture(ctx)
-    result = None
-    for gid in range(len(ctx.vllm_descs)):
-        got = one(gid, call, manager, original)
-        ctx.report.captured_one(gid, got.seconds, got.used)
-        result = got.result
-    return result
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:  # capplan's CPU checks of the hooks
+        cuda = False
+    memory = open_for_current_device() if cuda else None
+    ids = {id(d): gid for gid, d in enumerate(ctx.vllm_descs)}
+
+    def mark() -> tuple[float, tuple[int | None, int]]:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter(), (in_use(memory) if cuda else (None, 0))
+
+    def taken(desc: Any, before: tuple[float, tuple[int | None, int]]) -> None:
+        after = mark()
+        used, _ = growth(before[1], after[1])
+        ctx.report.captured_one(ids[id(desc)], after[0] - before[0], used)
+
+    lists = manager._capture_descs
+    manager._capture_descs = {mode: Boundaries(descs, taken, mark) for mode, descs in lists.items()}
+    try:
+        return call.run(original)
+    finally:
+        manager._capture_descs = lists
+
+
+class Boundaries(list):  # type: ignore[type-arg]
+    """A capture list that reports each item taken once the loop comes back for the next one (or
+    ends): `taken(item, mark_before)`."""
+
+    def __init__(self, items: list[Any], taken: Any, mark: Any) -> None:
+        super().__init__(items)
+        self._taken, self._mark = taken, mark
+
+    def __iter__(self) -> Any:
+        for item in list.__iter__(self):
+            before = self._mark()
+            yield item
+            self._taken(item, before)
 
 
 def _capture_attributes(release: Release) -> tuple[str, ...]:
