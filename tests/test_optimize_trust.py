@@ -155,7 +155,7 @@ def test_a_70b_spec_is_predicted_as_extrapolated_and_the_small_model_calibration
     line = next(x for x in show.stdout.splitlines() if x.startswith("Estimate:"))
     # no calibration of this model: the shape model predicts, and says how far it extrapolates
     assert "(predicted; predicted by the shape model" in line
-    assert "extrapolated: layers 80, 2.5x the largest measured (32)" in show.stdout
+    assert "extrapolated: layers 80, 1.7x the largest measured (48)" in show.stdout
     assert "it does not bound the extrapolation" in show.stdout
     assert "vLLM's own estimate stays in charge of the KV cache" in show.stdout
     data = json.loads(runner.invoke(app, ["show", str(plan), "--json"]).stdout)

@@ -139,7 +139,7 @@ def _report() -> dict:
 
 def test_the_runtime_writes_the_format_the_schema_describes_every_key_of():
     data = _report()
-    assert data["report_format"] == REPORT_FORMAT == 1
+    assert data["report_format"] == REPORT_FORMAT == 2
     StartReport.model_validate(data)
     assert set(data) == set(StartReport.model_fields) - {"capplan_commit"}  # a key added is a format change
     with pytest.raises(ValidationError):
@@ -147,13 +147,13 @@ def test_the_runtime_writes_the_format_the_schema_describes_every_key_of():
     assert list(json.dumps(data, indent=2).splitlines()[1:2]) == ['  "plan": "' + str(PLAN) + '",']  # _owns
 
 
-@pytest.mark.parametrize("fmt", [2, 99, "1", True, None, -1])
+@pytest.mark.parametrize("fmt", [3, 99, "1", True, None, -1])
 def test_a_report_of_a_format_this_capplan_does_not_know_is_refused_with_the_reason(tmp_path, fmt):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({**_report(), "report_format": fmt}))
     with pytest.raises(CapplanError) as e:
         read_report(path)
-    assert "report format" in str(e.value) and "reads formats 0, 1" in str(e.value) and "\n" not in str(e.value)
+    assert "report format" in str(e.value) and "reads formats 0, 1, 2" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_report_of_format_0_is_read_as_earlier_runtimes_wrote_it(tmp_path):

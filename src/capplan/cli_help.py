@@ -667,7 +667,10 @@ one is refused. Put the calibration in a `.capplan/calibration/` folder
 beside (or above) the plans, and show and diff find it.
 """
 CalibrateStartReports = Annotated[list[Path], typer.Argument(help="Start reports (capplan apply --report).")]
-CalibrateStartPlan = Annotated[Path, typer.Option("--plan", help="The plan the starts ran.")]
+CalibrateStartPlan = Annotated[
+    list[Path],
+    typer.Option("--plan", help="The plan the starts ran; give it again for starts of other plans of the deployment."),
+]
 CalibrateStartModelConfig = Annotated[
     Path | None, typer.Option("--model-config", help="The model's config.json (its shape), recorded as given.")
 ]

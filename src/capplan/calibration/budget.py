@@ -135,7 +135,7 @@ def plan_starts(plan: Plan, calibration: Calibration) -> tuple[list[Start], str 
         return [], (
             "the plan captures speculator or encoder graphs, which a start's reading (the decoder's capture) leaves out"
         )
-    mine = [s for s in calibration.starts if s.fingerprint == plan.fingerprint]
+    mine = [s for s in calibration.starts if s.fingerprint == plan.fingerprint and s.plan_memory]
     if not mine:
         return [], f"it has no start of this plan (fingerprint {plan.fingerprint[7:19]}); calibrate from a start of it"
     first = [s for s in mine if s.after_profiling is False]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,13 +116,20 @@ def _figure(values: list[float]) -> Figure:
     return Figure(statistics.median(values), min(values), max(values))
 
 
-def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
-    """The plan priced by the deployment's own starts; None when the calibration has none."""
-    if not cal.starts:
+def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = None) -> Priced | None:
+    """The plan priced by the deployment's own starts; None when the calibration has none whose
+    memory is a plan's. A plan the starts measured is `measured`; another is `scaled`: its seconds
+    graph by graph from the starts' per-capture seconds (`capture_seconds`) where a probe recorded
+    them, else by graphs; its memory by graphs and workspace. A scaled figure's interval is the
+    error of that scaling on plan pairs measured on the GPU (`errors`, `plan_pair_errors`), none
+    where no pair was measured."""
+    memory = [s for s in cal.starts if s.plan_memory]
+    if not memory:
         return None
     shape = cal.identity.shape if cal.identity else None
     graphs, top = _plan_figures(plan)
-    same = [s for s in cal.starts if s.fingerprint == plan.fingerprint]
+    same = [s for s in memory if s.fingerprint == plan.fingerprint]
+    host = _host_note(cal.starts)
     if same:
         return Priced(
             graphs,
@@ -129,21 +137,266 @@ def price_from_starts(plan: Plan, cal: Calibration) -> Priced | None:
             _figure([s.graph_memory_gib for s in same]),
             "measured",
             f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)}), {whose(cal)}",
-            (*_release_note(plan, cal), *_after_profiling_note(same)),
+            (*_release_note(plan, cal), *_after_profiling_note(same), *host),
             reserve_gib=_first_capture_reading(plan, cal),
         )
     if not graphs:
         return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "scaled", f"no graphs (calibration {cal.name})")
-    secs = [second_rate(s, shape) * _layers(shape) * graphs for s in cal.starts]
-    mem = [memory_rate(s, shape) * graphs + workspace_gib(shape, top) for s in cal.starts]
+    errors = errors if errors is not None else project_pair_errors()
+    secs, how = scaled_seconds(plan, cal)
+    mem, mem_how = scaled_memory(_graph_keys(plan), memory, shape, errors.split)
+    notes = [*how, mem_how, *_release_note(plan, cal), *host]
+    seconds_fig, gib_fig = _within(secs, errors.seconds), _within(mem, errors.gib)
+    for what, errs in (("capture seconds", errors.seconds), ("graph memory", errors.gib)):
+        notes.append(_error_note(what, errs))
     return Priced(
         graphs,
-        _figure(secs),
-        _figure(mem),
+        seconds_fig,
+        gib_fig,
         "scaled",
-        f"scaled by graphs and workspace from {len(cal.starts)} start(s) in calibration "
-        f"{cal.name} ({_sources(cal.starts)}), {whose(cal)}",
-        _release_note(plan, cal),
+        f"scaled from {len(cal.starts)} start(s) in calibration {cal.name} ({_sources(cal.starts)}), {whose(cal)}",
+        tuple(notes),
+    )
+
+
+ONE_OFF = 3.0  # a capture over this many times its mode and case's median holds a one-off cost (a kernel built)
+
+
+def capture_seconds(plan: Plan, starts: list[Start]) -> tuple[float, list[str]] | None:
+    """The plan's capture seconds from per-capture seconds (a probe's `captures`), graph by graph,
+    and what was carried over; None without any. Each mode and LoRA case is a line in tokens
+    fitted to its captures (seconds follow the launches a graph records, a little more for more
+    tokens), a case the starts did not capture priced as the nearest one of the same kind (with
+    adapters or without); one-off costs (a capture over ONE_OFF times its line's median: a kernel
+    built the first time a shape runs) are added once, as they recur once in any start."""
+    measured = [s for s in starts if s.captures]
+    if not measured:
+        return None
+    totals, said = [], set()
+    for start in measured:
+        rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
+        for c in start.captures:
+            rows.setdefault((c.cg_mode, c.lora_case), []).append((c.num_tokens, c.seconds))
+        lines, one_off = {}, 0.0
+        for key, points in rows.items():
+            med = statistics.median(t for _, t in points)
+            usual = [(n, t) for n, t in points if t <= ONE_OFF * med]
+            one_off += sum(t - med for _, t in points if t > ONE_OFF * med)
+            lines[key] = (_line(usual), max(n for n, _ in points))
+        total = one_off
+        for g in plan.graphs:
+            d = g.descriptor
+            key = (d.cg_mode, d.num_active_loras)
+            if key not in lines:
+                same_kind = [c for m, c in lines if m == d.cg_mode and (c > 0) == (d.num_active_loras > 0)]
+                if not same_kind:
+                    return None
+                near = min(same_kind, key=lambda c: (abs(c - d.num_active_loras), c))
+                said.add(f"{d.cg_mode} LoRA case {d.num_active_loras} priced as case {near} (not captured)")
+                key = (d.cg_mode, near)
+            (a, b), top = lines[key]
+            if d.num_tokens > top:
+                said.add(f"{d.cg_mode} graphs above {top} tokens extrapolated from the captures' line")
+            total += a + b * d.num_tokens
+        totals.append(total)
+    notes = [f"capture seconds graph by graph from {len(measured)} probe(s)' per-capture seconds"]
+    return statistics.median(totals), notes + sorted(said)
+
+
+def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Seconds = a + b x tokens by least squares (b at least 0: more tokens never capture faster)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx) if sxx else 0.0
+    return my - b * mx, b
+
+
+def scaled_seconds(plan: Plan, cal: Calibration) -> tuple[float, list[str]]:
+    """A plan's capture seconds from the calibration's starts of other plans: graph by graph where a
+    probe recorded each capture, else by graphs x layers from each start's rate (the median)."""
+    found = capture_seconds(plan, cal.starts)
+    if found is not None:
+        return found
+    shape = cal.identity.shape if cal.identity else None
+    graphs = len(plan.graphs)
+    rates = [second_rate(s, shape) * _layers(shape) * graphs for s in cal.starts]
+    return statistics.median(rates), ["capture seconds by graphs from the starts' rate (no probe's per-capture seconds)"]
+
+
+@dataclass(frozen=True)
+class PairError:
+    """Scaling's error on one plan pair measured on the GPU: the changed plan's price from the
+    other plan's starts, against its own starts (predicted / measured - 1)."""
+
+    calibration: str
+    changed: str  # the changed plan's fingerprint (12 hex digits)
+    error: float
+
+
+@dataclass(frozen=True)
+class PairErrors:
+    seconds: tuple[PairError, ...] = ()
+    gib: tuple[PairError, ...] = ()
+    split: float | None = None  # a PIECEWISE graph's memory over a FULL one's, per layer (`memory_split`)
+
+
+def _graph_keys(plan: Plan) -> list[tuple[str, int, int]]:
+    return [(g.descriptor.cg_mode, g.descriptor.num_active_loras, g.descriptor.num_tokens) for g in plan.graphs]
+
+
+def _keys_of(start: Start) -> list[tuple[str, int, int]]:
+    return [(g.cg_mode, g.lora_case, n) for g in start.graph_sizes for n in g.sizes]
+
+
+def _plans_of(cal: Calibration) -> dict[str, list[Start]]:
+    """The calibration's starts whose memory is a plan's and that say their graphs, by plan."""
+    out: dict[str, list[Start]] = {}
+    for s in cal.starts:
+        if s.plan_memory and s.graph_sizes and s.after_profiling is not True:
+            out.setdefault(s.fingerprint, []).append(s)
+    return out
+
+
+def memory_split(cals: list[Calibration]) -> float | None:
+    """A PIECEWISE graph's memory over a FULL graph's, per layer of the model: a PIECEWISE graph is
+    one graph per piece between attention layers, a FULL graph one graph. Solved from every
+    deployment whose first-capture starts measured two plans of different mixes (two plans, two
+    unknowns: a FULL graph's and a PIECEWISE graph's share beside the workspace); the median
+    over deployments. None: no deployment measured two plans."""
+    ratios = []
+    for cal in cals:
+        shape = cal.identity.shape if cal.identity else None
+        plans = list(_plans_of(cal).values())
+        if shape is None or len(plans) < 2:
+            continue
+        rows = []
+        for starts in plans[:2]:
+            keys = _keys_of(starts[0])
+            full = sum(1 for m, _, _ in keys if m == "FULL")
+            top = max(n for _, _, n in keys)
+            rows.append((full, len(keys) - full, statistics.median(s.graph_memory_gib for s in starts) - workspace_gib(shape, top)))
+        (f1, p1, m1), (f2, p2, m2) = rows
+        det = f1 * p2 - f2 * p1
+        if det == 0:
+            continue
+        full_gib, piece_gib = (m1 * p2 - m2 * p1) / det, (f1 * m2 - f2 * m1) / det
+        if full_gib > 0 and piece_gib > 0:
+            ratios.append(piece_gib / full_gib / shape.num_layers)
+    return statistics.median(ratios) if ratios else None
+
+
+def scaled_memory(
+    keys: list[tuple[str, int, int]], starts: list[Start], shape: ModelShape | None, split: float | None
+) -> tuple[float, str]:
+    """A plan's graph memory (its graphs as (mode, LoRA case, tokens)) from starts of another plan:
+    the largest graph's workspace, and a share per graph, a PIECEWISE graph's `split` x layers
+    times a FULL graph's where the split is known and the starts say their graphs; else one share
+    for every graph. The median over the starts."""
+    top = max(n for _, _, n in keys)
+    layers = _layers(shape)
+
+    def units(ks: list[tuple[str, int, int]]) -> float:
+        assert split is not None
+        return sum(1.0 if m == "FULL" else split * layers for m, _, _ in ks)
+
+    if split is not None and all(s.graph_sizes for s in starts):
+        values = [
+            (s.graph_memory_gib - workspace_gib(shape, s.max_tokens)) / units(_keys_of(s)) * units(keys)
+            + workspace_gib(shape, top)
+            for s in starts
+        ]
+        how = (f"graph memory by mode: a PIECEWISE graph {split * layers:.2f}x a FULL graph's share "
+               f"({split:.3f} per layer, from the plan pairs measured on the GPU), plus the largest graph's workspace")  # fmt: skip
+        return max(0.0, statistics.median(values)), how
+    values = [memory_rate(s, shape) * len(keys) + workspace_gib(shape, top) for s in starts]
+    return statistics.median(values), "graph memory by graphs and the largest graph's workspace"
+
+
+def plan_pair_errors(cals: list[Calibration]) -> PairErrors:
+    """Every plan pair in the calibrations: within one calibration (one deployment), each plan its
+    starts measured priced from the starts of the others (seconds from a probe's captures,
+    memory from first-capture starts, with the mode split solved from the other deployments'
+    pairs: none of a pair's own figures prices it), against the median of its own starts."""
+    seconds, gib = [], []
+    for cal in cals:
+        shape = cal.identity.shape if cal.identity else None
+        plans = _plans_of(cal)
+        split = memory_split([c for c in cals if c is not cal])
+        for fp, mine in plans.items():
+            others = [s for s in cal.starts if s.fingerprint != fp]
+            keys = _keys_of(mine[0])
+            found = capture_seconds(_plan_of(keys), others)
+            if found is not None:
+                truth = statistics.median(s.capture_seconds for s in mine)
+                seconds.append(PairError(cal.name, fp[7:19], found[0] / truth - 1))
+            mem = [s for f, ss in plans.items() if f != fp for s in ss]
+            if mem:
+                guess, _ = scaled_memory(keys, mem, shape, split)
+                truth = statistics.median(s.graph_memory_gib for s in mine)
+                gib.append(PairError(cal.name, fp[7:19], guess / truth - 1))
+    return PairErrors(tuple(seconds), tuple(gib), memory_split(cals))
+
+
+def _plan_of(graphs: list[tuple[str, int, int]]) -> Plan:
+    """A stand-in for a plan of these graphs (mode, LoRA case, tokens): what pricing reads of one."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(  # type: ignore[return-value]
+        graphs=[SimpleNamespace(descriptor=SimpleNamespace(cg_mode=m, num_active_loras=c, num_tokens=n))
+                for m, c, n in graphs]  # fmt: skip
+    )
+
+
+@functools.cache
+def project_pair_errors() -> PairErrors:
+    """The plan pairs of the project's calibrations (`capplan/data/calibrations/`)."""
+    return plan_pair_errors(project_calibrations())
+
+
+T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def error_band(errors: tuple[PairError, ...]) -> tuple[float, float] | None:
+    """Where the next pair's error lies, 95%: the measured pairs' errors (as log ratios) as a
+    normal sample, mean +/- t x sd x sqrt(1 + 1/n); None under two pairs."""
+    n = len(errors)
+    if n < 2:
+        return None
+    logs = [math.log1p(e.error) for e in errors]
+    mean = statistics.fmean(logs)
+    half = T975.get(n - 1, 1.96) * statistics.stdev(logs) * math.sqrt(1 + 1 / n)
+    return math.expm1(mean - half), math.expm1(mean + half)
+
+
+def _within(value: float, errors: tuple[PairError, ...]) -> Figure:
+    """The value and where the truth lies, 95%, if scaling errs as on the plan pairs measured on
+    the GPU (`error_band`); no interval (value on both sides) under two pairs."""
+    band = error_band(errors)
+    if band is None:
+        return Figure(value, value, value)
+    lo_err, hi_err = band  # predicted / true - 1 lies in [lo_err, hi_err]
+    return Figure(value, value / (1 + hi_err), value / (1 + lo_err))
+
+
+def _error_note(what: str, errors: tuple[PairError, ...]) -> str:
+    band = error_band(errors)
+    if band is None:
+        return f"{what}: under two plan pairs measured, so no interval: the figure's error is not known"
+    spread = ", ".join(f"{100 * e.error:+.1f}%" for e in errors)
+    return (
+        f"{what}: 95% interval from scaling's error on {len(errors)} plan pair(s) measured on the GPU, each priced "
+        f"without its own figures ({spread}; {', '.join(sorted({e.calibration for e in errors}))})"
+    )
+
+
+def _host_note(starts: list[Start]) -> tuple[str, ...]:
+    """Capture is bound by the host that records the kernels: which host's seconds these are."""
+    hosts = sorted({f"{s.host_cpu} ({s.host_cores} cores)" for s in starts if s.host_cpu})
+    where = f"measured on {'; '.join(hosts)}" if hosts else "the host was not recorded"
+    return (
+        f"capture seconds {where}; another host differs (one 8B plan on two H100 hosts: 24.2 s and 34.4 s)",
     )
 
 
@@ -168,7 +421,7 @@ def priced_by_starts(model: CostModel) -> CostModel:
     calibration is one of the deployment's starts (capplan calibrate-start) and has no capture
     runs: `optimize`'s budgets then rest on them (`price_from_starts`, the median)."""
     cal = model.calibration
-    if cal is None or not cal.starts or cal.runs:
+    if cal is None or not any(s.plan_memory for s in cal.starts) or cal.runs:
         return model
     return dataclasses.replace(model, from_starts=functools.partial(_starts_estimate, cal))
 
@@ -222,79 +475,92 @@ def _sources(starts: list[Start]) -> str:
 
 @dataclass(frozen=True)
 class Held:
-    """One measured shape in the shape model's fit: its calibration, shape, GPU and rates."""
+    """One measured shape in the shape model's fit: its calibration, shape, GPU and rates. Its
+    memory is in the fit only where a start's capture ran first (no profiling pass before it,
+    whose leftovers the capture reuses) and its memory is a plan's."""
 
     name: str
     shape: ModelShape
     gpu: str
     vllm: str
-    seconds_rate: float  # median over its starts
-    memory_rate: float
-    seconds_rates: tuple[float, ...]
-    memory_rates: tuple[float, ...]
+    seconds_rate: float  # seconds per layer-graph, median over its starts of one plan
     graphs: int
     max_tokens: int
-    seconds: float  # median measured capture seconds and memory of its starts
-    gib: float
+    seconds: float  # median measured capture seconds of those starts
+    first: Start | None = None  # a first-capture start whose graphs are known: the memory in the fit
+    mib_per_unit: float | None = None  # its memory beside the workspace, per unit (`memory_units`)
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The shape model's error on one shape left out of the fit (predicted / measured - 1)."""
+    """The shape model's error on one shape left out of the fit (predicted / measured - 1); None
+    where the shape's memory is not in the fit."""
 
     name: str
     seconds_error: float
-    gib_error: float
+    gib_error: float | None
+
+
+def memory_units(keys: list[tuple[str, int, int]], layers: int, split: float | None) -> float:
+    """A plan's graphs in units of a FULL graph's memory: a PIECEWISE graph `split` x layers units
+    (one graph per piece between attention layers); every graph one unit where the split is not
+    known."""
+    if split is None:
+        return float(len(keys))
+    return sum(1.0 if m == "FULL" else split * layers for m, _, _ in keys)
+
+
+def _as_errors(values: list[float]) -> tuple[PairError, ...]:
+    return tuple(PairError("", "", e) for e in values)
 
 
 @dataclass(frozen=True)
 class ShapeModel:
     held: tuple[Held, ...]
     seconds_rate: float
-    memory_rate: float
+    memory_rate: float | None  # GiB per unit (`memory_units`), None: no first-capture shape
+    split: float | None
     held_out: tuple[HeldOut, ...]
 
     @property
-    def seconds_error(self) -> float:
-        return max((abs(h.seconds_error) for h in self.held_out), default=float("inf"))
+    def seconds_errors(self) -> list[float]:
+        return [h.seconds_error for h in self.held_out]
 
     @property
-    def gib_error(self) -> float:
-        return max((abs(h.gib_error) for h in self.held_out), default=float("inf"))
+    def gib_errors(self) -> list[float]:
+        return [h.gib_error for h in self.held_out if h.gib_error is not None]
 
     def basis(self) -> str:
         shapes = "; ".join(
             f"{h.name}: {h.shape.num_layers} layers, hidden {h.shape.hidden_size} on {h.gpu}, vLLM {h.vllm}"
             for h in self.held
         )
+        worst = ", ".join(
+            f"{what} {max((abs(e) for e in errs), default=float('nan')) * 100:.0f}%"
+            for what, errs in (("capture seconds", self.seconds_errors), ("graph memory", self.gib_errors))
+        )
         return (
             f"predicted by the shape model from {len(self.held)} measured shape(s) ({shapes}); "
-            f"error on a shape held out: capture seconds {100 * self.seconds_error:.0f}%, "
-            f"graph memory {100 * self.gib_error:.0f}%"
+            f"worst error on a shape held out: {worst}"
         )
 
     def predict(self, plan: Plan, shape: ModelShape, gpu: str | None) -> Priced:
         graphs, top = _plan_figures(plan)
-        units = shape.num_layers * graphs
-        s_all = [r for h in self.held for r in h.seconds_rates]
-        m_all = [r for h in self.held for r in h.memory_rates]
-        es, em = self.seconds_error, self.gib_error
-        w = workspace_gib(shape, top)
-        seconds = Figure(
-            self.seconds_rate * units,
-            min(min(s_all), self.seconds_rate * (1 - es)) * units,
-            max(max(s_all), self.seconds_rate * (1 + es)) * units,
-        )
-        gib = Figure(
-            self.memory_rate * graphs + w,
-            min(min(m_all), self.memory_rate * (1 - em)) * graphs + w,
-            max(max(m_all), self.memory_rate * (1 + em)) * graphs + w,
-        )
+        seconds = _within(self.seconds_rate * shape.num_layers * graphs, _as_errors(self.seconds_errors))
         notes = self.extrapolated(plan, shape, gpu)
+        if self.memory_rate is None:
+            gib = Figure(math.nan, math.nan, math.nan)
+            notes.append("graph memory not priced: no measured shape's capture ran first")
+        else:
+            units = memory_units(_graph_keys(plan), shape.num_layers, self.split)
+            gib = _within(self.memory_rate * units + workspace_gib(shape, top), _as_errors(self.gib_errors))
+        notes.append(
+            "intervals: 95% from the model's errors on each measured shape held out of the fit "
+            f"({len(self.seconds_errors)} for seconds, {len(self.gib_errors)} for memory); "
+            "a probe of this deployment (capplan calibrate) replaces the prediction"
+        )
         if any(n.startswith("extrapolated") for n in notes):
-            notes.append(
-                "the interval is the measured shapes' spread and held-out error; it does not bound the extrapolation"
-            )
+            notes.append("the intervals do not bound the extrapolation")
         return Priced(graphs, seconds, gib, "predicted", self.basis(), tuple(notes))
 
     def extrapolated(self, plan: Plan, shape: ModelShape, gpu: str | None) -> list[str]:
@@ -313,7 +579,7 @@ class ShapeModel:
                 out.append(f"extrapolated: {label} {value}, {value / hi:.1f}x the largest measured ({hi})")
             elif value < lo:
                 out.append(f"extrapolated: {label} {value}, {lo / value:.1f}x below the smallest measured ({lo})")
-        if shape.num_experts:
+        if shape.num_experts and not any(h.shape.num_experts for h in self.held):
             out.append(f"extrapolated: {shape.num_experts} experts; no MoE model was measured")
         gpus = sorted({h.gpu for h in self.held})
         if gpu is None:
@@ -334,47 +600,67 @@ class ShapeModel:
 def held_of(cal: Calibration) -> Held | None:
     """A calibration's place in the shape model: it needs starts and a recorded shape and GPU."""
     ident = cal.identity
-    if not cal.starts or ident is None or ident.shape is None or ident.gpu is None:
+    usable = [s for s in cal.starts if s.plan_memory]
+    if not usable or ident is None or ident.shape is None or ident.gpu is None:
         return None
+    one = [s for s in usable if s.fingerprint == usable[0].fingerprint]  # one plan's: its median is a plan's
     shape = ident.shape
-    s_rates = tuple(second_rate(s, shape) for s in cal.starts)
-    m_rates = tuple(memory_rate(s, shape) for s in cal.starts)
-    first = cal.starts[0]
+    first = next((s for s in usable if s.after_profiling is False and s.graph_sizes), None)
     return Held(
         cal.name,
         shape,
         ident.gpu,
         ident.vllm or "unrecorded",
-        statistics.median(s_rates),
-        statistics.median(m_rates),
-        s_rates,
-        m_rates,
-        first.graphs,
-        first.max_tokens,
-        statistics.median(s.capture_seconds for s in cal.starts),
-        statistics.median(s.graph_memory_gib for s in cal.starts),
+        statistics.median(second_rate(s, shape) for s in one),
+        one[0].graphs,
+        one[0].max_tokens,
+        statistics.median(s.capture_seconds for s in one),
+        first,
     )
+
+
+def _memory_rate(held: tuple[Held, ...], split: float | None) -> float | None:
+    rates = [
+        (h.first.graph_memory_gib - workspace_gib(h.shape, h.first.max_tokens))
+        / memory_units(_keys_of(h.first), h.shape.num_layers, split)
+        for h in held
+        if h.first is not None
+    ]
+    return statistics.median(rates) if rates else None
 
 
 def fit_shape_model(cals: list[Calibration]) -> ShapeModel | None:
     """The shape model fitted on every calibration with starts and a shape (None: none has),
-    with its error on each shape held out of the fit (leave one shape out)."""
-    held = tuple(h for h in (held_of(c) for c in cals) if h is not None)
+    with its error on each shape held out of the fit (leave one shape out: the rates, and the
+    mode split, from the others). Seconds: a rate per layer-graph (a capture records each layer's
+    kernels); memory: the largest graph's workspace and a share per unit (`memory_units`), from
+    first-capture starts only."""
+    pairs = [(held_of(c), c) for c in cals]
+    held = tuple(h for h, _ in pairs if h is not None)
     if not held:
         return None
-
-    def rates(hs: tuple[Held, ...]) -> tuple[float, float]:
-        return statistics.median(h.seconds_rate for h in hs), statistics.median(h.memory_rate for h in hs)
-
-    s_rate, m_rate = rates(held)
+    split = memory_split(cals)
     out = []
     if len(held) > 1:
-        for h in held:
-            s, m = rates(tuple(x for x in held if x is not h))
-            predicted_s = s * h.shape.num_layers * h.graphs
-            predicted_m = m * h.graphs + workspace_gib(h.shape, h.max_tokens)
-            out.append(HeldOut(h.name, predicted_s / h.seconds - 1, predicted_m / h.gib - 1))
-    return ShapeModel(held, s_rate, m_rate, tuple(out))
+        for h, cal in pairs:
+            if h is None:
+                continue
+            rest = tuple(x for x in held if x is not h)
+            s_rate = statistics.median(x.seconds_rate for x in rest)
+            seconds_error = s_rate * h.shape.num_layers * h.graphs / h.seconds - 1
+            gib_error = None
+            if h.first is not None:
+                own_split = memory_split([c for c in cals if c is not cal])
+                m_rate = _memory_rate(rest, own_split)
+                if m_rate is not None:
+                    keys = _keys_of(h.first)
+                    guess = m_rate * memory_units(keys, h.shape.num_layers, own_split)
+                    guess += workspace_gib(h.shape, h.first.max_tokens)
+                    gib_error = guess / h.first.graph_memory_gib - 1
+            out.append(HeldOut(h.name, seconds_error, gib_error))
+    return ShapeModel(
+        held, statistics.median(h.seconds_rate for h in held), _memory_rate(held, split), split, tuple(out)
+    )
 
 
 def project_calibrations() -> list[Calibration]:

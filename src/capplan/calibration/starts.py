@@ -19,7 +19,7 @@ from capplan.errors import InputError, printable
 from capplan.files import json_value, read_text, shown
 from capplan.schemas.calibration import CaptureCost, Calibration, GraphSizes, Identity, ModelShape, Start
 from capplan.schemas.plan import Plan
-from capplan.schemas.report import KNOWN_FORMATS, REPORT_FORMAT, Capture, KVCache, StartReport
+from capplan.schemas.report import KNOWN_FORMATS, Capture, KVCache, StartReport
 from capplan.schemas.report import Identity as Measured
 from capplan.schemas.spec import Model
 
@@ -80,7 +80,7 @@ def read_report(path: Path) -> _Report:
             "read it with the capplan release whose runtime wrote it, or upgrade capplan",
         )
     try:
-        if fmt == REPORT_FORMAT:
+        if fmt > 0:
             StartReport.model_validate(data)
         report = _Report.model_validate(data)
     except ValidationError as exc:
@@ -259,6 +259,8 @@ def _one_deployment(measured: list[Measured], reports: list[Path]) -> Measured:
         for key in Measured.model_fields:
             if key in HOST:
                 continue  # starts of one deployment may run on several hosts: each start records its own
+            if key == "model" and first.shape is not None and m.shape is not None and _agrees("shape", first.shape, m.shape):
+                continue  # the same shape from another folder (a probe's config.json): the same graphs to capture
             a, b = getattr(first, key), getattr(m, key)
             if a is not None and b is not None and not _agrees(key, a, b):
                 raise InputError(
@@ -268,12 +270,22 @@ def _one_deployment(measured: list[Measured], reports: list[Path]) -> Measured:
     return first
 
 
-def calibration_from_starts(reports: list[Path], plan: Plan, given: Given, name: str) -> Calibration:
+def calibration_from_starts(reports: list[Path], plans: list[Plan], given: Given, name: str) -> Calibration:
     """One calibration of the deployment from its starts' reports (at least one), every report
-    checked against the plan; the release the operator gives must be the plan's."""
+    checked against the plan it ran (the one of `plans` with its fingerprint); the plans must be
+    of one deployment (one release and parallel layout), and the release the operator gives must
+    be theirs."""
     if not reports:
         raise InputError("no start report given", "give the report(s) capplan apply --report wrote")
-    read = [start_of(path, plan) for path in reports]
+    plan = plans[0]
+    for other in plans[1:]:
+        if (other.spec.target.vllm, other.spec.parallel) != (plan.spec.target.vllm, plan.spec.parallel):
+            raise InputError(
+                "--plan: plans of different deployments (another vLLM release or parallel layout)",
+                "calibrate each deployment apart",
+            )
+    by_fingerprint = {p.fingerprint: p for p in plans}
+    read = [start_of(path, by_fingerprint.get(_fingerprint_of(path), plan)) for path in reports]
     seen: set[str] = set()
     for path in reports:
         key = str(path.resolve())
@@ -290,6 +302,14 @@ def calibration_from_starts(reports: list[Path], plan: Plan, given: Given, name:
             said = "the starts ran" if measured.vllm else "--vllm"
             raise InputError(f"{said} vLLM {release}: a start of another release: {problem[0]}", problem[1])
     return Calibration(name=name, identity=identity_of(plan, given, measured), starts=[s for s, _ in read])
+
+
+def _fingerprint_of(path: Path) -> str | None:
+    """The fingerprint a report names (read again, checked, by `start_of`)."""
+    try:
+        return read_report(path).fingerprint
+    except InputError:
+        return None
 
 
 def find_folder(start: Path) -> Path | None:

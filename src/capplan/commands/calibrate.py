@@ -215,39 +215,43 @@ class StartsCalibrated:
 
 def calibrate_starts(
     reports: list[Path],
-    plan: Path,
+    plans: list[Path],
     output: Path,
     identity: Given,
     model_config: Path | None = None,
     name: str | None = None,
 ) -> StartsCalibrated:
     """One calibration of the deployment from its starts' reports (`capplan apply --report`),
-    each checked against PLAN; the identity given (its shape read from `model_config`, a
-    model's config.json) is recorded as given. Nothing is written
-    unless every report is accepted."""
+    each checked against the plan it ran (one of PLANS, by fingerprint: starts of several plans
+    of one deployment price a changed plan graph by graph and measure scaling's error); the
+    identity given (its shape read from `model_config`, a model's config.json) is recorded as
+    given. Nothing is written unless every report is accepted."""
     from capplan.calibration.shape import shape_from_config
     from capplan.calibration.starts import calibration_from_starts
     from capplan.files import check_output, write_atomic
     from capplan.planfile.read import load_plan
 
-    sources = inputs(plan, model_config, *reports)
+    sources = inputs(*plans, model_config, *reports)
     check_output(output, sources)
     if name is not None and (not 0 < len(name) <= 200 or not name.isprintable()):
         raise UsageError("--name must be 1 to 200 printable characters")
+    if not plans:
+        raise UsageError("--plan: give the plan the starts ran")
     for text, option in ((identity.gpu, "--gpu"), (identity.vllm, "--vllm"), (identity.torch, "--torch"),
                          (identity.attention_backend, "--attention-backend"), (identity.model, "--model")):  # fmt: skip
         if text is not None and (not 0 < len(text) <= 200 or not text.isprintable()):
             raise UsageError(f"{option} must be 1 to 200 printable characters")
     if identity.lora_rank is not None and not 1 <= identity.lora_rank <= 1 << 16:
         raise UsageError(f"--lora-rank must be 1 to 65536 (got {identity.lora_rank})")
-    loaded = load_plan(plan)
+    loaded = [load_plan(p) for p in plans]
     if model_config is not None:
         identity = replace(identity, shape=shape_from_config(model_config))
     cal = calibration_from_starts(list(reports), loaded, identity, name or output.stem)
     data = cal.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
     data["identity"] = cal.identity.model_dump(mode="json", exclude_none=True) if cal.identity else None
     header = (
-        f"# Calibration of one deployment from {len(cal.starts)} start report(s) of {printable(plan.name)} "
+        f"# Calibration of one deployment from {len(cal.starts)} start report(s) of "
+        f"{', '.join(printable(p.name) for p in plans)} "
         "(capplan calibrate-start).\n"
         "# identity.given: the fields the operator gave, not read from the starts.\n"
     )
@@ -366,7 +370,7 @@ def probe(
                    else f"not every graph captured in {limit:.0f} s")  # fmt: skip
             raise InputError(f"probe failed: {why}; vLLM's log is {shown(kept)}",
                              "read the log's last lines; a start under capplan apply must succeed for a probe to")  # fmt: skip
-    cal = calibration_from_starts([report], loaded, Given(shape=shape), name or output.stem)
+    cal = calibration_from_starts([report], [loaded], Given(shape=shape), name or output.stem)
     ident = cal.identity
     if ident is not None and ident.model is not None and ident.model.name == str(folder) and folder != model:
         said = ident.model.model_copy(update={"name": printable(str(model))[:200]})  # not the probe's temporary folder

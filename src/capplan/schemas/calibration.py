@@ -118,6 +118,13 @@ class Start(_Strict):
     host_cores: int | None = Field(None, ge=1, le=1 << 16)
 
 
+    @property
+    def plan_memory(self) -> bool:
+        """Whether `graph_memory_gib` is the plan's graph memory: not where each graph was captured
+        in a vLLM call of its own (report format 1), whose pool no graph shares with another."""
+        return not (self.report_format == 1 and self.captures)
+
+
 class Calibration(_Strict):
     name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     identity: Identity | None = None

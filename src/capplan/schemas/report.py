@@ -5,9 +5,14 @@ CAPPLAN_REPORT), written by `capplan.runtime.report` and read by `capplan calibr
 The format is versioned (`report_format`). Reports of runtimes before the version was written
 carry none and are read as format 0 (their fields are a subset of format 1's); a report of a
 format this capplan does not know is refused with the reason, never read as if it were one it
-knows. Format 1 adds, to format 0: each capture's seconds and pool growth where each graph had a
-call of its own (`captures`), vLLM's graph-memory estimate from its profiling pass
-(`vllm_estimate_gib`), the KV cache vLLM sized (`kv_cache`), and the host in `identity`.
+knows.
+- Format 1 adds, to format 0: each capture's seconds and growth (`captures`), vLLM's graph-memory
+  estimate from its profiling pass (`vllm_estimate_gib`), the KV cache vLLM sized (`kv_cache`),
+  and the host in `identity`. Its `captures` come from one vLLM capture call per graph: their
+  seconds are each graph's, but their memory is not a plan's (vLLM captures each call on a new
+  stream, so no graph reuses another's freed pool memory: 4.3x the memory at 8B on an H100).
+- Format 2: the same keys; `captures` read between one graph and the next of vLLM's one capture
+  (one stream, one pool), so that their growths add up to the plan's graph memory.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from capplan.schemas.calibration import ModelShape
 from capplan.schemas.spec import PRINTABLE
 
-REPORT_FORMAT = 1
-KNOWN_FORMATS = (0, 1)
+REPORT_FORMAT = 2
+KNOWN_FORMATS = (0, 1, 2)
+PER_CALL_CAPTURES = 1  # the format whose captures took a vLLM call each: their memory is no plan's
 
 
 class _Strict(BaseModel):
@@ -84,11 +90,11 @@ class Identity(_Strict):
 
 
 class StartReport(_Strict):
-    """A report of format 1, every key the runtime writes (`Report.to_json`)."""
+    """A report of format 1 or 2, every key the runtime writes (`Report.to_json`)."""
 
     capplan_commit: str | None = Field(None, max_length=64)  # added where a GPU run keeps the report
     plan: str
-    report_format: Literal[1]
+    report_format: Literal[1, 2]
     fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     pid: int
     graphs: list[GraphCount]
