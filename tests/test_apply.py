@@ -311,8 +311,8 @@ def test_the_operator_s_pause_bounds_reach_the_engine_and_are_said(fake_vllm):
 @pytest.mark.parametrize(
     "options, line",
     [
-        (["--step-pause-ms", "0"], "error: --step-pause-ms 0: give milliseconds above 0 and at most 60000"),
-        (["--step-pause-ms", "nan"], "error: --step-pause-ms nan: give milliseconds above 0 and at most 60000"),
+        (["--step-pause-ms", "0"], "error: --step-pause-ms 0: give milliseconds from 0.001 to 60000"),
+        (["--step-pause-ms", "nan"], "error: --step-pause-ms nan: give milliseconds from 0.001 to 60000"),
         (["--slow-capture-every-steps", "-1"], "error: --slow-capture-every-steps -1: give 0 (never) to 1000000 steps"),
     ],
 )

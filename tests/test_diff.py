@@ -22,8 +22,11 @@ GOLDEN = ROOT / "tests" / "golden"
 runner = CliRunner()
 
 
+TOY = ROOT / "src" / "capplan" / "data" / "h200-vllm025.yaml"  # the shipped runs: a 0.9B model on an H200
+
+
 def test_cost_model_reproduces_its_calibration_runs():
-    model = load_cost_model()
+    model = load_cost_model(TOY)
     for lora, seconds, gib in (
         ({"enabled": False}, 8, 0.27),
         ({"enabled": True, "max_loras": 4}, 30, 0.44),
@@ -41,7 +44,7 @@ def test_diff_counts_graphs_per_mode_and_case():
     # vLLM's own graph sets (fixes: []), as in the calibration runs.
     old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[]))
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
-    d = diff_plans(old, new, load_cost_model())
+    d = diff_plans(old, new, load_cost_model(TOY))
     assert not d.equal
     assert d.spec_changes == (SpecChange("lora.specialize_active", False, True),)
     assert [(g.cg_mode, g.lora_case, g.added_count, g.removed_count) for g in d.graph_changes] == [
@@ -93,7 +96,7 @@ def spec_pair(tmp_path, monkeypatch):
 
 
 def test_estimates_for_another_model_are_withheld(tmp_path, monkeypatch):
-    """The tiny model's own spec names its model: the 0.9B calibration's numbers are withheld
+    """The tiny model's own spec names its model: the 0.9B calibration's numbers, given, are withheld
     in every format, and the reason names both models' differences."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(ROOT / "configs" / "h200-tiny-llama-025.yaml", "old.yaml")
@@ -107,8 +110,11 @@ def test_estimates_for_another_model_are_withheld(tmp_path, monkeypatch):
     assert "est. capture time" not in md and "capture time (predicted)" in md
     data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
     assert data["estimate"]["old"] is None and data["estimate"]["new"] is None
-    assert data["estimate"]["basis"].startswith("uncalibrated: measured on llama0.9b")
+    assert "capplan calibrate" in data["estimate"]["basis"]  # the shipped runs price no deployment
     assert data["price"]["new"]["kind"] == "predicted"
+    told = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json",
+                                          "--calibration", str(TOY)]).stdout)  # fmt: skip
+    assert told["estimate"]["basis"].startswith("uncalibrated: measured on llama0.9b")
 
 
 @pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json")])
@@ -123,7 +129,9 @@ def test_golden_diff_output(spec_pair, fmt, suffix):
     assert result.stdout == golden.read_text()
     if fmt == "json":
         data = json.loads(result.stdout)
-        assert data["equal"] is False and data["estimate"]["new"]["graphs"] == 88
+        # no probe or start of this deployment: not priced, and said so (the shipped runs price nothing)
+        assert data["equal"] is False and data["estimate"]["new"] is None and data["estimate"]["delta"] is None
+        assert data["estimate"]["calibration"] == "none" and "capplan calibrate" in data["estimate"]["basis"]
     same = runner.invoke(app, ["diff", "old.plan.yaml", "old.plan.yaml", "--format", fmt])
     assert same.exit_code == 0
 
@@ -356,7 +364,7 @@ def test_the_optimized_plan_s_markdown_diff_fits_a_pull_request_comment(tmp_path
 def test_a_diff_of_two_compiled_plans_is_graph_delta_records():
     old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[]))
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
-    d = diff_plans(old, new, load_cost_model())
+    d = diff_plans(old, new, load_cost_model(TOY))
     assert all(isinstance(g, GraphDelta) for g in d.graph_changes)
     added = [x for x in new.descriptors if x not in set(old.descriptors)]
     for g in d.graph_changes:

@@ -445,7 +445,12 @@ def test_capture_each_reads_every_graph_of_vllm_s_one_capture_between_one_graph_
     assert [r["graph"] for r in rows] == taken
     g = plan.graphs[7].descriptor
     assert {k: rows[7][k] for k in ("graph", "cg_mode", "num_tokens", "lora_case", "bytes")} == {
-        "graph": 7, "cg_mode": g.cg_mode, "num_tokens": g.num_tokens, "lora_case": g.num_active_loras, "bytes": 0}
+        "graph": 7,
+        "cg_mode": g.cg_mode,
+        "num_tokens": g.num_tokens,
+        "lora_case": g.num_active_loras,
+        "bytes": 0,
+    }
     assert all(r["seconds"] >= 0 for r in rows) and ctx.report.to_json()["graph_memory_gib"] == 1.0
     assert ctx.report.to_json()["graphs_captured"] == sum(1 for g in plan.graphs if g.descriptor.cg_mode == "PIECEWISE")
     plain = _ctx(plan)

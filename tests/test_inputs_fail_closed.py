@@ -96,16 +96,24 @@ def test_tensor_parallel_size_is_compared():
     assert usable and "the spec does not give parallel.tensor_parallel_size, parallel.pipeline_parallel_size" in note
 
 
+TOY = Path(__file__).resolve().parents[1] / "src" / "capplan" / "data" / "h200-vllm025.yaml"
+
+
 def test_optimize_says_what_its_budget_rests_on(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"model": {"architecture": "LlamaForCausalLM"}}))
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"num_reqs": n, "num_tokens": n}) + "\n" for n in (1, 8, 64, 200)))
     result = runner.invoke(
-        app, ["optimize", str(spec), str(trace), "--max-capture-seconds", "30", "-o", str(tmp_path / "o.yaml")]
-    )
+        app, ["optimize", str(spec), str(trace), "--max-capture-seconds", "30", "--calibration", str(TOY),
+              "-o", str(tmp_path / "o.yaml")]
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "not checked against this deployment" in result.output
+    # without a calibration no capture is priced: the budget is refused, saying what would price it
+    bare = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-capture-seconds", "30", "-o",
+                               str(tmp_path / "b.yaml")])  # fmt: skip
+    assert bare.exit_code == 2 and "capplan calibrate" in bare.output and not (tmp_path / "b.yaml").exists()
 
 
 def _traced(tmp_path: Path, layout: str) -> Path:

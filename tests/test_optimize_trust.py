@@ -156,23 +156,23 @@ def test_a_70b_spec_is_predicted_as_extrapolated_and_the_small_model_calibration
     # no calibration of this model: the shape model predicts, and says how far it extrapolates
     assert "(predicted; predicted by the shape model" in line
     assert "extrapolated: layers 80, 1.7x the largest measured (48)" in show.stdout
-    assert "it does not bound the extrapolation" in show.stdout
+    assert "the intervals do not bound the extrapolation" in show.stdout
     assert "vLLM's own estimate stays in charge of the KV cache" in show.stdout
     data = json.loads(runner.invoke(app, ["show", str(plan), "--json"]).stdout)
     assert data["price"]["kind"] == "predicted" and data["price"]["graph_memory_reserve_bytes"] is None
     # the small model's step-cost calibration prices nothing here
     assert data["estimate"]["capture_seconds"] is None and data["estimate"]["graph_memory_gib"] is None
-    assert "parameters 0.853B vs 70.6B" in data["estimate"]["basis"]
+    assert "capplan calibrate" in data["estimate"]["basis"]
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"num_reqs": 16, "num_tokens": 64, "max_query_len": 4, "count": 10}\n')
     spec = root / "configs" / "llama3-70b-spec-decode.yaml"
     for budget in (["--max-graph-memory", "1"], ["--max-capture-seconds", "10"]):
         refused = runner.invoke(app, ["optimize", str(spec), str(trace), *budget, "-o", str(tmp_path / "x.yaml")])
-        assert refused.exit_code in (1, 2) and "uncalibrated" in refused.stderr
-    # without a model in the spec the numbers are shown, flagged as not checked
+        assert refused.exit_code in (1, 2) and "not priced" in refused.stderr
+    # without a model in the spec and no calibration: not priced, and what would price it
     qwen = runner.invoke(app, ["show", str(root / "examples" / "qwen3-8b-multilora.plan.yaml")]).stdout
     line = next(x for x in qwen.splitlines() if x.startswith("Estimate:"))
-    assert "~" in line and "not checked against this deployment (the spec does not give model, target.gpu" in line
+    assert "~" not in line and "not priced (no probe or start of this deployment: capplan calibrate" in line
 
 
 def test_json_output_is_strict():

@@ -97,7 +97,7 @@ def test_the_diff_picture_title_fits(tmp_path, monkeypatch):
     caption = " ".join(el.text for el in root.iter(f"{NS}text") if el.get("font-size") == "12")
     assert caption.startswith(f"capplan diff {names[0]} -> {names[1]}: REGRESSION: ")  # batches sent eager lead
     assert "scheduler.max_num_seqs: 128 -> 96" in caption
-    assert "estimated)" in caption  # the whole headline, not cut
+    assert "not priced)" in caption  # the whole headline, not cut
 
 
 def test_the_simulate_picture_draws_every_bucket_and_the_eager_steps(tmp_path):
@@ -126,8 +126,8 @@ def test_the_optimize_picture_keeps_the_chosen_label_inside(tmp_path):
     for budget in (["--max-graph-memory", "100"], ["--max-graphs", "100"], ["--max-graphs", "600"]):
         out = runner.invoke(
             app,
-            ["optimize", str(spec), str(trace), *budget, "--plot", str(tmp_path / "o.svg"),
-             "-o", str(tmp_path / "o.yaml")],
+            ["optimize", str(spec), str(trace), *budget, "--plot", str(tmp_path / "o.svg"), "--calibration",
+             str(ROOT / "src" / "capplan" / "data" / "h200-vllm025.yaml"), "-o", str(tmp_path / "o.yaml")],
         )  # fmt: skip
         assert out.exit_code == 0, out.output
         root = check_geometry((tmp_path / "o.svg").read_text())

@@ -344,7 +344,9 @@ def test_calibrate_drives_every_lora_case():
 def test_calibrate_without_vllm_is_one_line(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("lora: {enabled: true, max_loras: 2}\n")
-    result = runner.invoke(app, ["calibrate", str(spec), "--model", str(tmp_path), "-o", str(tmp_path / "c.yaml")])
+    result = runner.invoke(
+        app, ["calibrate-steps", str(spec), "--model", str(tmp_path), "-o", str(tmp_path / "c.yaml")]
+    )
     assert result.exit_code == 1
     assert "vLLM" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "c.yaml").exists()
@@ -373,10 +375,14 @@ def test_simulate_cli_prints_predicted_step_time(tmp_path):
 
 def test_shipped_calibration_loads():
     from capplan.loading import load_cost_model
+    from capplan.traffic.cost import DEFAULT_CALIBRATION
 
-    model = load_cost_model()
+    model = load_cost_model(DEFAULT_CALIBRATION)
     assert model.seconds.per_graph > 0
     assert Path(model.name)  # a name, whatever the shipped file calls itself
+    # without --calibration its runs (a 0.9B model's, on an H200) price no deployment's capture
+    bare = load_cost_model()
+    assert bare.seconds is None and bare.unpriced and "capplan calibrate" in bare.unpriced
 
 
 # --- step times as served ----------------------------------------------------

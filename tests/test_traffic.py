@@ -281,11 +281,12 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
 def test_optimize_with_a_memory_budget():
     spec = make_spec(**SMALL)
     trace = read_batches(TRACES / "multitenant.jsonl").batches
-    default = optimize(spec, trace, load_cost_model(), max_graphs=10_000).default
+    toy = load_cost_model(Path(__file__).resolve().parents[1] / "src" / "capplan" / "data" / "h200-vllm025.yaml")
+    default = optimize(spec, trace, toy, max_graphs=10_000).default
     # The memory estimate has a base (the shared pool's workspace), so half the default's
     # memory may be below any plan's; three quarters leaves room for fewer graphs.
     budget = default.graph_memory_gib * 0.75
-    result = optimize(spec, trace, load_cost_model(), max_graph_memory=budget)
+    result = optimize(spec, trace, toy, max_graph_memory=budget)
     assert result.point.graph_memory_gib <= budget and result.point.graphs < default.graphs
     assert "GiB graph memory" in result.budget and verify_plan(result.plan).ok
 

@@ -408,7 +408,9 @@ def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve", calibration: h.Fl
         )
 
 
-@app.command("calibrate", help=h.PROBE_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    "calibrate", help=h.PROBE_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
 @_errors_to_exit
 def probe_cmd(
     ctx: typer.Context,
@@ -422,7 +424,9 @@ def probe_cmd(
 
     if not 60 <= timeout <= 86_400:
         raise UsageError(f"--timeout must be 60 to 86400 seconds (got {timeout})")
-    done = probe(plan, model, output, name, tuple(ctx.args), float(timeout), say=lambda line: typer.echo(line, err=True))
+    done = probe(
+        plan, model, output, name, tuple(ctx.args), float(timeout), say=lambda line: typer.echo(line, err=True)
+    )
     typer.echo(
         f"wrote {printable(str(output))}: {done.graphs} graphs, {done.capture_seconds:.1f} s capture, "
         f"{done.graph_memory_gib:.4f} GiB graph memory, each capture recorded ({done.seconds:.0f} s from launch; "

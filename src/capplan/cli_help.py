@@ -578,7 +578,7 @@ and optimize with --calibration; optimize then minimizes predicted step
 time. Needs a GPU and vLLM; extra LLM(...) keywords come from the JSON
 object in CAPPLAN_SMOKE_LLM_ARGS. Takes a few minutes.
 """
-PROBE_HELP = """Probe the deployment on this machine's GPU: capture PLAN once with vLLM's dummy weights and write a calibration.
+PROBE_HELP = """Probe the deployment on this GPU: capture PLAN once with vLLM's dummy weights, into a calibration.
 
 Starts `vllm serve MODEL --load-format dummy` under `capplan apply PLAN`
 (the plan in force, the line completed from the plan), with each graph

@@ -115,12 +115,25 @@ def load_calibration(path: Path | None = None):
         raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}", hint) from None
 
 
+NOT_PRICED = (
+    "no probe or start of this deployment: capplan calibrate PLAN --model CONFIG.json on its GPU prices it; "
+    "the model's shape (spec model.num_layers and hidden_size, or --model-config) gives the shape model's prediction"
+)
+
+
 def load_cost_model(path: Path | None = None):
-    """The cost model of a calibration file (default: the shipped H200 one)."""
+    """The cost model of a calibration file; without one, the shipped H200 file's step times and
+    no capture price (its runs are a 0.9B model's on another GPU: no evidence about the
+    deployment, `NOT_PRICED` says what would price it)."""
+    import dataclasses
+
     from capplan.traffic.cost import DEFAULT_CALIBRATION, fit_cost_model
 
     try:
-        return fit_cost_model(load_calibration(path))
+        model = fit_cost_model(load_calibration(path))
+        if path is None:
+            model = dataclasses.replace(model, seconds=None, gib=None, unpriced=NOT_PRICED)
+        return model
     except InputError as exc:
         if exc.message.startswith(printable(str(path or DEFAULT_CALIBRATION))):
             raise

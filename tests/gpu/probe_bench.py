@@ -19,7 +19,7 @@ stopped):
   `--gpu-memory-utilization 0.92`): both capture passes, vLLM's graph-memory estimate and the KV
   cache vLLM sized, beside the probe's first-capture figures;
 for the 8B and the 1B: probe A, start A, start B; then probes of A for the 14B and the MoE; then
-the 8B's profiled start.
+the 8B's profiled start; then starts of B for the MoE and the 14B.
 Every record names the capplan commit, vLLM, torch, the GPU, the host CPU and the command.
 """
 
@@ -52,6 +52,7 @@ JOBS = [
     ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
     ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"), ("llama-3.2-1b", "start", "B"),
     ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"), ("llama-3.1-8b", "profiled", "A"),
+    ("olmoe-1b-7b", "start", "B"), ("qwen2.5-14b", "start", "B"),
 ]  # fmt: skip
 KV_BYTES = 4 << 30  # as the probe gives it
 SERVE_ARGS = ["--max-lora-rank", "16", "--max-model-len", "4096", "--dtype", "bfloat16", "--seed", "0",
@@ -85,7 +86,9 @@ def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict) -> dict:
     cmd = [sys.executable, "-m", "capplan", "calibrate", str(plan), "--model", str(model), "-o", str(out), "--",
            *SERVE_ARGS]  # fmt: skip
     t0 = time.perf_counter()
-    got = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")})
+    got = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
+    )
     result = {"job": "probe", "shape": shape, "command": cmd, **ident, "seconds": round(time.perf_counter() - t0, 2),
               "exit": got.returncode, "stdout": got.stdout[-2000:], "stderr": got.stderr[-4000:]}  # fmt: skip
     gpu_released()
@@ -170,7 +173,7 @@ def run(work: Path, until: float) -> None:
 
 
 def main() -> None:
-    work, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    work, what = Path(sys.argv[1]), sys.argv[3]  # argv[2]: the summary path, for the start bench's form
     until = float(sys.argv[sys.argv.index("--until") + 1]) if "--until" in sys.argv else 1e9
     if what == "run":
         run(work, until)

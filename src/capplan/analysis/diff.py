@@ -393,8 +393,9 @@ def _cost(old: Plan, new: Plan, cost: CostModel) -> CostDelta:
     if not withheld:
         before, after = cost.estimate(old), cost.estimate(new)
         if before is None:
-            basis = f"calibration {cost.name} has no capture runs"
-    return CostDelta(len(old.graphs), len(new.graphs), before, after, cost.name, basis)
+            basis = cost.unpriced or f"calibration {cost.name} has no capture runs"
+    name = "none" if cost.unpriced is not None else cost.name  # the shipped default prices no capture
+    return CostDelta(len(old.graphs), len(new.graphs), before, after, name, basis)
 
 
 def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:

@@ -222,7 +222,9 @@ def scaled_seconds(plan: Plan, cal: Calibration) -> tuple[float, list[str]]:
     shape = cal.identity.shape if cal.identity else None
     graphs = len(plan.graphs)
     rates = [second_rate(s, shape) * _layers(shape) * graphs for s in cal.starts]
-    return statistics.median(rates), ["capture seconds by graphs from the starts' rate (no probe's per-capture seconds)"]
+    return statistics.median(rates), [
+        "capture seconds by graphs from the starts' rate (no probe's per-capture seconds)"
+    ]
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,13 @@ def memory_split(cals: list[Calibration]) -> float | None:
             keys = _keys_of(starts[0])
             full = sum(1 for m, _, _ in keys if m == "FULL")
             top = max(n for _, _, n in keys)
-            rows.append((full, len(keys) - full, statistics.median(s.graph_memory_gib for s in starts) - workspace_gib(shape, top)))
+            rows.append(
+                (
+                    full,
+                    len(keys) - full,
+                    statistics.median(s.graph_memory_gib for s in starts) - workspace_gib(shape, top),
+                )
+            )
         (f1, p1, m1), (f2, p2, m2) = rows
         det = f1 * p2 - f2 * p1
         if det == 0:
@@ -307,8 +315,10 @@ def scaled_memory(
             + workspace_gib(shape, top)
             for s in starts
         ]
-        how = (f"graph memory by mode: a PIECEWISE graph {split * layers:.2f}x a FULL graph's share "
-               f"({split:.3f} per layer, from the plan pairs measured on the GPU), plus the largest graph's workspace")  # fmt: skip
+        how = (
+            f"graph memory by mode: a PIECEWISE graph {split * layers:.2f}x a FULL graph's share ({split:.3f} per "
+            "layer, from the plan pairs measured on the GPU), plus the largest graph's workspace"
+        )
         return max(0.0, statistics.median(values)), how
     values = [memory_rate(s, shape) * len(keys) + workspace_gib(shape, top) for s in starts]
     return statistics.median(values), "graph memory by graphs and the largest graph's workspace"
@@ -344,8 +354,10 @@ def _plan_of(graphs: list[tuple[str, int, int]]) -> Plan:
     from types import SimpleNamespace
 
     return SimpleNamespace(  # type: ignore[return-value]
-        graphs=[SimpleNamespace(descriptor=SimpleNamespace(cg_mode=m, num_active_loras=c, num_tokens=n))
-                for m, c, n in graphs]  # fmt: skip
+        graphs=[
+            SimpleNamespace(descriptor=SimpleNamespace(cg_mode=m, num_active_loras=c, num_tokens=n))
+            for m, c, n in graphs
+        ]  # fmt: skip
     )
 
 
@@ -395,9 +407,7 @@ def _host_note(starts: list[Start]) -> tuple[str, ...]:
     """Capture is bound by the host that records the kernels: which host's seconds these are."""
     hosts = sorted({f"{s.host_cpu} ({s.host_cores} cores)" for s in starts if s.host_cpu})
     where = f"measured on {'; '.join(hosts)}" if hosts else "the host was not recorded"
-    return (
-        f"capture seconds {where}; another host differs (one 8B plan on two H100 hosts: 24.2 s and 34.4 s)",
-    )
+    return (f"capture seconds {where}; another host differs (one 8B plan on two H100 hosts: 24.2 s and 34.4 s)",)
 
 
 def _first_capture_reading(plan: Plan, cal: Calibration) -> float | None:

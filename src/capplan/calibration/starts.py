@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capplan.errors import InputError, printable
 from capplan.files import json_value, read_text, shown
-from capplan.schemas.calibration import CaptureCost, Calibration, GraphSizes, Identity, ModelShape, Start
+from capplan.schemas.calibration import Calibration, CaptureCost, GraphSizes, Identity, ModelShape, Start
 from capplan.schemas.plan import Plan
 from capplan.schemas.report import KNOWN_FORMATS, Capture, KVCache, StartReport
 from capplan.schemas.report import Identity as Measured
@@ -160,7 +160,10 @@ def graph_sizes(plan: Plan) -> list[GraphSizes]:
     found: dict[tuple[str, int], list[int]] = {}
     for g in plan.graphs:
         found.setdefault((g.descriptor.cg_mode, g.descriptor.num_active_loras), []).append(g.descriptor.num_tokens)
-    return [GraphSizes(cg_mode=m, lora_case=c, sizes=sorted(v, reverse=True)) for (m, c), v in sorted(found.items())]
+    return [
+        GraphSizes.model_validate({"cg_mode": m, "lora_case": c, "sizes": sorted(v, reverse=True)})
+        for (m, c), v in sorted(found.items())
+    ]
 
 
 def _captures(name: str, r: _Report, plan: Plan) -> list[CaptureCost]:
@@ -173,8 +176,7 @@ def _captures(name: str, r: _Report, plan: Plan) -> list[CaptureCost]:
             for i, g in enumerate(plan.graphs)]  # fmt: skip
     if got != want:
         raise InputError(
-            f"{name}: its captures are not the plan's graphs in the plan's order ({len(got)} rows, "
-            f"{len(want)} graphs)",
+            f"{name}: its captures are not the plan's graphs in the plan's order ({len(got)} rows, {len(want)} graphs)",
             "give the file capplan calibrate or capplan apply --report wrote for this plan, unedited",
         )
     return [CaptureCost(cg_mode=c.cg_mode, lora_case=c.lora_case, num_tokens=c.num_tokens, seconds=c.seconds,
@@ -183,7 +185,7 @@ def _captures(name: str, r: _Report, plan: Plan) -> list[CaptureCost]:
 
 def _profiling_seconds(r: _Report) -> float | None:
     seconds = (r.profiling_capture or {}).get("seconds")
-    return float(seconds) if type(seconds) in (int, float) else None
+    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
 
 
 HOST = ("host_cpu", "host_cores")
@@ -259,7 +261,12 @@ def _one_deployment(measured: list[Measured], reports: list[Path]) -> Measured:
         for key in Measured.model_fields:
             if key in HOST:
                 continue  # starts of one deployment may run on several hosts: each start records its own
-            if key == "model" and first.shape is not None and m.shape is not None and _agrees("shape", first.shape, m.shape):
+            if (
+                key == "model"
+                and first.shape is not None
+                and m.shape is not None
+                and _agrees("shape", first.shape, m.shape)
+            ):
                 continue  # the same shape from another folder (a probe's config.json): the same graphs to capture
             a, b = getattr(first, key), getattr(m, key)
             if a is not None and b is not None and not _agrees(key, a, b):
@@ -285,7 +292,7 @@ def calibration_from_starts(reports: list[Path], plans: list[Plan], given: Given
                 "calibrate each deployment apart",
             )
     by_fingerprint = {p.fingerprint: p for p in plans}
-    read = [start_of(path, by_fingerprint.get(_fingerprint_of(path), plan)) for path in reports]
+    read = [start_of(path, by_fingerprint.get(_fingerprint_of(path) or "", plan)) for path in reports]
     seen: set[str] = set()
     for path in reports:
         key = str(path.resolve())

@@ -368,8 +368,10 @@ def probe(
                 os.chmod(kept, 0o644)
             why = (f"vLLM exited with {proc.returncode}" if proc.returncode not in (None, -15)
                    else f"not every graph captured in {limit:.0f} s")  # fmt: skip
-            raise InputError(f"probe failed: {why}; vLLM's log is {shown(kept)}",
-                             "read the log's last lines; a start under capplan apply must succeed for a probe to")  # fmt: skip
+            raise InputError(
+                f"probe failed: {why}; vLLM's log is {shown(kept)}",
+                "read the log's last lines; a start under capplan apply must succeed for a probe to",
+            )
     cal = calibration_from_starts([report], [loaded], Given(shape=shape), name or output.stem)
     ident = cal.identity
     if ident is not None and ident.model is not None and ident.model.name == str(folder) and folder != model:

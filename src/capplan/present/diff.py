@@ -294,7 +294,7 @@ def headline(d: PlanDiff) -> str:
             f"({p.kind}){tail}"
         )
     if o is None or n is None:
-        return f"{lead}{what}: {graphs} (capture time and graph memory not estimated){tail}"
+        return f"{lead}{what}: {graphs} (capture time and graph memory not priced){tail}"
     seconds = signed(n.capture_seconds - o.capture_seconds, ".0f")
     return (
         f"{lead}{what}: {graphs}, {seconds} s "
@@ -345,7 +345,9 @@ def render_text(d: PlanDiff) -> str:
         lines += [f"  {line}" for line in price_lines(d)]
     elif o is None or n is None:
         lines.append(
-            f"  estimate: none; {c.old_graphs} -> {c.new_graphs} graphs (calibration {c.calibration}: {c.basis})"
+            f"  estimate: none; {c.old_graphs} -> {c.new_graphs} graphs ("
+            + (f"calibration {c.calibration}: " if c.calibration != "none" else "not priced: ")
+            + f"{c.basis})"
         )
     else:
         lines.append(f"  estimate ({c.calibration}: {c.basis}): {o.text()}  ->  {n.text()}")
@@ -485,7 +487,9 @@ def render_markdown(d: PlanDiff) -> str:
     else:
         lines += [
             "",
-            f"<sub>Capture time and graph memory not estimated (calibration `{c.calibration}`: {c.basis}).</sub>",
+            "<sub>Capture time and graph memory not priced ("
+            + (f"calibration `{c.calibration}`: " if c.calibration != "none" else "")
+            + f"{c.basis}).</sub>",
             "",
         ]
     budget = _Budget()

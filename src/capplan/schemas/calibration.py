@@ -117,7 +117,6 @@ class Start(_Strict):
     host_cpu: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE)
     host_cores: int | None = Field(None, ge=1, le=1 << 16)
 
-
     @property
     def plan_memory(self) -> bool:
         """Whether `graph_memory_gib` is the plan's graph memory: not where each graph was captured

@@ -113,6 +113,8 @@ class Basis:
     note: str
 
     def label(self) -> str:
+        if self.calibration == "none":  # no calibration given: `note` says what would price it
+            return f"not priced: {self.note}"
         return f"calibration {self.calibration}: {self.note}"
 
 
@@ -275,12 +277,17 @@ class CostModel:
     # A calibration of the deployment's starts (capplan calibrate-start) and no capture runs: the
     # plan priced by those starts (capplan.calibration.price; given by capplan.loading).
     from_starts: Callable[[Plan], Estimate] | None = None
+    # Why capture is not priced although the calibration could (the shipped default: a toy's
+    # runs, no evidence about the deployment); None: priced where the calibration can.
+    unpriced: str | None = None
 
     def estimates_capture(self) -> bool:
         """Whether capture seconds and graph memory can be estimated (runs or starts)."""
         return (self.seconds is not None and self.gib is not None) or self.from_starts is not None
 
     def basis(self, spec: Spec) -> Basis:
+        if self.unpriced is not None:
+            return Basis("none", False, self.unpriced)
         if self.calibration is None:
             return Basis(self.name, True, "model and GPU not recorded")
         return judge(self.calibration, spec)
@@ -304,6 +311,8 @@ class CostModel:
         basis = self.basis(plan.spec)
         est = self.estimate(plan) if basis.usable else None
         if est is None:
+            if self.unpriced is not None:
+                return f"{len(plan.graphs)} graphs; capture time and graph memory not priced ({self.unpriced})"
             why = basis.label() if not basis.usable else f"calibration {self.name} has no capture runs"
             return f"{len(plan.graphs)} graphs; capture time and graph memory withheld ({why})"
         return f"{est.text()} ({basis.label()})"

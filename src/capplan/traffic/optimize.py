@@ -574,7 +574,11 @@ def optimize(
     if max_slowdown is not None and objective != "step-time":
         raise UsageError("--max-slowdown compares predicted step times: it needs the step-time objective")
     if (max_graph_memory is not None or max_capture_seconds is not None) and not cost.estimates_capture():
-        raise UsageError(f"the calibration {cost.name} has no capture runs or starts to estimate that budget with")
+        raise UsageError(
+            f"capture is not priced for that budget: {cost.unpriced}"
+            if cost.unpriced is not None
+            else f"the calibration {cost.name} has no capture runs or starts to estimate that budget with"
+        )
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")

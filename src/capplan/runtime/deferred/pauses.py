@@ -27,13 +27,16 @@ SLOW_EVERY = "CAPPLAN_SLOW_CAPTURE_EVERY_STEPS"
 DEFAULT_STEP_PAUSE_MS = 50.0
 DEFAULT_SLOW_EVERY = 100
 MAX_STEP_PAUSE_MS = 60_000.0
+MIN_STEP_PAUSE_MS = 0.001  # a microsecond: a smaller one (1e-321 ms) is no pause once in seconds
 MAX_SLOW_EVERY = 1_000_000
 
 
 def pause_problem(step_pause_ms: float | None, slow_every: int | None) -> str | None:
     """Why these settings cannot be used (a line naming the option and its range), or None."""
-    if step_pause_ms is not None and not 0 < step_pause_ms <= MAX_STEP_PAUSE_MS:
-        return f"--step-pause-ms {step_pause_ms:g}: give milliseconds above 0 and at most {MAX_STEP_PAUSE_MS:g}"
+    if step_pause_ms is not None and not MIN_STEP_PAUSE_MS <= step_pause_ms <= MAX_STEP_PAUSE_MS:
+        return (
+            f"--step-pause-ms {step_pause_ms:g}: give milliseconds from {MIN_STEP_PAUSE_MS:g} to {MAX_STEP_PAUSE_MS:g}"
+        )
     if slow_every is not None and not 0 <= slow_every <= MAX_SLOW_EVERY:
         return f"--slow-capture-every-steps {slow_every}: give 0 (never) to {MAX_SLOW_EVERY} steps"
     return None

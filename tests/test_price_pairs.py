@@ -1,0 +1,121 @@
+"""Scaling a deployment's price to a changed plan, judged on plan pairs measured on the GPU.
+
+The shipped H100 calibrations (`capplan/data/calibrations/h100-vllm033-*-probe.yaml`, rebuilt from
+the kept reports by test_calibration_starts.py) hold, per deployment, a probe of plan A and
+first-capture starts of plan B (and of A for two of them). Every figure the results README and
+benchmarks quote is computed here from them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capplan.calibration.price import (
+    PairError,
+    _as_errors,
+    _within,
+    error_band,
+    fit_shape_model,
+    plan_pair_errors,
+    price_from_starts,
+    project_calibrations,
+)
+from capplan.cli import app
+from capplan.loading import load_calibration
+from capplan.planfile import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "tests" / "gpu" / "results" / "calibration" / "0.33.0-h100" / "probes"
+README = (RUN / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def errors():
+    return plan_pair_errors(project_calibrations())
+
+
+def test_one_probe_prices_each_changed_plan_s_seconds_within_15_percent_and_memory_within_5(errors):
+    assert len(errors.seconds) == 4 and len(errors.gib) == 4
+    assert all(abs(e.error) < 0.15 for e in errors.seconds)
+    assert all(abs(e.error) < 0.05 for e in errors.gib)
+    for e in errors.seconds:
+        assert f"{100 * e.error:+.1f}%" in README
+
+
+def test_held_out_pairs_inside_the_interval_the_others_give_as_the_readme_counts(errors):
+    def inside(errs):
+        out = 0
+        for i, e in enumerate(errs):
+            lo, hi = error_band(tuple(x for j, x in enumerate(errs) if j != i))
+            out += lo <= e.error <= hi
+        return out
+
+    assert inside(errors.seconds) == 3 and "3 of the 4\npairs lie inside" in README
+    assert inside(errors.gib) == 4 and "each of the four lies\ninside" in README
+    lo, hi = error_band(errors.seconds)
+    assert f"is {100 * lo:.1f}% to +{100 * hi:.1f}%" in README.replace("\n", " ")
+
+
+def test_the_interval_is_where_the_truth_lies_given_the_error_band():
+    errs = _as_errors([0.02, -0.01, 0.03])
+    lo_err, hi_err = error_band(errs)
+    fig = _within(100.0, errs)
+    # predicted / true - 1 in [lo_err, hi_err]  <=>  true in [100 / (1 + hi_err), 100 / (1 + lo_err)]
+    assert fig.lo == pytest.approx(100 / (1 + hi_err)) and fig.hi == pytest.approx(100 / (1 + lo_err))
+    assert _within(5.0, _as_errors([0.1])) == _within(5.0, ()) and _within(5.0, ()).lo == 5.0  # no band: none
+    assert error_band((PairError("a", "b", 0.0), PairError("a", "c", 0.0))) == (0.0, 0.0)
+
+
+def test_the_readme_example_is_what_diff_prints(tmp_path):
+    runner = CliRunner()
+    cal = tmp_path / "A.yaml"
+    made = runner.invoke(app, ["calibrate-start", str(RUN / "llama-3.1-8b-startA.report.json"),
+                               str(RUN / "llama-3.1-8b-probe.calibration.report.json"), "--plan",
+                               str(RUN / "planA.plan.yaml"), "--model-config",
+                               str(ROOT / "tests" / "gpu" / "configs" / "llama-3.1-8b.json"), "-o", str(cal)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    out = runner.invoke(app, ["diff", str(RUN / "planA.plan.yaml"), str(RUN / "planB.plan.yaml"), "--calibration",
+                              str(cal)]).stdout  # fmt: skip
+    said = re.search(
+        r"\+238 graphs, \+25\.5 \[\+19\.6\.\.\+30\.9\] s capture, \+0\.957 \[\+0\.859\.\.\+1\.059\] GiB", out
+    )
+    assert said and said.group(0).replace("\n", " ") in README.replace("\n      ", " ").replace("\n", " ")
+    shipped = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
+    assert [s.fingerprint for s in shipped.starts] == [s.fingerprint for s in load_calibration(cal).starts]
+
+
+def test_the_changed_plan_s_measured_figures_lie_in_the_scaled_intervals():
+    cal = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
+    priced = price_from_starts(load_plan(RUN / "planB.plan.yaml"), cal)
+    assert priced is not None and priced.kind == "scaled"
+    assert priced.seconds.lo <= 54.079 <= priced.seconds.hi and priced.gib.lo <= 2.1406 <= priced.gib.hi
+    assert any("LoRA case 9 priced as case 5" in n for n in priced.notes)
+    assert any("Intel(R) Xeon(R) Processor (16 cores)" in n for n in priced.notes)
+
+
+def test_a_probe_report_of_format_1_prices_seconds_but_no_memory_and_no_reserve():
+    """A format-1 probe captured each graph in a call of its own: 4.27x the memory at 8B."""
+    from capplan.calibration.budget import plan_starts
+
+    cal = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
+    probe = next(s for s in cal.starts if s.captures)
+    assert probe.report_format == 1 and not probe.plan_memory and probe.graph_memory_gib > 4
+    first, _ = plan_starts(load_plan(RUN / "planA.plan.yaml"), cal)
+    assert [s.graph_memory_gib for s in first] == [1.1914]  # the start's, not the probe's
+    alone = cal.model_copy(update={"starts": [probe]})
+    assert price_from_starts(load_plan(RUN / "planB.plan.yaml"), alone) is None
+
+
+def test_the_shape_model_memory_errors_are_not_one_sided_and_come_from_first_captures():
+    model = fit_shape_model(project_calibrations())
+    gib = [h.gib_error for h in model.held_out if h.gib_error is not None]
+    assert len(gib) == 4 and min(gib) < 0 < max(gib) and max(abs(e) for e in gib) < 0.1
+    assert {h.name for h in model.held_out if h.gib_error is None} == {
+        "h100-vllm033-llama3.1-8b",
+        "h200-vllm033-llama0.9b",
+        "h200-vllm033-tiny-llama",
+    }  # after profiling
