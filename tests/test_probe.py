@@ -173,3 +173,26 @@ def test_a_format_1_report_with_any_value_changed_is_read_or_refused_in_one_line
         read_report(path)
     except CapplanError as e:
         assert "\n" not in str(e) and str(path.name) in str(e)
+
+
+# -- calibrate-start over several plans of one deployment --------------------------------------------
+RUN = ROOT / "tests" / "gpu" / "results" / "calibration" / "0.33.0-h100" / "probes"
+
+
+def test_starts_of_several_plans_each_check_against_their_own_plan(tmp_path):
+    reports = [str(RUN / f"llama-3.2-1b-{r}.report.json") for r in ("startA", "startB")]
+    plans = ["--plan", str(RUN / "planA.plan.yaml"), "--plan", str(RUN / "planB.plan.yaml")]
+    out = tmp_path / "c.yaml"
+    made = runner.invoke(app, ["calibrate-start", *reports, *plans, "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    assert len({s.fingerprint for s in load_calibration(out).starts}) == 2
+    one = runner.invoke(app, ["calibrate-start", *reports, "--plan", str(RUN / "planA.plan.yaml"), "-o",
+                              str(tmp_path / "d.yaml")])  # fmt: skip
+    assert one.exit_code == 1 and "a start of another plan" in one.stderr and not (tmp_path / "d.yaml").exists()
+    other = tmp_path / "other.yaml"
+    other.write_text((RUN / "planB.yaml").read_text().replace('vllm: "0.33.0"', 'vllm: "0.31.0"'))
+    assert runner.invoke(app, ["compile", str(other)]).exit_code == 0
+    mixed = runner.invoke(app, ["calibrate-start", *reports, "--plan", str(RUN / "planA.plan.yaml"), "--plan",
+                                str(tmp_path / "other.plan.yaml"), "-o", str(tmp_path / "e.yaml")])  # fmt: skip
+    assert mixed.exit_code == 1 and "plans of different deployments" in mixed.stderr
+    assert not (tmp_path / "e.yaml").exists()

@@ -36,9 +36,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from deferred_serve import stop  # noqa: E402
 from run_identity import BACKEND_LINE, identity  # noqa: E402
 from serve_run import free_port, save_word_tokenizer  # noqa: E402
-from start_bench import gpu_released, healthy, host_cpu, one_request, stamped_reader  # noqa: E402
+from start_bench import gpu_released, host_cpu, one_request, stamped_reader, until_healthy  # noqa: E402
 
 SPEC = """\
 target: {{runner: mrv2, vllm: "{release}"}}
@@ -113,22 +114,12 @@ def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dic
         reader = threading.Thread(target=stamped_reader, args=(proc.stdout, lines, log), daemon=True)
         reader.start()
         try:
-            while not healthy(port):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}")
-                if time.perf_counter() - t0 > START_LIMIT_S:
-                    raise RuntimeError(f"not healthy in {START_LIMIT_S:.0f} s")
-                time.sleep(0.25)
-            result["healthy_s"] = round(time.perf_counter() - t0, 2)
+            result["healthy_s"] = until_healthy(proc, port, t0, START_LIMIT_S)
             result["request"] = one_request(port)
         except Exception as exc:  # noqa: BLE001 - recorded with the start
             result["error"] = f"{type(exc).__name__}: {exc}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
             reader.join(timeout=10)
             gpu_released()
     text = "".join(line for _, line in lines)

@@ -197,6 +197,18 @@ def healthy(port: int) -> bool:
         return False
 
 
+def until_healthy(proc: subprocess.Popen, port: int, t0: float, limit: float) -> float:
+    """Seconds from `t0` until the server at `port` answers /health; RuntimeError where it exits
+    first or takes over `limit` seconds."""
+    while not healthy(port):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        if time.perf_counter() - t0 > limit:
+            raise RuntimeError(f"not healthy in {limit:.0f} s")
+        time.sleep(0.25)
+    return round(time.perf_counter() - t0, 2)
+
+
 def one_request(port: int) -> dict:
     body = json.dumps(
         {
@@ -241,13 +253,7 @@ def start_once(arm: str, n: int, work: Path, model: Path, plan: dict, ident: dic
         reader = threading.Thread(target=stamped_reader, args=(proc.stdout, lines, log), daemon=True)
         reader.start()
         try:
-            while not healthy(port):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}")
-                if time.perf_counter() - t0 > limit:
-                    raise RuntimeError(f"not healthy in {limit:.0f} s")
-                time.sleep(0.25)
-            result["healthy_s"] = round(time.perf_counter() - t0, 2)
+            result["healthy_s"] = until_healthy(proc, port, t0, limit)
             if arm == "tiers":
                 result["landing"] = landed(report, time.perf_counter())
             result["request"] = one_request(port)
