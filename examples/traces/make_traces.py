@@ -182,18 +182,35 @@ def main(argv: list[str] | None = None) -> int:
         "max_loras": args.max_loras,
         "max_model_len": args.max_model_len,
     }
-    base = limits_from_spec(args.spec) if args.spec else Limits()
+    if args.spec is not None:
+        from capplan.errors import CapplanError
+
+        try:
+            base = limits_from_spec(args.spec)
+        except CapplanError as exc:  # a plan, a missing file, /dev/zero: one line naming the file
+            parser.error(f"--spec: {exc.message}")
+    else:
+        base = Limits()
     limits = Limits(**{**base.__dict__, **{k: v for k, v in given.items() if v is not None}})
     if limits.seqs < 1 or limits.budget < limits.seqs or limits.max_loras < 0 or limits.max_model_len < 2:
         parser.error(
             f"limits out of range: max_num_seqs {limits.seqs} (>= 1), max_num_batched_tokens {limits.budget} "
             f"(>= max_num_seqs), max_loras {limits.max_loras} (>= 0), max_model_len {limits.max_model_len} (>= 2)"
         )
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, fn, seed in TRACES:
-        path = args.out_dir / f"{name}.jsonl"
-        path.write_text(render(name, fn(random.Random(seed), limits), limits))
-        print(f"wrote {path}")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        parser.error(f"-o {args.out_dir}: not a folder (the three traces go into a folder)")
+    from capplan.errors import CapplanError
+    from capplan.files import write_atomic
+
+    traces = [(args.out_dir / f"{name}.jsonl", render(name, fn(random.Random(seed), limits), limits))
+              for name, fn, seed in TRACES]  # fmt: skip
+    try:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        for path, text in traces:  # never through a symbolic link, never half a file
+            write_atomic(path, text, (args.spec,) if args.spec else ())
+            print(f"wrote {path}")
+    except (CapplanError, OSError) as exc:
+        parser.error(str(getattr(exc, "message", exc)))
     return 0
 
 

@@ -285,6 +285,12 @@ def calibration_from_starts(reports: list[Path], plans: list[Plan], given: Given
     if not reports:
         raise InputError("no start report given", "give the report(s) capplan apply --report wrote")
     plan = plans[0]
+    for p in plans:
+        if not p.graphs:
+            raise InputError(
+                "--plan: a plan that captures no graphs (cudagraph mode NONE): no start of it measures capture",
+                "calibrate from starts of a plan with graphs",
+            )
     for other in plans[1:]:
         if (other.spec.target.vllm, other.spec.parallel) != (plan.spec.target.vllm, plan.spec.parallel):
             raise InputError(

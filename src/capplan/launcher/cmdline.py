@@ -198,6 +198,10 @@ def config_args(path: str) -> list[str]:
         raise CapplanError(f"--config {name}: not YAML ({printable(str(exc).splitlines()[0])[:80]})") from None
     except RecursionError:
         raise CapplanError(f"--config {name}: nested too deeply") from None
+    except ValueError:  # an integer of over 4300 digits: Python refuses to read it (and vLLM with it)
+        raise CapplanError(
+            f"--config {name}: holds an integer of over 4300 digits, which Python (and so vLLM) does not read"
+        ) from None
     if not isinstance(data, dict):
         raise CapplanError(f"--config {name}: not a YAML mapping of flags to values", "vLLM refuses it too")
     out: list[str] = []
