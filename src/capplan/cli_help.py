@@ -201,7 +201,7 @@ SimulateCalibration = Annotated[
     Path | None,
     typer.Option(
         "--calibration",
-        help="Calibration YAML; when it has step times (capplan calibrate), the total step time is predicted.",
+        help="Calibration YAML; when it has step times (capplan calibrate-steps), the total step time is predicted.",
     ),
 ]
 
@@ -266,7 +266,7 @@ OptimizeMaxGraphMemory = Annotated[
     typer.Option(
         "--max-graph-memory",
         min=0.0,
-        help="Budget: estimated graph memory in GiB, by --calibration: its capture runs (capplan calibrate), "
+        help="Budget: estimated graph memory in GiB, by --calibration: its capture runs (capplan calibrate-steps), "
         "or the deployment's own starts (capplan calibrate-start; the plan they ran at their median, others "
         "scaled from them).",
     ),

@@ -18,8 +18,8 @@ GRAPH_MARGIN = "CAPPLAN_GRAPH_MARGIN_GIB"
 """The margin, in GiB, left beside the calibration's measured graph memory."""
 
 CAPTURE_EACH = "CAPPLAN_CAPTURE_EACH"
-"""Set to 1 (`capplan calibrate` does): the real capture takes the plan's graphs one call each, in
-the plan's order, and the report records each capture's seconds and pool growth (`captures`)."""
+"""Set to 1 (`capplan calibrate` does): each graph of the real capture is read between one graph and
+the next of vLLM's one capture, and the report records each one's seconds and growth (`captures`)."""
 
 PREFIX = "CAPPLAN_"
 """What every capplan environment variable starts with (the plan, the report, the DP audit, the trace)."""

@@ -111,7 +111,7 @@ def load_calibration(path: Path | None = None):
         first = exc.errors(include_url=False)[0]
         hint = None
         if first["type"] == "missing" and first["loc"][-1:] == ("max_tokens",):
-            hint = "give each run the tokens of its largest graph; capplan calibrate writes it"
+            hint = "give each run the tokens of its largest graph; capplan calibrate-steps writes it"
         raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}", hint) from None
 
 

@@ -9,7 +9,8 @@ multiprocessing, 4 adapters at rank 16 with active-count specialization, max_mod
 A: max_num_seqs 128, max_loras 4; plan B (the changed plan): max_num_seqs 256, max_loras 8. Jobs,
 in this order, each recorded as it ends in WORK/jobs.jsonl (a later call goes on where one
 stopped):
-- `probe`: `capplan calibrate PLAN_A --model MODEL` (each graph captured in a call of its own);
+- `probe`: `capplan calibrate PLAN_A --model MODEL` (at capplan bbdf3c6, the run kept, each graph
+  captured in a vLLM call of its own; since, each read inside vLLM's one capture);
   for the 1B, MODEL is its config.json alone (the probe's own path), else a folder with a
   word-level tokenizer;
 - `start`: `capplan apply PLAN --report R -- vllm serve ...` with the same KV cache given as the

@@ -12,7 +12,7 @@ streamed (TTFT and TPOT per request from the stream).
 Stages (each one's result is kept in WORK, so a later call resumes):
 1. model:     build the model, adapters and a tokenizer;
 2. record:    serve sample A under the spec's default plan with `capplan apply --trace`;
-3. calibrate: `capplan calibrate` (capture cost of three plans, decode step times);
+3. calibrate: `capplan calibrate-steps` (capture cost of three plans, decode step times);
 4. optimize:  `capplan optimize` on trace A with that calibration, at most 40% of
               the graphs vLLM alone captures; `capplan simulate` predictions;
 5. vllm / default / optimized: serve sample B (another seed of the same
@@ -351,7 +351,9 @@ def main() -> None:
         elif stage == "calibrate":
             env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # vLLM's default
             t = time.perf_counter()
-            capplan("calibrate", str(spec), "--model", str(work / "model"), "-o", str(work / "h200.yaml"), env=env)
+            capplan(
+                "calibrate-steps", str(spec), "--model", str(work / "model"), "-o", str(work / "h200.yaml"), env=env
+            )
             (out / "h200-calibration.yaml").write_text((work / "h200.yaml").read_text())
             done(stage, {"seconds": round(time.perf_counter() - t, 1)})
         elif stage == "optimize":

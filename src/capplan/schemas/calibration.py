@@ -74,8 +74,8 @@ class Identity(_Strict):
 
 
 class CaptureCost(_Strict):
-    """One graph captured in a call of its own (`capplan calibrate`): its seconds and the graph
-    pool's growth across it."""
+    """One graph's capture as a probe read it (`capplan calibrate`): its seconds and the growth
+    across it (a graph pool's only where the report's format is 2: see `Start.plan_memory`)."""
 
     cg_mode: Literal["FULL", "PIECEWISE"]
     lora_case: int = Field(ge=0, le=1 << 16)

@@ -11,7 +11,7 @@ far more than 7/400 of a 400-graph plan).
 A calibration may also list measured step times (`step_times`): milliseconds
 of one engine step of N tokens per LoRA case, replaying a FULL graph of N
 tokens (`graph`), a PIECEWISE graph (`piecewise`), or with no graph
-(`eager`). `capplan calibrate` measures decode steps offline (graph and
+(`eager`). `capplan calibrate-steps` measures decode steps offline (graph and
 eager); `capplan calibrate-trace` fits all three from a trace recorded under
 `vllm serve` (the step period as served, prefill included).
 
@@ -356,7 +356,7 @@ def fit_cost_model(cal: Calibration) -> CostModel:
         if len(cal.runs) < 3:
             raise InputError(
                 f"calibration {cal.name}: {len(cal.runs)} capture run(s); the capture model needs at least 3",
-                "give runs without LoRA, with few LoRA graphs and with many (capplan calibrate writes three)",
+                "give runs without LoRA, with few LoRA graphs and with many (capplan calibrate-steps writes three)",
             )
         rows = [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs]
         secs = Coefficients(
@@ -380,7 +380,7 @@ def fit_cost_model(cal: Calibration) -> CostModel:
         if not all(math.isfinite(v) for v in (*secs.__dict__.values(), *gib.__dict__.values())):
             raise InputError(
                 f"calibration {cal.name}: its capture runs do not fit a finite cost",
-                "measure the runs again (capplan calibrate)",
+                "measure the runs again (capplan calibrate-steps)",
             )
         negative = [
             name
@@ -398,7 +398,7 @@ def fit_cost_model(cal: Calibration) -> CostModel:
             raise InputError(
                 f"calibration {cal.name}: its capture runs fit a negative cost ({negative[0]}), so they cannot "
                 "price a plan",
-                "measure the runs again (capplan calibrate); a run's graphs and its seconds or memory disagree",
+                "measure the runs again (capplan calibrate-steps); a run's graphs and its seconds or memory disagree",
             )
     steps = None
     if cal.step_times:

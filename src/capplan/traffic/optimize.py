@@ -513,7 +513,7 @@ class Budget:
 MEASURE_HINT = (
     "measure them: record this traffic under the default plan and fit it (capplan apply --runner mrv2 PLAN "
     "--trace T.jsonl -- vllm serve ..., then capplan calibrate-trace PLAN T.jsonl -o CAL.yaml --calibration "
-    "YOUR-CALIBRATION.yaml), or for FULL decode steps capplan calibrate SPEC --model DIR -o CAL.yaml"
+    "YOUR-CALIBRATION.yaml), or for FULL decode steps capplan calibrate-steps SPEC --model DIR -o CAL.yaml"
 )
 FALLBACK_HINT = "; or pass --padding-fallback to choose by padded tokens"
 
@@ -569,7 +569,7 @@ def optimize(
     if objective == "step-time" and cost.steps is None:
         raise UsageError(
             f"the calibration {cost.name} has no step times, so step time cannot be the objective",
-            "pass --calibration with a file from capplan calibrate, or --objective padding",
+            "pass --calibration with a file from capplan calibrate-steps, or --objective padding",
         )
     if max_slowdown is not None and objective != "step-time":
         raise UsageError("--max-slowdown compares predicted step times: it needs the step-time objective")
