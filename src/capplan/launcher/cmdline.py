@@ -600,7 +600,7 @@ def _typed(where: str, kind: Kind, got: object) -> object:
         return type(v) is int or type(v) is bool
 
     ok = {
-        "mode": isinstance(got, str) or type(got) is int,
+        "mode": isinstance(got, (str, int, float)),  # a name, or a value (bool and 2.0 too, as pydantic reads it)
         "int_list": isinstance(got, list) and all(number(v) for v in got),
         "int": number(got),
         "bool": isinstance(got, bool),
@@ -612,7 +612,27 @@ def _typed(where: str, kind: Kind, got: object) -> object:
         )
     if kind == "int_list" and isinstance(got, list):
         return [int(v) for v in got]
+    if kind == "mode":
+        return _mode(where, got)
     return int(got) if kind == "int" and isinstance(got, bool) else got
+
+
+# vLLM's CUDAGraphMode: its names, and the values of those with a single one (vllm/config/compilation.py)
+MODE_VALUES = {0: "NONE", 1: "PIECEWISE", 2: "FULL"}
+MODE_NAMES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def _mode(where: str, got: object) -> str:
+    """A cudagraph mode as vLLM's CompilationConfig reads it: a name in any case
+    (`CUDAGraphMode[value.upper()]`, its validator), or a value of the enum (0, 1, 2; true and
+    false, 2.0, equal to them, are read as them). tests/conformance/test_mode_values.py asks vLLM."""
+    name = str(got).upper() if isinstance(got, str) else MODE_VALUES.get(got)  # type: ignore[call-overload]
+    if name not in MODE_NAMES:
+        raise CapplanError(
+            f"{where}: {printable(json.dumps(got))[:40]} is no cudagraph mode vLLM reads",
+            f"give one of {', '.join(MODE_NAMES)} (any case) or 0, 1, 2",
+        )
+    return name
 
 
 def _read_json(
