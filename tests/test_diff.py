@@ -564,3 +564,19 @@ def test_every_batch_a_change_sends_to_eager_is_listed(seqs, loras, active):
                             missed.append((kind, adapters, base, n))
     assert not missed, missed[:5]
     assert d.regression == bool(listed)
+
+
+def test_a_removed_fix_that_moves_batches_to_other_lora_cases_lists_the_dispatch_change():
+    """Without lora_slot, a batch of adapters plus base requests replays a graph of one case fewer
+    (a graph that skips an adapter): a dispatch change, though no graph size or mode changed."""
+    spec = {"scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_model_len": 4096},
+            "lora": {"enabled": True, "max_loras": 4, "specialize": True, "specialize_active": True}}  # fmt: skip
+    old = compile_plan(make_spec(**spec))
+    new = compile_plan(make_spec(**spec, fixes=[f for f in old.fixes if f != "lora_slot"]))
+    d = diff_plans(old, new, load_cost_model())
+    moves = {(c.old_target, c.new_target, o, n) for c in d.dispatch_changes
+             for o, n in zip(c.old_lora_cases, c.lora_cases)}  # fmt: skip
+    assert ("PIECEWISE", "PIECEWISE", 2, 1) in moves and ("FULL", "FULL", 4, 2) in moves
+    assert "(2..128; LoRA case 2 -> 1): PIECEWISE -> PIECEWISE" in render_text(d)
+    same = diff_plans(old, compile_plan(make_spec(**spec)), load_cost_model())
+    assert same.dispatch_changes == ()  # nothing moved, nothing listed

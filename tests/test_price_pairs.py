@@ -119,3 +119,23 @@ def test_the_shape_model_memory_errors_are_not_one_sided_and_come_from_first_cap
         "h200-vllm033-llama0.9b",
         "h200-vllm033-tiny-llama",
     }  # after profiling
+
+
+def test_captures_in_any_report_below_format_2_are_per_call_whatever_it_says():
+    cal = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
+    probe = next(s for s in cal.starts if s.captures)
+    for fmt in (None, 0, 1):
+        assert not probe.model_copy(update={"report_format": fmt}).plan_memory
+    assert probe.model_copy(update={"report_format": 2}).plan_memory
+
+
+def test_a_figure_scaled_another_way_than_the_pairs_measured_has_no_interval(tmp_path):
+    runner = CliRunner()
+    cal = tmp_path / "A.yaml"  # a start of A alone: no probe's per-capture seconds
+    made = runner.invoke(app, ["calibrate-start", str(RUN / "llama-3.2-1b-startA.report.json"), "--plan",
+                               str(RUN / "planA.plan.yaml"), "-o", str(cal)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    priced = price_from_starts(load_plan(RUN / "planB.plan.yaml"), load_calibration(cal))
+    assert priced.seconds.lo == priced.seconds.value == priced.seconds.hi
+    assert any("without a probe's per-capture seconds: no interval" in n for n in priced.notes)
+    assert priced.gib.lo <= 1.1348 <= priced.gib.hi  # memory from a first-capture start: the pairs' way

@@ -143,7 +143,7 @@ def show_cmd(
 
     shown = show(plan, calibration, plot, model_config)
     if as_json:
-        data = show_json(shown.plan, shown.estimate, shown.cost.name, shown.basis.note, shown.priced)
+        data = show_json(shown.plan, shown.estimate, shown.basis.calibration, shown.basis.note, shown.priced)
         typer.echo(dumps(data, indent=2))
     else:
         from capplan.present.show import price_lines

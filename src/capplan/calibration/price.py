@@ -143,12 +143,23 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
     if not graphs:
         return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "scaled", f"no graphs (calibration {cal.name})")
     errors = errors if errors is not None else project_pair_errors()
-    secs, how = scaled_seconds(plan, cal)
-    mem, mem_how = scaled_memory(_graph_keys(plan), memory, shape, errors.split)
+    # The pairs measured the scaling by per-capture seconds and from first-capture memory: their
+    # error bounds only a figure scaled the same way; another way has no interval, said.
+    by_capture = capture_seconds(plan, cal.starts)
+    secs, how = by_capture if by_capture is not None else scaled_seconds(plan, cal)
+    first = [s for s in memory if s.after_profiling is False]
+    mem, mem_how = scaled_memory(_graph_keys(plan), first or memory, shape, errors.split if first else None)
     notes = [*how, mem_how, *_release_note(plan, cal), *host]
-    seconds_fig, gib_fig = _within(secs, errors.seconds), _within(mem, errors.gib)
-    for what, errs in (("capture seconds", errors.seconds), ("graph memory", errors.gib)):
-        notes.append(_error_note(what, errs))
+    if not first:
+        notes += [*_after_profiling_note(memory), "graph memory scaled from no first-capture start: no interval"]
+    seconds_errs = errors.seconds if by_capture is not None else ()
+    if by_capture is None:
+        notes.append("capture seconds scaled without a probe's per-capture seconds: no interval")
+    seconds_fig, gib_fig = _within(secs, seconds_errs), _within(mem, errors.gib if first else ())
+    if by_capture is not None:
+        notes.append(_error_note("capture seconds", errors.seconds))
+    if first:
+        notes.append(_error_note("graph memory", errors.gib))
     return Priced(
         graphs,
         seconds_fig,
@@ -367,7 +378,8 @@ def project_pair_errors() -> PairErrors:
     return plan_pair_errors(project_calibrations())
 
 
-T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
 
 
 def error_band(errors: tuple[PairError, ...]) -> tuple[float, float] | None:
@@ -378,7 +390,8 @@ def error_band(errors: tuple[PairError, ...]) -> tuple[float, float] | None:
         return None
     logs = [math.log1p(e.error) for e in errors]
     mean = statistics.fmean(logs)
-    half = T975.get(n - 1, 1.96) * statistics.stdev(logs) * math.sqrt(1 + 1 / n)
+    t = T975[max(k for k in T975 if k <= n - 1)] if n - 1 <= 30 else 1.96  # a df between two listed: the larger t
+    half = t * statistics.stdev(logs) * math.sqrt(1 + 1 / n)
     return math.expm1(mean - half), math.expm1(mean + half)
 
 
@@ -549,21 +562,19 @@ class ShapeModel:
             f"{what} {max((abs(e) for e in errs), default=float('nan')) * 100:.0f}%"
             for what, errs in (("capture seconds", self.seconds_errors), ("graph memory", self.gib_errors))
         )
+        count = len({_shape_key(h.shape) for h in self.held})
         return (
-            f"predicted by the shape model from {len(self.held)} measured shape(s) ({shapes}); "
-            f"worst error on a shape held out: {worst}"
+            f"predicted by the shape model from {count} measured shape(s) in {len(self.held)} calibration(s) "
+            f"({shapes}); worst error on a shape held out: {worst}"
         )
 
     def predict(self, plan: Plan, shape: ModelShape, gpu: str | None) -> Priced:
         graphs, top = _plan_figures(plan)
         seconds = _within(self.seconds_rate * shape.num_layers * graphs, _as_errors(self.seconds_errors))
         notes = self.extrapolated(plan, shape, gpu)
-        if self.memory_rate is None:
-            gib = Figure(math.nan, math.nan, math.nan)
-            notes.append("graph memory not priced: no measured shape's capture ran first")
-        else:
-            units = memory_units(_graph_keys(plan), shape.num_layers, self.split)
-            gib = _within(self.memory_rate * units + workspace_gib(shape, top), _as_errors(self.gib_errors))
+        assert self.memory_rate is not None  # Pricing.price asks only then
+        units = memory_units(_graph_keys(plan), shape.num_layers, self.split)
+        gib = _within(self.memory_rate * units + workspace_gib(shape, top), _as_errors(self.gib_errors))
         notes.append(
             "intervals: 95% from the model's errors on each measured shape held out of the fit "
             f"({len(self.seconds_errors)} for seconds, {len(self.gib_errors)} for memory); "
@@ -629,6 +640,12 @@ def held_of(cal: Calibration) -> Held | None:
     )
 
 
+def _shape_key(shape: ModelShape) -> tuple[int | None, ...]:
+    """What makes two calibrations one shape (the model's layers, widths and experts): held out
+    together, whatever host or start they came from."""
+    return (shape.num_layers, shape.hidden_size, shape.intermediate_size, shape.num_experts)
+
+
 def _memory_rate(held: tuple[Held, ...], split: float | None) -> float | None:
     rates = [
         (h.first.graph_memory_gib - workspace_gib(h.shape, h.first.max_tokens))
@@ -645,22 +662,22 @@ def fit_shape_model(cals: list[Calibration]) -> ShapeModel | None:
     mode split, from the others). Seconds: a rate per layer-graph (a capture records each layer's
     kernels); memory: the largest graph's workspace and a share per unit (`memory_units`), from
     first-capture starts only."""
-    pairs = [(held_of(c), c) for c in cals]
-    held = tuple(h for h, _ in pairs if h is not None)
+    held = tuple(h for h in (held_of(c) for c in cals) if h is not None)
     if not held:
         return None
     split = memory_split(cals)
     out = []
     if len(held) > 1:
-        for h, cal in pairs:
-            if h is None:
+        for h in held:
+            rest = tuple(x for x in held if _shape_key(x.shape) != _shape_key(h.shape))  # the shape held out
+            if not rest:
                 continue
-            rest = tuple(x for x in held if x is not h)
             s_rate = statistics.median(x.seconds_rate for x in rest)
             seconds_error = s_rate * h.shape.num_layers * h.graphs / h.seconds - 1
             gib_error = None
             if h.first is not None:
-                own_split = memory_split([c for c in cals if c is not cal])
+                own_split = memory_split([c for c in cals if c.identity is None or c.identity.shape is None
+                                          or _shape_key(c.identity.shape) != _shape_key(h.shape)])  # fmt: skip
                 m_rate = _memory_rate(rest, own_split)
                 if m_rate is not None:
                     keys = _keys_of(h.first)
@@ -706,6 +723,10 @@ class Pricing:
         shape = self.shape or shape_from_spec(plan.spec)
         if shape is None or self.model is None:
             return None
+        if not plan.graphs:
+            return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "predicted", "no graphs to capture")
+        if self.model.memory_rate is None:
+            return None  # no measured shape's capture ran first: its memory is not priced
         priced = self.model.predict(plan, shape, plan.spec.target.gpu)
         notes = priced.notes + ((why_not,) if why_not else ())
         if shape.intermediate_size is None:

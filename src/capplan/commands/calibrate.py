@@ -342,11 +342,12 @@ def probe(
         with log_path.open("wb") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                seen, done = -1, False
+                seen, done, timed_out = -1, False, False
                 while not done:
                     if proc.poll() is not None:
                         break
                     if time.monotonic() - t0 > limit:
+                        timed_out = True
                         break
                     time.sleep(1.0)
                     try:
@@ -363,11 +364,9 @@ def probe(
                 _stop(proc)
         if not done:
             kept = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
-            if not kept.exists():
-                shutil.copyfile(log_path, kept)
-                os.chmod(kept, 0o644)
-            why = (f"vLLM exited with {proc.returncode}" if proc.returncode not in (None, -15)
-                   else f"not every graph captured in {limit:.0f} s")  # fmt: skip
+            write_atomic(kept, log_path.read_bytes(), sources)  # never through a link; replaces an earlier log
+            report.unlink(missing_ok=True)  # an unfinished start's report: a retry with the same -o may run
+            why = f"not every graph captured in {limit:.0f} s" if timed_out else f"vLLM exited with {proc.returncode}"
             raise InputError(
                 f"probe failed: {why}; vLLM's log is {shown(kept)}",
                 "read the log's last lines; a start under capplan apply must succeed for a probe to",

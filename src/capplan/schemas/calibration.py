@@ -120,8 +120,9 @@ class Start(_Strict):
     @property
     def plan_memory(self) -> bool:
         """Whether `graph_memory_gib` is the plan's graph memory: not where each graph was captured
-        in a vLLM call of its own (report format 1), whose pool no graph shares with another."""
-        return not (self.report_format == 1 and self.captures)
+        in a vLLM call of its own (captures in a report below format 2), whose pool no graph shares
+        with another."""
+        return not (self.captures and (self.report_format or 0) < 2)
 
 
 class Calibration(_Strict):

@@ -287,7 +287,7 @@ class CostModel:
 
     def basis(self, spec: Spec) -> Basis:
         if self.unpriced is not None:
-            return Basis("none", False, self.unpriced)
+            return Basis("none", True, self.unpriced)
         if self.calibration is None:
             return Basis(self.name, True, "model and GPU not recorded")
         return judge(self.calibration, spec)

@@ -231,8 +231,11 @@ def _capture_each(ctx: HookContext, manager: Any, original: Any, call: Any) -> A
 
     def taken(desc: Any, before: tuple[float, tuple[int | None, int]]) -> None:
         after = mark()
+        gid = ids.get(id(desc))
+        if gid is None:  # not one of the plan's descriptors (a speculator's): not measured here
+            return
         used, _ = growth(before[1], after[1])
-        ctx.report.captured_one(ids[id(desc)], after[0] - before[0], used)
+        ctx.report.captured_one(gid, after[0] - before[0], used)
 
     lists = manager._capture_descs
     manager._capture_descs = {mode: Boundaries(descs, taken, mark) for mode, descs in lists.items()}
