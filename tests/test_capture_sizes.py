@@ -63,3 +63,12 @@ def test_explicit_sizes_and_truncated_max():
 
 def test_mode_none_captures_nothing():
     assert resolve_capture_sizes(make_spec(cudagraph={"mode": "NONE"})) == ([], 0)
+
+
+def test_a_given_size_above_the_token_budget_is_dropped_as_vllm_drops_it():
+    """vLLM's _set_cudagraph_sizes keeps the given sizes at most max_num_batched_tokens."""
+    spec = make_spec(
+        scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 256, "max_model_len": 4096},
+        cudagraph={"capture_sizes": [1, 2, 4, 8, 16, 512]},
+    )
+    assert resolve_capture_sizes(spec) == ([1, 2, 4, 8, 16], 16)

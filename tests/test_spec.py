@@ -43,7 +43,7 @@ def test_fixes_are_canonicalised():
             "cudagraph.capture_sizes: unsorted size 2 after 4; list sizes strictly increasing",
         ),
         ({"cudagraph": {"capture_sizes": [1, 2, 2]}}, "cudagraph.capture_sizes: duplicate size 2 after 2"),
-        ({"cudagraph": {"capture_sizes": [1, 9000]}}, "size 9000 exceeds scheduler.max_num_batched_tokens (8192)"),
+        ({"cudagraph": {"capture_sizes": [9000, 9001]}}, "every size exceeds scheduler.max_num_batched_tokens (8192)"),
         (
             {"cudagraph": {"capture_sizes": [1, 8], "max_capture_size": 16}},
             "max_capture_size (16) must equal the largest capture size (8)",

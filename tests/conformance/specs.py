@@ -68,6 +68,8 @@ BASE_SPECS: dict[str, dict] = {
     "explicit-sizes": _spec(sizes=[1, 2, 3, 5, 8, 13, 21, 34, 55, 89], lora=_lora(4, active=True)),
     "explicit-sizes-spec2": _spec(seqs=16, budget=1024, sizes=[1, 2, 4, 8, 16, 32, 64], spec_tokens=2),
     "explicit-sizes-fdo": _spec(mode="FULL_DECODE_ONLY", seqs=64, sizes=[4, 7, 16, 30, 64, 100], spec_tokens=1),
+    # a given size above the token budget: vLLM drops it and captures the rest
+    "explicit-sizes-over-budget": _spec(seqs=64, budget=256, sizes=[1, 2, 4, 8, 16, 512], lora=_lora(2)),
     "max-capture-size": _spec(max_size=128, lora=_lora(2)),
     "max-capture-size-offgrid": _spec(max_size=300, spec_tokens=1),
     "interactivity": _spec(seqs=64, perf="interactivity", lora=_lora(4, active=True)),

@@ -561,10 +561,12 @@ class Spec(_Strict):
     def _sizes_fit_budget(self) -> Spec:
         budget = self.scheduler.max_num_batched_tokens
         sizes = self.cudagraph.capture_sizes
-        if sizes is not None and sizes[-1] > budget:
+        # vLLM drops a given size above the token budget (no batch reaches it) and captures the rest;
+        # with none left it has nothing to capture and fails to start: refused here.
+        if sizes is not None and sizes[0] > budget:
             raise ValueError(
-                f"cudagraph.capture_sizes: size {sizes[-1]} exceeds "
-                f"scheduler.max_num_batched_tokens ({budget}); no batch can reach it"
+                f"cudagraph.capture_sizes: every size exceeds scheduler.max_num_batched_tokens ({budget}), "
+                "so vLLM would capture none; give a size at most the budget"
             )
         if self.cudagraph.mode is CudagraphMode.NONE and (
             sizes is not None or self.cudagraph.max_capture_size is not None
