@@ -93,6 +93,10 @@ def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict) -> dict:
     )
     result = {"job": "probe", "shape": shape, "command": cmd, **ident, "seconds": round(time.perf_counter() - t0, 2),
               "exit": got.returncode, "stdout": got.stdout[-2000:], "stderr": got.stderr[-4000:]}  # fmt: skip
+    kept = work / f"{shape}-probe.calibration.report.json"
+    if kept.exists():  # the runtime's report names no capplan commit: the kept file does
+        kept.write_text(json.dumps({"capplan_commit": ident.get("capplan_commit"), **json.loads(kept.read_text())},
+                                   indent=2) + "\n")  # fmt: skip
     gpu_released()
     return result
 
