@@ -146,18 +146,18 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
     # The pairs measured the scaling by per-capture seconds and from first-capture memory: their
     # error bounds only a figure scaled the same way; another way has no interval, said.
     by_capture = capture_seconds(plan, cal.starts)
-    secs, how = by_capture if by_capture is not None else scaled_seconds(plan, cal)
+    secs, how = by_capture if by_capture is not None else rate_seconds(plan, cal)
     first = [s for s in memory if s.after_profiling is False]
     mem, mem_how = scaled_memory(_graph_keys(plan), first or memory, shape, errors.split if first else None)
     notes = [*how, mem_how, *_release_note(plan, cal), *host]
     if not first:
         notes += [*_after_profiling_note(memory), "graph memory scaled from no first-capture start: no interval"]
     seconds_errs = errors.seconds if by_capture is not None else ()
-    if by_capture is None:
-        notes.append("capture seconds scaled without a probe's per-capture seconds: no interval")
     seconds_fig, gib_fig = _within(secs, seconds_errs), _within(mem, errors.gib if first else ())
     if by_capture is not None:
         notes.append(_error_note("capture seconds", errors.seconds))
+    else:
+        notes.append("capture seconds scaled without a probe's per-capture seconds: no interval")
     if first:
         notes.append(_error_note("graph memory", errors.gib))
     return Priced(
@@ -224,12 +224,9 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def scaled_seconds(plan: Plan, cal: Calibration) -> tuple[float, list[str]]:
-    """A plan's capture seconds from the calibration's starts of other plans: graph by graph where a
-    probe recorded each capture, else by graphs x layers from each start's rate (the median)."""
-    found = capture_seconds(plan, cal.starts)
-    if found is not None:
-        return found
+def rate_seconds(plan: Plan, cal: Calibration) -> tuple[float, list[str]]:
+    """A plan's capture seconds from the calibration's starts of other plans where no probe
+    recorded each capture: graphs x layers x each start's rate (the median)."""
     shape = cal.identity.shape if cal.identity else None
     graphs = len(plan.graphs)
     rates = [second_rate(s, shape) * _layers(shape) * graphs for s in cal.starts]

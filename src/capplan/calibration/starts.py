@@ -94,12 +94,13 @@ def read_report(path: Path) -> _Report:
     return report
 
 
-def start_of(path: Path, plan: Plan) -> tuple[Start, Measured]:
-    """One start, from its report, checked against the plan it ran: a report of another plan,
-    of deferred capture, of a capture that did not finish, or whose memory reading another
-    process disturbed is refused with the reason."""
+def start_of(path: Path, plans: list[Plan]) -> tuple[Start, Measured]:
+    """One start, from its report, checked against the plan it ran (the one of `plans` with its
+    fingerprint): a report of another plan, of deferred capture, of a capture that did not
+    finish, or whose memory reading another process disturbed is refused with the reason."""
     name = shown(path)
     r = read_report(path)
+    plan = next((p for p in plans if p.fingerprint == r.fingerprint), plans[0])
     if r.fingerprint != plan.fingerprint:
         raise InputError(
             f"{name}: a start of another plan (fingerprint {r.fingerprint[7:19]}, the plan's {plan.fingerprint[7:19]})",
@@ -297,8 +298,7 @@ def calibration_from_starts(reports: list[Path], plans: list[Plan], given: Given
                 "--plan: plans of different deployments (another vLLM release or parallel layout)",
                 "calibrate each deployment apart",
             )
-    by_fingerprint = {p.fingerprint: p for p in plans}
-    read = [start_of(path, by_fingerprint.get(_fingerprint_of(path) or "", plan)) for path in reports]
+    read = [start_of(path, plans) for path in reports]
     seen: set[str] = set()
     for path in reports:
         key = str(path.resolve())
@@ -315,14 +315,6 @@ def calibration_from_starts(reports: list[Path], plans: list[Plan], given: Given
             said = "the starts ran" if measured.vllm else "--vllm"
             raise InputError(f"{said} vLLM {release}: a start of another release: {problem[0]}", problem[1])
     return Calibration(name=name, identity=identity_of(plan, given, measured), starts=[s for s, _ in read])
-
-
-def _fingerprint_of(path: Path) -> str | None:
-    """The fingerprint a report names (read again, checked, by `start_of`)."""
-    try:
-        return read_report(path).fingerprint
-    except InputError:
-        return None
 
 
 def find_folder(start: Path) -> Path | None:
