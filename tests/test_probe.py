@@ -40,6 +40,11 @@ assert os.environ.get("CAPPLAN_CAPTURE_EACH") == "1"
 if mode == "fail":
     print("Traceback (most recent call last): ... CUDA out of memory", flush=True)
     sys.exit(1)
+if mode == "logged":  # vLLM 0.33.0's own wording of its start's phases
+    print("INFO [model_runner.py:428] Model loading took 15.36 GiB memory and 2.278929 seconds")
+    print("INFO [backends.py:310] [backbone] Directly load the compiled graph(s) for compile range (1, 8192)")
+    print("INFO [monitor.py:62] [backbone] torch.compile took 5.26 s in total")
+    print("INFO [model_runner.py:1163] Graph capturing finished in 31 secs, took 1.19 GiB", flush=True)
 plan = load_plan(plan_path)
 r = Report(plan, plan_path)
 r.planned(len(plan.graphs))
@@ -101,6 +106,24 @@ def test_a_probe_writes_the_deployment_s_calibration_with_each_capture(stand_in,
     kept = tmp_path / "cal.report.json"
     assert json.loads(kept.read_text())["report_format"] == REPORT_FORMAT
     assert oct(out.stat().st_mode & 0o777) == "0o644" and not (tmp_path / "cal.log").exists()
+
+
+def test_the_probe_s_header_says_where_its_time_went_as_vllm_logged_it(stand_in, tmp_path):
+    stand_in["mode"] = "logged"
+    out = tmp_path / "cal.yaml"
+    result = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(out), "--keep-log"])
+    assert result.exit_code == 0, result.output
+    header = out.read_text().splitlines()[0]
+    assert "model loading 2 s, torch.compile 5 s (from its cache), capture 31 s" in header, header
+    assert "Graph capturing finished in 31 secs" in (tmp_path / "cal.log").read_text()
+    assert oct((tmp_path / "cal.log").stat().st_mode & 0o777) == "0o644"
+
+
+def test_log_phases_guesses_nothing_from_a_log_without_vllm_s_lines():
+    from capplan.commands.calibrate import log_phases
+
+    assert log_phases("") == "" and log_phases("torch.compile took many s") == ""
+    assert log_phases("[backbone] torch.compile took 40.5 s in total\n") == ": torch.compile 40 s (cold)"
 
 
 def test_a_failed_probe_keeps_vllm_s_log_and_writes_no_calibration(stand_in, tmp_path):

@@ -419,13 +419,21 @@ def probe_cmd(
     output: h.CalibrateOutput,
     name: h.CalibrateName = None,
     timeout: h.ProbeTimeout = 900,
+    keep_log: h.ProbeKeepLog = False,
 ) -> None:
     from capplan.commands.calibrate import probe
 
     if not 60 <= timeout <= 86_400:
         raise UsageError(f"--timeout must be 60 to 86400 seconds (got {timeout})")
     done = probe(
-        plan, model, output, name, tuple(ctx.args), float(timeout), say=lambda line: typer.echo(line, err=True)
+        plan,
+        model,
+        output,
+        name,
+        tuple(ctx.args),
+        float(timeout),
+        say=lambda line: typer.echo(line, err=True),
+        keep_log=keep_log,
     )
     typer.echo(
         f"wrote {printable(str(output))}: {done.graphs} graphs, {done.capture_seconds:.1f} s capture, "

@@ -581,8 +581,9 @@ object in CAPPLAN_SMOKE_LLM_ARGS. Takes a few minutes.
 PROBE_HELP = """Probe the deployment on this GPU: capture PLAN once with vLLM's dummy weights, into a calibration.
 
 Starts `vllm serve MODEL --load-format dummy` under `capplan apply PLAN`
-(the plan in force, the line completed from the plan), with each graph
-captured in a call of its own, and stops it once every graph is captured.
+(the plan in force, the line completed from the plan), reads each graph's
+seconds and pool growth between one graph and the next of vLLM's one
+capture, and stops the server once every graph is captured.
 MODEL is the model's folder or its config.json alone (no weights and no
 adapters are read; without a tokenizer the server runs with
 --skip-tokenizer-init). Arguments after `--` go to `vllm serve` as the
@@ -596,17 +597,25 @@ The calibration records each capture's seconds and graph-pool growth by
 mode, size and LoRA case, the capture's total, the model's shape, the GPU,
 vLLM, torch and the host's CPU. (Start reports of `capplan apply` record
 vLLM's profiling pass, its graph-memory estimate and the KV cache vLLM
-sized.) show, diff and flags
+sized.) Its header says where the probe's time went, as vLLM's log says
+it: model loading, torch.compile (cold, or from vLLM's cache) and capture.
+With MODEL the folder the deployment serves, a cold probe's compile is
+kept in vLLM's cache for the deployment's own start on this machine (vLLM
+keys the cache by the model's path and the compiled settings, not by the
+KV cache's size or the weights). show, diff and flags
 price plans of this deployment from it (--calibration, or a
 .capplan/calibration folder beside the plans). The start report is kept
-beside the calibration (OUTPUT with .report.json); vLLM's log is kept only
-when the probe fails. Exit 1 when vLLM fails or the capture does not finish
+beside the calibration (OUTPUT with .report.json); vLLM's log (OUTPUT with
+.log) when the probe fails or with --keep-log. Exit 1 when vLLM fails or the capture does not finish
 within --timeout seconds. Needs a GPU and vLLM.
 """
 ProbeModel = Annotated[
     Path, typer.Option("--model", help="The model's folder, or its config.json alone (dummy weights are used).")
 ]
 ProbeTimeout = Annotated[int, typer.Option("--timeout", help="Seconds to wait for every graph to be captured.")]
+ProbeKeepLog = Annotated[
+    bool, typer.Option("--keep-log", help="Keep vLLM's log beside the calibration (OUTPUT with .log) when it succeeds.")
+]
 
 CalibrateSpec = Annotated[Path, typer.Argument(help="Spec YAML of the deployment to measure.", show_default=False)]
 CalibrateModel = Annotated[

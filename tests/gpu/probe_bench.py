@@ -1,7 +1,6 @@
 """Probes against full starts: what `capplan calibrate` measures, and how well it prices another plan.
 
-    python tests/gpu/probe_bench.py WORK OUT.json run [--until SECONDS]
-    python tests/gpu/probe_bench.py WORK OUT.json summary
+    python tests/gpu/probe_bench.py WORK OUT.json run [--until SECONDS] [--round pairs|inside]
 
 Four shapes (`configs/`: Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-14B and the MoE OLMoE-1B-7B, each
 its published config.json) with `--load-format dummy`, vLLM's OpenAI server under default
@@ -19,8 +18,13 @@ stopped):
 - `profiled`: a start as `start`, but with vLLM's memory profiling (no KV cache given,
   `--gpu-memory-utilization 0.92`): both capture passes, vLLM's graph-memory estimate and the KV
   cache vLLM sized, beside the probe's first-capture figures;
-for the 8B and the 1B: probe A, start A, start B; then probes of A for the 14B and the MoE; then
-the 8B's profiled start; then starts of B for the MoE and the 14B.
+Round `pairs` (the default; run at capplan bbdf3c6): for the 8B and the 1B: probe A, start A,
+start B; then probes of A for the 14B and the MoE; then the 8B's profiled start; then starts of B
+for the MoE and the 14B. Round `inside` (each graph read inside vLLM's one capture, report format
+2): the 8B's probe of A from a cold compile cache, its start of A (the positive control: the
+plan's memory as a start captures it, and whether the probe's compile served the start from
+vLLM's cache), its probe of A again (a warm cache), then the 1B's probe and start of A. Probes
+keep vLLM's log (`--keep-log`): each one's phases come from it.
 Every record names the capplan commit, vLLM, torch, the GPU, the host CPU and the command.
 """
 
@@ -50,12 +54,18 @@ lora: {{enabled: true, max_loras: {loras}, specialize: true, specialize_active: 
 """
 PLANS = {"A": {"seqs": 128, "loras": 4}, "B": {"seqs": 256, "loras": 8}}
 SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-14b", "olmoe-1b-7b")
-JOBS = [
-    ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
-    ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"), ("llama-3.2-1b", "start", "B"),
-    ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"), ("llama-3.1-8b", "profiled", "A"),
-    ("olmoe-1b-7b", "start", "B"), ("qwen2.5-14b", "start", "B"),
-]  # fmt: skip
+ROUNDS = {
+    "pairs": [
+        ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
+        ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"), ("llama-3.2-1b", "start", "B"),
+        ("qwen2.5-14b", "probe", "A"), ("olmoe-1b-7b", "probe", "A"), ("llama-3.1-8b", "profiled", "A"),
+        ("olmoe-1b-7b", "start", "B"), ("qwen2.5-14b", "start", "B"),
+    ],
+    "inside": [
+        ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "probe-warm", "A"),
+        ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"),
+    ],
+}  # fmt: skip
 KV_BYTES = 4 << 30  # as the probe gives it
 SERVE_ARGS = ["--max-lora-rank", "16", "--max-model-len", "4096", "--dtype", "bfloat16", "--seed", "0",
               "--served-model-name", "base"]  # fmt: skip
@@ -81,19 +91,19 @@ def prepare(work: Path, shape: str, release: str) -> tuple[Path, Path, dict[str,
     return folder, config, plans
 
 
-def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict) -> dict:
-    out = work / f"{shape}-probe.calibration.yaml"
-    for old in (out, work / f"{shape}-probe.calibration.report.json", work / f"{shape}-probe.calibration.log"):
+def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict, job: str = "probe") -> dict:
+    out = work / f"{shape}-{job}.calibration.yaml"
+    for old in (out, work / f"{shape}-{job}.calibration.report.json", work / f"{shape}-{job}.calibration.log"):
         old.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "capplan", "calibrate", str(plan), "--model", str(model), "-o", str(out), "--",
-           *SERVE_ARGS]  # fmt: skip
+    cmd = [sys.executable, "-m", "capplan", "calibrate", str(plan), "--model", str(model), "-o", str(out),
+           "--keep-log", "--", *SERVE_ARGS]  # fmt: skip
     t0 = time.perf_counter()
     got = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
     )
-    result = {"job": "probe", "shape": shape, "command": cmd, **ident, "seconds": round(time.perf_counter() - t0, 2),
+    result = {"job": job, "shape": shape, "command": cmd, **ident, "seconds": round(time.perf_counter() - t0, 2),
               "exit": got.returncode, "stdout": got.stdout[-2000:], "stderr": got.stderr[-4000:]}  # fmt: skip
-    kept = work / f"{shape}-probe.calibration.report.json"
+    kept = work / f"{shape}-{job}.calibration.report.json"
     if kept.exists():  # the runtime's report names no capplan commit: the kept file does
         kept.write_text(json.dumps({"capplan_commit": ident.get("capplan_commit"), **json.loads(kept.read_text())},
                                    indent=2) + "\n")  # fmt: skip
@@ -141,7 +151,7 @@ def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dic
     return result
 
 
-def run(work: Path, until: float) -> None:
+def run(work: Path, until: float, round_name: str = "pairs") -> None:
     import vllm
 
     work.mkdir(parents=True, exist_ok=True)
@@ -149,16 +159,16 @@ def run(work: Path, until: float) -> None:
     done = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     ident = {**identity(), "host_cpu": host_cpu()}
     t_end = time.monotonic() + until
-    for shape, job, name in JOBS:
+    for shape, job, name in ROUNDS[round_name]:
         if any(d["shape"] == shape and d["job"] == job and d.get("plan", "A") == name for d in done):
             continue
         if time.monotonic() > t_end:
             break
         folder, config, plans = prepare(work, shape, vllm.__version__.split("+")[0])
         print(f"{shape} {job} {name}", flush=True)
-        if job == "probe":
+        if job.startswith("probe"):
             model = config if shape == "llama-3.2-1b" else folder
-            result = probe(work, shape, plans[name], model, ident)
+            result = probe(work, shape, plans[name], model, ident, job)
         else:
             result = start(work, shape, name, plans[name], folder, ident, job)
         done.append(result)
@@ -171,8 +181,11 @@ def run(work: Path, until: float) -> None:
 def main() -> None:
     work, what = Path(sys.argv[1]), sys.argv[3]  # argv[2]: the summary path, for the start bench's form
     until = float(sys.argv[sys.argv.index("--until") + 1]) if "--until" in sys.argv else 1e9
+    round_name = sys.argv[sys.argv.index("--round") + 1] if "--round" in sys.argv else "pairs"
+    if round_name not in ROUNDS:
+        raise SystemExit(f"unknown round {round_name!r}: {', '.join(ROUNDS)}")
     if what == "run":
-        run(work, until)
+        run(work, until, round_name)
     else:
         raise SystemExit(f"unknown step {what!r}: run")
 

@@ -42,7 +42,7 @@ class _Report(BaseModel):
     identity: Measured | None = None  # reports of earlier runtimes have none
     profiling_capture: dict[str, object] | None = None  # vLLM's profiling pass before the capture, if it ran
     after_profiling: bool | None = None  # from `profiling_capture`; None where the report has no such key
-    captures: list[Capture] | None = None  # format 1: each graph's capture, where each had a call of its own
+    captures: list[Capture] | None = None  # each graph's capture, where the start measured each
     vllm_estimate_gib: float | None = None
     kv_cache: KVCache | None = None
 
@@ -168,7 +168,7 @@ def graph_sizes(plan: Plan) -> list[GraphSizes]:
 
 
 def _captures(name: str, r: _Report, plan: Plan) -> list[CaptureCost]:
-    """Each graph's capture, where the start captured each in a call of its own: one per plan graph,
+    """Each graph's capture, where the start measured each (CAPPLAN_CAPTURE_EACH): one per plan graph,
     in the plan's order, each the graph the plan has there; otherwise refused."""
     if r.captures is None:
         return []

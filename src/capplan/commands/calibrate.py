@@ -3,6 +3,7 @@ recorded trace): each writes a calibration file."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,13 +285,16 @@ def probe(
     serve_args: tuple[str, ...] = (),
     limit: float = PROBE_LIMIT_S,
     say: Any = print,
+    keep_log: bool = False,
 ) -> Probed:
-    """Capture the plan once on this machine's GPU, each graph in a call of its own, with vLLM's
-    dummy weights: `vllm serve MODEL --load-format dummy` under `capplan apply` with
-    CAPPLAN_CAPTURE_EACH=1 (the plan in force, completing the line from the plan as apply does),
-    stopped once the report says every graph is captured. The report is kept beside the
-    calibration (OUTPUT with .report.json); the calibration holds its one start, each capture's
-    seconds and pool growth, vLLM's estimate and the KV cache vLLM sized, the host and the GPU."""
+    """Capture the plan once on this machine's GPU with vLLM's dummy weights: `vllm serve MODEL
+    --load-format dummy` under `capplan apply` with CAPPLAN_CAPTURE_EACH=1 (the plan in force,
+    completing the line from the plan as apply does; each graph's seconds and pool growth read
+    between one graph and the next of vLLM's one capture), stopped once the report says every
+    graph is captured. The report is kept beside the calibration (OUTPUT with .report.json), and
+    vLLM's log (OUTPUT with .log) on failure or with `keep_log`; the calibration holds its one
+    start, each capture's seconds and pool growth, the KV cache vLLM sized, the host and the GPU,
+    and its header the start's phases as vLLM logged them (`log_phases`)."""
     import json
     import os
     import shutil
@@ -362,15 +366,17 @@ def probe(
             finally:
                 elapsed = time.monotonic() - t0
                 _stop(proc)
-        if not done:
-            kept = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
+        kept = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
+        if not done or keep_log:
             write_atomic(kept, log_path.read_bytes(), sources)  # never through a link; replaces an earlier log
+        if not done:
             report.unlink(missing_ok=True)  # an unfinished start's report: a retry with the same -o may run
             why = f"not every graph captured in {limit:.0f} s" if timed_out else f"vLLM exited with {proc.returncode}"
             raise InputError(
                 f"probe failed: {why}; vLLM's log is {shown(kept)}",
                 "read the log's last lines; a start under capplan apply must succeed for a probe to",
             )
+        phases = log_phases(log_path.read_text(errors="replace"))
     cal = calibration_from_starts([report], [loaded], Given(shape=shape), name or output.stem)
     ident = cal.identity
     if ident is not None and ident.model is not None and ident.model.name == str(folder) and folder != model:
@@ -382,13 +388,34 @@ def probe(
     start = cal.starts[0]
     header = (
         f"# Calibration probed by capplan calibrate: {printable(plan.name)} captured with dummy weights, each graph "
-        f"in a call of its own ({elapsed:.0f} s from launch); report: {printable(report.name)}\n"
+        f"read inside vLLM's one capture ({elapsed:.0f} s from launch to the last graph{phases}); "
+        f"report: {printable(report.name)}\n"
     )
     write_atomic(output, header + _calibration_yaml(data), sources)
     return Probed(output, report, start.graphs, start.capture_seconds, start.graph_memory_gib, round(elapsed, 1))
 
 
 PROBE_KV_BYTES = 4 << 30
+
+_COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+_CACHED = re.compile(r"Directly load the compiled graph")
+_CAPTURED = re.compile(r"Graph capturing finished in ([0-9.]+) sec")
+_LOADED = re.compile(r"Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds")
+
+
+def log_phases(text: str) -> str:
+    """Where a probe's time went, as vLLM's log says it: model loading, torch.compile (from its
+    cache or compiled cold) and graph capture; "" where the log says none of it (another
+    release's wording: nothing is guessed)."""
+    parts = []
+    if m := _LOADED.search(text):
+        parts.append(f"model loading {float(m.group(1)):.0f} s")
+    compiled = [float(x) for x in _COMPILE.findall(text)]
+    if compiled:
+        parts.append(f"torch.compile {sum(compiled):.0f} s ({'from its cache' if _CACHED.search(text) else 'cold'})")
+    if m := _CAPTURED.search(text):
+        parts.append(f"capture {float(m.group(1)):.0f} s")
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def _kv_given(serve_args: tuple[str, ...]) -> list[str]:

@@ -90,7 +90,7 @@ class HookContext:
     launch: Reading = field(default_factory=Reading)  # the server's own command read (CAPPLAN_COMMAND)
     graph_budget: GraphBudget | None = None  # the graph memory a calibration left beside the KV cache
     lora_state_checked: bool = False
-    capture_each: bool = False  # CAPPLAN_CAPTURE_EACH: each graph captured and measured in a call of its own
+    capture_each: bool = False  # CAPPLAN_CAPTURE_EACH: each graph of the one capture measured (`capplan calibrate`)
 
 
 def layouts_of(plan: Plan) -> dict[tuple[int, int, int], DummyLayout]:

@@ -141,7 +141,7 @@ class Report:
         self.kv_cache_sized(getattr(manager, "vllm_config", None))
 
     def captured_one(self, gid: int, seconds: float, used: int) -> None:
-        """One graph captured in a call of its own (CAPPLAN_CAPTURE_EACH): its seconds and the
+        """One graph of the capture measured (CAPPLAN_CAPTURE_EACH): its seconds and the
         pool's growth across it."""
         d = self.plan.graphs[gid].descriptor
         row = {"graph": gid, "cg_mode": d.cg_mode, "num_tokens": d.num_tokens, "lora_case": d.num_active_loras,

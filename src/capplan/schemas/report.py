@@ -41,8 +41,10 @@ class GraphCount(_Strict):
 
 
 class Capture(_Strict):
-    """One graph captured in a call of its own: its seconds (the GPU's queued work waited for
-    first) and the pool's growth across it (this process's device memory where NVML gives it)."""
+    """One graph's capture, measured (CAPPLAN_CAPTURE_EACH; format 1: each graph in a vLLM call of its
+    own, format 2: between one graph and the next of vLLM's one capture): its seconds (the GPU's
+    queued work waited for first) and the pool's growth across it (this process's device memory
+    where NVML gives it)."""
 
     graph: int = Field(ge=0)
     cg_mode: Literal["FULL", "PIECEWISE"]
