@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from capplan.analysis.verify import verify_plan
     from capplan.batches import read_batches
-    from capplan.loading import load_cost_model, load_spec
+    from capplan.loading import load_spec, load_steps
     from capplan.planner import compile_plan
     from capplan.traffic.optimize import optimize
 
     vllm_side = oracle_module(args)
     spec = load_spec(SPEC)
     exact = compile_plan(spec.model_copy(update={"fixes": []}))
-    cost = load_cost_model()
+    cost = load_steps()
     rows, ok_all = {}, True
     lines = [
         f"spec {SPEC.relative_to(ROOT)}; vLLM side: "

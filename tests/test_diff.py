@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.analysis.diff import GraphDelta, NoLongerScheduled, SpecChange, diff_plans
+from capplan.calibration.price import load_pricer
 from capplan.cli import app
-from capplan.loading import load_cost_model
 from capplan.planner import compile_plan
 from capplan.present.diff import diff_json, dispatch_lines, dummy_lines, fix_lines, headline, render_text
 from tests.conftest import make_spec
@@ -25,26 +25,28 @@ runner = CliRunner()
 TOY = ROOT / "src" / "capplan" / "data" / "h200-vllm025.yaml"  # the shipped runs: a 0.9B model on an H200
 
 
-def test_cost_model_reproduces_its_calibration_runs():
-    model = load_cost_model(TOY)
+def test_capture_runs_price_a_plan_by_their_fit_without_an_interval():
+    pricer = load_pricer(TOY)
     for lora, seconds, gib in (
         ({"enabled": False}, 8, 0.27),
         ({"enabled": True, "max_loras": 4}, 30, 0.44),
         ({"enabled": True, "max_loras": 4, "specialize_active": True}, 44, 0.94),
     ):
         # The calibration runs were plain vLLM: its exact graph set (no pruning).
-        est = model.estimate(compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora, fixes=[])))
+        priced = pricer.price(compile_plan(make_spec(target={"vllm": "0.25"}, lora=lora, fixes=[])))
         # Seconds: three runs, three unknowns, exact. Memory: a line through three points
         # (base + per graph; the runs share the largest graph), least squares.
-        assert est.capture_seconds == pytest.approx(seconds)
-        assert est.graph_memory_gib == pytest.approx(gib, rel=0.03)
+        assert priced.kind == "scaled" and priced.basis.startswith("fitted to 3 capture run(s)")
+        assert priced.seconds.value == pytest.approx(seconds) and priced.seconds.lo is None
+        assert priced.gib.value == pytest.approx(gib, rel=0.03) and priced.gib.hi is None
+        assert "(no interval)" in priced.text() and any("not checked" in n for n in priced.notes)
 
 
 def test_diff_counts_graphs_per_mode_and_case():
     # vLLM's own graph sets (fixes: []), as in the calibration runs.
     old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[]))
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
-    d = diff_plans(old, new, load_cost_model(TOY))
+    d = diff_plans(old, new, load_pricer(TOY))
     assert not d.equal
     assert d.spec_changes == (SpecChange("lora.specialize_active", False, True),)
     assert [(g.cg_mode, g.lora_case, g.added_count, g.removed_count) for g in d.graph_changes] == [
@@ -55,9 +57,9 @@ def test_diff_counts_graphs_per_mode_and_case():
         ("PIECEWISE", 2, 51, 0),
         ("PIECEWISE", 4, 51, 0),
     ]
-    assert d.cost.new.graphs - d.cost.old.graphs == 258 == d.cost.graphs
-    assert headline(d).startswith("lora.specialize_active: false -> true: +258 graphs, +14 s capture")
-    same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[])), load_cost_model())
+    assert d.price.new.graphs - d.price.old.graphs == 258 == d.price.graphs
+    assert headline(d).startswith("lora.specialize_active: false -> true: +258 graphs, +14.0 (no interval) s capture")
+    same = diff_plans(old, compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[])), load_pricer())
     assert same.equal and headline(same) == "no changes"
 
 
@@ -71,7 +73,7 @@ def test_diff_reports_dispatch_region_changes():
     d = diff_plans(
         compile_plan(make_spec(**spec, fixes=[])),
         compile_plan(make_spec(**spec, fixes=["mixed_ranges"])),
-        load_cost_model(),
+        load_pricer(),
     )
     lines = dispatch_lines(d)
     assert "mixed batches of 3 token count(s) (3, 5..6; LoRA case 0): eager -> PIECEWISE:4" not in lines
@@ -87,8 +89,7 @@ def test_diff_reports_dispatch_region_changes():
 @pytest.fixture
 def spec_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # The tiny model's spec without its model and GPU: the shipped calibration's estimates are
-    # shown, flagged as not checked (test_estimates_for_another_model_are_withheld covers the rest).
+    # The tiny model's spec without its model and GPU: no probe, start or shape prices it.
     text = (ROOT / "configs" / "h200-tiny-llama-025.yaml").read_text().replace(", gpu: NVIDIA H200", "")
     Path("old.yaml").write_text("".join(line for line in text.splitlines(True) if not line.startswith("model:")))
     Path("new.yaml").write_text(Path("old.yaml").read_text().replace("max_loras: 4", "max_loras: 8"))
@@ -109,12 +110,13 @@ def test_estimates_for_another_model_are_withheld(tmp_path, monkeypatch):
     md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
     assert "est. capture time" not in md and "capture time (predicted)" in md
     data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
-    assert data["estimate"]["old"] is None and data["estimate"]["new"] is None
-    assert "capplan calibrate" in data["estimate"]["basis"]  # the shipped runs price no deployment
-    assert data["price"]["new"]["kind"] == "predicted"
+    assert "estimate" not in data and data["price"]["new"]["kind"] == "predicted"
     told = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json",
                                           "--calibration", str(TOY)]).stdout)  # fmt: skip
-    assert told["estimate"]["basis"].startswith("uncalibrated: measured on llama0.9b")
+    # the 0.9B's runs are not used (said in the notes), and the same shape model prices it
+    assert told["price"]["new"]["kind"] == "predicted"
+    assert any("not used: uncalibrated: measured on llama0.9b" in n for n in told["price"]["new"]["notes"])
+    assert told["price"]["delta"] == data["price"]["delta"]  # one price, whichever way it is asked
 
 
 @pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json")])
@@ -130,8 +132,12 @@ def test_golden_diff_output(spec_pair, fmt, suffix):
     if fmt == "json":
         data = json.loads(result.stdout)
         # no probe or start of this deployment: not priced, and said so (the shipped runs price nothing)
-        assert data["equal"] is False and data["estimate"]["new"] is None and data["estimate"]["delta"] is None
-        assert data["estimate"]["calibration"] == "none" and "capplan calibrate" in data["estimate"]["basis"]
+        price = data["price"]
+        assert (
+            data["equal"] is False and price["new"]["kind"] == "not priced" and price["new"]["capture_seconds"] is None
+        )
+        assert price["delta"]["capture_seconds"] is None and price["delta"]["graphs"] == 10
+        assert "capplan calibrate" in price["new"]["basis"]
     same = runner.invoke(app, ["diff", "old.plan.yaml", "old.plan.yaml", "--format", fmt])
     assert same.exit_code == 0
 
@@ -155,7 +161,7 @@ def test_diff_names_kept_graphs_whose_warm_up_batch_changed():
     spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
     old = compile_plan(spec)
     new = compile_plan(spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 68})}))
-    result = diff_plans(old, new, load_cost_model(None))
+    result = diff_plans(old, new, load_pricer(None))
     assert all(not g.removed for g in result.graph_changes)
     kept = {g.descriptor: g.dummy for g in old.graphs}
     changed = [g for g in new.graphs if g.descriptor in kept and kept[g.descriptor] != g.dummy]
@@ -182,7 +188,7 @@ def test_diff_names_a_kept_graph_whose_kernel_grid_alone_changed():
 
     spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
     lora = spec.lora.model_copy(update={"specialize_active": not spec.lora.specialize_active})
-    result = diff_plans(compile_plan(spec), compile_plan(spec.model_copy(update={"lora": lora})), load_cost_model(None))
+    result = diff_plans(compile_plan(spec), compile_plan(spec.model_copy(update={"lora": lora})), load_pricer(None))
     grid_only = [line for line in dummy_lines(result) if "kernel grid" in line and "adapters" not in line]
     assert grid_only, result.dummy_changes[:3]
     records = [c for c in result.dummy_changes if c.old_lora_ids == c.new_lora_ids]
@@ -200,7 +206,7 @@ def test_dispatch_changes_are_listed_in_batch_order():
 
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
     smaller = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"max_num_seqs": 50})})
-    lines = dispatch_lines(diff_plans(compile_plan(spec), compile_plan(smaller), load_cost_model(None)))
+    lines = dispatch_lines(diff_plans(compile_plan(spec), compile_plan(smaller), load_pricer(None)))
     firsts: dict[str, list[int]] = {}
     for line in lines:
         kind = line.split(" batches", 1)[0]
@@ -231,7 +237,7 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
 
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
     old, new = compile_plan(_seqs(spec, 128)), compile_plan(_seqs(spec, 96))
-    d = diff_plans(old, new, load_cost_model(None))
+    d = diff_plans(old, new, load_pricer(None))
     for change in d.dispatch_changes:
         if change.batch_kind == "uniform-decode":
             assert change.token_runs[0][0] <= 96, change
@@ -249,7 +255,7 @@ def test_diff_lists_changes_only_for_batches_the_new_spec_schedules(tmp_path, mo
     (unscheduled,) = diff_json(d)["dispatch_no_longer_scheduled"]
     assert unscheduled["token_runs"] == [[97, 128]] and unscheduled["token_count"] == 32
     assert unscheduled["reason"] == "97 requests, more than max_num_seqs 96" and unscheduled["old_mode"] == "FULL"
-    back = diff_plans(new, old, load_cost_model(None))
+    back = diff_plans(new, old, load_pricer(None))
     assert back.dispatch_unscheduled == ()
     assert "uniform-decode batches of 32 token count(s) (97..128; all LoRA cases): not scheduled -> FULL" in (
         dispatch_lines(back)
@@ -302,7 +308,7 @@ def test_markdown_folds_long_lists_into_details_and_cuts_nothing():
     from capplan.present.diff import SCREEN, render_markdown
 
     spec = load_spec(ROOT / "configs" / "mixtral-dp2-lora.yaml")
-    result = diff_plans(compile_plan(spec), compile_plan(_seqs(spec, 68)), load_cost_model(None))
+    result = diff_plans(compile_plan(spec), compile_plan(_seqs(spec, 68)), load_pricer(None))
     lines = dummy_lines(result)
     assert len(lines) > SCREEN + 1
     md = render_markdown(result)
@@ -364,13 +370,13 @@ def test_the_optimized_plan_s_markdown_diff_fits_a_pull_request_comment(tmp_path
 def test_a_diff_of_two_compiled_plans_is_graph_delta_records():
     old = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4}, fixes=[]))
     new = compile_plan(make_spec(lora={"enabled": True, "max_loras": 4, "specialize_active": True}, fixes=[]))
-    d = diff_plans(old, new, load_cost_model(TOY))
+    d = diff_plans(old, new, load_pricer(TOY))
     assert all(isinstance(g, GraphDelta) for g in d.graph_changes)
     added = [x for x in new.descriptors if x not in set(old.descriptors)]
     for g in d.graph_changes:
         assert g.added == tuple(x for x in added if (x.cg_mode, x.num_active_loras) == (g.cg_mode, g.lora_case))
         assert g.removed == () and g.removed_count == 0
-    assert sum(g.added_count for g in d.graph_changes) == len(added) == d.cost.graphs == 258
+    assert sum(g.added_count for g in d.graph_changes) == len(added) == d.price.graphs == 258
     assert d.added_sample == tuple(added[:8]) and d.removed_sample == ()
     data = diff_json(d)
     assert [(r["cg_mode"], r["lora_case"], r["added"], r["removed"]) for r in data["graphs"]] == [
@@ -379,7 +385,7 @@ def test_a_diff_of_two_compiled_plans_is_graph_delta_records():
     assert data["graphs"][0]["added_graphs"][0] == f"FULL:{d.graph_changes[0].added[0].num_tokens}x" + (
         f"{d.graph_changes[0].added[0].num_reqs}@1"
     )
-    assert data["estimate"]["delta"]["graphs"] == 258
+    assert data["price"]["delta"]["graphs"] == 258
 
 
 def test_text_rendered_from_records_equals_the_golden(spec_pair):
@@ -389,7 +395,7 @@ def test_text_rendered_from_records_equals_the_golden(spec_pair):
 
     for name in ("old", "new"):
         assert runner.invoke(app, ["compile", f"{name}.yaml"]).exit_code == 0
-    d = diff_plans(load_plan(Path("old.plan.yaml")), load_plan(Path("new.plan.yaml")), load_cost_model(), "old.plan.yaml", "new.plan.yaml")  # fmt: skip
+    d = diff_plans(load_plan(Path("old.plan.yaml")), load_plan(Path("new.plan.yaml")), load_pricer(), "old.plan.yaml", "new.plan.yaml")  # fmt: skip
     assert render_text(d) == (GOLDEN / "diff_max_loras_4_to_8.txt").read_text()
     assert render_markdown(d) == (GOLDEN / "diff_max_loras_4_to_8.md").read_text()
     assert json.dumps(diff_json(d), indent=2) + "\n" == (GOLDEN / "diff_max_loras_4_to_8.json").read_text()
@@ -411,7 +417,7 @@ def test_dispatch_records_render_as_the_planner_s_region_lines():
     spec = load_spec(ROOT / "configs" / "qwen3-8b-multilora.yaml")
     for a, b in ((128, 96), (96, 128), (256, 50)):
         old, new = compile_plan(_seqs(spec, a)), compile_plan(_seqs(spec, b))
-        d = diff_plans(old, new, load_cost_model(None))
+        d = diff_plans(old, new, load_pricer(None))
         refusals = (partial(beyond_spec, spec=old.spec), partial(beyond_spec, spec=new.spec))
         lanes = lora_lanes(old, new)
         assert dispatch_lines(d) == target_changes(old, new, exact_sizes=True, refusals=refusals, lanes=lanes)
@@ -439,7 +445,7 @@ def test_every_json_record_holds_its_sentence_and_typed_fields():
     pairs.append((compile_plan(vl), compile_plan(vl.model_copy(update={"fixes": []}))))
     seen: set[str] = set()
     for old, new in pairs:
-        d = diff_plans(old, new, load_cost_model(None))
+        d = diff_plans(old, new, load_pricer(None))
         data = json.loads(json.dumps(diff_json(d)))
         for key, lines in (
             ("spec_changes", spec_lines(d)),
@@ -465,14 +471,14 @@ def test_records_round_trip_through_json_for_random_spec_pairs():
     @settings(max_examples=25, deadline=None)
     @given(specs(), specs())
     def check(a, b):
-        d = diff_plans(compile_plan(a), compile_plan(b), load_cost_model())
+        d = diff_plans(compile_plan(a), compile_plan(b), load_pricer())
         data = diff_json(d)
         assert data["equal"] is d.equal
         assert [r["key"] for r in data["spec_changes"]] == [c.key for c in d.spec_changes]
         assert [(r["added"], r["removed"]) for r in data["graphs"]] == [
             (g.added_count, g.removed_count) for g in d.graph_changes
         ]
-        assert sum(r["added"] - r["removed"] for r in data["graphs"]) == d.cost.graphs
+        assert sum(r["added"] - r["removed"] for r in data["graphs"]) == d.price.graphs
         assert data["capture_sizes"]["added"] == list(d.capture_sizes.added)
         for r in data["dispatch_changes"]:
             assert r["token_count"] == sum(hi - lo + 1 for lo, hi in r["token_runs"])
@@ -496,7 +502,7 @@ def test_a_change_of_max_loras_with_another_lists_the_moved_lora_case_going_eage
     """max_num_seqs 64 -> 48 with max_loras 4 -> 6: LoRA batches of 97..104 tokens leave their
     graph (case 5 becomes case 7), and the headline leads with the regression in every form."""
     old, new = compile_plan(_seqs_loras(64, 4)), compile_plan(_seqs_loras(48, 6))
-    d = diff_plans(old, new, load_cost_model(None))
+    d = diff_plans(old, new, load_pricer(None))
     lora_eager = [
         c
         for c in d.dispatch_changes
@@ -519,7 +525,7 @@ def test_a_change_of_max_loras_with_another_lists_the_moved_lora_case_going_eage
 
 def test_a_change_that_only_adds_graphs_is_no_regression():
     old, new = compile_plan(_seqs_loras(48, 4)), compile_plan(_seqs_loras(64, 4))
-    d = diff_plans(old, new, load_cost_model(None))
+    d = diff_plans(old, new, load_pricer(None))
     assert not d.regression and not headline(d).startswith("REGRESSION")
     assert diff_json(d)["regression"] is False
 
@@ -538,7 +544,7 @@ def test_every_batch_a_change_sends_to_eager_is_listed(seqs, loras, active):
 
     old = compile_plan(_seqs_loras(seqs[0], loras[0], specialize_active=active[0]))
     new = compile_plan(_seqs_loras(seqs[1], loras[1], specialize_active=active[1]))
-    d = diff_plans(old, new, load_cost_model(None))
+    d = diff_plans(old, new, load_pricer(None))
     listed = {
         (c.batch_kind, case, n)
         for c in d.dispatch_changes
@@ -573,10 +579,10 @@ def test_a_removed_fix_that_moves_batches_to_other_lora_cases_lists_the_dispatch
             "lora": {"enabled": True, "max_loras": 4, "specialize": True, "specialize_active": True}}  # fmt: skip
     old = compile_plan(make_spec(**spec))
     new = compile_plan(make_spec(**spec, fixes=[f for f in old.fixes if f != "lora_slot"]))
-    d = diff_plans(old, new, load_cost_model())
+    d = diff_plans(old, new, load_pricer())
     moves = {(c.old_target, c.new_target, o, n) for c in d.dispatch_changes
              for o, n in zip(c.old_lora_cases, c.lora_cases)}  # fmt: skip
     assert ("PIECEWISE", "PIECEWISE", 2, 1) in moves and ("FULL", "FULL", 4, 2) in moves
     assert "(2..128; LoRA case 2 -> 1): PIECEWISE -> PIECEWISE" in render_text(d)
-    same = diff_plans(old, compile_plan(make_spec(**spec)), load_cost_model())
+    same = diff_plans(old, compile_plan(make_spec(**spec)), load_pricer())
     assert same.dispatch_changes == ()  # nothing moved, nothing listed

@@ -125,8 +125,9 @@ def test_lora_settings_without_enabled_are_refused(tmp_path):
 def test_text_diff_bullets_are_not_minus_signs():
     old, new = ROOT / "configs" / "h200-tiny-llama-025.yaml", ROOT / "configs" / "mixtral-dp2-lora.yaml"
     out = runner.invoke(app, ["diff", "--spec", str(old), str(new)])
-    body = out.stdout.splitlines()[2:]
-    items = [line for line in body if line.startswith("  ") and not line.startswith("  estimate")]
+    lines = out.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if i and not line.startswith("  "))  # after the price lines
+    items = [line for line in lines[first:] if line.startswith("  ")]
     assert items and all(line.startswith(("  * ", "  - ", "  + ")) for line in items)
     assert all(line.startswith("  * ") for line in items if ": +" in line or line.startswith("  * graph"))
 

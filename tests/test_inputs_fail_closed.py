@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from capplan.calibration.identity import judge
 from capplan.cli import app
 from capplan.present.verify import violation_message
-from capplan.traffic.cost import DEFAULT_CALIBRATION, judge
+from capplan.traffic.steps import DEFAULT_CALIBRATION
 from tests.conftest import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]

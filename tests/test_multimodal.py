@@ -8,9 +8,10 @@ from typer.testing import CliRunner
 
 from capplan.analysis.diff import diff_plans
 from capplan.analysis.verify import verify_plan
+from capplan.calibration.price import load_pricer
 from capplan.cli import app
 from capplan.errors import CapplanError
-from capplan.loading import load_cost_model, spec_from_data
+from capplan.loading import spec_from_data
 from capplan.planfile import load_plan
 from capplan.planner import compile_plan
 from capplan.planner.encoder import EncoderGraphs, pack, power_budgets, resolve_encoder_graphs
@@ -164,7 +165,7 @@ def test_engine_config_is_checked_for_the_encoder_settings():
 def test_diff_names_encoder_changes():
     old = compile_plan(_spec({}))
     new = compile_plan(_spec({}, lora={"enabled": True, "max_loras": 2, "specialize_active": False}))
-    d = diff_plans(old, new, load_cost_model())
+    d = diff_plans(old, new, load_pricer())
     from capplan.present.diff import diff_json, encoder_lines
 
     assert any(c.startswith("graphs: none (eager) -> ENCODER:4096") for c in encoder_lines(d))

@@ -27,14 +27,19 @@ def _estimate_line(tmp_path, spec: dict) -> str:
     assert runner.invoke(app, ["compile", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "s.plan.yaml")]).exit_code == 0
     toy = ROOT / "src" / "capplan" / "data" / "h200-vllm025.yaml"  # its identity judged against the spec's
     out = runner.invoke(app, ["show", str(tmp_path / "s.plan.yaml"), "--calibration", str(toy)]).stdout
-    return next(line for line in out.splitlines() if line.startswith("Estimate:"))
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Price:"))
+    notes = [line for line in lines[at + 1 :]][
+        : next((i for i, x in enumerate(lines[at + 1 :]) if not x.startswith("  ")), None)
+    ]
+    return "\n".join([lines[at], *notes])  # the price and its notes
 
 
 def test_another_model_of_a_similar_size_is_another_model(tmp_path):
     line = _estimate_line(tmp_path, {"model": {"name": "Qwen/Qwen3-0.6B", "parameters": 880_000_000}})
-    assert "withheld" in line and "name llama0.9b vs Qwen/Qwen3-0.6B" in line
+    assert "not priced" in line and "not used" in line and "name llama0.9b vs Qwen/Qwen3-0.6B" in line
     same = {"name": "my/llama", "architecture": "LlamaForCausalLM", "parameters": 852_559_872}
-    assert "withheld" not in _estimate_line(tmp_path, {"model": same})  # a path and an id of one model
+    assert "(scaled; fitted to 3 capture run(s)" in _estimate_line(tmp_path, {"model": same})  # one model, two names
 
 
 def test_an_empty_model_section_names_no_model(tmp_path):
@@ -168,7 +173,7 @@ def test_diff_states_both_sides_basis_when_they_differ(tmp_path):
     old = ROOT / "examples" / "mixtral-dp2-lora.plan.yaml"
     new = ROOT / "examples" / "llama3-70b-spec-decode.plan.yaml"
     data = json.loads(runner.invoke(app, ["diff", str(old), str(new), "--format", "json"]).stdout)
-    assert data["estimate"]["basis"]  # withheld for the 70B side: said once, not hidden
+    assert data["price"]["old"]["basis"] and data["price"]["new"]["basis"]  # each side says what it rests on
     cal = ROOT / "examples" / "served" / "h200-vllm0.25.1-llama0.9b.yaml"
     spec = tmp_path / "named.yaml"
     spec.write_text(yaml.safe_dump({"model": {"name": "llama0.9b", "architecture": "LlamaForCausalLM",
@@ -176,7 +181,12 @@ def test_diff_states_both_sides_basis_when_they_differ(tmp_path):
     assert runner.invoke(app, ["compile", str(spec), "-o", str(tmp_path / "named.plan.yaml")]).exit_code == 0
     both = json.loads(runner.invoke(app, ["diff", str(old), str(tmp_path / "named.plan.yaml"), "--calibration",
                                           str(cal), "--format", "json"]).stdout)  # fmt: skip
-    assert both["estimate"]["basis"].startswith("old plan: ") and "new plan: " in both["estimate"]["basis"]
+    # the 0.9B's runs price the side that names it; the side that names no model is priced too, and
+    # says what was not checked against it
+    assert both["price"]["new"]["basis"].startswith("fitted to 3 capture run(s)")
+    assert any(n.startswith("not checked against this deployment: the spec does not give model,")
+               for n in both["price"]["old"]["notes"])  # fmt: skip
+    assert not any("does not give model," in n for n in both["price"]["new"]["notes"])
 
 
 def test_the_driver_s_raw_fallback_escapes_control_characters(tmp_path):

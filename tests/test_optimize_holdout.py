@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from capplan.cli import app
 from capplan.errors import SpecError
-from capplan.loading import load_cost_model
+from capplan.loading import load_steps
 from capplan.planner import Batch
 from capplan.traffic.folds import held_out_scores, padded, smoothed, time_blocks
 from capplan.traffic.optimize import INF, Bucketing, optimize, worst_pad
@@ -106,21 +106,22 @@ def test_single_decodes_keep_size_one():
     """A rare single-request decode still gets its own graph: padding it to 2 doubles its work."""
     spec = make_spec(scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 256})
     trace = [TraceBatch(Batch(1, 1, 1), 1)] + [TraceBatch(Batch(n, n, 1), 500) for n in (2, 6, 12, 24, 48)]
-    result = optimize(spec, trace, load_cost_model(), max_graphs=10, blocks=1)
+    result = optimize(spec, trace, load_steps(), max_graphs=10, blocks=1)
     assert result.point.capture_sizes[0] == 1
-    without = optimize(spec, [t for t in trace if t.batch.num_tokens > 1], load_cost_model(), max_graphs=10, blocks=1)
+    without = optimize(spec, [t for t in trace if t.batch.num_tokens > 1], load_steps(), max_graphs=10, blocks=1)
     assert 1 not in without.point.capture_sizes  # the rule, not the trace's weight, keeps it
 
 
-def test_withheld_estimates_print_no_placeholder():
+def test_capture_not_priced_prints_no_placeholder():
     from capplan.present.optimize import render_curve
 
     spec = make_spec(scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 64})
     trace = [TraceBatch(Batch(n, n, 1), 10) for n in (1, 3, 7, 12)]
-    result = optimize(spec, trace, load_cost_model(), max_graphs=40)
+    result = optimize(spec, trace, load_steps(), max_graphs=40)
     withheld = dataclasses.replace(result, default=dataclasses.replace(result.default, graph_memory_gib=None))
     text = render_curve(withheld)
-    assert "~- GiB" not in text and "graph memory not estimated" in text
+    assert "~- GiB" not in text and "graph memory not priced" in text
+    assert "capture seconds and graph memory: not priced: no probe or start of this deployment" in text
 
 
 @settings(max_examples=150, deadline=None)
@@ -215,7 +216,7 @@ def test_any_user_header_is_kept_and_the_written_spec_still_loads(tmp_path_facto
     except SpecError:
         assume(False)  # not a spec capplan reads (YAML refuses control characters even in comments)
     trace = [TraceBatch(Batch(n, n, 1), 10) for n in (1, 3, 7, 12)]
-    result = optimize(loaded, trace, load_cost_model(), max_graphs=40)
+    result = optimize(loaded, trace, load_steps(), max_graphs=40)
     text = optimized_spec_text(spec, [tmp / "t.jsonl"], result)
     kept = user_comment(spec)
     assert kept in text and len(kept.splitlines()) == len(header)

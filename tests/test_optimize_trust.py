@@ -17,9 +17,9 @@ from capplan.cli import app
 from capplan.errors import UsageError
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.schemas.calibration import Calibration, StepTime
-from capplan.traffic.cost import fit_cost_model
 from capplan.traffic.optimize import optimize
 from capplan.traffic.simulate import TraceBatch, simulate
+from capplan.traffic.steps import step_times
 from tests.conftest import make_spec
 
 runner = CliRunner()
@@ -34,11 +34,11 @@ EAGER = [StepTime(mode="eager", case=5, tokens=t, ms=ms) for t, ms in ((64, 9.0)
 
 def _cost(*graph_rows: tuple[str, int, int, float]):
     rows = [StepTime(mode=m, case=c, tokens=t, ms=ms) for m, c, t, ms in graph_rows] + EAGER
-    return fit_cost_model(Calibration(name="one-point", step_times=rows))
+    return step_times(Calibration(name="one-point", step_times=rows))
 
 
 def _every_step_priced(plan, trace, cost) -> bool:
-    sim = simulate(plan, trace, cost=cost)
+    sim = simulate(plan, trace, steps=cost)
     return sim.step_seconds is not None and not sim.unpriced_points()
 
 
@@ -64,7 +64,7 @@ def test_a_choice_that_needs_an_unmeasured_price_is_refused_with_the_points_to_m
     # neither graph is what the trace runs, and eager was measured only up to 64 tokens
     rows = [StepTime(mode="graph", case=5, tokens=128, ms=2.0), StepTime(mode="graph", case=1, tokens=256, ms=3.0)]
     rows += [StepTime(mode="eager", case=5, tokens=t, ms=ms) for t, ms in ((8, 5.0), (64, 9.0))]
-    cost = fit_cost_model(Calibration(name="one-point", step_times=rows))
+    cost = step_times(Calibration(name="one-point", step_times=rows))
     with pytest.raises(UsageError) as err:
         optimize(spec, [DECODE_256], cost, max_graphs=167, shared_sizes=True)
     message = err.value.message + " " + (err.value.hint or "")
@@ -107,7 +107,7 @@ def test_interpolated_prices_state_their_bounds_and_max_slowdown_uses_them():
     rows = [("graph", 5, t, 1.0 + t / 100) for t in (8, 16, 32, 64, 128, 256, 512)]
     rows += [("piecewise", 5, t, 2.0 + t / 50) for t in (8, 16, 32, 64, 128, 256, 512)]
     cost = _cost(*rows)
-    default = simulate(compile_plan(spec), trace, cost=cost)
+    default = simulate(compile_plan(spec), trace, steps=cost)
     assert default.step_seconds is not None
     lo, hi = default.clock.lo / 1000, default.clock.hi / 1000
     assert lo <= default.step_seconds <= hi
@@ -152,7 +152,7 @@ def test_a_70b_spec_is_predicted_as_extrapolated_and_the_small_model_calibration
     plan = root / "examples" / "llama3-70b-spec-decode.plan.yaml"
     show = runner.invoke(app, ["show", str(plan)])
     assert show.exit_code == 0
-    line = next(x for x in show.stdout.splitlines() if x.startswith("Estimate:"))
+    line = next(x for x in show.stdout.splitlines() if x.startswith("Price:"))
     # no calibration of this model: the shape model predicts, and says how far it extrapolates
     assert "(predicted; predicted by the shape model" in line
     assert "extrapolated: layers 80, 1.7x the largest measured (48)" in show.stdout
@@ -160,19 +160,24 @@ def test_a_70b_spec_is_predicted_as_extrapolated_and_the_small_model_calibration
     assert "vLLM's own estimate stays in charge of the KV cache" in show.stdout
     data = json.loads(runner.invoke(app, ["show", str(plan), "--json"]).stdout)
     assert data["price"]["kind"] == "predicted" and data["price"]["graph_memory_reserve_bytes"] is None
-    # the small model's step-cost calibration prices nothing here
-    assert data["estimate"]["capture_seconds"] is None and data["estimate"]["graph_memory_gib"] is None
-    assert "capplan calibrate" in data["estimate"]["basis"]
+    assert "estimate" not in data  # one price, not a second figure beside it
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"num_reqs": 16, "num_tokens": 64, "max_query_len": 4, "count": 10}\n')
+    # optimize prices its budget the way show does: the 70B by the shape model, said
     spec = root / "configs" / "llama3-70b-spec-decode.yaml"
-    for budget in (["--max-graph-memory", "1"], ["--max-capture-seconds", "10"]):
-        refused = runner.invoke(app, ["optimize", str(spec), str(trace), *budget, "-o", str(tmp_path / "x.yaml")])
-        assert refused.exit_code in (1, 2) and "not priced" in refused.stderr
+    shown = data["price"]["graph_memory_gib"]["value"]
+    out = tmp_path / "x.yaml"
+    fits = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graph-memory", str(shown), "-o", str(out)])
+    assert fits.exit_code == 0, fits.output
+    assert "capture seconds and graph memory: predicted; predicted by the shape model" in fits.stdout
     # without a model in the spec and no calibration: not priced, and what would price it
     qwen = runner.invoke(app, ["show", str(root / "examples" / "qwen3-8b-multilora.plan.yaml")]).stdout
-    line = next(x for x in qwen.splitlines() if x.startswith("Estimate:"))
+    line = next(x for x in qwen.splitlines() if x.startswith("Price:"))
     assert "~" not in line and "not priced (no probe or start of this deployment: capplan calibrate" in line
+    qspec = root / "configs" / "qwen3-8b-multilora.yaml"
+    for budget in (["--max-graph-memory", "1"], ["--max-capture-seconds", "10"]):
+        refused = runner.invoke(app, ["optimize", str(qspec), str(trace), *budget, "-o", str(tmp_path / "y.yaml")])
+        assert refused.exit_code in (1, 2) and "not priced" in refused.stderr
 
 
 def test_json_output_is_strict():

@@ -66,7 +66,8 @@ def test_the_interval_is_where_the_truth_lies_given_the_error_band():
     fig = _within(100.0, errs)
     # predicted / true - 1 in [lo_err, hi_err]  <=>  true in [100 / (1 + hi_err), 100 / (1 + lo_err)]
     assert fig.lo == pytest.approx(100 / (1 + hi_err)) and fig.hi == pytest.approx(100 / (1 + lo_err))
-    assert _within(5.0, _as_errors([0.1])) == _within(5.0, ()) and _within(5.0, ()).lo == 5.0  # no band: none
+    assert _within(5.0, _as_errors([0.1])) == _within(5.0, ()) and _within(5.0, ()).lo is None  # no band: none
+    assert _within(5.0, ()).text(".1f", "s") == "5.0 s (no interval)"
     assert error_band((PairError("a", "b", 0.0), PairError("a", "c", 0.0))) == (0.0, 0.0)
 
 
@@ -136,6 +137,7 @@ def test_a_figure_scaled_another_way_than_the_pairs_measured_has_no_interval(tmp
                                str(RUN / "planA.plan.yaml"), "-o", str(cal)])  # fmt: skip
     assert made.exit_code == 0, made.output
     priced = price_from_starts(load_plan(RUN / "planB.plan.yaml"), load_calibration(cal))
-    assert priced.seconds.lo == priced.seconds.value == priced.seconds.hi
+    assert priced.seconds.lo is None and priced.seconds.hi is None
+    assert "(no interval)" in priced.text()
     assert any("without a probe's per-capture seconds: no interval" in n for n in priced.notes)
     assert priced.gib.lo <= 1.1348 <= priced.gib.hi  # memory from a first-capture start: the pairs' way

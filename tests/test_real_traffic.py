@@ -10,15 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from capplan.batches import read_batches
+from capplan.calibration.price import Pricer, fit_runs, load_pricer, runs_price
 from capplan.cli import app
 from capplan.errors import InputError
 from capplan.offline.calibrate import case_batches, decode_sizes, engines
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.runtime.recorder import Recorder, trace_path
 from capplan.schemas.calibration import Calibration, StepTime
-from capplan.traffic.cost import Price, StepModel, fit_cost_model
 from capplan.traffic.optimize import optimize
 from capplan.traffic.simulate import TraceBatch, simulate
+from capplan.traffic.steps import Price, StepModel, step_times
 from tests.conftest import make_spec
 
 runner = CliRunner()
@@ -190,25 +191,24 @@ def test_calibration_values_are_finite_non_negative_numbers():
             StepTime(mode="graph", case=0, tokens=8, ms=bad)
         with pytest.raises(ValidationError):
             Calibration.model_validate({"name": "x", "runs": [{**RUNS[0], "capture_seconds": bad}, *RUNS[1:]]})
-    assert fit_cost_model(Calibration(name="x", runs=RUNS)).steps is None
+    assert step_times(Calibration(name="x", runs=RUNS)).model is None
 
 
 def test_a_fit_with_a_negative_cost_is_refused():
     runs = [dict(r) for r in RUNS]
     runs[2]["capture_seconds"] = 60.0  # 20 plain graphs cost more than 80 plain + 320 LoRA graphs
     with pytest.raises(InputError, match="negative cost"):
-        fit_cost_model(Calibration.model_validate({"name": "x", "runs": runs}))
+        fit_runs(Calibration.model_validate({"name": "x", "runs": runs}))
 
 
-def test_cost_model_fits_small_and_large_plans_exactly_from_three_kinds_of_runs():
-    model = fit_cost_model(_calibration(lambda c, t: 1.0, lambda c, t: 2.0))
+def test_capture_runs_fit_small_and_large_plans_exactly_from_three_kinds_of_runs():
+    r = fit_runs(_calibration(lambda c, t: 1.0, lambda c, t: 2.0))
     for run in RUNS:
-        s = model.seconds
-        est = s.per_graph * run["no_lora_graphs"] + s.per_lora_graph * run["lora_graphs"]
-        est += s.lora_fixed if run["lora_graphs"] else 0.0
+        est = r.per_graph * run["no_lora_graphs"] + r.per_lora_graph * run["lora_graphs"]
+        est += r.lora_fixed if run["lora_graphs"] else 0.0
         assert est == pytest.approx(run["capture_seconds"])
-        m = model.gib
-        gib = m.base + m.per_max_token * run["max_tokens"] + m.per_graph * (run["no_lora_graphs"] + run["lora_graphs"])
+        graphs = run["no_lora_graphs"] + run["lora_graphs"]
+        gib = r.base_gib + r.gib_per_max_token * run["max_tokens"] + r.gib_per_graph * graphs
         assert gib == pytest.approx(run["graph_memory_gib"])
 
 
@@ -220,30 +220,30 @@ def test_graph_memory_follows_the_largest_graph_not_only_the_count():
     from capplan.loading import load_calibration, load_spec
 
     served = Path(__file__).resolve().parents[1] / "examples" / "served"
-    model = fit_cost_model(load_calibration(served / "h200-vllm0.25.1-llama0.9b.yaml"))
+    cal = load_calibration(served / "h200-vllm0.25.1-llama0.9b.yaml")
     measured = {"llama0.9b.yaml": 0.9316, "llama0.9b.percase.yaml": 0.3809, "llama0.9b.shared.yaml": 0.4414}
     measured |= {"llama0.9b.shared85.yaml": 0.3027, "llama0.9b.shared255.yaml": 0.5977}
     for name, gib in measured.items():
-        est = model.estimate(compile_plan(load_spec(served / name)))
-        assert est.graph_memory_gib == pytest.approx(gib, rel=0.10), name
-    assert model.gib.per_max_token > 0  # the largest graph's workspace is a cost of its own
+        priced = runs_price(compile_plan(load_spec(served / name)), cal)
+        assert priced.gib.value == pytest.approx(gib, rel=0.10), name
+    assert fit_runs(cal).gib_per_max_token > 0  # the largest graph's workspace is a cost of its own
 
 
 def test_simulate_predicts_step_time_from_the_dispatch():
-    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + c + t / 100, lambda c, t: 10.0 + c + t / 50))
+    cost = step_times(_calibration(lambda c, t: 1.0 + c + t / 100, lambda c, t: 10.0 + c + t / 50))
     plan = compile_plan(make_spec(**SPEC))
     trace = [
         TraceBatch(Batch(8, 8, 1, 2, False), 10),  # a graph
         TraceBatch(Batch(3, 500, 300, 0, False, True), 2),  # above the largest graph: eager
     ]
-    result = simulate(plan, trace, cost=cost)
+    result = simulate(plan, trace, steps=cost)
     d = Dispatcher(plan)
     g = d.dispatch(trace[0].batch)
     e = d.dispatch(trace[1].batch)
     assert e.graph_id < 0 <= g.graph_id
     expected = (
-        10 * cost.steps.price("graph", g.num_active_loras, g.num_tokens).ms
-        + 2 * cost.steps.price("eager", e.num_active_loras, 500).ms
+        10 * cost.model.price("graph", g.num_active_loras, g.num_tokens).ms
+        + 2 * cost.model.price("eager", e.num_active_loras, 500).ms
     )
     assert result.step_ms == pytest.approx(expected)
     assert result.to_json(plan)["predicted_step_seconds"] == round(expected / 1000, 6)
@@ -260,7 +260,7 @@ def _decode_trace(sizes_and_counts, adapters=1):
 def test_step_time_objective_drops_the_largest_size_when_eager_costs_no_more():
     """PIECEWISE-only style economics: eager costs as much as a graph replay, so a graph
     earns nothing; under one shared size list the top size is dropped."""
-    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 1.0 + t / 10))
+    cost = step_times(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 1.0 + t / 10))
     spec = make_spec(**SPEC)
     trace = _decode_trace([(3, 100), (20, 50), (60, 10)])
     result = optimize(spec, trace, cost, max_graphs=10_000, shared_sizes=True)
@@ -270,7 +270,7 @@ def test_step_time_objective_drops_the_largest_size_when_eager_costs_no_more():
 
 
 def test_step_time_objective_keeps_graphs_when_eager_is_slow():
-    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 100, lambda c, t: 20.0 + t / 100))
+    cost = step_times(_calibration(lambda c, t: 1.0 + t / 100, lambda c, t: 20.0 + t / 100))
     spec = make_spec(**SPEC)
     trace = _decode_trace([(3, 100), (20, 50), (60, 10)])
     result = optimize(spec, trace, cost, max_graphs=10_000, shared_sizes=True)
@@ -279,7 +279,7 @@ def test_step_time_objective_keeps_graphs_when_eager_is_slow():
 
 
 def test_step_time_objective_weighs_padding_against_graph_budget_per_case():
-    cost = fit_cost_model(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 50.0 + t))
+    cost = step_times(_calibration(lambda c, t: 1.0 + t / 10, lambda c, t: 50.0 + t))
     spec = make_spec(**SPEC)
     trace = _decode_trace([(3, 100), (20, 50), (60, 10)], adapters=1) + _decode_trace([(5, 30)], adapters=2)
     default_graphs = len(compile_plan(spec).graphs)
@@ -287,12 +287,12 @@ def test_step_time_objective_weighs_padding_against_graph_budget_per_case():
     assert result.point.graphs <= default_graphs // 3
     assert result.point.step_seconds <= min(p.step_seconds for p in result.curve if p.graphs <= default_graphs // 3)
     # the prediction of the chosen point is what simulate predicts for its plan
-    sim = simulate(result.plan, trace, cost=cost)
+    sim = simulate(result.plan, trace, steps=cost)
     assert sim.step_ms / 1000 == pytest.approx(result.point.step_seconds, abs=1e-3)
 
 
 def test_step_time_needs_step_times():
-    cost = fit_cost_model(Calibration(name="x", runs=RUNS))
+    cost = step_times(Calibration(name="x", runs=RUNS))
     spec = make_spec(**SPEC)
     with pytest.raises(Exception, match="no step times"):
         optimize(spec, _decode_trace([(3, 1)]), cost, max_graphs=50, objective="step-time")
@@ -300,9 +300,10 @@ def test_step_time_needs_step_times():
 
 
 def test_capture_seconds_budget():
-    cost = fit_cost_model(_calibration(lambda c, t: 1.0, lambda c, t: 2.0))
+    cal = _calibration(lambda c, t: 1.0, lambda c, t: 2.0)
     spec = make_spec(**SPEC)
-    result = optimize(spec, _decode_trace([(3, 100), (20, 5)]), cost, max_capture_seconds=10.0)
+    trace = _decode_trace([(3, 100), (20, 5)])
+    result = optimize(spec, trace, step_times(cal), pricer=Pricer(cal), max_capture_seconds=10.0)
     assert result.point.capture_seconds <= 10.0
     assert result.budget == "10.0 s capture"
 
@@ -374,15 +375,14 @@ def test_simulate_cli_prints_predicted_step_time(tmp_path):
 
 
 def test_shipped_calibration_loads():
-    from capplan.loading import load_cost_model
-    from capplan.traffic.cost import DEFAULT_CALIBRATION
+    from capplan.loading import load_calibration, load_steps
+    from capplan.traffic.steps import DEFAULT_CALIBRATION
 
-    model = load_cost_model(DEFAULT_CALIBRATION)
-    assert model.seconds.per_graph > 0
-    assert Path(model.name)  # a name, whatever the shipped file calls itself
+    assert fit_runs(load_calibration(DEFAULT_CALIBRATION)).per_graph > 0
+    assert Path(load_steps(DEFAULT_CALIBRATION).name)  # a name, whatever the shipped file calls itself
     # without --calibration its runs (a 0.9B model's, on an H200) price no deployment's capture
-    bare = load_cost_model()
-    assert bare.seconds is None and bare.unpriced and "capplan calibrate" in bare.unpriced
+    bare = load_pricer().price(compile_plan(make_spec(**SPEC)))
+    assert bare.kind == "not priced" and bare.seconds is None and "capplan calibrate" in bare.basis
 
 
 # --- step times as served ----------------------------------------------------
@@ -403,19 +403,19 @@ def test_step_times_fitted_on_one_served_sample_predict_the_other():
     PIECEWISE times at all, so it prices no prediction for B."""
     from capplan.loading import load_calibration
     from capplan.planfile import load_plan
-    from capplan.traffic.cost import fit_step_times, merge_step_times
     from capplan.traffic.simulate import StepClock
+    from capplan.traffic.steps import fit_step_times, merge_step_times
 
     plan = load_plan(SERVED / "llama0.9b.plan.yaml")
     a = read_batches(SERVED / "trace-a.jsonl", plan.spec)
     b = read_batches(SERVED / "trace-b.jsonl", plan.spec)
     offline = load_calibration(SERVED / "h200-vllm0.25.1-llama0.9b.yaml")
     fitted = fit_step_times(plan, a.batches, a.times)
-    served = fit_cost_model(
+    served = step_times(
         Calibration(name="s", runs=offline.runs, step_times=merge_step_times(offline.step_times, fitted))
     )
     d = Dispatcher(plan)
-    clock = StepClock(served.steps)
+    clock = StepClock(served.model)
     measured = predicted = 0.0
     busy = priced = 0
     for i in range(1, len(b.batches)):
@@ -424,16 +424,16 @@ def test_step_times_fitted_on_one_served_sample_predict_the_other():
             continue
         busy += 1
         batch = b.batches[i].batch
-        price = served.steps.price(*clock.point(d.dispatch(batch), batch.num_tokens).__dict__.values())
+        price = served.model.price(*clock.point(d.dispatch(batch), batch.num_tokens).__dict__.values())
         if price is not None:
             priced += 1
             measured += dt
             predicted += price.ms / 1000
     assert priced / busy > 0.98, (priced, busy)
     assert abs(predicted - measured) / measured < 0.05, (predicted, measured)
-    whole = simulate(plan, b.batches, cost=served)
+    whole = simulate(plan, b.batches, steps=served)
     assert whole.step_seconds is None and whole.unpriced_points()  # the rest is named, not guessed
-    alone = simulate(plan, b.batches, cost=fit_cost_model(offline))
+    alone = simulate(plan, b.batches, steps=step_times(offline))
     assert alone.step_seconds is None
     assert any(p.mode == "piecewise" for p, _ in alone.unpriced_points())
     modes = {r.mode for r in fitted}
@@ -441,7 +441,7 @@ def test_step_times_fitted_on_one_served_sample_predict_the_other():
 
 
 def test_merge_keeps_base_rows_only_below_what_the_fit_reached():
-    from capplan.traffic.cost import merge_step_times
+    from capplan.traffic.steps import merge_step_times
 
     base = [StepTime(mode="eager", case=0, tokens=t, ms=float(t)) for t in (2, 64, 600, 1000)]
     fitted = [StepTime(mode="eager", case=0, tokens=t, ms=50.0) for t in (500, 900)]
@@ -480,10 +480,10 @@ def test_decode_batches_are_priced_full_up_to_the_largest_full_size_then_piecewi
         for t in (1, 512)
         for m, ms in (("graph", 1.0), ("piecewise", 5.0), ("eager", 20.0))
     ]
-    cost = fit_cost_model(Calibration(name="x", runs=RUNS, step_times=rows))
+    cost = step_times(Calibration(name="x", runs=RUNS, step_times=rows))
     spec = make_spec(**SPEC)
     trace = [TraceBatch(Batch(8, 8, 1, 1, False), 3), TraceBatch(Batch(2, 40, 30, 1, False, True), 2)]
-    goal = Objective(spec, [trace], 128, compile_plan(spec), cost, "step-time")
+    goal = Objective(spec, [trace], 128, compile_plan(spec), cost, Pricer(), "step-time")
     (case,) = goal.groups
     kinds = {kind: w for (_, kind), w in goal.groups[case].items()}
     assert kinds == {"full": {8: 3}, "piecewise": {40: 2}}

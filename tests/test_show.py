@@ -34,10 +34,9 @@ def test_show_is_one_screen_and_full_is_every_table(plan):
     from capplan.commands.inspect import show
     from capplan.present.show import price_lines
 
-    # Priced (with an interval) where the spec gives the model's shape, else the cost model's line.
+    # Priced (with an interval) where the spec gives the model's shape, else not priced and why.
     shown = show(plan)
-    line = "\n  ".join(price_lines(shown.priced)) if shown.priced else shown.cost.estimate_line(loaded)
-    assert full.stdout == render_show(loaded, str(plan), line)
+    assert full.stdout == render_show(loaded, str(plan), "\n  ".join(price_lines(shown.priced)))
     assert len(full.stdout.splitlines()) > len(short.stdout.splitlines())
 
 
@@ -59,7 +58,7 @@ def test_plot_prints_the_short_form_and_json_is_unchanged(tmp_path):
     plotted = runner.invoke(app, ["show", str(QWEN), "--plot", str(tmp_path / "p.svg")])
     assert plotted.exit_code == 0 and plotted.stdout == short
     data = json.loads(runner.invoke(app, ["show", str(QWEN), "--json"]).stdout)
-    assert len(data["descriptors"]) == 496 and "estimate" in data
+    assert len(data["descriptors"]) == 496 and data["price"]["kind"] == "not priced"
 
 
 def test_no_dp_paragraph_at_dp_1_and_one_under_dp():

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from capplan.analysis.verify import verify_plan
 from capplan.batches import read_batches
+from capplan.calibration.price import load_pricer
 from capplan.cli import app
 from capplan.errors import CapplanError
-from capplan.loading import load_cost_model
+from capplan.loading import load_steps
 from capplan.planner import Batch, Dispatcher, compile_plan
 from capplan.traffic.optimize import Bucketing, optimize, token_weights
 from capplan.traffic.simulate import TraceBatch, simulate
@@ -171,7 +172,7 @@ def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
     spec = make_spec(**SMALL)
     trace = read_batches(TRACES / "bursty.jsonl").batches
     default = compile_plan(spec)
-    result = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs) // 2)
+    result = optimize(spec, trace, load_steps(), max_graphs=len(default.graphs) // 2)
     assert result.point.graphs <= len(default.graphs) // 2 == int(result.budget.split()[0])
     assert result.point.capture_sizes[-1] == default.max_capture_size
     assert verify_plan(result.plan).ok
@@ -182,7 +183,7 @@ def test_optimizer_stays_in_budget_keeps_the_top_and_verifies():
     )
     assert sum(weights.values()) > 0
     # with the same budget as the default, padding is never worse than the default's
-    same = optimize(spec, trace, load_cost_model(), max_graphs=len(default.graphs))
+    same = optimize(spec, trace, load_steps(), max_graphs=len(default.graphs))
     assert same.point.padded_tokens <= same.default.padded_tokens
 
 
@@ -272,7 +273,7 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
         if len(plan.graphs) <= budget:
             p = padding_of(plan)
             best = p if best is None else min(best, p)
-    result = optimize(spec, trace, load_cost_model(), max_graphs=budget, blocks=1)  # as fitted: no folds
+    result = optimize(spec, trace, load_steps(), max_graphs=budget, blocks=1)  # as fitted: no folds
     assert result.point.graphs <= budget
     assert padding_of(result.plan) == result.point.padded_tokens == best
     assert d.lora_case(d.lora_count(trace[4].batch)) == 2  # 1 adapter + base -> case 2 (kernel slots)
@@ -281,12 +282,13 @@ def test_per_case_optimizer_matches_brute_force_over_compiled_plans():
 def test_optimize_with_a_memory_budget():
     spec = make_spec(**SMALL)
     trace = read_batches(TRACES / "multitenant.jsonl").batches
-    toy = load_cost_model(Path(__file__).resolve().parents[1] / "src" / "capplan" / "data" / "h200-vllm025.yaml")
-    default = optimize(spec, trace, toy, max_graphs=10_000).default
-    # The memory estimate has a base (the shared pool's workspace), so half the default's
+    toy = Path(__file__).resolve().parents[1] / "src" / "capplan" / "data" / "h200-vllm025.yaml"
+    steps, pricer = load_steps(toy), load_pricer(toy)
+    default = optimize(spec, trace, steps, pricer=pricer, max_graphs=10_000).default
+    # The memory price has a base (the shared pool's workspace), so half the default's
     # memory may be below any plan's; three quarters leaves room for fewer graphs.
     budget = default.graph_memory_gib * 0.75
-    result = optimize(spec, trace, toy, max_graph_memory=budget)
+    result = optimize(spec, trace, steps, pricer=pricer, max_graph_memory=budget)
     assert result.point.graph_memory_gib <= budget and result.point.graphs < default.graphs
     assert "GiB graph memory" in result.budget and verify_plan(result.plan).ok
 

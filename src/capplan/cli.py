@@ -143,14 +143,12 @@ def show_cmd(
 
     shown = show(plan, calibration, plot, model_config)
     if as_json:
-        data = show_json(shown.plan, shown.estimate, shown.basis.calibration, shown.basis.note, shown.priced)
-        typer.echo(dumps(data, indent=2))
+        typer.echo(dumps(show_json(shown.plan, shown.priced), indent=2))
     else:
         from capplan.present.show import price_lines
 
         render = render_show if full else render_show_short
-        line = "\n  ".join(price_lines(shown.priced)) if shown.priced else shown.cost.estimate_line(shown.plan)
-        sys.stdout.write(render(shown.plan, str(plan), line))
+        sys.stdout.write(render(shown.plan, str(plan), "\n  ".join(price_lines(shown.priced))))
 
 
 @app.command("dispatch", help=h.DISPATCH_HELP)
@@ -219,7 +217,7 @@ def simulate_cmd(
         typer.echo(dumps(result.data, indent=2))
     else:
         trace_names = " ".join(str(t) for t in traces)
-        typer.echo(render_simulation(str(plan), trace_names, result.plan, result.simulation))
+        typer.echo(render_simulation(str(plan), trace_names, result.plan, result.simulation, result.priced))
 
 
 @app.command("optimize", help=h.OPTIMIZE_HELP)
@@ -400,12 +398,6 @@ def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve", calibration: h.Fl
     if priced is not None:  # on stderr: the arguments on stdout stay whole for a pipe
         for line in (reserve_line(priced), f"({priced.kind}; {priced.basis})", *priced.notes):
             typer.echo(f"# {line}", err=True)
-    elif calibration is not None:
-        typer.echo(
-            f"# {printable(str(calibration))} holds no starts of a deployment (capplan calibrate-start makes them): "
-            "vLLM's own estimate stays in charge of the KV cache",
-            err=True,
-        )
 
 
 @app.command(

@@ -16,8 +16,9 @@ CalibrationOption = Annotated[
     Path | None,
     typer.Option(
         "--calibration",
-        help="Cost calibration YAML (default: a .capplan/calibration folder beside the plans or above them; "
-        "else the shape model, where the spec gives the model's layers and hidden size; else H200, vLLM 0.25).",
+        help="The deployment's calibration, which prices capture (default: a .capplan/calibration folder beside "
+        "the plans or above them; else the shape model, where the spec gives the model's layers and hidden size; "
+        "else not priced, said with what would price it).",
     ),
 ]
 ModelConfigOption = Annotated[
@@ -201,7 +202,8 @@ SimulateCalibration = Annotated[
     Path | None,
     typer.Option(
         "--calibration",
-        help="Calibration YAML; when it has step times (capplan calibrate-steps), the total step time is predicted.",
+        help="The deployment's calibration: it prices the plan's capture as show does, and when it has step "
+        "times (capplan calibrate-steps, calibrate-trace) the total step time is predicted.",
     ),
 ]
 
@@ -218,9 +220,12 @@ measure (or, with --padding-fallback, chooses by padded tokens and says
 so). Without step times the objective is padded tokens, and the largest
 size stays the spec's max capture size.
 
-Estimates rest on the calibration's model and GPU: a spec that names
-another model (spec `model`, `target.gpu`) gets no estimate-based budget
-or step-time objective from it.
+Step times rest on the calibration's model and GPU: a spec that names
+another model (spec `model`, `target.gpu`) gets no step-time objective
+from it. A memory or capture-time budget is priced as show prices each
+candidate plan (the deployment's probes and starts, else the shape model
+where the spec gives the model's shape); where nothing prices it, the
+budget is refused with what would price it.
 
 With LoRA and one DP rank, sizes are chosen per LoRA case
 (cudagraph.lora_case_sizes, run by capplan's runtime): a case the trace
@@ -266,15 +271,14 @@ OptimizeMaxGraphMemory = Annotated[
     typer.Option(
         "--max-graph-memory",
         min=0.0,
-        help="Budget: estimated graph memory in GiB, by --calibration: its capture runs (capplan calibrate-steps), "
-        "or the deployment's own starts (capplan calibrate-start; the plan they ran at their median, others "
-        "scaled from them).",
+        help="Budget: graph memory in GiB, each candidate priced as show prices it (the deployment's probes and "
+        "starts, --calibration or a .capplan/calibration folder beside the spec; else the shape model).",
     ),
 ]
 OptimizeMaxCaptureSeconds = Annotated[
     float | None,
     typer.Option(
-        "--max-capture-seconds", min=0.0, help="Budget: estimated capture time in seconds (as --max-graph-memory)."
+        "--max-capture-seconds", min=0.0, help="Budget: capture time in seconds (priced as --max-graph-memory)."
     ),
 ]
 OptimizeMaxSlowdown = Annotated[
@@ -308,7 +312,14 @@ OptimizeOutput = Annotated[
     typer.Option("-o", "--output", help="Where to write the optimized spec (default: SPEC.optimized.yaml)."),
 ]
 OptimizePlot = Annotated[Path | None, typer.Option("--plot", help="Write the trade-off curve (.svg or .png).")]
-OptimizeCalibration = Annotated[Path | None, typer.Option("--calibration", help="Cost model calibration YAML.")]
+OptimizeCalibration = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="The deployment's calibration: its step times (the step-time objective) and its probes and starts "
+        "(memory and capture-time budgets).",
+    ),
+]
 OptimizeSharedSizes = Annotated[
     bool,
     typer.Option(
@@ -348,7 +359,9 @@ OptimizeFullCurve = Annotated[
 ]
 
 DIFF_HELP = """Semantic diff: graphs added/removed per mode and LoRA case, dispatch changes,
-fixes, and the estimated capture time and memory delta.
+fixes, and the change in capture time and graph memory, each plan priced as
+show prices it (with an interval and what it rests on, or "not priced" and
+what would price it).
 
 Exit 0 when the plans are equal, 2 when they differ, 1 on error.
 """

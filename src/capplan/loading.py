@@ -101,7 +101,7 @@ def load_calibration(path: Path | None = None):
     """A calibration file (default: the shipped H200 one), validated."""
     from capplan.files import read_yaml
     from capplan.schemas.calibration import Calibration
-    from capplan.traffic.cost import DEFAULT_CALIBRATION
+    from capplan.traffic.steps import DEFAULT_CALIBRATION
 
     path = Path(path) if path else DEFAULT_CALIBRATION
     data = read_yaml(path, "calibration", InputError)
@@ -115,26 +115,25 @@ def load_calibration(path: Path | None = None):
         raise InputError(f"{printable(str(path))}: {describe_validation_error(exc, Calibration)}", hint) from None
 
 
-NOT_PRICED = (
-    "no probe or start of this deployment: capplan calibrate PLAN --model CONFIG.json on its GPU prices it; "
-    "the model's shape (spec model.num_layers and hidden_size, or --model-config) gives the shape model's prediction"
-)
-
-
-def load_cost_model(path: Path | None = None):
-    """The cost model of a calibration file; without one, the shipped H200 file's step times and
-    no capture price (its runs are a 0.9B model's on another GPU: no evidence about the
-    deployment, `NOT_PRICED` says what would price it)."""
-    import dataclasses
-
-    from capplan.traffic.cost import DEFAULT_CALIBRATION, fit_cost_model
+def load_checked_calibration(path: Path | None = None):
+    """A calibration file (default: the shipped H200 one) whose capture runs, if it has any, can
+    price a plan (`capplan.calibration.price.fit_runs`); refused naming the file otherwise."""
+    from capplan.calibration.price import fit_runs
+    from capplan.traffic.steps import DEFAULT_CALIBRATION
 
     try:
-        model = fit_cost_model(load_calibration(path))
-        if path is None:
-            model = dataclasses.replace(model, seconds=None, gib=None, unpriced=NOT_PRICED)
-        return model
+        cal = load_calibration(path)
+        fit_runs(cal)
+        return cal
     except InputError as exc:
         if exc.message.startswith(printable(str(path or DEFAULT_CALIBRATION))):
             raise
         raise InputError(f"{printable(str(path or DEFAULT_CALIBRATION))}: {exc.message}", exc.hint) from None
+
+
+def load_steps(path: Path | None = None):
+    """A calibration file's step times (`capplan.traffic.steps.StepTimes`); without one, the
+    shipped H200 file's. Capture is priced by `capplan.calibration.price.load_pricer`."""
+    from capplan.traffic.steps import step_times
+
+    return step_times(load_checked_calibration(path))

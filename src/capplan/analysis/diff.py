@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-from capplan.calibration.price import PriceDelta, Pricing, price_pair
+from capplan.calibration.price import PriceDelta, Pricer, price_pair
 from capplan.planner.dispatch import beyond_spec
 from capplan.planner.regions import (
     NONE,
@@ -27,7 +27,6 @@ from capplan.planner.regions import (
     unscheduled_runs,
 )
 from capplan.schemas.plan import Descriptor, DummyLayout, Plan
-from capplan.traffic.cost import CostModel, Estimate
 
 SIZES_KEY = "cudagraph.capture_sizes"
 
@@ -216,31 +215,6 @@ FixChange = FixesChange | DeviationChange
 
 
 @dataclass(frozen=True)
-class CostDelta:
-    """Graph counts and the capture time and graph memory estimates of both plans (None:
-    withheld, see `basis`, or the calibration has no capture runs)."""
-
-    old_graphs: int
-    new_graphs: int
-    old: Estimate | None
-    new: Estimate | None
-    calibration: str
-    basis: str  # what the estimates rest on, or why they are withheld
-
-    @property
-    def graphs(self) -> int:
-        return self.new_graphs - self.old_graphs
-
-    @property
-    def capture_seconds(self) -> float | None:
-        return None if self.old is None or self.new is None else self.new.capture_seconds - self.old.capture_seconds
-
-    @property
-    def graph_memory_gib(self) -> float | None:
-        return None if self.old is None or self.new is None else self.new.graph_memory_gib - self.old.graph_memory_gib
-
-
-@dataclass(frozen=True)
 class CoverageShift:
     """Batch shapes of one kind and LoRA case (the old plan's case, the new plan's) that go
     from a graph to eager (`to_eager`) or from eager to a graph: how many token counts. A
@@ -260,7 +234,7 @@ class PlanDiff:
     old_name: str
     new_name: str
     equal: bool
-    cost: CostDelta
+    price: PriceDelta  # both plans priced by one pricer (each may say it is not priced, and why)
     capture_sizes: CaptureSizesChange
     spec_changes: tuple[SpecChange, ...] = ()
     graph_changes: tuple[GraphDelta, ...] = ()  # by mode, then LoRA case
@@ -274,7 +248,6 @@ class PlanDiff:
     tier_changes: tuple[TierChange, ...] = ()  # graphs moved between ready and deferred
     fix_changes: tuple[FixChange, ...] = ()
     coverage: tuple[CoverageShift, ...] = ()  # batch shapes that go from a graph to eager or back
-    price: PriceDelta | None = None  # both plans priced with intervals (calibration starts or the shape model)
 
     @property
     def regression(self) -> bool:
@@ -299,15 +272,13 @@ SAMPLE = 8  # graphs added and removed named in `added_sample` / `removed_sample
 def diff_plans(
     old: Plan,
     new: Plan,
-    cost: CostModel,
+    pricer: Pricer,
     old_name: str = "old",
     new_name: str = "new",
-    pricing: Pricing | None = None,
 ) -> PlanDiff:
-    """Every change between two plans; `pricing` (the deployment's starts or the shape model)
-    prices both with intervals, over the cost model's point estimates."""
+    """Every change between two plans, both priced by `pricer`."""
     equal = old == new
-    price = price_pair(old, new, pricing)
+    price = price_pair(old, new, pricer)
     old_sizes, new_sizes = set(old.capture_sizes), set(new.capture_sizes)
     counts = len(old.capture_sizes), len(new.capture_sizes)
     sizes = (
@@ -315,9 +286,8 @@ def diff_plans(
         if equal
         else CaptureSizesChange(tuple(sorted(new_sizes - old_sizes)), tuple(sorted(old_sizes - new_sizes)), *counts)
     )
-    estimates = _cost(old, new, cost)
     if equal:
-        return PlanDiff(old_name, new_name, True, estimates, sizes, price=price)
+        return PlanDiff(old_name, new_name, True, price, sizes)
     a, b = _flatten(old.spec.model_dump(mode="json")), _flatten(new.spec.model_dump(mode="json"))
     spec_changes = tuple(
         SpecChange(k, a.get(k), b.get(k))
@@ -344,7 +314,7 @@ def diff_plans(
         old_name,
         new_name,
         False,
-        estimates,
+        price,
         sizes,
         spec_changes=spec_changes,
         graph_changes=graph_changes,
@@ -358,7 +328,6 @@ def diff_plans(
         tier_changes=tuple(_tier_changes(old, new)),
         fix_changes=tuple(_fix_changes(old, new)),
         coverage=_coverage(dispatch),
-        price=price,
     )
 
 
@@ -378,24 +347,6 @@ def _coverage(changes: tuple[DispatchChange, ...]) -> tuple[CoverageShift, ...]:
             key = (c.batch_kind, old_case, new_case, was_graph)
             counts[key] = counts.get(key, 0) + c.token_count
     return tuple(CoverageShift(*key, n) for key, n in sorted(counts.items(), key=lambda kv: (not kv[0][3], kv[0])))
-
-
-def _cost(old: Plan, new: Plan, cost: CostModel) -> CostDelta:
-    bases = [cost.basis(old.spec), cost.basis(new.spec)]
-    withheld = [b for b in bases if not b.usable]
-    if withheld:
-        basis = withheld[0].note
-    elif bases[0].note != bases[1].note:
-        basis = f"old plan: {bases[0].note}; new plan: {bases[1].note}"
-    else:
-        basis = bases[1].note
-    before = after = None
-    if not withheld:
-        before, after = cost.estimate(old), cost.estimate(new)
-        if before is None:
-            basis = cost.unpriced or f"calibration {cost.name} has no capture runs"
-    name = "none" if cost.unpriced is not None else cost.name  # the shipped default prices no capture
-    return CostDelta(len(old.graphs), len(new.graphs), before, after, name, basis)
 
 
 def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:

@@ -14,6 +14,12 @@ the shape model: the rates of every calibration the project holds (`capplan/data
 calibrations/`, one per measured shape), each figure with its error on a shape held out of
 the fit, and "extrapolated" where the deployment lies outside the measured shapes and GPUs.
 Adding a calibration file there refits the model; no code changes.
+
+`Pricer` is the one way any command prices a plan (show, diff, flags, simulate, optimize): the
+deployment's evidence where its identity matches the spec (starts and probes; else capture runs
+of `capplan calibrate-steps`, scaled without an interval), else the shape model's prediction
+where the model's shape is known, else "not priced" and what would price it. One result type,
+`Priced`, whichever way it is asked.
 """
 
 from __future__ import annotations
@@ -27,46 +33,66 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from capplan.calibration.budget import default_margin_bytes, plan_starts, reading_bytes
+from capplan.calibration.identity import judge, same_gpu
+from capplan.errors import InputError
 from capplan.schemas.calibration import Calibration, ModelShape, Start
 from capplan.schemas.plan import Plan
 
 if TYPE_CHECKING:
-    from capplan.traffic.cost import CostModel, Estimate
+    from pathlib import Path as _Path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "calibrations"
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "float8_e4m3fn": 1}
 
-Kind = Literal["measured", "scaled", "predicted"]
+Kind = Literal["exact", "measured", "scaled", "predicted", "not priced"]
+
+NOT_PRICED = (
+    "no probe or start of this deployment: capplan calibrate PLAN --model CONFIG.json on its GPU prices it; "
+    "the model's shape (spec model.num_layers and hidden_size, or --model-config) gives the shape model's prediction"
+)
 
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure and the interval the true value lies in, as far as the data shows."""
+    """A figure and the interval the true value lies in, as far as the data shows: lo and hi None,
+    no interval (the figure's error is not known); lo == hi == value, a reading taken as it is
+    (one start of this very plan, or nothing to capture)."""
 
     value: float
-    lo: float
-    hi: float
+    lo: float | None = None
+    hi: float | None = None
 
     def text(self, fmt: str, unit: str) -> str:
+        if self.lo is None or self.hi is None:
+            return f"{self.value:{fmt}} {unit} (no interval)"
+        if self.lo == self.hi == self.value:
+            return f"{self.value:{fmt}} {unit}"
         return f"{self.value:{fmt}} {unit} [{self.lo:{fmt}}..{self.hi:{fmt}}]"
 
 
 @dataclass(frozen=True)
 class Priced:
-    """A plan's capture seconds and graph memory: `measured` (starts of this very plan),
-    `scaled` (the deployment's starts of another plan, by graphs and workspace) or
-    `predicted` (the shape model); `basis` says from what, `notes` what is extrapolated."""
+    """A plan's capture seconds and graph memory: `exact` (no graphs), `measured` (starts of this
+    very plan), `scaled` (the deployment's starts of another plan, or its capture runs),
+    `predicted` (the shape model) or `not priced` (seconds and gib None); `basis` says from what,
+    or why there is no price and what would give one; `notes` what is extrapolated."""
 
     graphs: int
-    seconds: Figure
-    gib: Figure
+    seconds: Figure | None
+    gib: Figure | None
     kind: Kind
     basis: str
     notes: tuple[str, ...] = ()
     reserve_gib: float | None = None  # the largest reading of this plan's starts whose capture ran first
 
+    @property
+    def priced(self) -> bool:
+        return self.seconds is not None and self.gib is not None
+
     def text(self) -> str:
+        if self.seconds is None or self.gib is None:
+            return f"{self.graphs} graphs; capture time and graph memory not priced"
         return f"{self.graphs} graphs, {self.seconds.text('.1f', 's')} capture, {self.gib.text('.3f', 'GiB')}"
 
     def reserve_bytes(self) -> int | None:
@@ -113,6 +139,7 @@ def memory_rate(start: Start, shape: ModelShape | None) -> float:
 
 
 def _figure(values: list[float]) -> Figure:
+    """The median of a plan's readings and their range (one reading: itself)."""
     return Figure(statistics.median(values), min(values), max(values))
 
 
@@ -140,8 +167,6 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
             (*_release_note(plan, cal), *_after_profiling_note(same), *host),
             reserve_gib=_first_capture_reading(plan, cal),
         )
-    if not graphs:
-        return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "scaled", f"no graphs (calibration {cal.name})")
     errors = errors if errors is not None else project_pair_errors()
     # The pairs measured the scaling by per-capture seconds and from first-capture memory: their
     # error bounds only a figure scaled the same way; another way has no interval, said.
@@ -233,6 +258,116 @@ def rate_seconds(plan: Plan, cal: Calibration) -> tuple[float, list[str]]:
     return statistics.median(rates), [
         "capture seconds by graphs from the starts' rate (no probe's per-capture seconds)"
     ]
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A deployment's capture runs (`capplan calibrate-steps`: plans captured offline) fitted by
+    least squares. Seconds: per graph without LoRA, per LoRA graph, and once where any LoRA graph
+    is captured (the LoRA kernels' first launches). Memory: a base, the largest graph's workspace
+    per token of that graph (paid once in the shared pool) and a share per graph."""
+
+    per_graph: float
+    per_lora_graph: float
+    lora_fixed: float
+    base_gib: float
+    gib_per_max_token: float
+    gib_per_graph: float
+
+
+def _least_squares(rows: list[list[float]], values: list[float], missing: str) -> list[float]:
+    """Solve the normal equations (exact when there are as many rows as unknowns); `missing`
+    says which runs to add when they do not determine the unknowns."""
+    n = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    atb = [sum(r[i] * v for r, v in zip(rows, values)) for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda k: abs(ata[k][col]))
+        if abs(ata[pivot][col]) < 1e-12:
+            raise InputError(f"calibration runs do not determine the model: {missing}")
+        ata[col], ata[pivot] = ata[pivot], ata[col]
+        atb[col], atb[pivot] = atb[pivot], atb[col]
+        for k in range(n):
+            if k != col:
+                f = ata[k][col] / ata[col][col]
+                ata[k] = [a - f * b for a, b in zip(ata[k], ata[col])]
+                atb[k] -= f * atb[col]
+    return [atb[i] / ata[i][i] for i in range(n)]
+
+
+def fit_runs(cal: Calibration) -> Runs | None:
+    """The calibration's capture runs fitted (None: it has none); refused where they cannot price
+    a plan (under three runs, a singular, infinite or negative fit)."""
+    if not cal.runs:
+        return None
+    if len(cal.runs) < 3:
+        raise InputError(
+            f"calibration {cal.name}: {len(cal.runs)} capture run(s); the capture model needs at least 3",
+            "give runs without LoRA, with few LoRA graphs and with many (capplan calibrate-steps writes three)",
+        )
+    secs = _least_squares(
+        [[r.no_lora_graphs, r.lora_graphs, 1.0 if r.lora_graphs else 0.0] for r in cal.runs],
+        [r.capture_seconds for r in cal.runs],
+        "give runs without LoRA, with few LoRA graphs and with many",
+    )
+    # Runs that all share one largest graph cannot separate its workspace from the base: the
+    # base then holds it (a plan with another largest graph is priced as if it had this one).
+    tops = len({r.max_tokens for r in cal.runs}) > 1
+    base, *rest = _least_squares(
+        [[1.0, r.no_lora_graphs + r.lora_graphs] + ([r.max_tokens] if tops else []) for r in cal.runs],
+        [r.graph_memory_gib for r in cal.runs],
+        "give runs with different graph counts",
+    )
+    runs = Runs(secs[0], secs[1], secs[2], base, rest[1] if tops else 0.0, rest[0])
+    if not all(math.isfinite(v) for v in runs.__dict__.values()):
+        raise InputError(
+            f"calibration {cal.name}: its capture runs do not fit a finite cost",
+            "measure the runs again (capplan calibrate-steps)",
+        )
+    negative = [
+        name
+        for name, value in (
+            ("seconds per graph", runs.per_graph),
+            ("seconds per LoRA graph", runs.per_lora_graph),
+            ("seconds for the first LoRA graph", runs.lora_fixed),
+            ("GiB base", runs.base_gib),
+            ("GiB per token of the largest graph", runs.gib_per_max_token),
+            ("GiB per graph", runs.gib_per_graph),
+        )
+        if value < -1e-9
+    ]
+    if negative:
+        raise InputError(
+            f"calibration {cal.name}: its capture runs fit a negative cost ({negative[0]}), so they cannot "
+            "price a plan",
+            "measure the runs again (capplan calibrate-steps); a run's graphs and its seconds or memory disagree",
+        )
+    return runs
+
+
+def runs_price(plan: Plan, cal: Calibration) -> Priced | None:
+    """A plan priced by the deployment's capture runs (`fit_runs`), scaled by graph counts and the
+    largest graph, with no interval: no plan pair measured under `vllm serve` bounds that fit."""
+    runs = fit_runs(cal)
+    if runs is None:
+        return None
+    lora = sum(1 for g in plan.graphs if g.descriptor.num_active_loras > 0)
+    plain = len(plan.graphs) - lora
+    seconds = runs.per_graph * plain + runs.per_lora_graph * lora + (runs.lora_fixed if lora else 0.0)
+    top = max(g.descriptor.num_tokens for g in plan.graphs)
+    gib = runs.base_gib + runs.gib_per_max_token * top + runs.gib_per_graph * len(plan.graphs)
+    return Priced(
+        len(plan.graphs),
+        Figure(seconds),
+        Figure(gib),
+        "scaled",
+        f"fitted to {len(cal.runs)} capture run(s) in calibration {cal.name}, {whose(cal)}",
+        (
+            "capture runs (capplan calibrate-steps) are no starts under vllm serve: no interval; a probe "
+            "(capplan calibrate) of this deployment prices it with one",
+            *_release_note(plan, cal, "capture runs"),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -394,10 +529,10 @@ def error_band(errors: tuple[PairError, ...]) -> tuple[float, float] | None:
 
 def _within(value: float, errors: tuple[PairError, ...]) -> Figure:
     """The value and where the truth lies, 95%, if scaling errs as on the plan pairs measured on
-    the GPU (`error_band`); no interval (value on both sides) under two pairs."""
+    the GPU (`error_band`); no interval under two pairs."""
     band = error_band(errors)
     if band is None:
-        return Figure(value, value, value)
+        return Figure(value)
     lo_err, hi_err = band  # predicted / true - 1 lies in [lo_err, hi_err]
     return Figure(value, value / (1 + hi_err), value / (1 + lo_err))
 
@@ -436,24 +571,6 @@ def _after_profiling_note(starts: list[Start]) -> tuple[str, ...]:
     )
 
 
-def priced_by_starts(model: CostModel) -> CostModel:
-    """`model` estimating capture seconds and graph memory by its calibration's starts, where the
-    calibration is one of the deployment's starts (capplan calibrate-start) and has no capture
-    runs: `optimize`'s budgets then rest on them (`price_from_starts`, the median)."""
-    cal = model.calibration
-    if cal is None or not any(s.plan_memory for s in cal.starts) or cal.runs:
-        return model
-    return dataclasses.replace(model, from_starts=functools.partial(_starts_estimate, cal))
-
-
-def _starts_estimate(cal: Calibration, plan: Plan) -> Estimate:
-    from capplan.traffic.cost import Estimate
-
-    priced = price_from_starts(plan, cal)
-    assert priced is not None  # the calibration has starts
-    return Estimate(priced.graphs, priced.seconds.value, priced.gib.value)
-
-
 def whose(cal: Calibration) -> str:
     """The deployment a calibration's starts measured, as its identity records it: the model (its
     name, else its shape), the GPU, vLLM and the parallel sizes; or that it records none."""
@@ -475,7 +592,7 @@ def whose(cal: Calibration) -> str:
     return "on " + ", ".join(parts)
 
 
-def _release_note(plan: Plan, cal: Calibration) -> tuple[str, ...]:
+def _release_note(plan: Plan, cal: Calibration, what: str = "starts") -> tuple[str, ...]:
     """Where the starts ran a vLLM the plan was not compiled for (it plans, captures and measures
     differently): said, since their figures are then another release's."""
     ran = cal.identity.vllm if cal.identity else None
@@ -485,7 +602,7 @@ def _release_note(plan: Plan, cal: Calibration) -> tuple[str, ...]:
 
     if release_problem(plan.spec.target.vllm, ran) is None:
         return ()
-    return (f"the starts ran vLLM {ran}; this plan targets vLLM {plan.spec.target.vllm}: another release's figures",)
+    return (f"the {what} ran vLLM {ran}; this plan targets vLLM {plan.spec.target.vllm}: another release's figures",)
 
 
 def _sources(starts: list[Start]) -> str:
@@ -569,7 +686,7 @@ class ShapeModel:
         graphs, top = _plan_figures(plan)
         seconds = _within(self.seconds_rate * shape.num_layers * graphs, _as_errors(self.seconds_errors))
         notes = self.extrapolated(plan, shape, gpu)
-        assert self.memory_rate is not None  # Pricing.price asks only then
+        assert self.memory_rate is not None  # Pricer.price asks only then
         units = memory_units(_graph_keys(plan), shape.num_layers, self.split)
         gib = _within(self.memory_rate * units + workspace_gib(shape, top), _as_errors(self.gib_errors))
         notes.append(
@@ -583,8 +700,6 @@ class ShapeModel:
 
     def extrapolated(self, plan: Plan, shape: ModelShape, gpu: str | None) -> list[str]:
         """Where the deployment lies outside what was measured, and by how far."""
-        from capplan.traffic.cost import same_gpu
-
         out = []
         for label, value, measured in (
             ("layers", shape.num_layers, [h.shape.num_layers for h in self.held]),
@@ -695,71 +810,118 @@ def project_calibrations() -> list[Calibration]:
 
 
 @dataclass(frozen=True)
-class Pricing:
-    """What prices plans: the deployment's own calibration (starts), the shape model, and a
-    shape the operator gave (`--model-config`) over the spec's `model`."""
+class Pricer:
+    """The one pricing of plans: the deployment's own calibration (`deployment`: its starts and
+    probes, or capture runs), the shape model (`model`), and a shape the operator gave
+    (`--model-config`) over the spec's `model`."""
 
-    deployment: Calibration | None
-    model: ShapeModel | None
+    deployment: Calibration | None = None
+    model: ShapeModel | None = None
     shape: ModelShape | None = None
+    unread: str | None = None  # a calibration folder found beside the plans that did not load, and why
 
-    def price(self, plan: Plan) -> Priced | None:
-        """Measured data of the deployment first, else the shape model's prediction, else None
-        (no calibration of this deployment and no model shape to predict from)."""
+    def price(self, plan: Plan) -> Priced:
+        """The deployment's own evidence where its identity matches the spec, else the shape
+        model's prediction, else not priced (and why, and what would price it)."""
+        priced = self._price(plan)
+        return dataclasses.replace(priced, notes=(*priced.notes, self.unread)) if self.unread else priced
+
+    def _price(self, plan: Plan) -> Priced:
         from capplan.calibration.shape import shape_from_spec
-        from capplan.traffic.cost import judge
 
+        if not plan.graphs:
+            return Priced(0, Figure(0.0, 0.0, 0.0), Figure(0.0, 0.0, 0.0), "exact", "no graphs to capture")
         why_not = ""
         if self.deployment is not None:
-            basis = judge(self.deployment, plan.spec)
+            cal = self.deployment
+            basis = judge(cal, plan.spec)
             if basis.usable:
-                priced = price_from_starts(plan, self.deployment)
+                priced = price_from_starts(plan, cal)
+                if priced is None and cal.runs:
+                    priced = runs_price(plan, cal)
                 if priced is not None:
+                    if basis.unchecked:
+                        note = f"not checked against this deployment: {'; '.join(basis.unchecked)}"
+                        priced = dataclasses.replace(priced, notes=(*priced.notes, note))
                     return priced
-            why_not = f"calibration {self.deployment.name} not used: {basis.note}"
+                why_not = f"calibration {cal.name} has no start, probe or capture run to price with"
+            else:
+                why_not = f"calibration {cal.name} not used: {basis.note}"
         shape = self.shape or shape_from_spec(plan.spec)
-        if shape is None or self.model is None:
-            return None
-        if not plan.graphs:
-            return Priced(0, Figure(0, 0, 0), Figure(0, 0, 0), "predicted", "no graphs to capture")
-        if self.model.memory_rate is None:
-            return None  # no measured shape's capture ran first: its memory is not priced
-        priced = self.model.predict(plan, shape, plan.spec.target.gpu)
-        notes = priced.notes + ((why_not,) if why_not else ())
-        if shape.intermediate_size is None:
-            notes += ("intermediate size not given (--model-config): the workspace counts 4 x hidden per token",)
-        return Priced(priced.graphs, priced.seconds, priced.gib, priced.kind, priced.basis, notes)
+        if shape is not None and self.model is not None and self.model.memory_rate is not None:
+            priced = self.model.predict(plan, shape, plan.spec.target.gpu)
+            notes = priced.notes + ((why_not,) if why_not else ())
+            if shape.intermediate_size is None:
+                notes += ("intermediate size not given (--model-config): the workspace counts 4 x hidden per token",)
+            return dataclasses.replace(priced, notes=notes)
+        return Priced(len(plan.graphs), None, None, "not priced", f"{why_not}; {NOT_PRICED}" if why_not else NOT_PRICED)
+
+
+def load_pricer(
+    calibration: _Path | None = None, beside: _Path | None = None, model_config: _Path | None = None
+) -> Pricer:
+    """The pricer of the plans a command was given: the calibration given with --calibration,
+    else the calibration folder found beside `beside` (`.capplan/calibration`), the shape model
+    fitted on the project's calibrations, and the shape of --model-config."""
+    from capplan.calibration.shape import shape_from_config
+    from capplan.calibration.starts import find_folder, merged_folder
+    from capplan.errors import CapplanError
+    from capplan.loading import load_checked_calibration
+
+    deployment, unread = None, None
+    if calibration is not None:
+        deployment = load_checked_calibration(calibration)
+    elif beside is not None:
+        folder = find_folder(beside)
+        if folder is not None:
+            try:
+                deployment = merged_folder(folder)
+            except CapplanError as exc:  # found, not named: it prices nothing, and that is said (not a failure)
+                unread = f"calibration folder not read, so it prices nothing: {exc.one_line()}"
+    shape = shape_from_config(model_config) if model_config is not None else None
+    return Pricer(deployment, fit_shape_model(project_calibrations()), shape, unread)
 
 
 @dataclass(frozen=True)
 class PriceDelta:
     """Both plans priced, and the change: new minus old, bound by bound (both rest on the same
-    rates, so a start that ran slow prices both plans slow)."""
+    rates, so a start that ran slow prices both plans slow); None where either is not priced."""
 
     old: Priced
     new: Priced
 
     @property
-    def seconds(self) -> Figure:
+    def graphs(self) -> int:
+        return self.new.graphs - self.old.graphs
+
+    @property
+    def priced(self) -> bool:
+        return self.old.priced and self.new.priced
+
+    @property
+    def seconds(self) -> Figure | None:
         return _minus(self.new.seconds, self.old.seconds)
 
     @property
-    def gib(self) -> Figure:
+    def gib(self) -> Figure | None:
         return _minus(self.new.gib, self.old.gib)
 
     @property
     def kind(self) -> str:
-        kinds = dict.fromkeys((self.old.kind, self.new.kind))
+        kinds = dict.fromkeys(
+            k for k in (self.old.kind, self.new.kind) if k != "exact" or self.old.kind == self.new.kind
+        )
         return " / ".join(kinds)
 
 
-def _minus(a: Figure, b: Figure) -> Figure:
+def _minus(a: Figure | None, b: Figure | None) -> Figure | None:
+    if a is None or b is None:
+        return None
+    if a.lo is None or a.hi is None or b.lo is None or b.hi is None:
+        return Figure(a.value - b.value)
     lo, hi = a.lo - b.lo, a.hi - b.hi
     return Figure(a.value - b.value, min(lo, hi), max(lo, hi))
 
 
-def price_pair(old: Plan, new: Plan, pricing: Pricing | None) -> PriceDelta | None:
-    if pricing is None:
-        return None
-    a, b = pricing.price(old), pricing.price(new)
-    return None if a is None or b is None else PriceDelta(a, b)
+def price_pair(old: Plan, new: Plan, pricer: Pricer) -> PriceDelta:
+    return PriceDelta(pricer.price(old), pricer.price(new))

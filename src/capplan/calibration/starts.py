@@ -328,28 +328,6 @@ def find_folder(start: Path) -> Path | None:
     return None
 
 
-def load_pricing(calibration: Path | None, beside: Path, model_config: Path | None = None) -> object | None:
-    """The pricing of plans (`price.Pricing`): a calibration with starts given with
-    --calibration, else the calibration folder found beside `beside`, and the shape model fitted
-    on the project's calibrations. None when --calibration names a calibration without starts
-    (it prices by its runs, `traffic.cost`)."""
-    from capplan.calibration.price import Pricing, fit_shape_model, project_calibrations
-    from capplan.calibration.shape import shape_from_config
-    from capplan.loading import load_calibration
-
-    deployment = None
-    if calibration is not None:
-        deployment = load_calibration(calibration)
-        if not deployment.starts:
-            return None
-    else:
-        folder = find_folder(beside)
-        if folder is not None:
-            deployment = merged_folder(folder)
-    shape = shape_from_config(model_config) if model_config is not None else None
-    return Pricing(deployment, fit_shape_model(project_calibrations()), shape)
-
-
 def merged_folder(folder: Path) -> Calibration | None:
     """The calibrations in a calibration folder, their starts merged into one (they must be of
     one deployment: the first one's identity, and each other one's must equal it)."""

@@ -52,9 +52,9 @@ def calibrate_trace(
     keep its capture runs, identity and the step times the trace does not cover."""
     from capplan.batches import read_batches
     from capplan.files import check_output, write_atomic
-    from capplan.loading import load_calibration
+    from capplan.loading import load_checked_calibration
     from capplan.planfile.read import load_plan
-    from capplan.traffic.cost import fit_step_times
+    from capplan.traffic.steps import fit_step_times
 
     sources = inputs(plan, trace, calibration)
     check_output(output, sources)
@@ -64,11 +64,11 @@ def calibrate_trace(
     if name is not None and (len(name) > 200 or not name.isprintable()):
         raise UsageError("--name: at most 200 printable characters")
     layout = _layout(trace, loaded.spec)
-    base = load_calibration(calibration) if calibration is not None else None
+    # a base whose capture runs no command can use is refused here, not in the file written
+    base = load_checked_calibration(calibration) if calibration is not None else None
     if base is not None:
-        from capplan.traffic.cost import fit_cost_model, judge
+        from capplan.calibration.identity import judge
 
-        fit_cost_model(base)  # a base no other command can use is refused here, not in the file written
         as_recorded = loaded.spec.model_copy(
             update={"parallel": loaded.spec.parallel.model_copy(update=layout)}
         )  # judged against the layout the trace ran on, not only the one its spec pins
@@ -144,7 +144,7 @@ def _on_base(
     base: Any, fitted: list[Any], name: str | None, steps: int, layout: dict[str, int]
 ) -> tuple[dict[str, Any], str, int]:
     """(data, header lines, step times kept) of the fitted rows merged into a base calibration."""
-    from capplan.traffic.cost import merge_step_times
+    from capplan.traffic.steps import merge_step_times
 
     rows = merge_step_times(base.step_times, fitted)
     data: dict[str, Any] = {"name": name or f"{base.name[:190]}+served"}

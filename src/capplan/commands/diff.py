@@ -48,20 +48,15 @@ def _diff(
 ) -> tuple[PlanDiff, Plan, Plan]:
     """Load both sides (plans, or specs compiled in memory) and compare them."""
     from capplan.analysis.diff import diff_plans
-    from capplan.loading import load_cost_model
+    from capplan.calibration.price import load_pricer
 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be text, markdown or json (got {fmt!r})")
-    from capplan.calibration.price import Pricing
-    from capplan.calibration.starts import load_pricing
-
-    pricing = load_pricing(calibration, new, model_config)
-    cost = load_cost_model(calibration)
+    pricer = load_pricer(calibration, new, model_config)
     a, b = _load(old, specs), _load(new, specs)
     if isinstance(a, CapplanError) or isinstance(b, CapplanError):
         raise _mixup(old, new, a, b, specs)
-    assert pricing is None or isinstance(pricing, Pricing)
-    return diff_plans(a, b, cost, printable(str(old)), printable(str(new)), pricing), a, b
+    return diff_plans(a, b, pricer, printable(str(old)), printable(str(new))), a, b
 
 
 def _load(path: Path, specs: bool) -> Plan | CapplanError:
@@ -121,7 +116,6 @@ def git_diff(args: list[str]) -> GitDiff:
     from capplan.analysis.diff import diff_plans
     from capplan.errors import InputError
     from capplan.files import read_text
-    from capplan.loading import load_cost_model
     from capplan.planfile.read import load_plan
     from capplan.present.compile import summary
     from capplan.present.diff import render_text
@@ -149,13 +143,11 @@ def git_diff(args: list[str]) -> GitDiff:
         old_lines = [printable(line) + "\n" for line in old_text.splitlines()]
         new_lines = [printable(line) + "\n" for line in new_text.splitlines()]
         return GitDiff(head + "".join(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}")))
-    from capplan.calibration.price import Pricing
-    from capplan.calibration.starts import load_pricing
+    from capplan.calibration.price import load_pricer
 
     try:  # git runs the driver from the top of the work tree: the calibration folder is found from the plan's path
-        pricing = load_pricing(None, Path(args[7] if len(args) > 7 else args[0]))
-    except CapplanError:
-        pricing = None  # a calibration folder that does not load prices nothing here; `capplan diff` says why
-    priced = pricing if isinstance(pricing, Pricing) else None
-    result = diff_plans(old, new, load_cost_model(None), f"a/{path}", f"b/{new_path}", priced)
+        pricer = load_pricer(None, Path(args[7] if len(args) > 7 else args[0]))
+    except CapplanError:  # a calibration folder that does not load prices nothing here; `capplan diff` says why
+        pricer = load_pricer()
+    result = diff_plans(old, new, pricer, f"a/{path}", f"b/{new_path}")
     return GitDiff(render_text(result))

@@ -13,49 +13,39 @@ from capplan.errors import UsageError, printable
 from capplan.planfile.read import load_plan
 from capplan.planner.dispatch import Batch, Dispatch
 from capplan.schemas.plan import Plan
-from capplan.traffic.cost import Basis, CostModel, Estimate
 
 
 @dataclass(frozen=True)
 class Shown:
-    """A plan with its cost estimate (None when the calibration does not fit its deployment)."""
+    """A plan and its price (`Priced`: what it rests on, or why it is not priced)."""
 
     plan: Plan
-    cost: CostModel
-    basis: Basis
-    estimate: Estimate | None
-    priced: Priced | None = None  # with intervals: the deployment's starts, or the shape model
+    priced: Priced
 
 
 def graph_reserve(plan_path: Path, plan: Plan, calibration: Path | None = None) -> Priced | None:
-    """For `flags`: the plan priced by the deployment's own calibration (--calibration with starts,
-    or the calibration folder found beside the plan). None where there is none, or where a found
-    folder's does not apply to the plan's deployment (no KV-cache size rests on the shape model's
-    prediction; a --calibration given is answered either way)."""
-    from capplan.calibration.price import Pricing
-    from capplan.calibration.starts import load_pricing
+    """For `flags`: the plan priced by the deployment's own calibration (--calibration, or the
+    calibration folder found beside the plan). None where there is none, or where the price is
+    not the deployment's own (no KV-cache size rests on the shape model's prediction; a
+    --calibration given is answered either way)."""
+    from capplan.calibration.price import load_pricer
 
-    pricing = load_pricing(calibration, plan_path)
-    if not isinstance(pricing, Pricing) or pricing.deployment is None:
+    pricer = load_pricer(calibration, plan_path)
+    if pricer.deployment is None and pricer.unread is None:
         return None
-    priced = pricing.price(plan)
-    return priced if priced is not None and (priced.kind != "predicted" or calibration is not None) else None
+    priced = pricer.price(plan)
+    said = priced.kind in ("measured", "scaled", "exact") or calibration is not None or pricer.unread is not None
+    return priced if said else None
 
 
 def show(
     plan_path: Path, calibration: Path | None = None, plot: Path | None = None, model_config: Path | None = None
 ) -> Shown:
-    """Load a plan and estimate its cost; with `plot`, draw it there."""
-    from capplan.calibration.price import Pricing
-    from capplan.calibration.starts import load_pricing
-    from capplan.loading import load_cost_model
+    """Load a plan and price it; with `plot`, draw it there."""
+    from capplan.calibration.price import load_pricer
 
     plan = load_plan(plan_path)
-    pricing = load_pricing(calibration, plan_path, model_config)
-    priced = pricing.price(plan) if isinstance(pricing, Pricing) else None
-    cost = load_cost_model(calibration)
-    basis = cost.basis(plan.spec)
-    estimate = cost.estimate(plan) if basis.usable else None
+    priced = load_pricer(calibration, plan_path, model_config).price(plan)
     if plot is not None:
         from capplan.files import write_atomic
         from capplan.present.picture import eager_note, plan_grids
@@ -66,7 +56,7 @@ def show(
         caption = f"capplan show {plan_path.name}: {plan.stats['total']['graphs']} graphs ({totals or 'all eager'})"
         picture = plot_plan(plot, grids, caption, legend, eager_note(plan))
         write_atomic(plot, picture, inputs(plan_path, calibration))
-    return Shown(plan, cost, basis, estimate, priced)
+    return Shown(plan, priced)
 
 
 @dataclass(frozen=True)

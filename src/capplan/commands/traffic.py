@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from capplan.calibration.price import Priced
 from capplan.commands import Notes, inputs, no_notes
 from capplan.errors import CapplanError, UsageError, printable
 from capplan.schemas.plan import Plan
@@ -29,6 +30,7 @@ class Simulated:
     plan: Plan
     simulation: Simulation
     data: dict[str, Any]
+    priced: Priced  # the plan's capture price, as show gives it
 
 
 def simulate(
@@ -42,20 +44,23 @@ def simulate(
     """Replay the traces through the plan's dispatcher; with `plot`, draw hits and padding there;
     `drop_unschedulable`: leave out (and count) batches the plan's deployment never schedules."""
     from capplan.batches import read_rank_traces
-    from capplan.loading import load_cost_model
+    from capplan.calibration.price import load_pricer
+    from capplan.loading import load_steps
     from capplan.planfile.read import load_plan
+    from capplan.present.show import price_json
     from capplan.traffic.simulate import simulate as replay
     from capplan.traffic.simulate import simulate_ranks
 
     loaded = load_plan(plan_path)
     files = read_rank_traces(traces, loaded.spec, drop_unschedulable)
     _trace_notes(files, notes)
-    cost = load_cost_model(calibration)
+    steps = load_steps(calibration)
+    priced = load_pricer(calibration, plan_path).price(loaded)
     if len(files) == 1:
-        result = replay(loaded, files[0].batches, cost=cost)
+        result = replay(loaded, files[0].batches, steps=steps)
     else:
-        result = simulate_ranks(loaded, [f.batches for f in files], cost=cost)
-    data = result.to_json(loaded)
+        result = simulate_ranks(loaded, [f.batches for f in files], steps=steps)
+    data = {**result.to_json(loaded), "price": price_json(priced)}
     if plot is not None:
         from capplan.files import write_atomic
         from capplan.present.plot import plot_bars, simulation_panels
@@ -65,7 +70,7 @@ def simulate(
             f"hit rate {data['graph_hit_rate']:.1%}, padding {data['padding_overhead']:.2%}"
         )
         write_atomic(plot, plot_bars(plot, simulation_panels(data), caption), inputs(plan_path, *traces, calibration))
-    return Simulated(loaded, result, data)
+    return Simulated(loaded, result, data, priced)
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,9 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     """Choose capture sizes for the traces under the budget; write the spec (and the picture)
     only once its plan verifies."""
     from capplan.batches import read_rank_traces
-    from capplan.calibration.price import priced_by_starts
+    from capplan.calibration.price import load_pricer
     from capplan.files import check_output, write_atomic
-    from capplan.loading import load_cost_model, load_spec
+    from capplan.loading import load_spec, load_steps
     from capplan.planner.compiler import compile_plan
     from capplan.traffic.optimize import optimize as choose
 
@@ -233,7 +238,8 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     result = choose(
         loaded,
         fitted,
-        priced_by_starts(load_cost_model(r.calibration)),
+        load_steps(r.calibration),
+        pricer=load_pricer(r.calibration, r.spec),
         max_graphs=r.max_graphs,
         max_graph_memory=r.max_graph_memory,
         max_capture_seconds=r.max_capture_seconds,

@@ -30,12 +30,12 @@ from capplan.analysis.diff import (
     TierMove,
     TierTotals,
 )
-from capplan.calibration.price import Figure, Priced
+from capplan.calibration.price import Figure
 from capplan.planner.capture_sizes import compact
 from capplan.planner.regions import NONE, Lane, where_text
 from capplan.present.jsondoc import record_value
+from capplan.present.show import figure_json, price_json
 from capplan.schemas.plan import address
-from capplan.traffic.cost import Estimate
 
 
 def signed(value: float, fmt: str = "d") -> str:
@@ -275,46 +275,55 @@ def _brief(change: SpecChange, d: PlanDiff) -> str:
 
 
 def headline(d: PlanDiff) -> str:
-    """`lora.max_loras: 4 -> 8: +10 graphs, +1 s capture, +0.02 GiB graph memory (estimated)`."""
+    """`lora.max_loras: 4 -> 8: +238 graphs, +25.5 [+19.6..+30.9] s capture, +0.957 [...] GiB graph
+    memory (scaled)`, or the graphs and "not priced"."""
     if d.equal:
         return "no changes"
-    o, n = d.cost.old, d.cost.new
+    p = d.price
     what = "; ".join(_brief(c, d) for c in d.spec_changes[:3]) or "plan changed"
     if len(d.spec_changes) > 3:
         what += f"; +{len(d.spec_changes) - 3} more"
-    graphs = f"{signed(d.cost.graphs)} graphs"
+    graphs = f"{signed(p.graphs)} graphs"
     # A regression leads the line: a saving in graphs or memory never hides it.
     lead = coverage_headline(d)
     lead = f"{lead}; " if d.regression else ""
     tail = f"; {coverage_headline(d)}" if coverage_headline(d) and not d.regression else ""
-    if d.price is not None:
-        p = d.price
-        return (
-            f"{lead}{what}: {graphs}, {_delta(p.seconds, '.1f')} s capture, {_delta(p.gib, '.3f')} GiB graph memory "
-            f"({p.kind}){tail}"
-        )
-    if o is None or n is None:
+    if p.seconds is None or p.gib is None:
         return f"{lead}{what}: {graphs} (capture time and graph memory not priced){tail}"
-    seconds = signed(n.capture_seconds - o.capture_seconds, ".0f")
     return (
-        f"{lead}{what}: {graphs}, {seconds} s "
-        f"capture, {signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB graph memory (estimated){tail}"
+        f"{lead}{what}: {graphs}, {_delta(p.seconds, '.1f')} s capture, {_delta(p.gib, '.3f')} GiB graph memory "
+        f"({p.kind}){tail}"
     )
 
 
 def _delta(f: Figure, fmt: str) -> str:
-    """`+1.2 [+0.8..+1.9]`: a change and its interval."""
+    """`+1.2 [+0.8..+1.9]`: a change and its interval (or that it has none)."""
+    if f.lo is None or f.hi is None:
+        return f"{f.value:+{fmt}} (no interval)"
     return f"{f.value:+{fmt}} [{f.lo:+{fmt}}..{f.hi:+{fmt}}]"
 
 
 def price_lines(d: PlanDiff) -> list[str]:
-    """Both plans priced, what the prices rest on, and what is extrapolated."""
+    """Both plans priced, what the prices rest on (or why they are not priced), and what is
+    extrapolated."""
+    return _sides(d) + price_basis(d)
+
+
+def _sides(d: PlanDiff) -> list[str]:
+    """Each plan's price (none where neither is priced: the headline says so)."""
     p = d.price
-    if p is None:
+    if not p.old.priced and not p.new.priced:
         return []
-    lines = [f"old: {p.old.text()} ({p.old.kind})", f"new: {p.new.text()} ({p.new.kind})"]
-    bases = dict.fromkeys((p.old.basis, p.new.basis))
-    lines += [f"basis: {b}" for b in bases]
+    return [
+        f"{name}: {x.text()}" + (f" ({x.kind})" if x.priced else "") for name, x in (("old", p.old), ("new", p.new))
+    ]
+
+
+def price_basis(d: PlanDiff) -> list[str]:
+    """What the prices rest on (or why there is none), then their notes."""
+    p = d.price
+    label = "basis" if p.old.priced or p.new.priced else "not priced"
+    lines = [f"{label}: {b}" for b in dict.fromkeys((p.old.basis, p.new.basis))]
     notes = list(dict.fromkeys((*p.old.notes, *p.new.notes)))
     return lines + sorted(notes, key=lambda n: n.startswith("the interval"))  # what it does not bound, last
 
@@ -339,18 +348,7 @@ def render_text(d: PlanDiff) -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {headline(d)}"]
     if d.equal:
         return lines[0] + "\n"
-    c = d.cost
-    o, n = c.old, c.new
-    if d.price is not None:
-        lines += [f"  {line}" for line in price_lines(d)]
-    elif o is None or n is None:
-        lines.append(
-            f"  estimate: none; {c.old_graphs} -> {c.new_graphs} graphs ("
-            + (f"calibration {c.calibration}: " if c.calibration != "none" else "not priced: ")
-            + f"{c.basis})"
-        )
-    else:
-        lines.append(f"  estimate ({c.calibration}: {c.basis}): {o.text()}  ->  {n.text()}")
+    lines += [f"  {line}" for line in price_lines(d)]
     sections = [
         ("spec", spec_lines(d)),
         ("capture sizes (as the spec now derives them)", sizes(d)),
@@ -456,42 +454,21 @@ def render_markdown(d: PlanDiff) -> str:
             *[f"> - {coverage_text(c).removeprefix('REGRESSION: ')}" for c in d.coverage if c.to_eager],
             "",
         ]
-    c = d.cost
-    o, n = c.old, c.new
+    p = d.price
     lines += [
         "| | old | new | change |",
         "|---|---:|---:|---:|",
-        f"| graphs | {c.old_graphs} | {c.new_graphs} | {signed(c.graphs)} |",
+        f"| graphs | {p.old.graphs} | {p.new.graphs} | {signed(p.graphs)} |",
     ]
-    if d.price is not None:
-        p = d.price
+    if p.seconds is not None and p.gib is not None:
+        assert p.old.seconds and p.new.seconds and p.old.gib and p.new.gib
         lines += [
             f"| capture time ({p.kind}) | {p.old.seconds.text('.1f', 's')} | {p.new.seconds.text('.1f', 's')} | "
             f"{_delta(p.seconds, '.1f')} s |",
             f"| graph memory ({p.kind}) | {p.old.gib.text('.3f', 'GiB')} | {p.new.gib.text('.3f', 'GiB')} | "
             f"{_delta(p.gib, '.3f')} GiB |",
-            "",
-            "<sub>" + "<br>".join(price_lines(d)[2:]) + "</sub>",
-            "",
         ]
-    elif o is not None and n is not None:
-        lines += [
-            f"| est. capture time | {o.capture_seconds:.0f} s | {n.capture_seconds:.0f} s | "
-            f"{signed(n.capture_seconds - o.capture_seconds, '.0f')} s |",
-            f"| est. graph memory | {o.graph_memory_gib:.2f} GiB | {n.graph_memory_gib:.2f} GiB | "
-            f"{signed(n.graph_memory_gib - o.graph_memory_gib, '.2f')} GiB |",
-            "",
-            f"<sub>Estimates from calibration `{c.calibration}`: {c.basis}.</sub>",
-            "",
-        ]
-    else:
-        lines += [
-            "",
-            "<sub>Capture time and graph memory not priced ("
-            + (f"calibration `{c.calibration}`: " if c.calibration != "none" else "")
-            + f"{c.basis}).</sub>",
-            "",
-        ]
+    lines += ["", "<sub>" + "<br>".join(price_basis(d)) + "</sub>", ""]
     budget = _Budget()
     if d.spec_changes:
         lines += ["**Spec**", "", *_folded([f"- `{line}`" for line in spec_lines(d)], budget)]
@@ -534,42 +511,17 @@ def _record(record: object, text: str, kind: str | None = None) -> dict[str, Any
     return out
 
 
-def _estimate(e: Estimate | None) -> dict[str, Any] | None:
-    if e is None:
-        return None
-    return {
-        "graphs": e.graphs,
-        "capture_seconds": round(e.capture_seconds, 2),
-        "graph_memory_gib": round(e.graph_memory_gib, 3),
-    }
-
-
-def _figure(f: Figure, digits: int) -> dict[str, float]:
-    return {"value": round(f.value, digits), "lo": round(f.lo, digits), "hi": round(f.hi, digits)}
-
-
-def _priced(p: Priced) -> dict[str, Any]:
-    return {
-        "graphs": p.graphs,
-        "capture_seconds": _figure(p.seconds, 2),
-        "graph_memory_gib": _figure(p.gib, 4),
-        "kind": p.kind,
-        "basis": p.basis,
-        "notes": list(p.notes),
-    }
-
-
 def _price_json(d: PlanDiff) -> dict[str, Any]:
-    """Both plans priced with intervals, and the change (`kind`: measured, scaled or predicted)."""
+    """Both plans priced (`show --json`'s price form), and the change (null where either is not
+    priced)."""
     p = d.price
-    assert p is not None
     return {
-        "old": _priced(p.old),
-        "new": _priced(p.new),
+        "old": price_json(p.old),
+        "new": price_json(p.new),
         "delta": {
-            "graphs": d.cost.graphs,
-            "capture_seconds": _figure(p.seconds, 2),
-            "graph_memory_gib": _figure(p.gib, 4),
+            "graphs": p.graphs,
+            "capture_seconds": figure_json(p.seconds, 2),
+            "graph_memory_gib": figure_json(p.gib, 4),
             "kind": p.kind,
         },
     }
@@ -588,8 +540,6 @@ RECORD_TYPES: dict[type, str] = {
 
 def diff_json(d: PlanDiff) -> dict[str, Any]:
     """`capplan diff --format json` (docs/cli.md, "JSON output", lists every field)."""
-    c = d.cost
-    seconds, memory = c.capture_seconds, c.graph_memory_gib
     return {
         "old": d.old_name,
         "new": d.new_name,
@@ -627,14 +577,5 @@ def diff_json(d: PlanDiff) -> dict[str, Any]:
         "encoder_changes": [_record(x, encoder_change_text(x)) for x in d.encoder_changes],
         "tier_changes": [_record(x, tier_change_text(x), RECORD_TYPES[type(x)]) for x in d.tier_changes],
         "fix_changes": [_record(x, fix_change_text(x), RECORD_TYPES[type(x)]) for x in d.fix_changes],
-        "price": None if d.price is None else _price_json(d),
-        "estimate": {
-            "old": _estimate(c.old),
-            "new": _estimate(c.new),
-            "calibration": c.calibration,
-            "basis": c.basis,
-            "delta": None
-            if seconds is None or memory is None
-            else {"graphs": c.graphs, "capture_seconds": round(seconds, 2), "graph_memory_gib": round(memory, 3)},
-        },
+        "price": _price_json(d),
     }

@@ -38,10 +38,11 @@ def render_curve(result: Optimized, full: bool = False, held_out: Any = None, ke
     default_steps = ""
     if timed:
         default_steps = f", ~{d.step_seconds:.2f} s of steps" if d.step_seconds is not None else ", steps not priced"
-    memory = "graph memory not estimated" if d.graph_memory_gib is None else f"~{d.graph_memory_gib:.2f} GiB"
+    memory = "graph memory not priced" if d.graph_memory_gib is None else f"~{d.graph_memory_gib:.2f} GiB"
     lines = [
         f"capplan optimize: budget {result.budget}; objective: {goal}",
-        f"  estimates and step times: {result.basis}",
+        f"  step times: {result.basis}",
+        f"  capture seconds and graph memory: {result.capture_basis}",
         f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, {memory}, "
         f"padding {d.padding_overhead:.2%} on {part}" + default_steps,
         "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
@@ -149,6 +150,7 @@ def optimize_json(
         "budget": result.budget,
         "objective": result.objective,
         "basis": result.basis,
+        "capture_basis": result.capture_basis,
         "assumption": result.assumption,
         "padding_fallback": result.fallback,
         "chosen": result.point.to_json(),

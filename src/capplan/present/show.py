@@ -8,7 +8,6 @@ from capplan.calibration.budget import FIRST_CAPTURE_HINT, MARGIN_RULE
 from capplan.calibration.price import Figure, Priced
 from capplan.planner.capture_sizes import compact
 from capplan.schemas.plan import Plan
-from capplan.traffic.cost import Estimate
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -56,7 +55,7 @@ def _ranges(plan: Plan) -> list[str]:
     return lines
 
 
-def render_show(plan: Plan, name: str, estimate: str = "") -> str:
+def render_show(plan: Plan, name: str, price: str = "") -> str:
     spec = plan.spec
     lora = spec.lora
     lines = [
@@ -84,8 +83,8 @@ def render_show(plan: Plan, name: str, estimate: str = "") -> str:
         "",
         "Graphs to capture (PIECEWISE first, then FULL, largest first):",
     ]
-    if estimate:
-        lines.insert(-1, f"Estimate: {estimate}")
+    if price:
+        lines.insert(-1, f"Price: {price}")
         lines.insert(-1, "")
     cases = plan.lora_capture_cases
     rows = []
@@ -213,17 +212,17 @@ def _eager(plan: Plan) -> list[str]:
     return [f"  {eager_text(region)}" for region in regions] or ["  none: every reachable batch replays a graph"]
 
 
-def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
+def render_show_short(plan: Plan, name: str, price: str = "") -> str:
     """About one screen: the header, then per mode and LoRA case the graph sizes and counts,
     the batches that run eager, and what each fix changed (`render_show` has every table)."""
-    full = render_show(plan, name, estimate).split("\n")
+    full = render_show(plan, name, price).split("\n")
     head = full[: full.index("") + 1]  # name, target, LoRA, fixes, hashes
     lines = [
         *head,
         f"Capture sizes ({len(plan.capture_sizes)}, max {plan.max_capture_size}): {compact(plan.capture_sizes)}",
     ]
-    if estimate:
-        lines.append(f"Estimate: {estimate}")
+    if price:
+        lines.append(f"Price: {price}")
     lines += ["", "Graphs per mode and LoRA case (sizes in tokens):"]
     every = list(plan.lora_capture_cases)
     rows = []
@@ -274,28 +273,20 @@ def render_show_short(plan: Plan, name: str, estimate: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def show_json(
-    plan: Plan, estimate: Estimate | None, calibration: str, basis: str, priced: Priced | None = None
-) -> dict[str, Any]:
-    """`show --json`: the plan's machine-readable form plus its cost estimate, and `price` (with
-    intervals, from the deployment's starts or the shape model) where there is one."""
+def show_json(plan: Plan, priced: Priced) -> dict[str, Any]:
+    """`show --json`: the plan's machine-readable form and its `price` (`price_json`)."""
     from capplan.planfile.write import plan_to_json
 
     data = plan_to_json(plan)
-    data["estimate"] = {
-        "graphs": len(plan.graphs),
-        "capture_seconds": None if estimate is None else round(estimate.capture_seconds, 2),
-        "graph_memory_gib": None if estimate is None else round(estimate.graph_memory_gib, 3),
-        "calibration": calibration,
-        "basis": basis,
-    }
     data["price"] = price_json(priced)
     return data
 
 
 def price_lines(priced: Priced) -> list[str]:
-    """The plan's capture cost with its interval and basis, and the graph memory to leave
-    free beside the KV cache where it was measured for this deployment."""
+    """The plan's capture cost with its interval and basis (or why it is not priced), and the
+    graph memory to leave free beside the KV cache where it was measured for this deployment."""
+    if not priced.priced:
+        return [f"{priced.text()} ({priced.basis})", *priced.notes]
     return [f"{priced.text()} ({priced.kind}; {priced.basis})", *priced.notes, reserve_line(priced)]
 
 
@@ -322,17 +313,22 @@ def reserve_line(priced: Priced) -> str:
     )
 
 
-def price_json(priced: Priced | None) -> dict[str, Any] | None:
-    if priced is None:
+def figure_json(f: Figure | None, digits: int) -> dict[str, float | None] | None:
+    """A figure as JSON: its value and interval (lo and hi null: no interval); null: not priced."""
+    if f is None:
         return None
+    return {
+        "value": round(f.value, digits),
+        "lo": None if f.lo is None else round(f.lo, digits),
+        "hi": None if f.hi is None else round(f.hi, digits),
+    }
 
-    def figure(f: Figure, digits: int) -> dict[str, float]:
-        return {"value": round(f.value, digits), "lo": round(f.lo, digits), "hi": round(f.hi, digits)}
 
+def price_json(priced: Priced) -> dict[str, Any]:
     return {
         "graphs": priced.graphs,
-        "capture_seconds": figure(priced.seconds, 2),
-        "graph_memory_gib": figure(priced.gib, 4),
+        "capture_seconds": figure_json(priced.seconds, 2),
+        "graph_memory_gib": figure_json(priced.gib, 4),
         "kind": priced.kind,
         "basis": priced.basis,
         "notes": list(priced.notes),

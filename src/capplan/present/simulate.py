@@ -3,11 +3,14 @@ predicted step time, from the simulation's JSON form."""
 
 from __future__ import annotations
 
+from capplan.calibration.price import Priced
 from capplan.schemas.plan import Plan
 from capplan.traffic.simulate import Simulation
 
 
-def render_simulation(plan_name: str, trace_name: str, plan: Plan, sim: Simulation) -> str:
+def render_simulation(
+    plan_name: str, trace_name: str, plan: Plan, sim: Simulation, priced: Priced | None = None
+) -> str:
     data = sim.to_json(plan)
     lines = [
         f"capplan simulate {plan_name} {trace_name}: {data['steps']} steps"
@@ -28,6 +31,9 @@ def render_simulation(plan_name: str, trace_name: str, plan: Plan, sim: Simulati
             + ")"
         ),
     ]
+    if priced is not None:
+        how = f"{priced.kind}; {priced.basis}" if priced.priced else priced.basis
+        lines.append(f"  capture: {priced.text()} ({how})")
     for r in data.get("ranks", []):
         lines.append(
             f"  rank {r['rank']}: {r['steps']} steps, {r['graph_steps']} graph, {r['eager_steps']} eager, "

@@ -1,8 +1,9 @@
-"""The calibration file: capture runs and step times measured on one deployment.
+"""The calibration file: starts, probes, capture runs and step times measured on one deployment.
 
-`capplan calibrate` and `calibrate-trace` write it; `show`, `diff`, `simulate`
-and `optimize` read it with `--calibration` (`capplan/loading.py` loads it,
-`capplan/traffic/cost.py` fits the cost model to it). Validation only.
+`capplan calibrate`, `calibrate-start`, `calibrate-steps` and `calibrate-trace` write it; `show`,
+`diff`, `flags`, `simulate` and `optimize` read it with `--calibration` (`capplan/loading.py` loads
+it; `capplan/calibration/price.py` prices capture from it, `capplan/traffic/steps.py` reads its
+step times). Validation only.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ compiled plan (`simulate`, DP sync included when one trace per rank is
 given): the padded tokens and the predicted step time users see are the
 simulator's, not the bucketing's approximation. Under the step-time
 objective the bucketing only considers sizes every batch it would pad can be
-priced at (see capplan.traffic.cost), and a point whose replay needs a price
+priced at (see capplan.traffic.steps), and a point whose replay needs a price
 the calibration does not have is never chosen: with no priced point left,
 optimize refuses and names the points to measure.
 """
@@ -33,14 +33,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from capplan.calibration.price import Pricer
 from capplan.errors import UsageError
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.compiler import compile_plan
 from capplan.schemas.plan import Plan
 from capplan.schemas.spec import Spec
-from capplan.traffic.cost import CostModel, Point
 from capplan.traffic.folds import BANDWIDTHS, BLOCKS, Weights, held_out_scores, padded, smoothed, time_blocks
 from capplan.traffic.simulate import Simulation, TraceBatch, simulate, simulate_ranks
+from capplan.traffic.steps import Point, StepTimes
 
 INF = float("inf")
 
@@ -288,9 +289,10 @@ class Optimized:
     curve: list[CurvePoint]
     budget: str
     objective: str  # "padding" or "step-time"
-    basis: str  # what the estimates and step times rest on
+    basis: str  # what the step times rest on
     assumption: str | None = None  # how the trace stands for DP ranks
     fallback: str | None = None  # why the padding objective was used instead of step time
+    capture_basis: str = ""  # what the points' capture seconds and graph memory rest on (the default plan's price)
 
 
 def worst_pad(sizes: list[int]) -> float:
@@ -329,7 +331,8 @@ class Objective:
         traces: list[list[TraceBatch]],
         top: int,
         plan: Plan,
-        cost: CostModel,
+        step_times: StepTimes,
+        pricer: Pricer,
         name: str,
         max_pad: float | None = None,
         blocks: int = BLOCKS,
@@ -342,9 +345,10 @@ class Objective:
         self.fillers = set(plan.capture_sizes) if max_pad is not None else set()
         self.traces = traces
         self.top = top
-        self.cost = cost
+        self.step_times = step_times
+        self.pricer = pricer  # capture seconds and graph memory of each candidate plan
         self.name = name
-        self.steps = cost.steps if name == "step-time" else None
+        self.steps = step_times.model if name == "step-time" else None
         self.flat = token_weights(trace, top)
         self.per_case = case_weights(trace, top, plan)
         self.groups: dict[int, dict[tuple[int, str], dict[int, int]]] = {}  # case -> (case, kind) -> weights
@@ -476,10 +480,10 @@ class Objective:
 
     def score(self, plan: Plan) -> Simulation:
         """The trace replayed through a compiled plan: padded tokens and predicted step time."""
-        cost = self.cost if self.steps is not None else None
+        steps = self.step_times if self.steps is not None else None
         if len(self.traces) == 1:
-            return simulate(plan, self.traces[0], cost=cost, leave_out_above=self.top)
-        return simulate_ranks(plan, self.traces, cost=cost, leave_out_above=self.top)
+            return simulate(plan, self.traces[0], steps=steps, leave_out_above=self.top)
+        return simulate_ranks(plan, self.traces, steps=steps, leave_out_above=self.top)
 
     def left_out(self) -> str | None:
         """What the step times leave out: steps above the largest graph, eager in every candidate."""
@@ -526,8 +530,9 @@ def _points_text(points: list[tuple[Point, int]], shown: int = 8) -> str:
 def optimize(
     spec: Spec,
     trace: list[TraceBatch] | list[list[TraceBatch]],
-    cost: CostModel,
+    step_times: StepTimes,
     *,
+    pricer: Pricer | None = None,
     max_graphs: int | None = None,
     max_graph_memory: float | None = None,
     max_capture_seconds: float | None = None,
@@ -555,30 +560,28 @@ def optimize(
             "give exactly one budget: --max-graphs N, --max-graph-memory GIB, --max-capture-seconds S "
             "or --max-slowdown PCT"
         )
-    basis = cost.basis(spec)
+    pricer = pricer if pricer is not None else Pricer()
+    basis = step_times.basis(spec)
     if objective is None:
-        objective = "step-time" if cost.steps is not None and basis.usable else "padding"
+        objective = "step-time" if step_times.model is not None and basis.usable else "padding"
     if objective not in ("step-time", "padding"):
         raise UsageError(f"--objective must be step-time or padding (got {objective!r})")
-    if not basis.usable and (objective == "step-time" or max_graph_memory or max_capture_seconds or max_slowdown):
+    if not basis.usable and (objective == "step-time" or max_slowdown):
         raise UsageError(
-            f"{basis.label()}: it cannot price this deployment",
-            "pass --calibration with a calibration of this model and GPU, or choose by --max-graphs with "
-            "--objective padding",
+            f"{basis.label()}: its step times cannot price this deployment",
+            "pass --calibration with a calibration of this model and GPU, or --objective padding",
         )
-    if objective == "step-time" and cost.steps is None:
+    if objective == "step-time" and step_times.model is None:
         raise UsageError(
-            f"the calibration {cost.name} has no step times, so step time cannot be the objective",
+            f"the calibration {step_times.name} has no step times, so step time cannot be the objective",
             "pass --calibration with a file from capplan calibrate-steps, or --objective padding",
         )
     if max_slowdown is not None and objective != "step-time":
         raise UsageError("--max-slowdown compares predicted step times: it needs the step-time objective")
-    if (max_graph_memory is not None or max_capture_seconds is not None) and not cost.estimates_capture():
-        raise UsageError(
-            f"capture is not priced for that budget: {cost.unpriced}"
-            if cost.unpriced is not None
-            else f"the calibration {cost.name} has no capture runs or starts to estimate that budget with"
-        )
+    if max_graph_memory is not None or max_capture_seconds is not None:
+        priced = pricer.price(compile_plan(spec))
+        if not priced.priced:
+            raise UsageError(f"capture is not priced for that budget: {priced.basis}")
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
@@ -592,14 +595,34 @@ def optimize(
         budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
     try:
         return _optimize(
-            spec, traces, cost, budget, shared_sizes, objective, max_points, basis.label(), max_pad, blocks
+            spec,
+            traces,
+            step_times,
+            pricer,
+            budget,
+            shared_sizes,
+            objective,
+            max_points,
+            basis.label(),
+            max_pad,
+            blocks,
         )
     except Unpriced as exc:
         if not padding_fallback or max_slowdown is not None:
             offer = "" if padding_fallback or max_slowdown is not None else FALLBACK_HINT
             raise UsageError(exc.message, MEASURE_HINT + offer) from None
         result = _optimize(
-            spec, traces, cost, budget, shared_sizes, "padding", max_points, basis.label(), max_pad, blocks
+            spec,
+            traces,
+            step_times,
+            pricer,
+            budget,
+            shared_sizes,
+            "padding",
+            max_points,
+            basis.label(),
+            max_pad,
+            blocks,
         )
         return Optimized(**{**result.__dict__, "fallback": exc.message})
 
@@ -613,7 +636,8 @@ class Unpriced(Exception):
 def _optimize(
     spec: Spec,
     traces: list[list[TraceBatch]],
-    cost: CostModel,
+    step_times: StepTimes,
+    pricer: Pricer,
     budget: Budget,
     shared_sizes: bool,
     objective: str,
@@ -625,9 +649,9 @@ def _optimize(
     default_sizes, top = resolve_capture_sizes(spec)
     base = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"lora_case_sizes": None})})
     default_plan = compile_plan(spec)
-    goal = Objective(spec, traces, top, default_plan, cost, objective, max_pad, blocks)
+    goal = Objective(spec, traces, top, default_plan, step_times, pricer, objective, max_pad, blocks)
     goal.default_sim = goal.score(default_plan)
-    default = _point(default_plan, cost, default_sizes, spec, goal, goal.default_sim)  # its slowdown bound: 0
+    default = _point(default_plan, default_sizes, spec, goal, goal.default_sim)  # its slowdown bound: 0
     per_case = (
         not shared_sizes
         and spec.lora.enabled
@@ -635,9 +659,9 @@ def _optimize(
         and len(default_plan.lora_capture_cases) > 1
     )
     if per_case:
-        curve = _per_case_curve(base, goal, cost, top, default_plan, max_points)
+        curve = _per_case_curve(base, goal, top, default_plan, max_points)
     else:
-        curve = _shared_curve(base, goal, cost, top, budget.fits, max_points)
+        curve = _shared_curve(base, goal, top, budget.fits, max_points)
     feasible = [p for p in curve if budget.fits(p)]
     if not feasible:
         if not curve and objective == "padding":
@@ -679,7 +703,7 @@ def _optimize(
         elif not priced:
             closest = min(feasible, key=lambda p: (sum(n for _, n in p.unpriced), p.graphs))
             raise Unpriced(
-                f"every capture set within {budget.text} runs steps the calibration {cost.name} did not measure "
+                f"every capture set within {budget.text} runs steps the calibration {step_times.name} did not measure "
                 f"(nearest: {closest.graphs} graphs, needing {_points_text(list(closest.unpriced))})"
             )
         else:
@@ -690,6 +714,7 @@ def _optimize(
             key=lambda p: (p.padded_tokens if p.fold_padded_tokens is None else p.fold_padded_tokens, p.graphs),
         )
     notes = [n for n in (goal.default_sim.assumption, goal.left_out()) if n]
+    capture = goal.pricer.price(default_plan)
     return Optimized(
         best.spec,
         compile_plan(best.spec),
@@ -700,10 +725,11 @@ def _optimize(
         objective,
         basis,
         "; ".join(notes) or None,
+        capture_basis=f"{capture.kind}; {capture.basis}" if capture.priced else f"not priced: {capture.basis}",
     )
 
 
-def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, max_points: int) -> list[CurvePoint]:
+def _shared_curve(spec: Spec, goal: Objective, top: int, fits, max_points: int) -> list[CurvePoint]:
     """One size set for every LoRA case (what vLLM can express; required under DP). Under the
     step-time objective the largest size is chosen too: batches above it are priced eager."""
     curve: list[CurvePoint] = []
@@ -714,7 +740,7 @@ def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, 
                 continue
             seen.add(tuple(sizes))
             chosen = with_sizes(spec, sizes)
-            point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, chosen, goal, folds=folds)
+            point = _point(compile_plan(chosen, with_deviations=False), sizes, chosen, goal, folds=folds)
             curve.append(point)
             missed = 0 if fits(point) else missed + 1
             if missed >= 2 and any(fits(p) for p in curve):
@@ -731,7 +757,7 @@ def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, 
         if value == INF:
             continue  # no set of k sizes can be priced
         chosen = with_sizes(spec, sizes)
-        point = _point(compile_plan(chosen, with_deviations=False), cost, sizes, chosen, goal)
+        point = _point(compile_plan(chosen, with_deviations=False), sizes, chosen, goal)
         curve.append(point)
         if len(curve) > 1 and not fits(point) and not fits(curve[-2]):
             break  # two past the budget: graph counts only grow from here
@@ -740,9 +766,7 @@ def _shared_curve(spec: Spec, goal: Objective, cost: CostModel, top: int, fits, 
     return curve
 
 
-def _per_case_curve(
-    spec: Spec, goal: Objective, cost: CostModel, top: int, default_plan: Plan, max_points: int
-) -> list[CurvePoint]:
+def _per_case_curve(spec: Spec, goal: Objective, top: int, default_plan: Plan, max_points: int) -> list[CurvePoint]:
     """Sizes per LoRA case: exact per-case bucketing, budget split across cases by a knapsack.
 
     Every case keeps the largest size (the spec requires it of cudagraph.lora_case_sizes,
@@ -845,14 +869,13 @@ def _per_case_curve(
             data["cudagraph"]["lora_case_sizes"] = None
         cand = Spec.model_validate(data)
         scored = folds if ways and goal.blocks else None
-        curve.append(_point(compile_plan(cand, with_deviations=False), cost, union_sizes, cand, goal, folds=scored))
+        curve.append(_point(compile_plan(cand, with_deviations=False), union_sizes, cand, goal, folds=scored))
     curve.sort(key=lambda p: (p.graphs, p.padded_tokens))
     return curve
 
 
 def _point(
     plan: Plan,
-    cost: CostModel,
     sizes: list[int],
     spec: Spec,
     goal: Objective,
@@ -861,8 +884,7 @@ def _point(
 ) -> CurvePoint:
     """A curve point, scored by replaying the trace through its compiled plan (`sim`: that
     replay, when the caller has it)."""
-    basis = cost.basis(spec)
-    est = cost.estimate(plan) if basis.usable else None
+    priced = goal.pricer.price(plan)
     sim = sim or goal.score(plan)
     total = sim.total
     clock = sim.clock
@@ -875,8 +897,8 @@ def _point(
     return CurvePoint(
         len(sizes),
         len(plan.graphs),
-        None if est is None else round(est.graph_memory_gib, 4),
-        None if est is None else round(est.capture_seconds, 2),
+        None if priced.gib is None else round(priced.gib.value, 4),
+        None if priced.seconds is None else round(priced.seconds.value, 2),
         total.padded_tokens,
         total.padding_overhead,
         list(sizes),

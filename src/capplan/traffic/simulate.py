@@ -17,7 +17,7 @@ without it are aligned line by line, and the output says so. A step under DP
 takes as long as the slowest rank's.
 
 Step times are predicted only from what the calibration measured (see
-capplan.traffic.cost): a step whose point was not measured (nor lies between
+capplan.traffic.steps): a step whose point was not measured (nor lies between
 two measured points) leaves the prediction out and names the point.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from capplan.planner.dispatch import Batch, Dispatch, Dispatcher, derive_uniform
 from capplan.schemas.plan import Plan
-from capplan.traffic.cost import CostModel, Point, StepModel
+from capplan.traffic.steps import Point, StepModel, StepTimes
 
 MODE_ORDER = {"NONE": 0, "PIECEWISE": 1, "FULL": 2}  # vLLM's CUDAGraphMode values: the lowest wins under DP
 
@@ -255,22 +255,22 @@ class Simulation:
         return data
 
 
-def _clock(plan: Plan, cost: CostModel | None) -> tuple[StepClock | None, str | None]:
-    if cost is None:
+def _clock(plan: Plan, steps: StepTimes | None) -> tuple[StepClock | None, str | None]:
+    if steps is None:
         return None, None
-    basis = cost.basis(plan.spec)
+    basis = steps.basis(plan.spec)
     if not basis.usable:
         return None, f"step time not predicted ({basis.label()})"
-    if cost.steps is None:
+    if steps.model is None:
         return None, None
-    return StepClock(cost.steps), basis.label()
+    return StepClock(steps.model), basis.label()
 
 
 def simulate(
     plan: Plan,
     trace: list[TraceBatch],
     dispatcher: Dispatcher | None = None,
-    cost: CostModel | None = None,
+    steps: StepTimes | None = None,
     leave_out_above: int | None = None,
 ) -> Simulation:
     """Replay one engine's trace; with a cost model that has step times, also predict the total
@@ -279,7 +279,7 @@ def simulate(
     on what they change; such a step runs eager in every candidate)."""
     dispatcher = dispatcher or Dispatcher(plan)
     result = SimResult()
-    clock, model = _clock(plan, cost)
+    clock, model = _clock(plan, steps)
     largest = plan.max_capture_size
     weights: Counter[Batch] = Counter()
     for item in trace:  # a trace repeats its batches: each distinct one is dispatched once
@@ -396,14 +396,14 @@ def sync_step(d: Dispatcher, spec, row: tuple[Batch | None, ...]) -> SyncedStep:
 
 
 def simulate_ranks(
-    plan: Plan, traces: list[list[TraceBatch]], cost: CostModel | None = None, leave_out_above: int | None = None
+    plan: Plan, traces: list[list[TraceBatch]], steps: StepTimes | None = None, leave_out_above: int | None = None
 ) -> Simulation:
     """Replay one trace per DP rank through vLLM's DP sync (see the module docstring). A step in
     which any rank has more than `leave_out_above` tokens is counted but not priced."""
     d = Dispatcher(plan)
     rows, dp_steps, assumption = _aligned(traces)
     ranks = [SimResult() for _ in traces]
-    clock, model = _clock(plan, cost)
+    clock, model = _clock(plan, steps)
     largest = plan.max_capture_size
     for row, n in rows.items():
         step = sync_step(d, plan.spec, row)
