@@ -65,6 +65,9 @@ PROBES = f"{RESULTS}/calibration/0.33.0-h100/probes"  # probes of plan A, first-
 _PROBE, _A, _B = "probe.calibration.report.json", "startA.report.json", "startB.report.json"
 PROBED = [("llama-3.1-8b", "llama3.1-8b", [_A, _B, _PROBE]), ("llama-3.2-1b", "llama3.2-1b", [_A, _B, _PROBE]),
           ("qwen2.5-14b", "qwen2.5-14b", [_B, _PROBE]), ("olmoe-1b-7b", "olmoe-1b-7b", [_B, _PROBE])]  # fmt: skip
+INSIDE = f"{RESULTS}/calibration/0.33.0-h100/inside"  # probes read inside vLLM's one capture, beside a start of A
+INSIDE_RUNS = [("llama-3.1-8b", "llama3.1-8b", [_A, _PROBE, "probe-warm.calibration.report.json"]),
+               ("llama-3.2-1b", "llama3.2-1b", [_A, _PROBE])]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -80,6 +83,8 @@ PROBED = [("llama-3.1-8b", "llama3.1-8b", [_A, _B, _PROBE]), ("llama-3.2-1b", "l
           "--attention-backend", "FLASH_ATTN", "--lora-rank", "16"]),
         *[(f"h100-vllm033-{tag}-probe", [f"{PROBES}/{shape}-{r}" for r in reports], [f"{PROBES}/planA.plan.yaml",
            f"{PROBES}/planB.plan.yaml"], f"tests/gpu/configs/{shape}.json", []) for shape, tag, reports in PROBED],
+        *[(f"h100-vllm033-{tag}-inside", [f"{INSIDE}/{shape}-{r}" for r in reports], f"{INSIDE}/planA.plan.yaml",
+           f"tests/gpu/configs/{shape}.json", []) for shape, tag, reports in INSIDE_RUNS],
     ],
 )  # fmt: skip
 def test_the_shipped_calibrations_are_what_the_kept_reports_give(
@@ -93,7 +98,7 @@ def test_the_shipped_calibrations_are_what_the_kept_reports_give(
     made = yaml.safe_load(out.read_text())
     shipped = yaml.safe_load((DATA / "calibrations" / f"{name}.yaml").read_text())
     assert made == shipped
-    assert len(made["starts"]) == len(reports) and (made["identity"]["given"] or "probe" in name)
+    assert len(made["starts"]) == len(reports) and (made["identity"]["given"] or name.endswith(("probe", "inside")))
     assert oct(out.stat().st_mode & 0o777) == "0o644"
 
 
@@ -183,7 +188,7 @@ def test_an_8b_llama_on_an_h100_is_predicted_from_its_measured_shape_and_a_70b_i
 
 def test_the_shape_model_s_held_out_errors_are_the_ones_the_benchmarks_state():
     model = fit_shape_model(project_calibrations())
-    assert model is not None and len(model.held) == len(model.held_out) == len(project_calibrations()) == 7
+    assert model is not None and len(model.held) == len(model.held_out) == len(project_calibrations()) == 9
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     for h in model.held_out:
         gib = "-" if h.gib_error is None else f"{100 * h.gib_error:+.0f}%"

@@ -29,6 +29,7 @@ from capplan.loading import load_calibration
 from capplan.planfile import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
+README_BENCH = (ROOT / "docs" / "benchmarks.md").read_text()
 RUN = ROOT / "tests" / "gpu" / "results" / "calibration" / "0.33.0-h100" / "probes"
 README = (RUN / "README.md").read_text()
 
@@ -113,7 +114,7 @@ def test_a_probe_report_of_format_1_prices_seconds_but_no_memory_and_no_reserve(
 
 def test_the_shape_model_memory_errors_are_not_one_sided_and_come_from_first_captures():
     model = fit_shape_model(project_calibrations())
-    gib = [h.gib_error for h in model.held_out if h.gib_error is not None]
+    gib = model.gib_errors  # one per shape: two runs of one shape read the same growth
     assert len(gib) == 4 and min(gib) < 0 < max(gib) and max(abs(e) for e in gib) < 0.1
     assert {h.name for h in model.held_out if h.gib_error is None} == {
         "h100-vllm033-llama3.1-8b",
@@ -141,3 +142,19 @@ def test_a_figure_scaled_another_way_than_the_pairs_measured_has_no_interval(tmp
     assert "(no interval)" in priced.text()
     assert any("without a probe's per-capture seconds: no interval" in n for n in priced.notes)
     assert priced.gib.lo <= 1.1348 <= priced.gib.hi  # memory from a first-capture start: the pairs' way
+
+
+def test_the_shape_model_s_intervals_hold_its_held_out_shapes():
+    """Each held-out error against the 95% interval the other shapes' errors give (the interval a
+    prediction of that shape would have carried): as docs/benchmarks.md states."""
+    model = fit_shape_model(project_calibrations())
+    inside = total = 0
+    for h in model.held_out:
+        others = [x.seconds_error for x in model.held_out if x.shape != h.shape]
+        lo, hi = error_band(_as_errors(others))
+        inside, total = inside + (lo <= h.seconds_error <= hi), total + 1
+    gib = model.gib_errors
+    g_inside = sum(error_band(_as_errors(gib[:i] + gib[i + 1 :]))[0] <= e <= error_band(_as_errors(gib[:i] + gib[i + 1 :]))[1]
+                   for i, e in enumerate(gib))  # fmt: skip
+    said = f"seconds {inside} of {total}, memory {g_inside} of {len(gib)}"
+    assert said in README_BENCH.replace("\n", " "), said

@@ -156,15 +156,15 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
     shape = cal.identity.shape if cal.identity else None
     graphs, top = _plan_figures(plan)
     same = [s for s in memory if s.fingerprint == plan.fingerprint]
-    host = _host_note(cal.starts)
     if same:
+        seconds = _figure([s.capture_seconds for s in same])
         return Priced(
             graphs,
-            _figure([s.capture_seconds for s in same]),
+            seconds,
             _figure([s.graph_memory_gib for s in same]),
             "measured",
             f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)}), {whose(cal)}",
-            (*_release_note(plan, cal), *_after_profiling_note(same), *host),
+            (*_release_note(plan, cal), *_after_profiling_note(same), _host_note(cal.starts, seconds)),
             reserve_gib=_first_capture_reading(plan, cal),
         )
     errors = errors if errors is not None else project_pair_errors()
@@ -174,11 +174,11 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
     secs, how = by_capture if by_capture is not None else rate_seconds(plan, cal)
     first = [s for s in memory if s.after_profiling is False]
     mem, mem_how = scaled_memory(_graph_keys(plan), first or memory, shape, errors.split if first else None)
-    notes = [*how, mem_how, *_release_note(plan, cal), *host]
-    if not first:
-        notes += [*_after_profiling_note(memory), "graph memory scaled from no first-capture start: no interval"]
     seconds_errs = errors.seconds if by_capture is not None else ()
     seconds_fig, gib_fig = _within(secs, seconds_errs), _within(mem, errors.gib if first else ())
+    notes = [*how, mem_how, *_release_note(plan, cal), _host_note(cal.starts, seconds_fig)]
+    if not first:
+        notes += [*_after_profiling_note(memory), "graph memory scaled from no first-capture start: no interval"]
     if by_capture is not None:
         notes.append(_error_note("capture seconds", errors.seconds))
     else:
@@ -548,11 +548,52 @@ def _error_note(what: str, errors: tuple[PairError, ...]) -> str:
     )
 
 
-def _host_note(starts: list[Start]) -> tuple[str, ...]:
-    """Capture is bound by the host that records the kernels: which host's seconds these are."""
+def _host_note(starts: list[Start], seconds: Figure) -> str:
+    """Capture is bound by the host that records the kernels: which host's seconds these are, and
+    the seconds on another machine, widened by the widest spread measured between machines
+    (`machine_spread`)."""
     hosts = sorted({f"{s.host_cpu} ({s.host_cores} cores)" for s in starts if s.host_cpu})
-    where = f"measured on {'; '.join(hosts)}" if hosts else "the host was not recorded"
-    return (f"capture seconds {where}; another host differs (one 8B plan on two H100 hosts: 24.2 s and 34.4 s)",)
+    where = f"measured on {'; '.join(hosts)}" if hosts else "measured on a host not recorded"
+    spread = project_machine_spread()
+    if spread is None:
+        return f"capture seconds {where}; on another machine they differ by an amount not measured"
+    ratio, said = spread
+    lo = (seconds.lo if seconds.lo is not None else seconds.value) / ratio
+    hi = (seconds.hi if seconds.hi is not None else seconds.value) * ratio
+    return (
+        f"capture seconds {where}; on another machine {lo:.1f}..{hi:.1f} s, as far as the widest spread measured "
+        f"between machines goes ({ratio:.2f}x: {said})"
+    )
+
+
+def machine_spread(cals: list[Calibration]) -> tuple[float, str] | None:
+    """How far one plan's capture seconds moved between machines: the largest over the smallest
+    median of the full starts (no probe's: a probe's seconds carry its own costs) of one plan,
+    one model shape and one GPU measured in more than one calibration (each a run on a machine of
+    its own); the widest such spread, and what it rests on. None where no plan was measured so."""
+    groups: dict[tuple[object, ...], list[float]] = {}
+    for cal in cals:
+        ident = cal.identity
+        if ident is None or ident.shape is None or ident.gpu is None:
+            continue
+        by_plan: dict[str, list[float]] = {}
+        for start in cal.starts:
+            if not start.captures:
+                by_plan.setdefault(start.fingerprint, []).append(start.capture_seconds)
+        for fingerprint, seconds in by_plan.items():
+            key = (*_shape_key(ident.shape), ident.gpu, fingerprint)
+            groups.setdefault(key, []).append(statistics.median(seconds))
+    spreads = sorted((max(v) / min(v), sorted(v)) for v in groups.values() if len(v) > 1)
+    if not spreads:
+        return None
+    ratio, values = spreads[-1]
+    return ratio, f"one plan of one shape on {len(values)} machines took {', '.join(f'{v:.1f}' for v in values)} s"
+
+
+@functools.cache
+def project_machine_spread() -> tuple[float, str] | None:
+    """`machine_spread` of the project's calibrations (`capplan/data/calibrations/`)."""
+    return machine_spread(project_calibrations())
 
 
 def _first_capture_reading(plan: Plan, cal: Calibration) -> float | None:
@@ -636,6 +677,7 @@ class HeldOut:
     name: str
     seconds_error: float
     gib_error: float | None
+    shape: tuple[int | None, ...] = ()  # `_shape_key` of the shape held out
 
 
 def memory_units(keys: list[tuple[str, int, int]], layers: int, split: float | None) -> float:
@@ -665,7 +707,14 @@ class ShapeModel:
 
     @property
     def gib_errors(self) -> list[float]:
-        return [h.gib_error for h in self.held_out if h.gib_error is not None]
+        """One memory error per shape (the median of its calibrations'): two runs of one shape
+        read the same pool growth, and counted twice they would narrow the interval with no
+        new evidence. (Seconds keep one error per calibration: each run is another machine.)"""
+        by_shape: dict[tuple[int | None, ...], list[float]] = {}
+        for h in self.held_out:
+            if h.gib_error is not None:
+                by_shape.setdefault(h.shape, []).append(h.gib_error)
+        return [statistics.median(v) for v in by_shape.values()]
 
     def basis(self) -> str:
         shapes = "; ".join(
@@ -796,7 +845,7 @@ def fit_shape_model(cals: list[Calibration]) -> ShapeModel | None:
                     guess = m_rate * memory_units(keys, h.shape.num_layers, own_split)
                     guess += workspace_gib(h.shape, h.first.max_tokens)
                     gib_error = guess / h.first.graph_memory_gib - 1
-            out.append(HeldOut(h.name, seconds_error, gib_error))
+            out.append(HeldOut(h.name, seconds_error, gib_error, _shape_key(h.shape)))
     return ShapeModel(
         held, statistics.median(h.seconds_rate for h in held), _memory_rate(held, split), split, tuple(out)
     )
