@@ -249,3 +249,23 @@ def test_any_line_gets_a_completion_or_one_line(head, rest):
 
             assert body(after).items() >= body(before).items()
     assert len(full) >= len(given)
+
+
+def test_a_ceiling_the_plan_was_derived_from_is_no_contradiction():
+    """A plan of `max_capture_size: 1000` (no sizes) captures up to 992 tokens, as vLLM derives it
+    and truncates its own ceiling; the same ceiling on the line is the operator's own, not a
+    contradiction. A ceiling the plan was not derived from still is."""
+    from capplan.planner import compile_plan
+    from tests.conftest import make_spec
+
+    plan = compile_plan(make_spec(scheduler={"max_num_seqs": 64}, cudagraph={"max_capture_size": 1000}))
+    assert plan.max_capture_size == 992
+    with patch("capplan.launcher.engine_args.read_with_vllm", return_value=None):
+        full, _ = prepare(plan, "p.plan.yaml", [*SERVE, "--max-cudagraph-capture-size", "1000"])
+        assert full.count("--max-cudagraph-capture-size") == 1 and "cudagraph_capture_sizes" not in " ".join(full)
+        with pytest.raises(CapplanError, match="the plan's largest graph is 992 tokens"):
+            prepare(plan, "p.plan.yaml", [*SERVE, "--max-cudagraph-capture-size", "1024"])
+    sized = compile_plan(make_spec(scheduler={"max_num_seqs": 64}, cudagraph={"capture_sizes": [1, 2, 992]}))
+    with patch("capplan.launcher.engine_args.read_with_vllm", return_value=None):
+        with pytest.raises(CapplanError, match="the plan's largest graph is 992 tokens"):
+            prepare(sized, "p.plan.yaml", [*SERVE, "--max-cudagraph-capture-size", "1000"])

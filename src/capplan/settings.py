@@ -205,8 +205,10 @@ def _unique_sorted(values: list[Any]) -> list[Any]:
 
 
 def _ceiling(plan: Plan, have: object, shown: str) -> str | None:
-    # not a plan value of its own: the plan's largest graph
-    if have == plan.max_capture_size:
+    # not a plan value of its own: the plan's largest graph, or the ceiling the plan's sizes were
+    # derived from (vLLM derives the same sizes from it: the largest may fall below it, 992 of 1000)
+    cg = plan.spec.cudagraph
+    if have == plan.max_capture_size or (cg.capture_sizes is None and have == cg.max_capture_size):
         return None
     return f"{shown}: the plan's largest graph is {plan.max_capture_size} tokens"
 

@@ -100,6 +100,17 @@ CORPUS: list[tuple[list[str], str | None]] = [
     (TRUE_IS_ONE := ["-cc", json.dumps({"cudagraph_capture_sizes": [True, *PLAN.capture_sizes[1:]]})], None),
     (["-cc", json.dumps({"cudagraph_capture_sizes": [1, "a"]})], None),
     (["-cc", f'{{"cudagraph_capture_sizes": {SIZES}}}'], None),
+    # a list key's `+` form: vLLM splits the value at commas into strings, joins repeats, and its
+    # pydantic model reads each string of digits as an integer
+    (PLUS := [f"-cc.cudagraph_capture_sizes+={','.join(map(str, PLAN.capture_sizes))}"], None),
+    (
+        PLUS_SPLIT := [
+            f"-cc.cudagraph_capture_sizes+={','.join(map(str, PLAN.capture_sizes[:9]))}",
+            f"-cc.cudagraph_capture_sizes+={','.join(map(str, PLAN.capture_sizes[9:]))}",
+        ],
+        None,
+    ),  # fmt: skip
+    (["-cc.cudagraph_capture_sizes+=1,two"], None),
     # the model, and a bare --
     (["--model", "other"], None),
     (["--", "--max-num-seqs", "8"], None),
@@ -224,6 +235,8 @@ def test_both_readers_agree_or_the_own_reader_refuses(version, rnd):
             if argv == [*FORMS[0], "--model", "other"]:  # the vllm command moves --model first: M is left over
                 assert theirs[0] == "refused" and "unrecognized arguments: M" in theirs[1], theirs
             if argv == [*FORMS[0], *TRUE_IS_ONE]:  # vLLM reads true as 1: the plan's sizes, completed by both
+                assert theirs[0] == "ok" and ours == theirs, (theirs, ours)
+            if argv in ([*FORMS[0], *PLUS], [*FORMS[0], *PLUS_SPLIT]):  # the `+` form: the plan's sizes, read by both
                 assert theirs[0] == "ok" and ours == theirs, (theirs, ours)
             if ours[0] == "refused":
                 counts["both refuse" if theirs[0] == "refused" else "own refuses, vLLM completes"] += 1

@@ -599,9 +599,12 @@ def _typed(where: str, kind: Kind, got: object) -> object:
     def number(v: object) -> bool:
         return type(v) is int or type(v) is bool
 
+    def item(v: object) -> bool:  # a list's `KEY+=8,16` form gives strings; pydantic reads a string of digits
+        return number(v) or (isinstance(v, str) and re.fullmatch(r"[+-]?[0-9]+", v) is not None)
+
     ok = {
         "mode": isinstance(got, (str, int, float)),  # a name, or a value (bool and 2.0 too, as pydantic reads it)
-        "int_list": isinstance(got, list) and all(number(v) for v in got),
+        "int_list": isinstance(got, list) and all(item(v) for v in got),
         "int": number(got),
         "bool": isinstance(got, bool),
     }[kind]
