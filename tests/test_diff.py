@@ -586,3 +586,52 @@ def test_a_removed_fix_that_moves_batches_to_other_lora_cases_lists_the_dispatch
     assert "(2..128; LoRA case 2 -> 1): PIECEWISE -> PIECEWISE" in render_text(d)
     same = diff_plans(old, compile_plan(make_spec(**spec)), load_pricer())
     assert same.dispatch_changes == ()  # nothing moved, nothing listed
+
+
+@pytest.mark.parametrize(
+    "old_k, new_k, vllm",
+    [(0, 2, "0.33"), (2, 0, "0.33"), (1, 3, "0.29"), (0, 1, "0.25"), (2, 2, "0.33")],
+)
+def test_uniform_batches_of_either_plan_s_decode_length_are_compared_as_the_dispatcher_dispatches_them(
+    old_k, new_k, vllm
+):
+    """Speculative tokens change the tokens a decode step gives each request: batches of one token
+    per request, which a plan without speculative tokens replays from FULL graphs, replay PIECEWISE
+    in a plan with them. Every uniform batch of either plan's decode length is listed exactly when
+    the dispatcher sends it to another graph (checked both ways, batch by batch)."""
+    from capplan.planner import Batch, Dispatcher
+
+    def spec(k: int):
+        return make_spec(
+            target={"vllm": vllm},
+            scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 128},
+            speculative={"num_speculative_tokens": k},
+        )
+
+    old, new = compile_plan(spec(old_k)), compile_plan(spec(new_k))
+    d = diff_plans(old, new, load_pricer())
+    listed = {
+        (c.query_len or new.decode_query_len, n): (c.old_target, c.new_target)
+        for c in d.dispatch_changes
+        if c.batch_kind == "uniform-decode"
+        for lo, hi in c.token_runs
+        for n in range(lo, hi + 1)
+    }
+    if old_k == new_k:
+        assert all(c.query_len is None for c in d.dispatch_changes)
+    else:
+        assert {q for q, _ in listed} == {old.decode_query_len, new.decode_query_len}, listed
+
+    def target(plan, batch) -> str:
+        r = Dispatcher(plan).dispatch(batch)
+        return "eager" if r.graph_id < 0 else f"{r.cg_mode}:{r.num_tokens}"
+
+    for q in {old.decode_query_len, new.decode_query_len}:
+        for n in range(q, 129, q):
+            batch = Batch(n // q, n, q, uniform_token_count=q)
+            if n // q > 16:  # more requests than either spec schedules
+                continue
+            a, b = target(old, batch), target(new, batch)
+            assert ((q, n) in listed) == (a != b), (q, n, a, b)
+            if a != b:
+                assert listed[(q, n)] == (a, b), (q, n)

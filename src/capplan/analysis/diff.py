@@ -22,6 +22,7 @@ from capplan.planner.regions import (
     Lane,
     Refusal,
     lora_lanes,
+    query_len_of,
     regions,
     target_runs,
     unscheduled_runs,
@@ -107,6 +108,7 @@ class DispatchChange:
     old_target: str
     new_target: str
     old_lora_cases: tuple[int | None, ...] = ()
+    query_len: int | None = None  # uniform batches' tokens per request, where the plans decode different counts
 
     @property
     def token_count(self) -> int:
@@ -125,6 +127,7 @@ class NoLongerScheduled:
     old_mode: str
     reason: str
     old_lora_cases: tuple[int | None, ...] = ()
+    query_len: int | None = None  # as DispatchChange's
 
     @property
     def token_count(self) -> int:
@@ -383,7 +386,7 @@ def _dummy_changes(old: Plan, new: Plan) -> Iterator[DummyChange]:
 
 
 def _kind(kind: str) -> BatchKind:
-    return "mixed" if kind == "mixed" else "uniform-decode"
+    return "mixed" if kind == "mixed" else "uniform-decode"  # of either plan's length (`query_len`)
 
 
 def _lanes(lanes: tuple[Lane, ...]) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
@@ -403,7 +406,7 @@ def _dispatch_changes(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -
     runs = target_runs(old, new, exact_sizes=True, refusals=refusals, lanes=lanes)
     for (kind, a, b), token_runs, moved, every in regions(runs, lanes):
         cases, old_cases = _lanes(moved)
-        yield DispatchChange(_kind(kind), token_runs, cases, every, a, b, old_cases)
+        yield DispatchChange(_kind(kind), token_runs, cases, every, a, b, old_cases, query_len_of(kind))
 
 
 def _unscheduled(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -> Iterator[NoLongerScheduled]:
@@ -412,7 +415,9 @@ def _unscheduled(old: Plan, new: Plan, refusals: tuple[Refusal, Refusal]) -> Ite
     runs, why = unscheduled_runs(old, new, refusals, lanes=lanes)
     for key, token_runs, moved, every in regions(runs, lanes):
         cases, old_cases = _lanes(moved)
-        yield NoLongerScheduled(_kind(key[0]), token_runs, cases, every, key[1], why[key], old_cases)
+        yield NoLongerScheduled(
+            _kind(key[0]), token_runs, cases, every, key[1], why[key], old_cases, query_len_of(key[0])
+        )
 
 
 def _lora_map_changes(old: Plan, new: Plan) -> Iterator[LoraMapChange]:

@@ -32,12 +32,31 @@ class Tables(Protocol):
     def decode_query_len(self) -> int: ...
 
 
-def _targets(plan: Tables, ids: list[int]) -> tuple[str, str]:
-    """(graph a mixed batch replays, graph a uniform-decode batch replays) from a candidate list."""
+def _targets(plan: Tables, ids: list[int], query_len: int | None = None) -> tuple[str, str]:
+    """(graph a mixed batch replays, graph a uniform batch of `query_len` tokens per request
+    replays: the plan's decode length unless given) from a candidate list. Only a graph captured
+    for that token count per request serves a uniform batch; another one replays what a mixed
+    batch of its tokens does (a plan of 2 speculative tokens replays 1-token decode steps
+    PIECEWISE)."""
     descs = [plan.graphs[i].descriptor for i in ids]
     mixed = next((d for d in descs if d.uniform_token_count is None), None)
-    decode = next((d for d in descs if d.uniform_token_count == plan.decode_query_len), mixed)
+    q = plan.decode_query_len if query_len is None else query_len
+    decode = next((d for d in descs if d.uniform_token_count == q), mixed)
     return _label(mixed), _label(decode)
+
+
+UNIFORM = "uniform-decode"
+
+
+def uniform_kind(query_len: int | None) -> str:
+    """The batch kind of uniform batches: `uniform-decode`, or `uniform-decode x3` where the two
+    plans decode different token counts per request (3 each, here)."""
+    return UNIFORM if query_len is None else f"{UNIFORM} x{query_len}"
+
+
+def query_len_of(kind: str) -> int | None:
+    """The tokens per request a kind names (`uniform_kind`), or None."""
+    return int(kind.rpartition(" x")[2]) if kind.startswith(UNIFORM + " x") else None
 
 
 EAGER = "eager"
@@ -119,9 +138,10 @@ def _kind_batch(kind: str, n: int, dql: int, lane: Lane) -> Batch | None:
     need = max(1, lane.requests)
     if kind == "mixed":
         return Batch(need, n, n - need + 1, lane.adapters, lane.base) if need <= n else None
-    if n // dql < need:
+    q = query_len_of(kind) or dql
+    if n // q < need:
         return None
-    return Batch(n // dql, n, dql, lane.adapters, lane.base, uniform_token_count=dql)
+    return Batch(n // q, n, q, lane.adapters, lane.base, uniform_token_count=q)
 
 
 def _walk(
@@ -135,25 +155,31 @@ def _walk(
     why the new one never does) for every batch kind, lane and token count both tables cover."""
     before, after = _expand(old), _expand(new)
     top = max([k[1] for k in before] + [k[1] for k in after], default=0)
-    dql = new.decode_query_len if new.decode_query_len == old.decode_query_len else 0
+    # Uniform batches of each plan's decode length: where the plans decode different token counts
+    # per request (speculative tokens changed), batches of each length are compared in both
+    # plans, each kind naming its length (the other plan replays them as mixed batches).
+    same = new.decode_query_len == old.decode_query_len
+    lengths: list[int | None] = [None] if same else sorted({old.decode_query_len, new.decode_query_len})
     for lane in lanes:
         for n in range(1, top + 1):
-            o = _targets(old, before.get((lane.old_case, n), []))
-            w = _targets(new, after.get((lane.new_case, n), []))
+            old_ids, new_ids = before.get((lane.old_case, n), []), after.get((lane.new_case, n), [])
+            o, w = _targets(old, old_ids), _targets(new, new_ids)
             kinds = []
             if lane.requests <= n and (reachable is None or lane.new_case in reachable(n)):
                 kinds.append(("mixed", o[0], w[0]))
-            if (
-                dql
-                and n % dql == 0
-                and lane.requests <= n // dql
-                and (reachable is None or lane.new_case in reachable(n // dql))
-            ):
-                kinds.append(("uniform-decode", o[1], w[1]))
+            for q in lengths:
+                per = new.decode_query_len if q is None else q
+                if (
+                    n % per
+                    or lane.requests > n // per
+                    or (reachable is not None and lane.new_case not in reachable(n // per))
+                ):
+                    continue
+                kinds.append((uniform_kind(q), _targets(old, old_ids, per)[1], _targets(new, new_ids, per)[1]))
             for kind, a, b in kinds:
                 old_no = new_no = None
                 if refusals is not None:
-                    batch = _kind_batch(kind, n, dql, lane)
+                    batch = _kind_batch(kind, n, new.decode_query_len, lane)
                     if batch is None:
                         continue
                     old_no, new_no = refusals[0](batch), refusals[1](batch)

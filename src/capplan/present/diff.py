@@ -106,7 +106,8 @@ def _region(change: DispatchChange | NoLongerScheduled) -> str:
         Lane(0, False, NONE if o is None else o, NONE if n is None else n) for o, n in zip(old_cases, change.lora_cases)
     ]
     where = where_text(lanes, change.every_case)
-    return f"{change.batch_kind} batches of {change.token_count} token count(s) ({sample}{more}; {where})"
+    kind = change.batch_kind if change.query_len is None else f"{change.batch_kind} ({change.query_len} per request)"
+    return f"{kind} batches of {change.token_count} token count(s) ({sample}{more}; {where})"
 
 
 def dispatch_change_text(change: DispatchChange) -> str:
