@@ -276,3 +276,28 @@ def test_the_target_is_the_installed_vllm_where_capplan_plans_for_it(workdir, in
             yaml.safe_load(run("init", "--config", "vllm.yaml", "--vllm", "0.25.0").stdout)["target"]["vllm"]
             == "0.25.0"
         )
+
+
+def test_the_performance_mode_is_carried_and_the_launch_line_keeps_it(workdir):
+    """`--performance-mode interactivity` derives other default capture sizes (every size to 32):
+    carried into the spec, the plan captures vLLM's interactivity sizes and `apply` keeps the
+    operator's flag; a plan of another mode refuses the line, naming the flag."""
+    result = run("init", "-o", "i.yaml", "--", "vllm", "serve", "org/m", "--max-num-seqs", "64",
+                 "--performance-mode", "interactivity")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "--performance-mode interactivity -> cudagraph.performance_mode" in Path("i.yaml").read_text()
+    assert run("compile", "i.yaml").exit_code == 0
+    plan = load_plan(Path("i.plan.yaml"))
+    assert plan.spec.cudagraph.performance_mode == "interactivity" and plan.capture_sizes[:32] == list(range(1, 33))
+    line = ["vllm", "serve", "org/m", "--max-num-seqs", "64", "--performance-mode", "interactivity"]
+    ok = run("apply", "--runner", "mrv2", "--dry-run", "i.plan.yaml", "--", *line)
+    assert ok.exit_code == 0 and ok.stdout.count("--performance-mode") == 1, ok.output
+    Path("b.yaml").write_text("scheduler: {max_num_seqs: 64}\n")
+    assert run("compile", "b.yaml").exit_code == 0
+    refused = run("apply", "--runner", "mrv2", "--dry-run", "b.plan.yaml", "--", *line)
+    assert (
+        refused.exit_code != 0
+        and "--performance-mode interactivity: the plan was compiled for performance mode balanced" in refused.stderr
+    )
+    bad = run("init", "--", "vllm", "serve", "org/m", "--performance-mode", "fast")
+    assert bad.exit_code != 0 and "not one of balanced, interactivity, throughput" in bad.stderr

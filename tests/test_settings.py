@@ -72,7 +72,7 @@ def _other(value: Any) -> Any:
 
 def _spelled(s: Setting, value: Any) -> tuple[list[str], str]:
     """(the arguments that give `value` for the setting, how a refusal names them)."""
-    if s.flag is not None and s.kind == "int":
+    if s.flag is not None and s.kind in ("int", "choice"):
         return [s.flag, str(value)], f"{s.flag} {value}"
     if s.flag is not None and s.kind == "bool":
         flag = s.flag if value else "--no-" + s.flag[2:]
@@ -89,6 +89,8 @@ def _spelled(s: Setting, value: Any) -> tuple[list[str], str]:
 
 
 def _contradicting(s: Setting) -> Any:
+    if s.kind == "choice":
+        return next(c for c in s.choices if c != s.value(PLAN))
     return True if s.plan is None else _other(s.value(PLAN))  # a flag the plan only checks: given
 
 
@@ -98,8 +100,10 @@ def _draft_args(s: Setting) -> list[str]:
 
 @pytest.mark.parametrize("setting", ON_LINE, ids=[s.name for s in ON_LINE])
 def test_apply_refuses_each_setting_alone_naming_its_flag(setting):
+    value = _contradicting(setting)
     pinned = setting.name in line_values(PLAN) or setting.conflict is not None or setting.only is not None
-    args, named = _spelled(setting, _contradicting(setting))
+    pinned = pinned or (setting.unpinned is not None and setting.unpinned(PLAN, value, "x") is not None)
+    args, named = _spelled(setting, value)
     argv = [*SERVE, *_draft_args(setting), *args]
     if not pinned:  # read (and typed) on the line, compared by the engine only
         assert contradictions(PLAN, read_command(argv)) == []
@@ -210,6 +214,7 @@ def _config(plan) -> SimpleNamespace:
     """A final VllmConfig as vLLM builds it for `plan`, written out by hand."""
     spec, mm = plan.spec, plan.spec.multimodal
     return SimpleNamespace(
+        performance_mode=spec.cudagraph.performance_mode,
         compilation_config=SimpleNamespace(
             cudagraph_mode=SimpleNamespace(name=spec.cudagraph.mode.value),
             cudagraph_capture_sizes=list(plan.capture_sizes),

@@ -64,7 +64,7 @@ def _never(plan: Plan) -> bool:
     return False
 
 
-Kind = Literal["int", "bool", "int_list", "mode"]
+Kind = Literal["int", "bool", "int_list", "mode", "choice"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ class Setting:
     aliases: tuple[str, ...] = ()
     """Short spellings of the flag (`-tp`)."""
     kind: Kind = "int"
-    """What the flag and the JSON keys take; "int_list" flags take one or more integers."""
+    """What the flag and the JSON keys take; "int_list" flags take one or more integers, "choice"
+    flags one of `choices`."""
+    choices: tuple[str, ...] = ()
+    """The values a "choice" flag takes (vLLM's parser refuses any other)."""
     human: bool = False
     """The flag takes vLLM's human-readable integers (1k = 1000, 1K = 1024)."""
     from_model: bool = False
@@ -211,6 +214,27 @@ def _ceiling(plan: Plan, have: object, shown: str) -> str | None:
     if have == plan.max_capture_size or (cg.capture_sizes is None and have == cg.max_capture_size):
         return None
     return f"{shown}: the plan's largest graph is {plan.max_capture_size} tokens"
+
+
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")  # vLLM's PerformanceMode (vllm/config/vllm.py)
+
+
+def _performance_mode(plan: Plan) -> object:
+    return plan.spec.cudagraph.performance_mode
+
+
+def _not_balanced(plan: Plan) -> bool:
+    # put on a line only where the plan's is not vLLM's default (`balanced` is what vLLM runs unasked)
+    return plan.spec.cudagraph.performance_mode != "balanced"
+
+
+def _performance(plan: Plan, have: object, shown: str) -> str | None:
+    """A command's performance mode against a plan of vLLM's default one: another mode derives
+    other default capture sizes (and, for throughput, larger scheduler defaults) than the plan's."""
+    want = plan.spec.cudagraph.performance_mode
+    if have == want:
+        return None
+    return f"{shown}: the plan was compiled for performance mode {want} (cudagraph.performance_mode)"
 
 
 def _eager(plan: Plan, have: object, shown: str) -> str | None:
@@ -338,6 +362,16 @@ SETTINGS: tuple[Setting, ...] = (
         resolved=True,
         canon=_unique_sorted,
         unless=("cudagraph.max_capture_size",),
+    ),
+    Setting(
+        "cudagraph.performance_mode",
+        _performance_mode,
+        config=Read("performance_mode?", missing="balanced"),
+        flag="--performance-mode",
+        kind="choice",
+        choices=PERFORMANCE_MODES,
+        on_line=_not_balanced,  # vLLM's default is never added; a command's other mode is refused
+        unpinned=_performance,
     ),
     Setting(
         "cudagraph.max_capture_size",

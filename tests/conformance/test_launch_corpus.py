@@ -111,6 +111,11 @@ CORPUS: list[tuple[list[str], str | None]] = [
         None,
     ),  # fmt: skip
     (["-cc.cudagraph_capture_sizes+=1,two"], None),
+    # the performance mode: vLLM's default is the plan's; another derives other default sizes
+    (["--performance-mode", "balanced"], None),
+    (["--performance-mode=interactivity"], None),
+    (["--performance-mode", "fast"], None),
+    (["--config", "{cfg}"], "performance-mode: throughput\n"),
     # the model, and a bare --
     (["--model", "other"], None),
     (["--", "--max-num-seqs", "8"], None),

@@ -35,6 +35,7 @@ SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.ma
 SCALARS = {s.flag: s for s in SETTINGS if s.flag is not None and s.kind == "int"}
 SWITCHES = {s.flag: s for s in SETTINGS if s.flag is not None and s.kind == "bool"}
 LISTS = {s.flag: s for s in SETTINGS if s.flag is not None and s.kind == "int_list"}
+CHOICES = {s.flag: s for s in SETTINGS if s.flag is not None and s.kind == "choice"}
 SHORT = {alias: s.flag for s in SETTINGS if s.flag is not None for alias in s.aliases}
 COMPILATION = {s.compilation: s for s in SETTINGS if s.compilation is not None}  # compilation-config key -> setting
 SPECULATIVE = next(s for s in SETTINGS if s.speculative is not None)
@@ -45,7 +46,7 @@ def _resolved_order(item: tuple[int, Setting]) -> tuple[int, bool, int]:
     # flags, switches, lists; within each, a flag that is also a compilation-config key (the
     # capture ceiling) after the rest: the order contradictions are named in
     at, s = item
-    return ("int", "bool", "int_list").index(s.kind), s.compilation is not None, at
+    return ("int", "bool", "int_list", "choice").index(s.kind), s.compilation is not None, at
 
 
 # EngineArgs field -> the setting its flag sets (vLLM names each field after its flag).
@@ -133,7 +134,7 @@ DISABLE = {"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-"
 NO_DISABLE = {"--no-" + d[2:] for d in DISABLE}  # no release takes these
 OFF_OF = {d: "--no-" + f[2:] for d, f in DISABLE.items()}
 LEVEL = "--optimization-level"
-KNOWN = {*SCALARS, *SWITCHES, *OFF, *DISABLE, *LISTS, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
+KNOWN = {*SCALARS, *SWITCHES, *OFF, *DISABLE, *LISTS, *CHOICES, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
 
 
 @dataclass(frozen=True)
@@ -365,6 +366,17 @@ def read_command(argv: list[str]) -> Command | None:
             cmd.values[setting.name] = name not in OFF
             cmd.flags[setting.name] = name + origin
             i += 1
+        elif name in CHOICES:
+            setting = CHOICES[name]
+            raw = value()
+            if raw not in setting.choices:
+                raise CapplanError(
+                    f"{printable(name)} {printable(raw)[:40]}: not one of {', '.join(setting.choices)}: vLLM's parser "
+                    "refuses the command"
+                )
+            cmd.values[setting.name] = raw
+            cmd.flags[setting.name] = f"{said} {raw}" + origin
+            i += step
         elif name in LISTS:
             setting = LISTS[name]
             j = i + 1

@@ -56,7 +56,7 @@ def contradictions(plan: Plan, cmd: Command) -> list[str]:
 
 def _by_flag(setting: Setting) -> bool:
     """Whether `complete` adds it as its flag (else as its compilation-config key)."""
-    return setting.flag is not None and setting.kind in ("int", "bool")
+    return setting.flag is not None and setting.kind in ("int", "bool", "choice")
 
 
 def left_to_model(plan: Plan, cmd: Command) -> list[Setting]:
@@ -86,7 +86,7 @@ def complete(plan: Plan, cmd: Command, fill_model: bool = False) -> tuple[list[s
         if s.name in want and s.name not in cmd.values and s.name not in cmd.from_model and s.name not in to_model
     ]
     for s in needed:
-        if s.flag is not None and s.kind == "int":
+        if s.flag is not None and s.kind in ("int", "choice"):
             added += [s.flag, str(want[s.name])]
     for s in needed:
         if s.flag is not None and s.kind == "bool" and (want[s.name] or s.negatable):

@@ -159,7 +159,7 @@ def _walk(
     # per request (speculative tokens changed), batches of each length are compared in both
     # plans, each kind naming its length (the other plan replays them as mixed batches).
     same = new.decode_query_len == old.decode_query_len
-    lengths: list[int | None] = [None] if same else sorted({old.decode_query_len, new.decode_query_len})
+    lengths: list[int | None] = [None] if same else [q for q in sorted({old.decode_query_len, new.decode_query_len})]
     for lane in lanes:
         for n in range(1, top + 1):
             old_ids, new_ids = before.get((lane.old_case, n), []), after.get((lane.new_case, n), [])
