@@ -96,19 +96,19 @@ def spec_pair(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_estimates_for_another_model_are_withheld(tmp_path, monkeypatch):
-    """The tiny model's own spec names its model: the 0.9B calibration's numbers, given, are withheld
-    in every format, and the reason names both models' differences."""
+def test_a_calibration_of_another_model_is_not_used_and_the_spec_s_shape_prices_it(tmp_path, monkeypatch):
+    """The tiny model's own spec names its model and shape: the shape model predicts it in every
+    format, and the 0.9B calibration, given, is not used (said, naming both models' differences)."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(ROOT / "configs" / "h200-tiny-llama-025.yaml", "old.yaml")
     Path("new.yaml").write_text(Path("old.yaml").read_text().replace("max_loras: 4", "max_loras: 8"))
     text = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml"]).stdout
     # The spec names its shape: the shape model prices it, said as a prediction (vLLM 0.25 and
-    # 0.33 graphs alike); the 0.9B calibration's own numbers stay withheld.
+    # 0.33 graphs alike).
     assert "+10 graphs, " in text and " GiB graph memory (predicted)" in text
     assert "basis: predicted by the shape model" in text and "~" not in text
     md = runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "markdown"]).stdout
-    assert "est. capture time" not in md and "capture time (predicted)" in md
+    assert "| capture time (predicted) |" in md and "not priced" not in md
     data = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json"]).stdout)
     assert "estimate" not in data and data["price"]["new"]["kind"] == "predicted"
     told = json.loads(runner.invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--format", "json",

@@ -4,6 +4,7 @@ prices it (show, diff, flags, simulate, optimize), whether the calibration is gi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -95,9 +96,27 @@ def test_a_delta_has_an_interval_only_where_both_sides_have_one():
     d = PriceDelta(a, b)
     assert d.seconds == Figure(10.0) and d.gib == Figure(1.0, 0.5, 1.5) and d.graphs == 1
     assert PriceDelta(a, none).seconds is None and not PriceDelta(a, none).priced
+    # one source errs alike on both plans: bound by bound; two sources: the widest both allow
+    c = Priced(2, Figure(30.0, 25.0, 40.0), None, "scaled", "y")
+    assert PriceDelta(a, c).seconds == Figure(20.0, 14.0, 31.0)
+    one = PriceDelta(dataclasses.replace(a, source="s"), dataclasses.replace(c, source="s"))
+    assert one.seconds == Figure(20.0, 16.0, 29.0)
     assert Figure(3.0, 3.0, 3.0).text(".1f", "s") == "3.0 s" and Figure(3.0).text(".1f", "s") == "3.0 s (no interval)"
     # no evidence and no shape: not priced; no graphs: exact zero, whatever the evidence
     assert Pricer().price(plan).kind == "not priced"
     empty = load_plan(ROOT / "examples" / "qwen3-8b-multilora.plan.yaml")
     nothing = empty.model_copy(update={"graphs": []})
     assert load_pricer().price(nothing).kind == "exact" and load_pricer().price(nothing).seconds == Figure(0, 0, 0)
+
+
+def test_a_plan_with_no_graphs_is_priced_exactly_and_its_diff_says_each_side(deployment):
+    """No graphs: an exact zero, no graph memory to leave free; against a plan not priced, the
+    markdown table shows the priced side and says the other is not."""
+    Path("none.yaml").write_text(Path("planB.yaml").read_text().replace("FULL_AND_PIECEWISE", "NONE"))
+    assert runner.invoke(app, ["compile", "none.yaml"]).exit_code == 0
+    show = runner.invoke(app, ["show", "none.plan.yaml", "--calibration", str(CAL)])
+    assert "no graphs: no graph memory to leave free beside the KV cache" in show.stdout
+    md = runner.invoke(app, ["diff", "none.plan.yaml", "planB.plan.yaml", "--format", "markdown"]).stdout
+    assert "| capture time (exact / not priced) | 0.0 s | not priced | - |" in md, md
+    text = runner.invoke(app, ["diff", "none.plan.yaml", "planB.plan.yaml"]).stdout
+    assert "  old basis: no graphs to capture" in text and "  new not priced: no probe or start" in text, text

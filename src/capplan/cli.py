@@ -208,11 +208,12 @@ def simulate_cmd(
     plot: h.SimulatePlot = None,
     calibration: h.SimulateCalibration = None,
     drop_unschedulable: h.DropUnschedulable = False,
+    model_config: h.ModelConfigOption = None,
 ) -> None:
     from capplan.commands.traffic import simulate
     from capplan.present.simulate import render_simulation
 
-    result = simulate(plan, traces, calibration, plot, _note, drop_unschedulable)
+    result = simulate(plan, traces, calibration, plot, _note, drop_unschedulable, model_config)
     if as_json:
         typer.echo(dumps(result.data, indent=2))
     else:
@@ -241,6 +242,7 @@ def optimize_cmd(
     max_pad_ratio: h.OptimizeMaxPadRatio = 2.0,
     holdout: h.OptimizeHoldout = 0.2,
     drop_unschedulable: h.DropUnschedulable = False,
+    model_config: h.ModelConfigOption = None,
 ) -> None:
     from capplan.commands.traffic import OptimizeRequest, optimize
     from capplan.present.optimize import optimize_json, render_curve, written_lines
@@ -248,7 +250,7 @@ def optimize_cmd(
     request = OptimizeRequest(
         spec, traces, max_graphs, max_graph_memory, max_capture_seconds, max_slowdown, objective,
         padding_fallback, output, plot, calibration, shared_sizes, ready_share, max_pad_ratio, holdout,
-        drop_unschedulable,
+        drop_unschedulable, model_config,
     )  # fmt: skip
     outcome = optimize(request, _note)
     if as_json:

@@ -1,8 +1,8 @@
 """Semantic diff of two plans: what a reviewer needs to judge a change, as records.
 
 Graphs added and removed per mode and LoRA case, dispatch regions whose
-target changed, spec fields, fixes and deviations, and the estimated capture
-time and memory delta. `diff_plans` builds one `PlanDiff` of typed, frozen
+target changed, spec fields, fixes and deviations, and both plans priced (capture
+time and graph memory, `capplan.calibration.price`). `diff_plans` builds one `PlanDiff` of typed, frozen
 change records and renders nothing: `capplan.present.diff` turns it into text,
 markdown (for a pull request) and JSON.
 """

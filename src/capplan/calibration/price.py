@@ -85,6 +85,7 @@ class Priced:
     basis: str
     notes: tuple[str, ...] = ()
     reserve_gib: float | None = None  # the largest reading of this plan's starts whose capture ran first
+    source: str = ""  # the evidence the figures rest on: two prices of one source err alike (`PriceDelta`)
 
     @property
     def priced(self) -> bool:
@@ -166,6 +167,7 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
             f"measured: {len(same)} start(s) of this plan in calibration {cal.name} ({_sources(same)}), {whose(cal)}",
             (*_release_note(plan, cal), *_after_profiling_note(same), _host_note(cal.starts, seconds)),
             reserve_gib=_first_capture_reading(plan, cal),
+            source=f"calibration {cal.name}",
         )
     errors = errors if errors is not None else project_pair_errors()
     # The pairs measured the scaling by per-capture seconds and from first-capture memory: their
@@ -192,6 +194,7 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
         "scaled",
         f"scaled from {len(cal.starts)} start(s) in calibration {cal.name} ({_sources(cal.starts)}), {whose(cal)}",
         tuple(notes),
+        source=f"calibration {cal.name}",
     )
 
 
@@ -367,6 +370,7 @@ def runs_price(plan: Plan, cal: Calibration) -> Priced | None:
             "(capplan calibrate) of this deployment prices it with one",
             *_release_note(plan, cal, "capture runs"),
         ),
+        source=f"capture runs of {cal.name}",
     )
 
 
@@ -745,7 +749,7 @@ class ShapeModel:
         )
         if any(n.startswith("extrapolated") for n in notes):
             notes.append("the intervals do not bound the extrapolation")
-        return Priced(graphs, seconds, gib, "predicted", self.basis(), tuple(notes))
+        return Priced(graphs, seconds, gib, "predicted", self.basis(), tuple(notes), source="the shape model")
 
     def extrapolated(self, plan: Plan, shape: ModelShape, gpu: str | None) -> list[str]:
         """Where the deployment lies outside what was measured, and by how far."""
@@ -880,7 +884,7 @@ class Pricer:
 
         if not plan.graphs:
             return Priced(0, Figure(0.0, 0.0, 0.0), Figure(0.0, 0.0, 0.0), "exact", "no graphs to capture")
-        why_not = ""
+        why_not, known = "", None
         if self.deployment is not None:
             cal = self.deployment
             basis = judge(cal, plan.spec)
@@ -893,10 +897,14 @@ class Pricer:
                         note = f"not checked against this deployment: {'; '.join(basis.unchecked)}"
                         priced = dataclasses.replace(priced, notes=(*priced.notes, note))
                     return priced
-                why_not = f"calibration {cal.name} has no start, probe or capture run to price with"
+                why_not = (
+                    f"calibration {cal.name} has no start whose graph memory is a plan's (a probe of report "
+                    "format 1 prices seconds only) and no capture runs"
+                )
+                known = cal.identity.shape if cal.identity is not None else None  # its own shape, checked
             else:
                 why_not = f"calibration {cal.name} not used: {basis.note}"
-        shape = self.shape or shape_from_spec(plan.spec)
+        shape = self.shape or shape_from_spec(plan.spec) or (known if why_not.endswith("capture runs") else None)
         if shape is not None and self.model is not None and self.model.memory_rate is not None:
             priced = self.model.predict(plan, shape, plan.spec.target.gpu)
             notes = priced.notes + ((why_not,) if why_not else ())
@@ -933,8 +941,9 @@ def load_pricer(
 
 @dataclass(frozen=True)
 class PriceDelta:
-    """Both plans priced, and the change: new minus old, bound by bound (both rest on the same
-    rates, so a start that ran slow prices both plans slow); None where either is not priced."""
+    """Both plans priced, and the change: new minus old; None where either is not priced. Its
+    interval is bound by bound where both prices rest on one source (the same rates: a start
+    that ran slow prices both plans slow), else the widest the two intervals allow."""
 
     old: Priced
     new: Priced
@@ -949,25 +958,28 @@ class PriceDelta:
 
     @property
     def seconds(self) -> Figure | None:
-        return _minus(self.new.seconds, self.old.seconds)
+        return _minus(self.new.seconds, self.old.seconds, self._one_source)
 
     @property
     def gib(self) -> Figure | None:
-        return _minus(self.new.gib, self.old.gib)
+        return _minus(self.new.gib, self.old.gib, self._one_source)
+
+    @property
+    def _one_source(self) -> bool:
+        return bool(self.old.source) and self.old.source == self.new.source
 
     @property
     def kind(self) -> str:
-        kinds = dict.fromkeys(
-            k for k in (self.old.kind, self.new.kind) if k != "exact" or self.old.kind == self.new.kind
-        )
-        return " / ".join(kinds)
+        return " / ".join(dict.fromkeys((self.old.kind, self.new.kind)))
 
 
-def _minus(a: Figure | None, b: Figure | None) -> Figure | None:
+def _minus(a: Figure | None, b: Figure | None, one_source: bool) -> Figure | None:
     if a is None or b is None:
         return None
     if a.lo is None or a.hi is None or b.lo is None or b.hi is None:
         return Figure(a.value - b.value)
+    if not one_source:
+        return Figure(a.value - b.value, a.lo - b.hi, a.hi - b.lo)
     lo, hi = a.lo - b.lo, a.hi - b.hi
     return Figure(a.value - b.value, min(lo, hi), max(lo, hi))
 

@@ -340,8 +340,10 @@ def probe(
         ]  # fmt: skip
         env = {**os.environ, CAPTURE_EACH: "1"}
         log_path = Path(tmp) / "serve.log"
-        say(f"probing {len(loaded.graphs)} graphs of {printable(plan.name)} with dummy weights (vLLM's log: kept "
-            "on failure)")  # fmt: skip
+        say(
+            f"probing {len(loaded.graphs)} graphs of {printable(plan.name)} with dummy weights (vLLM's log: kept "
+            + ("beside the calibration)" if keep_log else "on failure)")
+        )
         t0 = time.monotonic()
         with log_path.open("wb") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

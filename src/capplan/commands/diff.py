@@ -145,9 +145,8 @@ def git_diff(args: list[str]) -> GitDiff:
         return GitDiff(head + "".join(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{new_path}")))
     from capplan.calibration.price import load_pricer
 
-    try:  # git runs the driver from the top of the work tree: the calibration folder is found from the plan's path
-        pricer = load_pricer(None, Path(args[7] if len(args) > 7 else args[0]))
-    except CapplanError:  # a calibration folder that does not load prices nothing here; `capplan diff` says why
-        pricer = load_pricer()
+    # git runs the driver from the top of the work tree: the calibration folder is found from the plan's path
+    # (one that does not load prices nothing, said in the price's notes)
+    pricer = load_pricer(None, Path(args[7] if len(args) > 7 else args[0]))
     result = diff_plans(old, new, pricer, f"a/{path}", f"b/{new_path}")
     return GitDiff(render_text(result))

@@ -40,6 +40,7 @@ def simulate(
     plot: Path | None = None,
     notes: Notes = no_notes,
     drop_unschedulable: bool = False,
+    model_config: Path | None = None,
 ) -> Simulated:
     """Replay the traces through the plan's dispatcher; with `plot`, draw hits and padding there;
     `drop_unschedulable`: leave out (and count) batches the plan's deployment never schedules."""
@@ -55,7 +56,7 @@ def simulate(
     files = read_rank_traces(traces, loaded.spec, drop_unschedulable)
     _trace_notes(files, notes)
     steps = load_steps(calibration)
-    priced = load_pricer(calibration, plan_path).price(loaded)
+    priced = load_pricer(calibration, plan_path, model_config).price(loaded)
     if len(files) == 1:
         result = replay(loaded, files[0].batches, steps=steps)
     else:
@@ -93,6 +94,7 @@ class OptimizeRequest:
     max_pad_ratio: float | None = 2.0
     holdout: float = 0.2
     drop_unschedulable: bool = False  # leave out batches the spec's deployment never schedules, counted
+    model_config: Path | None = None  # the model's config.json: its shape, for the shape model's prices
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         loaded,
         fitted,
         load_steps(r.calibration),
-        pricer=load_pricer(r.calibration, r.spec),
+        pricer=load_pricer(r.calibration, r.spec, r.model_config),
         max_graphs=r.max_graphs,
         max_graph_memory=r.max_graph_memory,
         max_capture_seconds=r.max_capture_seconds,

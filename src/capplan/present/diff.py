@@ -323,10 +323,15 @@ def _sides(d: PlanDiff) -> list[str]:
 def price_basis(d: PlanDiff) -> list[str]:
     """What the prices rest on (or why there is none), then their notes."""
     p = d.price
-    label = "basis" if p.old.priced or p.new.priced else "not priced"
-    lines = [f"{label}: {b}" for b in dict.fromkeys((p.old.basis, p.new.basis))]
-    notes = list(dict.fromkeys((*p.old.notes, *p.new.notes)))
-    return lines + sorted(notes, key=lambda n: n.startswith("the interval"))  # what it does not bound, last
+    if p.old.basis == p.new.basis:
+        lines = [f"{'basis' if p.new.priced else 'not priced'}: {p.new.basis}"]
+    else:
+        lines = [
+            f"{side} {'basis' if x.priced else 'not priced'}: {x.basis}" for side, x in (("old", p.old), ("new", p.new))
+        ]
+    both = [n for n in p.old.notes if n in p.new.notes]
+    notes = both + [f"{side}: {n}" for side, x in (("old", p.old), ("new", p.new)) for n in x.notes if n not in both]
+    return lines + sorted(dict.fromkeys(notes), key=lambda n: "the interval" in n)  # what it does not bound, last
 
 
 def _sample(items: list[str], shown: int = 8) -> list[str]:
@@ -461,13 +466,19 @@ def render_markdown(d: PlanDiff) -> str:
         "|---|---:|---:|---:|",
         f"| graphs | {p.old.graphs} | {p.new.graphs} | {signed(p.graphs)} |",
     ]
-    if p.seconds is not None and p.gib is not None:
-        assert p.old.seconds and p.new.seconds and p.old.gib and p.new.gib
+    if p.old.priced or p.new.priced:
+
+        def cell(f: Figure | None, fmt: str, unit: str) -> str:
+            return "not priced" if f is None else f.text(fmt, unit)
+
+        def change(f: Figure | None, fmt: str, unit: str) -> str:
+            return "-" if f is None else f"{_delta(f, fmt)} {unit}"
+
         lines += [
-            f"| capture time ({p.kind}) | {p.old.seconds.text('.1f', 's')} | {p.new.seconds.text('.1f', 's')} | "
-            f"{_delta(p.seconds, '.1f')} s |",
-            f"| graph memory ({p.kind}) | {p.old.gib.text('.3f', 'GiB')} | {p.new.gib.text('.3f', 'GiB')} | "
-            f"{_delta(p.gib, '.3f')} GiB |",
+            f"| capture time ({p.kind}) | {cell(p.old.seconds, '.1f', 's')} | {cell(p.new.seconds, '.1f', 's')} | "
+            f"{change(p.seconds, '.1f', 's')} |",
+            f"| graph memory ({p.kind}) | {cell(p.old.gib, '.3f', 'GiB')} | {cell(p.new.gib, '.3f', 'GiB')} | "
+            f"{change(p.gib, '.3f', 'GiB')} |",
         ]
     lines += ["", "<sub>" + "<br>".join(price_basis(d)) + "</sub>", ""]
     budget = _Budget()

@@ -43,6 +43,7 @@ def render_curve(result: Optimized, full: bool = False, held_out: Any = None, ke
         f"capplan optimize: budget {result.budget}; objective: {goal}",
         f"  step times: {result.basis}",
         f"  capture seconds and graph memory: {result.capture_basis}",
+        *(f"    {n}" for n in result.capture_notes),
         f"  default capture set: {d.sizes} sizes, {d.graphs} graphs, {memory}, "
         f"padding {d.padding_overhead:.2%} on {part}" + default_steps,
         "  sizes  graphs  ~GiB    ~capture s  padded tokens  padding" + ("  ~step s" if timed else ""),
@@ -151,6 +152,7 @@ def optimize_json(
         "objective": result.objective,
         "basis": result.basis,
         "capture_basis": result.capture_basis,
+        "capture_notes": list(result.capture_notes),
         "assumption": result.assumption,
         "padding_fallback": result.fallback,
         "chosen": result.point.to_json(),

@@ -294,6 +294,8 @@ def reserve_line(priced: Priced) -> str:
     """The graph memory to leave free beside the KV cache where this deployment's starts measured
     the plan, else that vLLM's own estimate stays in charge (`show`, `flags`)."""
     reserve = priced.reserve_bytes()
+    if priced.kind == "exact":
+        return "no graphs: no graph memory to leave free beside the KV cache"
     if reserve is None and priced.kind == "measured":
         return (
             "graph memory no reserve: not every start of this plan ran its capture first (after vLLM's profiling "

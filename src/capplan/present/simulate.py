@@ -34,6 +34,7 @@ def render_simulation(
     if priced is not None:
         how = f"{priced.kind}; {priced.basis}" if priced.priced else priced.basis
         lines.append(f"  capture: {priced.text()} ({how})")
+        lines += [f"    {n}" for n in priced.notes]
     for r in data.get("ranks", []):
         lines.append(
             f"  rank {r['rank']}: {r['steps']} steps, {r['graph_steps']} graph, {r['eager_steps']} eager, "

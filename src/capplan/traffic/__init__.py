@@ -1,1 +1,1 @@
-"""Traffic: simulate a batch trace through a plan, the cost model, and the optimizer."""
+"""Traffic: simulate a batch trace through a plan, step times, and the optimizer."""

@@ -255,7 +255,7 @@ class Bucketing:
 class CurvePoint:
     sizes: int
     graphs: int
-    graph_memory_gib: float | None  # None: not estimated (no capture runs, or a calibration of another model)
+    graph_memory_gib: float | None  # None: not priced (the pricer's basis says why)
     capture_seconds: float | None
     padded_tokens: int
     padding_overhead: float
@@ -292,7 +292,8 @@ class Optimized:
     basis: str  # what the step times rest on
     assumption: str | None = None  # how the trace stands for DP ranks
     fallback: str | None = None  # why the padding objective was used instead of step time
-    capture_basis: str = ""  # what the points' capture seconds and graph memory rest on (the default plan's price)
+    capture_basis: str = ""  # what the chosen plan's capture seconds and graph memory rest on (and the default's kind)
+    capture_notes: tuple[str, ...] = ()  # the chosen plan's price notes: what is extrapolated, not checked, not read
 
 
 def worst_pad(sizes: list[int]) -> float:
@@ -581,7 +582,8 @@ def optimize(
     if max_graph_memory is not None or max_capture_seconds is not None:
         priced = pricer.price(compile_plan(spec))
         if not priced.priced:
-            raise UsageError(f"capture is not priced for that budget: {priced.basis}")
+            said = "; ".join((priced.basis, *priced.notes))
+            raise UsageError(f"capture is not priced for that budget: {said}")
     default_sizes, top = resolve_capture_sizes(spec)
     if top == 0:
         raise UsageError("cudagraph.mode is NONE: there are no graphs to choose")
@@ -714,10 +716,12 @@ def _optimize(
             key=lambda p: (p.padded_tokens if p.fold_padded_tokens is None else p.fold_padded_tokens, p.graphs),
         )
     notes = [n for n in (goal.default_sim.assumption, goal.left_out()) if n]
-    capture = goal.pricer.price(default_plan)
+    chosen = compile_plan(best.spec)
+    capture, before = goal.pricer.price(chosen), goal.pricer.price(default_plan)
+    kinds = capture.kind if before.kind == capture.kind else f"chosen {capture.kind}, default {before.kind}"
     return Optimized(
         best.spec,
-        compile_plan(best.spec),
+        chosen,
         best,
         default,
         curve,
@@ -725,7 +729,8 @@ def _optimize(
         objective,
         basis,
         "; ".join(notes) or None,
-        capture_basis=f"{capture.kind}; {capture.basis}" if capture.priced else f"not priced: {capture.basis}",
+        capture_basis=f"{kinds}; {capture.basis}" if capture.priced else f"not priced: {capture.basis}",
+        capture_notes=capture.notes,
     )
 
 

@@ -273,7 +273,7 @@ def simulate(
     steps: StepTimes | None = None,
     leave_out_above: int | None = None,
 ) -> Simulation:
-    """Replay one engine's trace; with a cost model that has step times, also predict the total
+    """Replay one engine's trace; with a calibration's step times, also predict the total
     step time. A DP plan given one trace: every rank is taken to run this trace, step for step.
     `leave_out_above`: steps of more tokens are counted but not priced (optimize compares plans
     on what they change; such a step runs eager in every candidate)."""
