@@ -595,38 +595,19 @@ def optimize(
         budget.text = f"{max_capture_seconds} s capture"
     else:
         budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
-    try:
+
+    def run(goal: str) -> Optimized:
         return _optimize(
-            spec,
-            traces,
-            step_times,
-            pricer,
-            budget,
-            shared_sizes,
-            objective,
-            max_points,
-            basis.label(),
-            max_pad,
-            blocks,
+            spec, traces, step_times, pricer, budget, shared_sizes, goal, max_points, basis.label(), max_pad, blocks
         )
+
+    try:
+        return run(objective)
     except Unpriced as exc:
         if not padding_fallback or max_slowdown is not None:
             offer = "" if padding_fallback or max_slowdown is not None else FALLBACK_HINT
             raise UsageError(exc.message, MEASURE_HINT + offer) from None
-        result = _optimize(
-            spec,
-            traces,
-            step_times,
-            pricer,
-            budget,
-            shared_sizes,
-            "padding",
-            max_points,
-            basis.label(),
-            max_pad,
-            blocks,
-        )
-        return Optimized(**{**result.__dict__, "fallback": exc.message})
+        return Optimized(**{**run("padding").__dict__, "fallback": exc.message})
 
 
 class Unpriced(Exception):
