@@ -79,3 +79,18 @@ def test_the_documented_recipe_finds_releases_and_only_releases():
         init = subprocess.run(["git", "show", f"{sha}:src/capplan/__init__.py"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout  # fmt: skip
         assert f'__version__ = "{version}"' in init, (sha, subject)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_the_readme_pins_a_release():
+    """The README's install lines pin a release commit: its message `Release X.Y.Z`, its version X.Y.Z."""
+    revs = set(re.findall(r"capplan\.git@([0-9a-zA-Z]+)", (ROOT / "README.md").read_text()))
+    assert len(revs) == 1 and re.fullmatch(r"[0-9a-f]{40}", next(iter(revs))), revs
+    rev = next(iter(revs))
+    subject = subprocess.run(["git", "log", "-1", "--format=%s", rev], cwd=ROOT, capture_output=True, text=True)
+    if subject.returncode != 0 and _shallow():
+        pytest.skip("a shallow clone: the release commit is not in its history")
+    version = subject.stdout.strip().removeprefix("Release ")
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", version), subject.stdout
+    init = subprocess.run(["git", "show", f"{rev}:src/capplan/__init__.py"], cwd=ROOT, capture_output=True, text=True)
+    assert f'__version__ = "{version}"' in init.stdout
