@@ -301,3 +301,21 @@ def test_the_performance_mode_is_carried_and_the_launch_line_keeps_it(workdir):
     )
     bad = run("init", "--", "vllm", "serve", "org/m", "--performance-mode", "fast")
     assert bad.exit_code != 0 and "not one of balanced, interactivity, throughput" in bad.stderr
+
+
+def test_the_dtype_is_carried_as_vllm_names_it_and_a_line_of_another_is_refused(workdir):
+    """`--dtype half` is float16 to vLLM: carried as model.dtype float16 (what prices compare);
+    `auto` is the model's own and not carried. A line of another dtype than the spec's is refused
+    naming the flag; `auto` or the same dtype under its synonym is not."""
+    result = run("init", "-o", "d.yaml", "--", "vllm", "serve", "org/m", "--dtype", "half", "--max-num-seqs", "8")
+    assert result.exit_code == 0, result.output
+    assert run("compile", "d.yaml").exit_code == 0
+    plan = load_plan(Path("d.plan.yaml"))
+    assert plan.spec.model.dtype == "float16" and plan.spec.model.name == "org/m"
+    auto = run("init", "--", "vllm", "serve", "org/m", "--dtype", "auto")
+    assert "dtype" not in yaml.safe_load(auto.stdout)["model"]
+    line = ["vllm", "serve", "org/m", "--max-num-seqs", "8"]
+    for ok in (["--dtype", "float16"], ["--dtype", "half"], ["--dtype", "auto"], []):
+        assert run("apply", "--runner", "mrv2", "--dry-run", "d.plan.yaml", "--", *line, *ok).exit_code == 0, ok
+    refused = run("apply", "--runner", "mrv2", "--dry-run", "d.plan.yaml", "--", *line, "--dtype", "bfloat16")
+    assert refused.exit_code != 0 and "--dtype bfloat16: the spec's model.dtype is float16" in refused.stderr

@@ -237,6 +237,23 @@ def _performance(plan: Plan, have: object, shown: str) -> str | None:
     return f"{shown}: the plan was compiled for performance mode {want} (cudagraph.performance_mode)"
 
 
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's ModelDType (vllm/config/model.py)
+DTYPE_NAMES = {"half": "float16", "float": "float32"}  # the two synonyms vLLM reads as these
+
+
+def _model_dtype(plan: Plan) -> object:
+    return plan.spec.model.dtype if plan.spec.model is not None else None
+
+
+def _dtype(plan: Plan, have: object, shown: str) -> str | None:
+    """A command's dtype against the spec's `model.dtype` (no graph depends on it; the prices do,
+    and the spec must say what the deployment runs): `auto` is the model's own, not compared."""
+    want = _model_dtype(plan)
+    if want is None or have == "auto" or DTYPE_NAMES.get(str(have), have) == DTYPE_NAMES.get(str(want), want):
+        return None
+    return f"{shown}: the spec's model.dtype is {want}, which its prices are of"
+
+
 def _eager(plan: Plan, have: object, shown: str) -> str | None:
     mode = plan.spec.cudagraph.mode.value
     return f"--enforce-eager runs no CUDA graph, the plan cudagraph.mode {mode}" if have and mode != "NONE" else None
@@ -533,6 +550,15 @@ SETTINGS: tuple[Setting, ...] = (
         releases=_encoder_graphs,
         checked=_encoder,
         on_line=_never,
+    ),
+    Setting(
+        "model.dtype",
+        _model_dtype,
+        flag="--dtype",
+        kind="choice",
+        choices=DTYPES,
+        on_line=_never,  # never added (no graph depends on it); a command's other dtype is refused
+        unpinned=_dtype,
     ),
     Setting("enforce_eager", None, flag="--enforce-eager", kind="bool", conflict=_eager),  # no graphs at all
 )

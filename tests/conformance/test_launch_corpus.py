@@ -116,6 +116,10 @@ CORPUS: list[tuple[list[str], str | None]] = [
     (["--performance-mode=interactivity"], None),
     (["--performance-mode", "fast"], None),
     (["--config", "{cfg}"], "performance-mode: throughput\n"),
+    # the dtype: read (the spec's model.dtype), never added
+    (["--dtype", "half"], None),
+    (["--dtype=bfloat16"], None),
+    (["--dtype", "bf16"], None),
     # the model, and a bare --
     (["--model", "other"], None),
     (["--", "--max-num-seqs", "8"], None),

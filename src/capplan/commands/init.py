@@ -221,7 +221,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     from capplan.planfile.write import render_spec
     from capplan.planner.compiler import compile_plan
     from capplan.schemas.validation import describe_validation_error
-    from capplan.settings import BY_NAME, line_values
+    from capplan.settings import BY_NAME, DTYPE_NAMES, line_values
 
     r = request
     out = r.output
@@ -253,6 +253,10 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     for name, value in cmd.values.items():
         if name not in BY_NAME or not _field_path(name):
             continue
+        if name == "model.dtype":  # vLLM's synonyms as one name; `auto` is the model's own (not carried)
+            if value == "auto":
+                continue
+            value = DTYPE_NAMES.get(str(value), value)
         section, _, key = name.partition(".")
         data.setdefault(section, {})[key] = value
         carried.append(f"{cmd.flags.get(name, name)} -> {name}")
@@ -261,7 +265,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     config = _config_of(argv)
     model = _model(argv, start, config)
     if model is not None:
-        data["model"] = {"name": model}
+        data.setdefault("model", {})["name"] = model
         carried.insert(0, f"model {printable(model)} -> model.name")
     if r.moe is not None:
         data.setdefault("parallel", {})["moe"] = r.moe
