@@ -170,6 +170,8 @@ _CLI = (
     ["--spec-tokens", "2"], ["-dp", "1"], ["-dp", "2"], ["--data_parallel_size", "1"], ["--max-model-len", "32K"],
     ["--max-model-len", "32k"], ["--port", "8000"], ["--trust-remote-code"], ["--model", "other"],
     ["--specialize-active-lora"], ["--no-specialize-active-lora"], ["-cc", '{"cudagraph_capture_sizes": [true, 2]}'],
+    ["--performance-mode", "interactivity"], ["--performance-mode=throughput"], ["--performance-mode", "Balanced"],
+    ["--dtype", "bfloat16"], ["--dtype=half"], ["--dtype", "fp8"], ["-cc.cudagraph_capture_sizes+=1,2,x"],
 )  # fmt: skip
 _SAME = (  # the plan's own values, in vLLM's spellings
     ["--max-num-seqs", "256"], ["--max_num_seqs=256"], ["--max-loras=8"], ["--max_loras", "8"],
@@ -178,6 +180,7 @@ _SAME = (  # the plan's own values, in vLLM's spellings
     ["--max-model-len", "32K"], ["-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE", "compile_sizes": [8]}'],
     ["--compilation_config", '{"cudagraph_mode": "full_and_piecewise"}'], ["-cc.cudagraph_mode=FULL_AND_PIECEWISE"],
     ["-cc.cudagraph_specialize_lora=true"], ["--port", "8000"], ["--trust-remote-code"], ["--seed=1"],
+    ["--performance-mode", "balanced"], ["--dtype", "auto"], ["--dtype=float16"],
 )  # fmt: skip
 _FILE = (
     "max-num-seqs: 8", "max_num_seqs: 256", "max-loras: 4", "max_loras: 8", "enforce-eager: true",
@@ -186,6 +189,7 @@ _FILE = (
     "compilation_config: {cudagraph_mode: FULL_AND_PIECEWISE}", "compilation-config.cudagraph_mode: PIECEWISE",
     "max-num-batched-tokens: 8K", "max-model-len: 32768", "data-parallel-size: 2", "spec-tokens: 2",
     "cudagraph-capture-sizes: [1, 2]", "port: 8000", "max-num-se: 8", "specialize-active-lora: true",
+    "performance-mode: interactivity", "performance_mode: balanced", "dtype: bfloat16", "dtype: bf16",
 )  # fmt: skip
 
 

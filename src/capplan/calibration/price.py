@@ -904,7 +904,7 @@ class Pricer:
                 known = cal.identity.shape if cal.identity is not None else None  # its own shape, checked
             else:
                 why_not = f"calibration {cal.name} not used: {basis.note}"
-        shape = self.shape or shape_from_spec(plan.spec) or (known if why_not.endswith("capture runs") else None)
+        shape = self.shape or shape_from_spec(plan.spec) or known
         if shape is not None and self.model is not None and self.model.memory_rate is not None:
             priced = self.model.predict(plan, shape, plan.spec.target.gpu)
             notes = priced.notes + ((why_not,) if why_not else ())
