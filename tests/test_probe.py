@@ -151,6 +151,20 @@ def test_a_probe_refuses_before_starting_anything(stand_in, tmp_path):
     assert "cmd" not in stand_in
 
 
+def test_the_probe_s_log_is_never_written_through_a_link_or_over_an_input(stand_in, tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me")
+    (tmp_path / "cal.log").symlink_to(target)
+    out = tmp_path / "cal.yaml"
+    linked = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(CONFIG), "-o", str(out), "--keep-log"])
+    assert linked.exit_code != 0 and "cal.log" in linked.stderr and "Traceback" not in linked.output
+    assert target.read_text() == "keep me" and not out.exists() and "cmd" not in stand_in  # refused before starting
+    config = tmp_path / "c.log"
+    config.write_text(CONFIG.read_text())
+    same = runner.invoke(app, ["calibrate", str(PLAN), "--model", str(config), "-o", str(tmp_path / "c.yaml")])
+    assert same.exit_code != 0 and "is also an input" in same.stderr and config.read_text() == CONFIG.read_text()
+
+
 # -- the report format -----------------------------------------------------------------------------
 def _report() -> dict:
     plan = load_plan(PLAN)

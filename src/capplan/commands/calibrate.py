@@ -312,8 +312,9 @@ def probe(
     config = model / "config.json" if model.is_dir() else model
     report = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".report.json")
     sources = inputs(plan, config)
-    check_output(output, sources)
-    check_output(report, sources)
+    log_out = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
+    for target in (output, report, log_out):  # the log is written on failure or with keep_log: checked first
+        check_output(target, sources)
     if report.exists() or report.is_symlink():
         raise UsageError(f"{shown(report)}: exists; the probe keeps its report there (move it or pick another -o)")
     if name is not None and (not 0 < len(name) <= 200 or not name.isprintable()):
@@ -368,7 +369,7 @@ def probe(
             finally:
                 elapsed = time.monotonic() - t0
                 _stop(proc)
-        kept = output.with_name(output.name.removesuffix(".yaml").removesuffix(".yml") + ".log")
+        kept = log_out
         if not done or keep_log:
             write_atomic(kept, log_path.read_bytes(), sources)  # never through a link; replaces an earlier log
         if not done:
