@@ -10,7 +10,7 @@ schemas cannot make since they import no planner code."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -18,18 +18,22 @@ from capplan.errors import CapplanError, InputError, PlanError, SpecError, print
 from capplan.schemas.spec import Spec
 from capplan.schemas.validation import describe_validation_error
 
+if TYPE_CHECKING:
+    from capplan.launcher.deployment import DeploymentSettings
+
 DocumentKind = Literal["spec", "plan"]
 
 
 def document_kind(data: object) -> DocumentKind | None:
     """What a YAML document is, decided here alone: a capture plan (it has `format_version`
-    and `graphs`), a spec (no `format_version`, and a spec's `scheduler` or `lora` section),
+    and `graphs`), a spec (no `format_version`, and a spec's `scheduler`, `lora` or `deployment`
+    section),
     or None (neither: each loader says why it refuses it)."""
     if not isinstance(data, dict):
         return None
     if "format_version" in data:
         return "plan" if "graphs" in data else None
-    return "spec" if "scheduler" in data or "lora" in data else None
+    return "spec" if "scheduler" in data or "lora" in data or "deployment" in data else None
 
 
 class WrongDocument(CapplanError):
@@ -92,9 +96,92 @@ def spec_from_data(data: object, source: str) -> Spec:
 
 
 def load_spec(path: Path) -> Spec:
+    """The spec a file holds, with the settings its `deployment` section's vLLM config gives."""
+    return load_deployed_spec(path)[0]
+
+
+def load_deployed_spec(path: Path) -> tuple[Spec, DeploymentSettings | None]:
+    """The spec a file holds and, where it has a `deployment` section, what that vLLM config
+    sets (read as vLLM reads it; each of those settings is the spec's value)."""
     from capplan.files import read_yaml
 
-    return spec_from_data(read_yaml(Path(path), "spec", SpecError), str(path))
+    path = Path(path)
+    data = read_yaml(path, "spec", SpecError)
+    found = None
+    if isinstance(data, dict) and data.get("deployment") is not None:
+        data, found = with_deployment(data, path)
+    return spec_from_data(data, str(path)), found
+
+
+def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], DeploymentSettings]:
+    """A spec's data with the settings of the vLLM config its `deployment` section names merged
+    in. Refused where the spec sets one of them too (two sources of one value), and where a
+    setting the plan needs is left to vLLM to derive from the model."""
+    import os
+    import shlex
+    import sys
+
+    from capplan.files import read_text
+    from capplan.launcher.deployment import read_settings, serve_line_of, server_argv
+    from capplan.schemas.spec import Deployment
+    from capplan.settings import SETTINGS
+
+    name = printable(str(path))
+    try:
+        source = Deployment.model_validate(data["deployment"])
+    except ValidationError as exc:
+        said = describe_validation_error(exc, Deployment)
+        whole = not exc.errors(include_url=False)[0]["loc"]  # the section itself, not one of its keys
+        raise SpecError(f"{name}: deployment{': ' if whole else '.'}{said}") from None
+    folder = path.parent
+    config = None if source.config is None else folder / source.config
+    try:
+        if config is not None:
+            read_text(config, "vLLM config", SpecError)  # there, a file, readable
+        script = None if source.script is None else folder / source.script
+        text = None if script is None else read_text(script, "script", SpecError)
+    except SpecError as exc:
+        key = "config" if source.config is not None and exc.message.startswith(printable(str(config))) else "script"
+        raise SpecError(f"{name}: deployment.{key}: {exc.message}", exc.hint) from None
+    words: list[str] = []
+    label = "deployment.command"
+    if source.command is not None:
+        try:
+            words = shlex.split(source.command)
+        except ValueError as exc:
+            raise SpecError(f"{name}: deployment.command: does not split as a shell line ({exc})") from None
+    elif script is not None and text is not None:
+        label = printable(str(script))
+        words = serve_line_of(text, label, SpecError)
+    try:
+        argv, label = server_argv(config, words, label)
+        found = read_settings(argv, label, sys.executable, dict(os.environ), "spell it out in the vLLM config")
+    except CapplanError as exc:
+        raise SpecError(f"{name}: deployment: {exc.message}", exc.hint) from None
+    found.script = script
+    merged = {key: (dict(value) if isinstance(value, dict) else value) for key, value in data.items()}
+    for field, value in found.fields().items():
+        section, _, key = field.partition(".")
+        given = merged.get(section)
+        if isinstance(given, dict) and key in given:
+            raise SpecError(
+                f"{name}: {field} is set here and by {found.label}: {printable(found.said(field))}",
+                f"remove {field} from the spec: compile reads it from the deployment",
+            )
+        if given is None:
+            merged[section] = given = {}
+        if isinstance(given, dict):
+            given[key] = value
+    for setting in SETTINGS:
+        section, _, key = setting.name.partition(".")
+        given = merged.get(section)
+        if setting.from_model and not (isinstance(given, dict) and key in given):
+            raise SpecError(
+                f"{name}: {setting.name}: {found.label} leaves it to vLLM, which takes it from the model, and the "
+                "plan needs it",
+                f"set the model's value as {setting.name} in the spec, or give {setting.flag} in the vLLM config",
+            )
+    return merged, found
 
 
 def load_calibration(path: Path | None = None):

@@ -8,12 +8,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from capplan.commands import Notes, no_notes
 from capplan.errors import CapplanError, SpecError, StalePlansError, UsageError, printable
 from capplan.planfile.paths import default_plan_path, regenerate_command, relative
 from capplan.schemas.plan import Plan
+
+if TYPE_CHECKING:
+    from capplan.launcher.deployment import DeploymentSettings
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Compiled:
     plan: Plan
     text: str
     data: dict[str, Any] = field(repr=False)
+    deployment: DeploymentSettings | None = field(default=None, repr=False)
 
 
 Action = Literal["up to date", "stale", "dry run", "unchanged", "wrote"]
@@ -64,8 +68,19 @@ def plan_targets(specs: Sequence[Path], options: CompileOptions, notes: Notes = 
         raise UsageError("-o names one plan: give one spec and no --plan-dir")
     targets: list[tuple[Path, Path]] = []
     written: dict[str, Path] = {}  # real path of each plan -> the spec writing it
-    for spec in specs:
+    queue = list(specs)
+    given = {os.path.realpath(s) for s in specs}  # and the specs that read a vLLM config given in their place
+    while queue:
+        spec = queue.pop(0)
         kind = yaml_kind(spec) if options.skip_non_specs else "spec"
+        if kind == "other":
+            readers = specs_reading(spec)
+            if readers:
+                notes(f"{printable(str(spec))}: checked through {', '.join(printable(str(r)) for r in readers)} "
+                      "(whose deployment reads it)")  # fmt: skip
+                queue += [r for r in readers if os.path.realpath(r) not in given]
+                given.update(os.path.realpath(r) for r in readers)
+                continue
         if kind != "spec":
             notes(f"{printable(str(spec))}: skipped, {SKIPPED[kind]}")
             continue
@@ -87,16 +102,41 @@ def plan_targets(specs: Sequence[Path], options: CompileOptions, notes: Notes = 
 
 def compile_target(spec: Path, plan_path: Path) -> Compiled:
     """The plan file `spec` compiles to when written at `plan_path`."""
-    from capplan.loading import load_spec
     from capplan.planfile.write import plan_file_data, render_plan
-    from capplan.planner import compile_plan
 
-    plan = compile_plan(load_spec(spec))
+    plan, found = _compiled(spec)
+    if found is not None:
+        for source in (found.config, found.script):
+            if source is not None and os.path.realpath(source) == os.path.realpath(plan_path):
+                raise UsageError(
+                    f"{printable(str(plan_path))}: is the deployment's vLLM config {spec} reads; refusing to "
+                    "replace it with a plan",
+                    "give the plan another name with -o",
+                )
     folder = plan_path.parent
     data = plan_file_data(plan)
     text = render_plan(plan, relative(spec, folder), regenerate_command(spec, plan_path, folder), data)
     refuse_unloadable(spec, text, data)
-    return Compiled(spec, plan_path, plan, text, data)
+    return Compiled(spec, plan_path, plan, text, data, found)
+
+
+def _compiled(spec: Path) -> tuple[Plan, DeploymentSettings | None]:
+    """The plan a spec compiles to, and what its deployment's vLLM config sets; refused where
+    that config gives a value the plan cannot hold (what `capplan apply` would refuse in it)."""
+    from capplan.launcher.engine_args import contradictions
+    from capplan.loading import load_deployed_spec
+    from capplan.planner import compile_plan
+
+    loaded, found = load_deployed_spec(spec)
+    plan = compile_plan(loaded)
+    if found is not None:
+        problems = contradictions(plan, found.cmd)
+        if problems:
+            raise SpecError(
+                f"{printable(str(spec))}: {found.label}: {printable(problems[0])}",
+                "change the vLLM config: capplan apply would refuse to start it with this plan",
+            )
+    return plan, found
 
 
 def settle(job: Compiled, options: CompileOptions, specs: Sequence[Path] = ()) -> CompileOutcome:
@@ -110,6 +150,9 @@ def settle(job: Compiled, options: CompileOptions, specs: Sequence[Path] = ()) -
         if why is None:
             return CompileOutcome(job, "up to date")
         command = regenerate_command(job.spec, job.plan_path, Path.cwd())
+        moved = _deployment_moves(job)
+        if moved:
+            return CompileOutcome(job, "stale", f"plan is stale ({job.plan_path}: {moved}): run {command}")
         return CompileOutcome(job, "stale", f"plan is stale ({why}): run {command}")
     if options.dry_run:
         return CompileOutcome(job, "dry run")
@@ -121,6 +164,35 @@ def settle(job: Compiled, options: CompileOptions, specs: Sequence[Path] = ()) -
         return CompileOutcome(job, "unchanged")
     write_atomic(job.plan_path, job.text, specs)
     return CompileOutcome(job, "wrote")
+
+
+def _deployment_moves(job: Compiled) -> str | None:
+    """The settings the deployment's vLLM config now gives that the plan file holds otherwise
+    ("vllm.yaml now sets lora.max_loras 10 (--max-loras 10), the plan has 4"), or None."""
+    from capplan.files import read_yaml
+    from capplan.launcher.cmdline import short
+
+    found = job.deployment
+    if found is None:
+        return None
+    try:
+        current = read_yaml(job.plan_path, "plan", CapplanError)
+    except CapplanError:
+        return None
+    held = current.get("spec") if isinstance(current, dict) else None
+    if not isinstance(held, dict):
+        return None
+    moves = []
+    for name in found.fields():
+        section, _, key = name.partition(".")
+        want = job.data["spec"].get(section, {}).get(key)
+        have = held.get(section, {}).get(key, "nothing") if isinstance(held.get(section), dict) else "nothing"
+        if have != want:
+            said = re.sub(r" \(in --config [^)]*\)$", "", printable(found.said(name)))
+            moves.append(f"{name} {short(want)} ({said}), the plan has {short(have)}")
+    if not moves:
+        return None
+    return f"{found.label} now sets " + "; ".join(moves)
 
 
 def refuse_stale(outcomes: Sequence[CompileOutcome]) -> None:
@@ -145,14 +217,55 @@ def refuse_unloadable(spec: Path, text: str, data: dict[str, Any]) -> None:
 def compile_spec(spec: Path) -> Plan:
     """The plan a spec compiles to, refused like `capplan compile` refuses it when no
     command could load its file (for commands that compare specs in memory)."""
-    from capplan.loading import load_spec
     from capplan.planfile.write import plan_file_data, render_plan
-    from capplan.planner import compile_plan
 
-    plan = compile_plan(load_spec(spec))
+    plan, _ = _compiled(spec)
     data = plan_file_data(plan)
     refuse_unloadable(spec, render_plan(plan, spec.name, None, data), data)
     return plan
+
+
+SEARCH_LIMIT = 20000  # YAML files looked at for specs reading a changed vLLM config
+
+
+def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
+    """The specs under `root` (default: the working directory, where the pre-commit hook and the
+    CI job run) whose `deployment` section reads `path` (its config or its script), each as a
+    path relative to `root`. Hidden folders and virtual environments are not searched."""
+    from capplan.files import read_yaml
+
+    root = root or Path(".")
+    try:
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return []
+    found: list[Path] = []
+    seen = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "venv", "__pycache__"))
+        for name in sorted(files):
+            if not name.endswith((".yaml", ".yml")) or name.endswith((".plan.yaml", ".plan.yml")):
+                continue
+            seen += 1
+            if seen > SEARCH_LIMIT:
+                return found
+            candidate = Path(folder) / name
+            try:
+                if os.path.getsize(candidate) > 1 << 20 or b"deployment" not in candidate.read_bytes():
+                    continue
+                data = read_yaml(candidate, "spec", SpecError)
+            except (OSError, SpecError):
+                continue
+            source = data.get("deployment") if isinstance(data, dict) else None
+            if not isinstance(source, dict):
+                continue
+            for key in ("config", "script"):
+                named = source.get(key)
+                if isinstance(named, str) and named and "\x00" not in named:
+                    if os.path.realpath(candidate.parent / named) == target:
+                        found.append(Path(os.path.normpath(candidate)))
+                        break
+    return found
 
 
 SKIPPED = {
@@ -164,6 +277,8 @@ SKIPPED = {
 def yaml_kind(path: Path) -> Literal["spec", "plan", "other"]:
     """What a YAML file is, for `compile --skip-non-specs` (the pre-commit hook and the example
     CI job pass every YAML file): a capplan spec, a capplan plan, or another tool's file."""
+    if not path.name.endswith((".yaml", ".yml")):
+        return "other"  # a script the hook passes: checked through the specs that read it, if any
     if looks_like_plan(path):
         return "plan"
     return "spec" if looks_like_spec(path) else "other"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from capplan.commands import Notes, inputs, no_notes
 from capplan.errors import CapplanError, UsageError, printable
@@ -64,69 +64,9 @@ class Initialized:
 
 def _argv(request: InitRequest) -> tuple[list[str], str]:
     """The vLLM server command to read, and how messages name the deployment."""
-    from capplan.launcher.cmdline import server_start
+    from capplan.launcher.deployment import server_argv
 
-    argv = list(request.command)
-    config = request.config
-    if not argv and config is None:
-        raise UsageError(
-            "give the deployment: --config vllm.yaml, or its serve line after --",
-            "e.g. capplan init --config vllm.yaml -o deploy.yaml",
-        )
-    if argv and server_start(argv) is None:
-        raise UsageError(
-            f"{printable(' '.join(argv))[:60]}: not a `vllm serve` or `python -m vllm.entrypoints.openai.api_server` "
-            "command",
-            "give the line that starts vLLM after --",
-        )
-    if config is not None:
-        if any(a == "--config" or a.startswith("--config=") for a in argv):
-            raise UsageError("the serve line gives --config too", "give the config file once")
-        argv = (argv or ["vllm", "serve"]) + ["--config", str(config)]
-    source = " and ".join(
-        ([printable(str(config))] if config is not None else []) + (["the serve line"] if request.command else [])
-    )
-    return argv, source
-
-
-def _config_of(argv: list[str]) -> Path | None:
-    """The `--config FILE` of a server command (vLLM reads no other spelling of it)."""
-    at = next((i for i, a in enumerate(argv) if a == "--config"), None)
-    return Path(argv[at + 1]) if at is not None and at + 1 < len(argv) else None
-
-
-def _model(argv: list[str], start: int, config: Path | None) -> str | None:
-    """The model the command serves: `serve MODEL`, else the last `--model` on the line, else the file's."""
-    from capplan.launcher.cmdline import config_args
-
-    serve = Path(argv[0]).name == "vllm" or "vllm.entrypoints.cli.main" in argv
-    if serve and argv[start - 1] != "serve" and not argv[start - 1].startswith("-"):
-        return argv[start - 1]
-    line = [a for i, a in enumerate(argv) if i >= start and not (a == "--config" or argv[i - 1] == "--config")]
-    for words in (line, config_args(str(config)) if config is not None else []):
-        found = None
-        for i, a in enumerate(words):
-            if a == "--model" and i + 1 < len(words):
-                found = words[i + 1]
-            elif a.startswith("--model="):
-                found = a.split("=", 1)[1]
-        if found is not None:
-            return found
-    return None
-
-
-def _field_path(name: str) -> bool:
-    """Whether a setting's name (`lora.max_loras`) is a field of the spec."""
-    model: type[BaseModel] | None = Spec
-    for part in name.split("."):
-        if model is None or part not in model.model_fields:
-            return False
-        annotation = model.model_fields[part].annotation
-        args = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
-        model = (
-            annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else next(iter(args), None)
-        )
-    return True
+    return server_argv(request.config, request.command)
 
 
 def _other_settings(argv: list[str], start: int, config: Path | None, cmd: Any) -> list[str]:
@@ -206,67 +146,31 @@ def _json_keys(flag: str, word: str, words: list[tuple[str, str]], k: int) -> li
 def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     """The spec a vLLM deployment's settings make, written to `request.output` when given."""
     from capplan.files import check_output, write_atomic
-    from capplan.launcher.cmdline import (
-        CHECK_WITH_VLLM,
-        read_command,
-        read_resolved,
-        read_with_vllm,
-        server_start,
-        short,
-    )
+    from capplan.launcher.cmdline import short
+    from capplan.launcher.deployment import config_of, is_spec_field, read_settings
     from capplan.launcher.engine_args import contradictions
     from capplan.launcher.launch import target_python
-    from capplan.launcher.vllm_cli import resolution_of
     from capplan.loading import spec_from_data
     from capplan.planfile.write import render_spec
     from capplan.planner.compiler import compile_plan
     from capplan.schemas.validation import describe_validation_error
-    from capplan.settings import BY_NAME, DTYPE_NAMES, line_values
+    from capplan.settings import BY_NAME, line_values
 
     r = request
     out = r.output
     if out is not None:
-        check_output(out, inputs(r.config, _config_of(r.command)))
+        check_output(out, inputs(r.config, config_of(r.command)))
         if os.path.lexists(out) and not r.force:
             raise UsageError(f"{printable(str(out))}: exists; refusing to replace a spec", "give --force to replace it")
     argv, source = _argv(r)
-    start = server_start(argv)
-    assert start is not None
     python = r.python or target_python(argv) or sys.executable
-    results = read_with_vllm(python, [argv], dict(os.environ) if r.env is None else r.env)
-    if results is not None:
-        cmd = read_resolved(argv, resolution_of(results[0]))
-        reader = "read by vLLM's own argument parser"
-    else:
-        try:
-            own = read_command(argv)
-        except CapplanError as exc:
-            if exc.hint != CHECK_WITH_VLLM:
-                raise
-            raise CapplanError(exc.message, "spell it out, or run capplan init where vLLM is installed") from None
-        assert own is not None
-        cmd = own
-        reader = "read by capplan's own reader (vLLM is not importable here)"
-
-    data: dict[str, Any] = {}
-    carried: list[str] = []
-    for name, value in cmd.values.items():
-        if name not in BY_NAME or not _field_path(name):
-            continue
-        if name == "model.dtype":  # vLLM's synonyms as one name; `auto` is the model's own (not carried)
-            if value == "auto":
-                continue
-            value = DTYPE_NAMES.get(str(value), value)
-        section, _, key = name.partition(".")
-        data.setdefault(section, {})[key] = value
-        carried.append(f"{cmd.flags.get(name, name)} -> {name}")
-    if "lora" in data and "enabled" not in data["lora"]:
-        data["lora"]["enabled"] = False  # vLLM serves no adapter without --enable-lora
-    config = _config_of(argv)
-    model = _model(argv, start, config)
-    if model is not None:
-        data.setdefault("model", {})["name"] = model
-        carried.insert(0, f"model {printable(model)} -> model.name")
+    found = read_settings(
+        argv, source, python, dict(os.environ) if r.env is None else r.env,
+        "spell it out, or run capplan init where vLLM is installed",
+    )  # fmt: skip
+    cmd, reader, start, config = found.cmd, found.reader, found.start, found.config
+    data: dict[str, Any] = {section: dict(values) for section, values in found.data.items()}
+    carried = list(found.carried)
     if r.moe is not None:
         data.setdefault("parallel", {})["moe"] = r.moe
     data["target"] = {"vllm": r.vllm or _installed_vllm(notes)}
@@ -305,7 +209,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
             else ""
         )
         for name in pinned
-        if name not in cmd.values and _field_path(name) and name in BY_NAME
+        if name not in cmd.values and is_spec_field(name) and name in BY_NAME
     ]
     text = _header(r, source, reader, carried, not_carried, defaults) + render_spec(spec)
     if out is not None:

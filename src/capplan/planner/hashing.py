@@ -23,7 +23,7 @@ def spec_data(spec: Spec) -> dict[str, Any]:
     data = spec.model_dump(mode="json")
     if data["cudagraph"].get("lora_case_sizes") is None:
         data["cudagraph"].pop("lora_case_sizes", None)
-    for section in ("multimodal", "model", "tiers"):
+    for section in ("multimodal", "model", "tiers", "deployment"):
         if data.get(section, 0) is None:
             data.pop(section)
     if data.get("model"):
@@ -50,8 +50,9 @@ FINGERPRINT_IGNORE = {
     ("parallel", "pipeline_parallel_size"),
     ("target", "gpu"),
 }
-# model: what a calibration is checked against; tiers: when each graph is captured, not which exist.
-FINGERPRINT_IGNORE_SECTIONS = {"model", "tiers"}
+# model: what a calibration is checked against; tiers: when each graph is captured, not which exist;
+# deployment: where the settings were read from (the settings themselves are in the spec).
+FINGERPRINT_IGNORE_SECTIONS = {"model", "tiers", "deployment"}
 
 
 def fingerprint(spec: Spec, capture_sizes: list[int], lora_cases: list[int]) -> str:

@@ -433,6 +433,50 @@ class Model(_Strict):
     )
 
 
+class Deployment(_Strict):
+    """The deployment's own vLLM config, read by `capplan compile` as vLLM reads it.
+
+    Every setting the config gives comes from it: the spec does not repeat it (a spec that sets
+    one too is refused), so a change to the config makes the checked-in plan stale.
+    """
+
+    config: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        pattern=PRINTABLE,
+        description="vLLM's --config YAML file, relative to the spec's folder (or absolute).",
+    )
+    command: str | None = Field(
+        None,
+        min_length=1,
+        max_length=20000,
+        pattern=PRINTABLE,
+        description=(
+            "The line that starts vLLM, as a shell would split it (`vllm serve MODEL --max-loras 4`, or "
+            "`python -m vllm.entrypoints.openai.api_server ...`)."
+        ),
+    )
+    script: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        pattern=PRINTABLE,
+        description=(
+            "A file that holds the line that starts vLLM (a shell script), relative to the spec's folder: its one "
+            "line that starts vLLM is read (backslash continuations joined, comments dropped)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_line(self) -> Deployment:
+        if self.config is None and self.command is None and self.script is None:
+            raise ValueError("name the deployment's vLLM config: config (a vllm.yaml), command or script")
+        if self.command is not None and self.script is not None:
+            raise ValueError("give the serve line once: command or script, not both")
+        return self
+
+
 class Multimodal(_Strict):
     """A multimodal model's encoder on MRV2 (vision tower and connector), as far as graphs
     and LoRA are concerned. The model's own encoder CUDA-graph limits (its
@@ -515,6 +559,13 @@ class Spec(_Strict):
         description=(
             "The model served (name, architecture, parameters, ...). Optional; when given, estimates from a "
             "calibration of another model are withheld."
+        ),
+    )
+    deployment: Deployment | None = Field(
+        None,
+        description=(
+            "The deployment's own vLLM config (its vllm.yaml and/or serve line): compile reads every setting "
+            "they give from there, and the spec leaves those settings out. Absent: the spec is standalone."
         ),
     )
     tiers: Tiers | None = Field(
