@@ -66,7 +66,9 @@ def test_compilation_config_json_dotted_and_list_forms_are_read():
 def test_what_the_command_leaves_out_is_added_and_the_result_reads_back_as_the_plan():
     argv, added = complete(PLAN, read_command(SERVE))
     assert argv[:3] == SERVE and added == argv[3:]
-    assert added[:2] == ["--max-num-seqs", "256"] and "--max-loras" in added and "--specialize-active-lora" in added
+    assert added[:2] == ["--max-loras", "8"] and "--specialize-active-lora" in added
+    # vLLM derives these where the line leaves them out (from the model, from the GPU): never added
+    assert not {"--max-num-seqs", "--max-num-batched-tokens", "--max-model-len"} & set(added)
     again = read_command(argv)
     assert contradictions(PLAN, again) == [] and complete(PLAN, again)[1] == []  # nothing left to add
 
@@ -152,18 +154,21 @@ def test_apply_without_vllm_refuses_at_once_and_the_dry_run_names_the_contradict
 def test_apply_dry_run_prints_the_flags_it_adds_and_the_command_without_vllm():
     proc = run_cli("apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M")
     assert proc.returncode == 0, proc.stderr
-    reader, note, left = proc.stderr.splitlines()  # vLLM is not installed here: capplan's own reader read the line
+    reader, note, *left = proc.stderr.splitlines()  # vLLM is not installed here: capplan's own reader read the line
     assert reader.startswith("capplan: vLLM's argument parser could not be run with ") and "own reader" in reader
-    assert note.startswith("capplan: added from the plan: --max-num-seqs 256 --max-num-batched-tokens 8192")
-    assert "--max-loras 8" in note
-    # vLLM derives max_model_len from the model where the line leaves it out: never added, the
-    # engine compares its own with the plan's
-    assert "--max-model-len" not in note and left.startswith("capplan: --max-model-len left to vLLM")
+    assert note.startswith("capplan: added from the plan: --max-loras 8")
+    # vLLM derives max_num_seqs and max_num_batched_tokens from the GPU, and max_model_len from the
+    # model, where the line leaves them out: never added, the engine compares its own with the plan's
+    derived = ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len")
+    assert [line.split(" left to vLLM")[0] for line in left] == [f"capplan: {flag}" for flag in derived]
+    assert "derives it from the GPU it starts on" in left[0] and "derives it from the model" in left[2]
     command = shlex.split(proc.stdout)
-    assert command[:3] == ["vllm", "serve", "M"] and "--max-model-len" not in command
+    assert command[:3] == ["vllm", "serve", "M"] and not set(derived) & set(command)
     assert contradictions(PLAN, read_command(command)) == []
+    s = PLAN.spec.scheduler
     given = run_cli("apply", "--runner", "mrv2", "--dry-run", str(PLAN_PATH), "--", "vllm", "serve", "M",
-                    "--max-model-len", str(PLAN.spec.scheduler.max_model_len))  # fmt: skip
+                    "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+                    "--max-num-batched-tokens", str(s.max_num_batched_tokens))  # fmt: skip
     assert given.returncode == 0 and "left to vLLM" not in given.stderr
 
 

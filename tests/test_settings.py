@@ -154,8 +154,8 @@ def test_a_command_is_completed_with_every_setting_the_plan_pins_and_flags_print
     assert added and full[: len(SERVE)] == SERVE
     again = read_command(full)
     for name, value in want.items():
-        # each pinned row, read back as the plan's; what vLLM derives from the model left to it
-        assert again.values.get(name) == (None if BY_NAME[name].from_model else value), name
+        # each pinned row, read back as the plan's; what vLLM derives (from the model, the GPU) left to it
+        assert again.values.get(name) == (None if BY_NAME[name].derived_from else value), name
     assert contradictions(PLAN, again) == [] and complete(PLAN, again)[1] == []
     printed = read_command([*SERVE, *flags_for(PLAN)])  # `capplan flags`: all but the draft, which is the user's
     for name, value in want.items():

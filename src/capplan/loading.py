@@ -175,10 +175,10 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
     for setting in SETTINGS:
         section, _, key = setting.name.partition(".")
         given = merged.get(section)
-        if setting.from_model and not (isinstance(given, dict) and key in given):
+        if setting.derived_from and not (isinstance(given, dict) and key in given):
             raise SpecError(
-                f"{name}: {setting.name}: {found.label} leaves it to vLLM, which takes it from the model, and the "
-                "plan needs it",
+                f"{name}: {setting.name}: {found.label} leaves it to vLLM, which derives it from "
+                f"{setting.derived_from}, and the plan needs it",
                 f"set the model's value as {setting.name} in the spec, or give {setting.flag} in the vLLM config",
             )
     return merged, found

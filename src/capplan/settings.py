@@ -94,6 +94,9 @@ class Setting:
     """The flag takes vLLM's human-readable integers (1k = 1000, 1K = 1024)."""
     from_model: bool = False
     """`auto` or -1 on the flag leave the value to the model: not read from the command."""
+    from_gpu: bool = False
+    """vLLM's default depends on the GPU it starts on (its memory and name) and on how it is started
+    (`vllm serve` or `LLM`): the plan cannot know it, so it is never added to an operator's command."""
     negatable: bool = False
     """Completed as `--no-FLAG` where the plan's value is false (other switches only when true)."""
     compilation: str | None = None
@@ -128,6 +131,11 @@ class Setting:
     """A setting no spec field gives (the plan supports its one value): what to do about another
     value, which the command line's check and the in-engine checks refuse with it (such a row
     says `on_line=_never`: its one value is vLLM's default, never added)."""
+
+    @property
+    def derived_from(self) -> str | None:
+        """What vLLM derives the setting from where a command leaves it out, if it derives it."""
+        return "the model" if self.from_model else "the GPU it starts on" if self.from_gpu else None
 
     @property
     def label(self) -> str:
@@ -344,6 +352,7 @@ SETTINGS: tuple[Setting, ...] = (
         lambda p: p.spec.scheduler.max_num_seqs,
         config=Read("scheduler_config.max_num_seqs"),
         flag="--max-num-seqs",
+        from_gpu=True,
     ),
     Setting(
         "scheduler.max_num_batched_tokens",
@@ -351,6 +360,7 @@ SETTINGS: tuple[Setting, ...] = (
         config=Read("scheduler_config.max_num_batched_tokens"),
         flag="--max-num-batched-tokens",
         human=True,
+        from_gpu=True,
     ),
     Setting(
         "scheduler.max_model_len",

@@ -203,9 +203,9 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     defaults = [
         f"{name} {short(pinned[name])}"
         + (
-            f" (vLLM derives it from the model: `capplan apply` leaves it to vLLM, and the engine refuses to start "
-            f"where the model's differs; set the model's here, or give {BY_NAME[name].flag})"
-            if BY_NAME[name].from_model
+            f" (vLLM derives it from {BY_NAME[name].derived_from}: `capplan apply` leaves it to vLLM, and the engine "
+            f"refuses to start where vLLM's differs; set vLLM's here, or give {BY_NAME[name].flag})"
+            if BY_NAME[name].derived_from
             else ""
         )
         for name in pinned

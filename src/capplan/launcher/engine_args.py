@@ -59,27 +59,27 @@ def _by_flag(setting: Setting) -> bool:
     return setting.flag is not None and setting.kind in ("int", "bool", "choice")
 
 
-def left_to_model(plan: Plan, cmd: Command) -> list[Setting]:
-    """The plan's settings that vLLM derives from the model where the command leaves them out
-    (`max_model_len` from its config.json): never added to an operator's command (that would
-    change the deployment: a 128k model served at the spec's 4k); the engine compares vLLM's own
-    value with the plan's and refuses a difference before any weight loads."""
+def left_to_vllm(plan: Plan, cmd: Command) -> list[Setting]:
+    """The plan's settings that vLLM derives where the command leaves them out (`max_model_len`
+    from the model's config.json, `max_num_seqs` from the GPU): never added to an operator's
+    command (that would change the deployment: a 128k model served at the spec's 4k); the engine
+    compares vLLM's own value with the plan's and refuses a difference before any weight loads."""
     want = line_values(plan)
     return [
         s
         for s in SETTINGS
-        if s.from_model and s.name in want and s.name not in cmd.values and s.name not in cmd.from_model
+        if s.derived_from and s.name in want and s.name not in cmd.values and s.name not in cmd.from_model
     ]  # (`auto` or -1 on the line: the operator left it to vLLM already)
 
 
 def complete(plan: Plan, cmd: Command, fill_model: bool = False) -> tuple[list[str], list[str]]:
     """(the command with what the plan determines and it leaves out, what was added). What vLLM
-    derives from the model is added only with `fill_model` (`flags`: a line built from the plan
-    alone, where there is no operator's value to keep)."""
+    derives (from the model, from the GPU) is added only with `fill_model` (`flags`: a line built
+    from the plan alone, where there is no operator's value to keep)."""
     want = line_values(plan)
     argv = list(cmd.argv)
     added: list[str] = []
-    to_model = set() if fill_model else {s.name for s in left_to_model(plan, cmd)}
+    to_model = set() if fill_model else {s.name for s in left_to_vllm(plan, cmd)}
     needed = [
         s
         for s in SETTINGS
@@ -229,12 +229,12 @@ def prepare(
         )
     full, added = complete(plan, cmd)
     lines = [*reader, f"capplan: added from the plan: {shlex.join(added)}"] if added else list(reader)
-    for s in left_to_model(plan, cmd):
+    for s in left_to_vllm(plan, cmd):
         value = line_values(plan)[s.name]
         lines.append(
-            f"capplan: {s.flag} left to vLLM, which derives it from the model (the plan has {short(value)}); the "
-            f"engine refuses to start before loading weights if vLLM's differs (give {s.flag} {short(value)} "
-            "to serve the plan's)"
+            f"capplan: {s.flag} left to vLLM, which derives it from {s.derived_from} (the plan has "
+            f"{short(value)}); the engine refuses to start before loading weights if vLLM's differs "
+            f"(give {s.flag} {short(value)} to serve the plan's)"
         )
     if cmd.unread:
         lines.append(f"capplan: not read here, checked by the engine: {shlex.join(cmd.unread)}")

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# release_run.py (the plan in force under `vllm serve`, every server alone, one after another) on one
+# vLLM release, in device calls of at most 10 minutes, from the repository root of the GPU machine.
+#   bash tests/gpu/release_bench.sh stage BUNDLE          # keep the part1a/part1b pieces carried in this call
+#   bash tests/gpu/release_bench.sh BUNDLE WAIT_SECONDS   # run (first call) or go on waiting (later calls)
+# `stage` copies whichever of BUNDLE/part1a and BUNDLE/part1b this call carried to /tmp/vpart1-NAME
+# (NAME: the bundle folder's name); it touches nothing else, so it can ride on a call that waits for
+# another release's run. A run call with part2 (and .carry/src.tgz on a fresh machine) carried:
+# - where /tmp/vsite holds no bundle or another one (/tmp/vsite/.bundle) and no run is going on, it
+#   empties /tmp/vsite and unpacks the staged part1 there (what device_setup.sh part1a + part1b do),
+#   so that two releases' files are never mixed; device_env.sh then unpacks part2 and installs capplan
+#   from .carry/src.tgz (`git archive` of the commit under test, its hash in COMMIT);
+# - it starts `release_run.py /tmp/rr-RELEASE /tmp/rr-RELEASE/release_run.json` in the background
+#   (setsid nohup), once: a run that is going on or has ended is never started again;
+# - every call waits up to WAIT_SECONDS (counted from the call's start) for the run to end, then
+#   brings back what exists: release_run.json (once written), bench.out, env.txt (the command, the
+#   commit, GPU and host CPU) and files.tgz (every server's log, report and trace, the specs and plans).
+# Later calls need no carried files: the run goes on as long as the machine is held (the next call
+# within the 30 s it stays warm). release_run.py runs from /tmp/capplan-src (the commit under test);
+# this script itself runs from the working tree.
+set -euo pipefail
+if [ "${1:-}" = stage ]; then
+  B=${2:?bundle folder}; B=${B%/}; P=/tmp/vpart1-$(basename "$B")
+  mkdir -p "$P"
+  for f in "$B"/part1a/vllm_C.tar.xz.00 "$B"/part1b/vllm_C.tar.xz.01; do
+    if [ -f "$f" ]; then cp "$f" "$P/" && echo "staged $f"; fi
+  done
+  ls -la "$P"
+  exit 0
+fi
+B=${1:?bundle folder}; B=${B%/}; WAIT=${2:?seconds}
+NAME=$(basename "$B"); P=/tmp/vpart1-$NAME
+running() { [ -f "$1/job.pid" ] && kill -0 "$(cat "$1/job.pid")" 2>/dev/null; }
+REPO=$PWD
+busy=""
+for d in /tmp/rr-*/; do
+  if [ -d "$d" ] && running "${d%/}"; then busy=${d%/}; fi
+done
+if [ -n "$busy" ] && [ "$(cat "$busy/bundle")" != "$B" ]; then
+  echo "another release's run is going on ($busy, bundle $(cat "$busy/bundle")): wait for it first" >&2
+  exit 3
+fi
+if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
+  mkdir -p "$P"
+  for f in "$B"/part1a/vllm_C.tar.xz.00 "$B"/part1b/vllm_C.tar.xz.01; do
+    if [ -f "$f" ]; then cp "$f" "$P/"; fi
+  done
+  [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ] || { echo "NEED part1a and part1b of $B staged ($P)" >&2; exit 3; }
+  echo "switching /tmp/vsite to $B (was: $(cat /tmp/vsite/.bundle 2>/dev/null || echo none))"
+  rm -rf /tmp/vsite && mkdir -p /tmp/vsite
+  cat "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C /tmp/vsite
+fi
+source tests/gpu/device_env.sh          # part2 if not there yet, capplan from src.tgz; cd /tmp/capplan-src
+REL=$(basename /tmp/vsite/vllm-*.dist-info .dist-info); REL=${REL#vllm-}
+W=/tmp/rr-$REL
+mkdir -p "$W"
+if [ ! -f "$W/job.pid" ]; then
+  echo "$B" >"$W/bundle"
+  CMD="python3 tests/gpu/release_run.py $W $W/release_run.json"
+  {
+    echo "command: $CMD   (cwd /tmp/capplan-src, started by tests/gpu/release_bench.sh $B $WAIT)"
+    echo "started: $(date -u +%FT%TZ)"
+    echo "capplan commit: $CAPPLAN_COMMIT (/tmp/capplan-src from .carry/src.tgz)"
+    echo "vllm: $REL ($B; /tmp/vsite/.bundle: $(cat /tmp/vsite/.bundle))"
+    echo "VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-unset}"
+    echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo '?')"
+    echo "host cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible"
+    echo "release_bench.sh sha256: $(sha256sum "$REPO/tests/gpu/release_bench.sh" | cut -c1-64) (working tree)"
+  } >"$W/env.txt"
+  setsid nohup $CMD >>"$W/bench.out" 2>&1 </dev/null &
+  echo $! >"$W/job.pid"
+elif ! running "$W" && [ ! -f "$W/release_run.json" ]; then
+  echo "the run in $W ended without release_run.json: not started again (see bench.out)"
+fi
+while running "$W" && [ "$SECONDS" -lt "$WAIT" ]; do sleep 5; done
+tail -n 40 "$W/bench.out" || true
+cp "$W/env.txt" "$W/bench.out" "$OUT/" 2>/dev/null || true
+cp "$W/release_run.json" "$OUT/" 2>/dev/null || true
+(cd "$W" && tar -czf "$OUT/files.tgz" --ignore-failed-read *.log *.report.json *.trace.jsonl *.yaml 2>/dev/null) || true
+ls -la "$W"
+running "$W" && echo "release run $REL still running ($SECONDS s into this call)" || echo "release run $REL not running"
+ls -la "$OUT"
