@@ -82,7 +82,9 @@ def plan_targets(specs: Sequence[Path], options: CompileOptions, notes: Notes = 
                 given.update(os.path.realpath(r) for r in readers)
                 continue
         if kind != "spec":
-            notes(f"{printable(str(spec))}: skipped, {SKIPPED[kind]}")
+            yaml_file = spec.name.endswith((".yaml", ".yml"))
+            why = SKIPPED[kind] if yaml_file else "not YAML, and no spec's deployment reads it"
+            notes(f"{printable(str(spec))}: skipped, {why}")
             continue
         plan_path = options.output or default_plan_path(spec)
         if options.plan_dir is not None:
