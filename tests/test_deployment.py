@@ -137,7 +137,10 @@ def test_a_config_no_spec_reads_is_still_skipped(repo):
             "error: deploy/spec.yaml: model.name is set here and by deploy/vllm.yaml: model.name (remove model.name "
             "from the spec: compile reads it from the deployment)",
         ),
-        ("deployment: {config: nope.yaml}\n", "error: deploy/spec.yaml: deployment.config: deploy/nope.yaml: no such file"),
+        (
+            "deployment: {config: nope.yaml}\n",
+            "error: deploy/spec.yaml: deployment.config: deploy/nope.yaml: no such file",
+        ),
         ("deployment: {config: ..}\n", "error: deploy/spec.yaml: deployment.config: deploy/..: is a directory"),
         (
             "deployment: {}\n",
@@ -250,7 +253,9 @@ def test_a_script_with_no_or_two_serve_lines_is_refused(script, message):
         st.lists(st.text(max_size=5), max_size=3),
         st.dictionaries(
             st.sampled_from(["config", "command", "script", "other"]),
-            st.one_of(st.none(), st.integers(), st.booleans(), st.text(max_size=40), st.lists(st.integers(), max_size=2)),
+            st.one_of(
+                st.none(), st.integers(), st.booleans(), st.text(max_size=40), st.lists(st.integers(), max_size=2)
+            ),
             max_size=3,
         ),
     )
