@@ -271,3 +271,31 @@ def test_any_deployment_section_compiles_or_is_one_error(section, tmp_path_facto
     except SpecError as exc:
         assert "\n" not in exc.message and exc.message.startswith(str(path))
     assert sorted(os.listdir(folder)) == ["serve.sh", "spec.yaml", "vllm.yaml"]
+
+
+def test_flags_of_a_deployment_spec_keeps_the_operators_line_whole(repo):
+    Path("deploy/serve.sh").write_text(
+        "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8001 --enable-prefix-caching --max-lora-rank 32 "
+        "--gpu-memory-utilization 0.85\n"
+    )
+    Path("deploy/spec.yaml").write_text("deployment: {config: vllm.yaml, script: serve.sh}\n")
+    result = run("flags", "deploy/spec.yaml")
+    assert result.exit_code == 0, result.output
+    import shlex
+
+    words = shlex.split(result.stdout)
+    assert words[0] == "CAPPLAN_PLAN=deploy/spec.plan.yaml" and words[1:3] == ["vllm", "serve"]
+    line = " ".join(words)
+    for kept in ("--port 8001", "--enable-prefix-caching", "--max-lora-rank 32", "--gpu-memory-utilization 0.85",
+                 "--config deploy/vllm.yaml"):  # fmt: skip
+        assert kept in line, kept
+    # what the plan adds is what vLLM would resolve anyway: nothing the operator set is repeated or changed
+    assert "--max-loras" not in line and "--max-num-seqs" not in line and "--compilation-config" in line
+    assert run("flags", "deploy/spec.yaml", "--format", "json").stdout.lstrip().startswith("[")
+    assert run("flags", "deploy/spec.yaml", "--format", "yaml").exit_code == 2
+    assert run("compile", "deploy/spec.yaml").exit_code == 0
+    from_plan = run("flags", "deploy/spec.plan.yaml")
+    assert from_plan.exit_code == 0 and "`capplan flags SPEC` prints the deployment's own line" in from_plan.stderr
+    Path("alone.yaml").write_text("lora: {enabled: true}\n")
+    alone = run("flags", "alone.yaml")
+    assert alone.exit_code == 2 and "a spec with no deployment section" in alone.stderr

@@ -386,16 +386,29 @@ def init_cmd(
 
 @app.command("flags", help=h.FLAGS_HELP)
 @_errors_to_exit
-def flags_cmd(plan: h.PlanFile, form: h.FlagsFormat = "serve", calibration: h.FlagsCalibration = None) -> None:
-    from capplan.commands.inspect import graph_reserve
+def flags_cmd(
+    plan: h.PlanOrDeploymentSpec, form: h.FlagsFormat = "serve", calibration: h.FlagsCalibration = None
+) -> None:
+    from capplan.commands.inspect import deployment_flags, graph_reserve
     from capplan.launcher.engine_args import render
+    from capplan.loading import SpecGivenForPlan
     from capplan.planfile.read import load_plan
     from capplan.present.show import reserve_line
 
     if form not in ("serve", "python", "json", "yaml"):
         raise UsageError(f"--format must be serve, python, json or yaml (got {form!r})")
-    loaded = load_plan(plan)
+    try:
+        loaded = load_plan(plan)
+    except SpecGivenForPlan:  # a spec whose deployment names its vLLM config: that line, completed
+        typer.echo(deployment_flags(plan, form))
+        return
     typer.echo(render(loaded, form, str(plan)))
+    if loaded.spec.deployment is not None:
+        typer.echo(
+            "# the plan's settings come from its spec's deployment; `capplan flags SPEC` prints the deployment's "
+            "own line (every setting it gives) with what the plan adds",
+            err=True,
+        )
     priced = graph_reserve(plan, loaded, calibration)
     if priced is not None:  # on stderr: the arguments on stdout stay whole for a pipe
         for line in (reserve_line(priced), f"({priced.kind}; {priced.basis})", *priced.notes):

@@ -12,6 +12,13 @@ from capplan.calibration.budget import MARGIN_RULE
 from capplan.runtime.deferred.pauses import DEFAULT_SLOW_EVERY, DEFAULT_STEP_PAUSE_MS
 
 PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
+PlanOrDeploymentSpec = Annotated[
+    Path,
+    typer.Argument(
+        help="Plan file (.plan.yaml), or a spec whose deployment section names the deployment's vLLM config.",
+        show_default=False,
+    ),
+]
 CalibrationOption = Annotated[
     Path | None,
     typer.Option(
@@ -560,6 +567,12 @@ Speculative decoding needs your draft method: the line before says what to
 add. --format json lists the arguments alone; set CAPPLAN_PLAN yourself (and,
 with --data-parallel-backend ray, VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=CAPPLAN_).
 --format yaml gives them as a `vllm serve --config` file's keys, to merge into yours.
+
+Given a spec whose deployment section names the deployment's vLLM config
+(vllm.yaml, serve line or script) in place of PLAN: that deployment's own
+line, every setting it gives kept, with only what the plan adds (what
+`capplan apply` would run), CAPPLAN_PLAN naming the plan `capplan compile`
+writes beside the spec.
 """
 FlagsCalibration = Annotated[
     Path | None,

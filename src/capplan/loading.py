@@ -179,7 +179,7 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
             raise SpecError(
                 f"{name}: {setting.name}: {found.label} leaves it to vLLM, which derives it from "
                 f"{setting.derived_from}, and the plan needs it",
-                f"set the model's value as {setting.name} in the spec, or give {setting.flag} in the vLLM config",
+                f"set the value vLLM derives as {setting.name} in the spec, or give {setting.flag} in the vLLM config",
             )
     return merged, found
 

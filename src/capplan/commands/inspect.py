@@ -269,3 +269,33 @@ def verify(plan_path: Path) -> VerifyReport:
 
     # A loaded plan is the one its spec compiles to (the loader compared them): no second compile.
     return verify_plan(load_plan(plan_path), consistency=False)
+
+
+def deployment_flags(spec_path: Path, form: str) -> str:
+    """`capplan flags SPEC` for a spec whose `deployment` section names the deployment's vLLM
+    config: the deployment's own line (its --config file and every flag it gives, kept whole)
+    with what the plan adds, as `capplan apply` would run it; CAPPLAN_PLAN names the plan
+    `capplan compile SPEC` writes."""
+    import json
+    import shlex
+
+    from capplan.commands.compile import compile_target
+    from capplan.launcher.engine_args import PLAN_ENV, complete
+    from capplan.planfile.paths import default_plan_path
+
+    plan_path = default_plan_path(spec_path)
+    job = compile_target(spec_path, plan_path)
+    if job.deployment is None:
+        raise UsageError(
+            f"{printable(str(spec_path))}: a spec with no deployment section (the plan alone gives the arguments)",
+            "give its plan: capplan flags PLAN",
+        )
+    if form == "yaml":
+        raise UsageError(
+            f"{printable(str(spec_path))}: its settings are in the deployment's own vLLM config already",
+            "use --format serve or json, or capplan flags PLAN --format yaml for the plan's keys alone",
+        )
+    full, _ = complete(job.plan, job.deployment.cmd)
+    if form == "json":
+        return json.dumps(full[job.deployment.start :], indent=2)
+    return shlex.join([f"{PLAN_ENV}={plan_path}", *full])
