@@ -488,3 +488,24 @@ def test_tiers_under_tensor_and_pipeline_parallelism_compile_and_launch():
         )
         assert result.exit_code == 0, result.output
         assert " ".join(flags) in result.stdout
+
+
+def test_the_lora_rank_is_compared_where_the_spec_gives_one():
+    from capplan.schemas.calibration import Calibration
+
+    ident = {"model": {"name": "my-llama", "dtype": "bfloat16"}, "gpu": "NVIDIA H200", "tensor_parallel_size": 1,
+             "pipeline_parallel_size": 1}  # fmt: skip
+    spec_of = lambda rank: make_spec(  # noqa: E731
+        model={"name": "my-llama", "dtype": "bfloat16"},
+        target={"vllm": "0.33", "gpu": "NVIDIA H200"},
+        parallel={"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
+        lora={"enabled": True, "max_loras": 4, **({"max_lora_rank": rank} if rank else {})},
+    )
+    sixteen = Calibration(name="x", identity={**ident, "lora_rank": 16})
+    same = judge(sixteen, spec_of(16))
+    assert same.usable and "not checked" not in same.note and "differs" not in same.note
+    other = judge(sixteen, spec_of(64))
+    assert not other.usable and "LoRA rank 16 vs 64" in other.note
+    unrecorded = judge(Calibration(name="x", identity=ident), spec_of(64))
+    assert unrecorded.usable and "the calibration does not record lora_rank" in unrecorded.note
+    assert "lora_rank" not in judge(sixteen, spec_of(None)).note  # a spec that gives none: compared on the rest

@@ -36,7 +36,7 @@ from capplan.settings import (
 # encoder graphs (vLLM 0.33).
 SPEC = {
     "target": {"vllm": "0.33"},
-    "lora": {"enabled": True, "max_loras": 2, "specialize_active": True},
+    "lora": {"enabled": True, "max_loras": 2, "specialize_active": True, "max_lora_rank": 16},
     "parallel": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 2, "moe": True},
     "speculative": {"num_speculative_tokens": 1},
     "multimodal": {
@@ -230,7 +230,10 @@ def _config(plan) -> SimpleNamespace:
         ),
         model_config=SimpleNamespace(max_model_len=spec.scheduler.max_model_len, is_moe=True),
         lora_config=SimpleNamespace(
-            max_loras=spec.lora.max_loras, specialize_active_lora=True, enable_tower_connector_lora=True
+            max_loras=spec.lora.max_loras,
+            specialize_active_lora=True,
+            enable_tower_connector_lora=True,
+            max_lora_rank=spec.lora.max_lora_rank,
         ),
         speculative_config=SimpleNamespace(num_speculative_tokens=spec.speculative.num_speculative_tokens),
         parallel_config=SimpleNamespace(

@@ -31,7 +31,7 @@ def test_fixes_are_canonicalised():
         ({"lora": {"max_loras": 0}}, "lora.max_loras: must be >= 1 (got 0)"),
         (
             {"lora": {"max_lora": 2}},
-            "lora.max_lora: unknown key; known keys: enabled, max_loras, specialize, specialize_active",
+            "lora.max_lora: unknown key; known keys: enabled, max_lora_rank, max_loras, specialize, specialize_active",
         ),
         ({"speculative": {"num_speculative_tokens": 17}}, "speculative.num_speculative_tokens: must be <= 16 (got 17)"),
         (

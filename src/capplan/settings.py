@@ -167,6 +167,10 @@ def _lora(plan: Plan) -> bool:
     return plan.spec.lora.enabled
 
 
+def _rank_given(plan: Plan) -> bool:
+    return plan.spec.lora.enabled and plan.spec.lora.max_lora_rank is not None
+
+
 def _multimodal(plan: Plan) -> bool:
     return plan.spec.multimodal is not None
 
@@ -423,6 +427,14 @@ SETTINGS: tuple[Setting, ...] = (
         config=Read("lora_config?.max_loras?"),
         flag="--max-loras",
         on_line=_lora,
+    ),
+    Setting(
+        "lora.max_lora_rank",
+        lambda p: p.spec.lora.max_lora_rank if p.spec.lora.enabled else None,
+        config=Read("lora_config?.max_lora_rank?"),
+        flag="--max-lora-rank",
+        checked=_rank_given,
+        on_line=_rank_given,
     ),
     Setting(
         "lora.specialize",

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # release_run.py (the plan in force under `vllm serve`, every server alone, one after another) on one
 # vLLM release, in device calls of at most 10 minutes, from the repository root of the GPU machine.
-#   bash tests/gpu/release_bench.sh stage BUNDLE          # keep the part1a/part1b pieces carried in this call
+#   bash tests/gpu/release_bench.sh stage BUNDLE          # keep the bundle's pieces carried in this call
 #   bash tests/gpu/release_bench.sh BUNDLE WAIT_SECONDS   # run (first call) or go on waiting (later calls)
-# `stage` copies whichever of BUNDLE/part1a and BUNDLE/part1b this call carried to /tmp/vpart1-NAME
-# (NAME: the bundle folder's name); it touches nothing else, so it can ride on a call that waits for
-# another release's run. A run call with part2 (and .carry/src.tgz on a fresh machine) carried:
+# `stage` copies whichever of BUNDLE/part1a, BUNDLE/part1b and BUNDLE/part2/whl this call carried to
+# /tmp/vstage-NAME (NAME: the bundle folder's name); it touches nothing else, so it can ride on a call
+# that waits for another release's run (the pieces of one bundle with the checkout exceed one call's
+# 64 MiB). A run call with part2 carried (its wheels may be staged instead; .carry/src.tgz on a fresh
+# machine):
 # - where /tmp/vsite holds no bundle or another one (/tmp/vsite/.bundle) and no run is going on, it
 #   empties /tmp/vsite and unpacks the staged part1 there (what device_setup.sh part1a + part1b do),
 #   so that two releases' files are never mixed; device_env.sh then unpacks part2 and installs capplan
@@ -19,17 +21,23 @@
 # within the 30 s it stays warm). release_run.py runs from /tmp/capplan-src (the commit under test);
 # this script itself runs from the working tree.
 set -euo pipefail
-if [ "${1:-}" = stage ]; then
-  B=${2:?bundle folder}; B=${B%/}; P=/tmp/vpart1-$(basename "$B")
-  mkdir -p "$P"
-  for f in "$B"/part1a/vllm_C.tar.xz.00 "$B"/part1b/vllm_C.tar.xz.01; do
+# keep whichever pieces of bundle $1 this call carried: part1a, part1b, part2's wheels, device_setup.sh
+stage() {
+  local f
+  mkdir -p "$P/whl"
+  for f in "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh; do
     if [ -f "$f" ]; then cp "$f" "$P/" && echo "staged $f"; fi
   done
-  ls -la "$P"
+  if ls "$1"/part2/whl/*.whl >/dev/null 2>&1; then cp "$1"/part2/whl/*.whl "$P/whl/" && echo "staged $1/part2/whl"; fi
+}
+if [ "${1:-}" = stage ]; then
+  B=${2:?bundle folder}; B=${B%/}; P=/tmp/vstage-$(basename "$B")
+  stage "$B"
+  ls -la "$P" && echo "$(ls "$P/whl" | wc -l) wheels staged"
   exit 0
 fi
 B=${1:?bundle folder}; B=${B%/}; WAIT=${2:?seconds}
-NAME=$(basename "$B"); P=/tmp/vpart1-$NAME
+NAME=$(basename "$B"); P=/tmp/vstage-$NAME
 running() { [ -f "$1/job.pid" ] && kill -0 "$(cat "$1/job.pid")" 2>/dev/null; }
 REPO=$PWD
 busy=""
@@ -41,14 +49,18 @@ if [ -n "$busy" ] && [ "$(cat "$busy/bundle")" != "$B" ]; then
   exit 3
 fi
 if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
-  mkdir -p "$P"
-  for f in "$B"/part1a/vllm_C.tar.xz.00 "$B"/part1b/vllm_C.tar.xz.01; do
-    if [ -f "$f" ]; then cp "$f" "$P/"; fi
-  done
+  stage "$B"
   [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ] || { echo "NEED part1a and part1b of $B staged ($P)" >&2; exit 3; }
   echo "switching /tmp/vsite to $B (was: $(cat /tmp/vsite/.bundle 2>/dev/null || echo none))"
   rm -rf /tmp/vsite && mkdir -p /tmp/vsite
   cat "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C /tmp/vsite
+fi
+# part2 may come in pieces: its wheels staged by an earlier call, the archives carried now
+if [ -f "$B/part2/vllm_py.tar.xz" ] && ! ls "$B"/part2/whl/*.whl >/dev/null 2>&1 && ls "$P"/whl/*.whl >/dev/null 2>&1; then
+  mkdir -p "$B/part2/whl" && cp "$P"/whl/*.whl "$B/part2/whl/"
+fi
+if [ -f "$B/part2/vllm_py.tar.xz" ] && [ ! -f "$B/part2/device_setup.sh" ] && [ -f "$P/device_setup.sh" ]; then
+  cp "$P/device_setup.sh" "$B/part2/"
 fi
 source tests/gpu/device_env.sh          # part2 if not there yet, capplan from src.tgz; cd /tmp/capplan-src
 REL=$(basename /tmp/vsite/vllm-*.dist-info .dist-info); REL=${REL#vllm-}

@@ -93,8 +93,9 @@ def not_compared(cal: Identity | None, spec: Spec) -> list[str]:
     """What decides step times and graph memory but was not compared, because one side (or
     both) does not give it, grouped by side. Compared are: the model (the same name on both
     sides, or the architecture and parameter count on both), its dtype (on both, or implied
-    by the same name on both when neither gives one), the GPU, and the tensor- and
-    pipeline-parallel sizes. Anything missing makes an estimate "not checked"."""
+    by the same name on both when neither gives one), the GPU, the tensor- and
+    pipeline-parallel sizes, and the LoRA rank where the spec gives one. Anything missing makes
+    an estimate "not checked"."""
     ident = cal or Identity()
     spec_lacks: list[str] = []
     cal_lacks: list[str] = []
@@ -121,6 +122,8 @@ def not_compared(cal: Identity | None, spec: Spec) -> list[str]:
             spec_lacks.append(f"parallel.{name}")
         if getattr(ident, name) is None:
             cal_lacks.append(name)
+    if spec.lora.enabled and spec.lora.max_lora_rank is not None and ident.lora_rank is None:
+        cal_lacks.append("lora_rank")  # (a spec that gives none is compared on the rest)
     out = []
     if spec_lacks:
         out.append(f"the spec does not give {', '.join(spec_lacks)}")
@@ -145,6 +148,9 @@ def judge(cal: Calibration, spec: Spec) -> Basis:
         want, have = getattr(spec.parallel, name), getattr(ident, name) if ident is not None else None
         if want is not None and have is not None and want != have:
             problems.append(f"{name} {have} vs {want}")
+    rank = spec.lora.max_lora_rank if spec.lora.enabled else None
+    if rank is not None and ident is not None and ident.lora_rank is not None and ident.lora_rank != rank:
+        problems.append(f"LoRA rank {ident.lora_rank} vs {rank}")
     if problems:
         return Basis(
             cal.name, False, f"uncalibrated: measured on {said}; differs from the spec ({'; '.join(problems)})"

@@ -28,6 +28,8 @@ def spec_data(spec: Spec) -> dict[str, Any]:
             data.pop(section)
     if data.get("model"):
         data["model"] = {k: v for k, v in data["model"].items() if v is not None}
+    if data["lora"].get("max_lora_rank", 0) is None:
+        data["lora"].pop("max_lora_rank")
     if data["target"].get("gpu", 0) is None:
         data["target"].pop("gpu")
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "moe"):
@@ -49,6 +51,7 @@ FINGERPRINT_IGNORE = {
     ("parallel", "tensor_parallel_size"),
     ("parallel", "pipeline_parallel_size"),
     ("target", "gpu"),
+    ("lora", "max_lora_rank"),  # the graphs' memory and kernels, not which graphs exist: a calibration compares it
 }
 # model: what a calibration is checked against; tiers: when each graph is captured, not which exist;
 # deployment: where the settings were read from (the settings themselves are in the spec).

@@ -289,6 +289,14 @@ class Lora(_Strict):
             "active adapters (powers of two up to max_loras, plus max_loras + 1)."
         ),
     )
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = Field(
+        None,
+        description=(
+            "vLLM max_lora_rank (the ranks vLLM accepts). Changes no graph; the LoRA buffers and kernels the "
+            "graphs record follow it, so a calibration of another rank does not price the plan. When given, "
+            "`apply` checks the line's and the engine's; null: not given (vLLM's default is 16)."
+        ),
+    )
 
 
 class Speculative(_Strict):
