@@ -513,8 +513,10 @@ def test_a_change_of_max_loras_with_another_lists_the_moved_lora_case_going_eage
     assert d.regression
     assert {(c.old_lora_case, c.new_lora_case) for c in d.coverage if c.to_eager} == {(0, 0), (5, 7)}
     assert d.to_eager() == 64
-    assert headline(d).startswith("REGRESSION: 64 batch shape(s) go from a graph to eager (LoRA cases 0, 5 -> 7); ")
-    assert "LoRA cases 0, 5 -> 7): PIECEWISE:104 -> eager" in render_text(d)
+    assert headline(d).startswith("REGRESSION: 64 batch shape(s) go from a graph to eager (LoRA cases 0; 5 -> 7); ")
+    assert "LoRA cases 0; 5 -> 7): PIECEWISE:104 -> eager" in render_text(d)
+    # the moves lead, one per line, under the headline
+    assert "\n  ! REGRESSION: 32 mixed batch shape(s) of LoRA case 5 -> 7 go from a graph to eager\n" in render_text(d)
     from capplan.present.diff import render_markdown
 
     assert "> **Regression**: 64 batch shape(s)" in render_markdown(d)

@@ -214,10 +214,13 @@ def regions(
 
 
 def where_text(lanes: Sequence[Lane], every: bool) -> str:
-    """`LoRA case 0`, `LoRA cases 0, 5 -> 7`, `all LoRA cases`."""
+    """`LoRA case 0`, `LoRA cases 0, 4`, `LoRA cases 0; 5 -> 7` (a case that moves: pairs apart by
+    `;`), `all LoRA cases`."""
     if every:
         return "all LoRA cases"
-    return "LoRA case" + ("s " if len(lanes) > 1 else " ") + ", ".join(lane.label() for lane in lanes)
+    labels = [lane.label() for lane in lanes]
+    sep = "; " if any("->" in label for label in labels) else ", "
+    return "LoRA case" + ("s " if len(lanes) > 1 else " ") + sep.join(labels)
 
 
 def _lines(runs: Runs, all_lanes: Sequence[Lane], tail: Callable[[str, str, str], str]) -> list[str]:

@@ -5,7 +5,8 @@ the sentence the text form prints for it)."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, assert_never
 
 from capplan.analysis.diff import (
@@ -135,16 +136,12 @@ def coverage_headline(d: PlanDiff) -> str:
     """`REGRESSION: 64 batch shape(s) go from a graph to eager (LoRA cases 0, 5 -> 7)`, or how
     many come back to a graph; empty when coverage is unchanged."""
     if d.regression:
-        cases = dict.fromkeys(
-            f"{c.old_lora_case}" if c.old_lora_case == c.new_lora_case else f"{c.old_lora_case} -> {c.new_lora_case}"
-            for c in d.coverage
-            if c.to_eager
-        )
+        lanes = dict.fromkeys(
+            Lane(0, False, c.old_lora_case, c.new_lora_case) for c in d.coverage if c.to_eager
+        )  # each case, or pair of cases, once
         back = f", {d.to_graph()} back to a graph" if d.to_graph() else ""
-        return (
-            f"REGRESSION: {d.to_eager()} batch shape(s) go from a graph to eager "
-            f"(LoRA case{'s' if len(cases) > 1 else ''} {', '.join(cases)}){back}"
-        )
+        where = where_text(list(lanes), False)
+        return f"REGRESSION: {d.to_eager()} batch shape(s) go from a graph to eager ({where}){back}"
     if d.to_graph():
         return f"{d.to_graph()} batch shape(s) go from eager to a graph"
     return ""
@@ -246,7 +243,8 @@ def coverage_lines(d: PlanDiff) -> list[str]:
 
 
 def lora_map_lines(d: PlanDiff) -> list[str]:
-    return [lora_map_text(c) for c in d.lora_map_changes]
+    """LoRA dispatch changes other than a count's move (those lead, in `moves`)."""
+    return [lora_map_text(c) for c in d.lora_map_changes if not isinstance(c, LoraCountChange)]
 
 
 def encoder_lines(d: PlanDiff) -> list[str]:
@@ -259,6 +257,81 @@ def tier_lines(d: PlanDiff) -> list[str]:
 
 def fix_lines(d: PlanDiff) -> list[str]:
     return [fix_change_text(c) for c in d.fix_changes]
+
+
+def moves(d: PlanDiff) -> list[str]:
+    """What moves batches, one per line, under the headline: each batch shape sent to eager
+    (with its LoRA case, or the pair of cases it moves between), then each active-LoRA count
+    whose capture case moves."""
+    return [coverage_text(c) for c in d.coverage if c.to_eager] + count_moves(d)
+
+
+def count_moves(d: PlanDiff) -> list[str]:
+    """Each active-LoRA count whose capture case moves, one line per run of consecutive counts
+    that move alike (`LoRA counts 6..8: not scheduled -> case 8`)."""
+    runs: list[list[LoraCountChange]] = []
+    for c in (c for c in d.lora_map_changes if isinstance(c, LoraCountChange)):
+        last = runs[-1][-1] if runs else None
+        if last is not None and (last.count + 1, last.old_case, last.new_case) == (c.count, c.old_case, c.new_case):
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    out = []
+    for run in runs:
+        text = lora_map_text(run[0])
+        if len(run) > 1:
+            text = text.replace(f"LoRA count {run[0].count}:", f"LoRA counts {run[0].count}..{run[-1].count}:", 1)
+        out.append(text)
+    return out
+
+
+def graph_lines(d: PlanDiff) -> list[str]:
+    return (
+        [graph_delta_text(g) for g in d.graph_changes]
+        + ([f"added e.g. {', '.join(map(address, d.added_sample))}"] if d.added_sample else [])
+        + ([f"removed e.g. {', '.join(map(address, d.removed_sample))}"] if d.removed_sample else [])
+    )
+
+
+def graph_rows(d: PlanDiff) -> list[str]:
+    return [f"| {g.cg_mode} | {g.lora_case} | {g.added_count} | {g.removed_count} |" for g in d.graph_changes]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of a diff's body, as every renderer lists it (`SECTIONS`, in order)."""
+
+    text_title: str
+    md_title: str  # as markdown writes it
+    lines: Callable[[PlanDiff], list[str]]
+    md_lines: Callable[[PlanDiff], list[str]] | None = None  # markdown's items, where they differ
+    md_item: str = "- {}"  # how markdown writes one item
+    md_head: tuple[str, ...] = ()  # a table's header (the items are its rows)
+    md_fence: str = ""  # a code block's language (the items are its lines)
+    text_bullet: str = "  * "
+    text_sample: bool = False  # the text form shows the first few (markdown folds the rest)
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("spec", "**Spec**", spec_lines, md_item="- `{}`"),
+    Section("capture sizes (as the spec now derives them)", "**Capture sizes** (as the spec now derives them)",
+            lambda d: sizes(d)),
+    Section("graphs", "**Graphs per mode and LoRA case**", graph_lines, md_lines=graph_rows, md_item="{}",
+            md_head=("| mode | LoRA case | added | removed |", "|---|---:|---:|---:|")),
+    Section("LoRA dispatch", "**LoRA dispatch**", lora_map_lines),
+    Section("warm-up (graphs kept, captured from another dummy batch or kernel grid)",
+            "**Warm-up (graphs kept, captured from another dummy batch or kernel grid)**", dummy_lines,
+            text_sample=True),
+    Section("encoder", "**Encoder**", encoder_lines),
+    Section("tiers (ready: captured before the engine reports ready; deferred: while it serves)",
+            "**Tiers (ready: captured before the engine reports ready; deferred: while it serves)**", tier_lines),
+    Section("coverage (batch shapes that go from a graph to eager or back)", "**Coverage**", coverage_lines,
+            md_lines=lambda d: [coverage_text(c) for c in d.coverage if not c.to_eager]),
+    Section("dispatch (what a batch replays)", "**Dispatch changes**",
+            lambda d: dispatch_lines(d) + unscheduled(d)),
+    Section("fixes and deviations", "**Fixes and deviations**", fix_lines, md_item="{}", md_fence="diff",
+            text_bullet="  "),  # -/+ mean removed/added
+)  # fmt: skip
 
 
 BRIEF = 70  # characters of one spec change in a headline
@@ -354,29 +427,13 @@ def render_text(d: PlanDiff) -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {headline(d)}"]
     if d.equal:
         return lines[0] + "\n"
+    lines += [f"  ! {line}" for line in moves(d)]
     lines += [f"  {line}" for line in price_lines(d)]
-    sections = [
-        ("spec", spec_lines(d)),
-        ("capture sizes (as the spec now derives them)", sizes(d)),
-        (
-            "graphs",
-            [graph_delta_text(g) for g in d.graph_changes]
-            + ([f"added e.g. {', '.join(map(address, d.added_sample))}"] if d.added_sample else [])
-            + ([f"removed e.g. {', '.join(map(address, d.removed_sample))}"] if d.removed_sample else []),
-        ),
-        ("LoRA dispatch", lora_map_lines(d)),
-        ("warm-up (graphs kept, captured from another dummy batch or kernel grid)", _sample(dummy_lines(d))),
-        ("encoder", encoder_lines(d)),
-        ("tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
-        ("coverage (batch shapes that go from a graph to eager or back)", coverage_lines(d)),
-        ("dispatch (what a batch replays)", dispatch_lines(d) + unscheduled(d)),
-        ("fixes and deviations", fix_lines(d)),
-    ]
-    for title, items in sections:
+    for section in SECTIONS:
+        items = section.lines(d)
         if items:
-            lines.append(f"{title}:")
-            bullet = "  " if title.startswith("fixes") else "  * "  # -/+ mean removed/added below
-            lines += [f"{bullet}{item}" for item in items]
+            lines.append(f"{section.text_title}:")
+            lines += [f"{section.text_bullet}{item}" for item in (_sample(items) if section.text_sample else items)]
     return "\n".join(lines) + "\n"
 
 
@@ -460,6 +517,9 @@ def render_markdown(d: PlanDiff) -> str:
             *[f"> - {coverage_text(c).removeprefix('REGRESSION: ')}" for c in d.coverage if c.to_eager],
             "",
         ]
+    counts = count_moves(d)
+    if counts:
+        lines += [*(f"- {line}" for line in counts), ""]
     p = d.price
     lines += [
         "| | old | new | change |",
@@ -482,30 +542,12 @@ def render_markdown(d: PlanDiff) -> str:
         ]
     lines += ["", "<sub>" + "<br>".join(price_basis(d)) + "</sub>", ""]
     budget = _Budget()
-    if d.spec_changes:
-        lines += ["**Spec**", "", *_folded([f"- `{line}`" for line in spec_lines(d)], budget)]
-    if sizes(d):
-        lines += [
-            "**Capture sizes** (as the spec now derives them)",
-            "",
-            *_folded([f"- {x}" for x in sizes(d)], budget),
-        ]
-    if d.graph_changes:
-        header = ["| mode | LoRA case | added | removed |", "|---|---:|---:|---:|"]
-        rows = [f"| {g.cg_mode} | {g.lora_case} | {g.added_count} | {g.removed_count} |" for g in d.graph_changes]
-        lines += ["**Graphs per mode and LoRA case**", "", *_folded(rows, budget, head=header)]
-    for title, items in (
-        ("LoRA dispatch", lora_map_lines(d)),
-        ("Warm-up (graphs kept, captured from another dummy batch or kernel grid)", dummy_lines(d)),
-        ("Encoder", encoder_lines(d)),
-        ("Tiers (ready: captured before the engine reports ready; deferred: while it serves)", tier_lines(d)),
-        ("Coverage", [coverage_text(c) for c in d.coverage if not c.to_eager]),
-        ("Dispatch changes", dispatch_lines(d) + unscheduled(d)),
-    ):
+    for section in SECTIONS:
+        items = (section.md_lines or section.lines)(d)
         if items:
-            lines += [f"**{title}**", "", *_folded([f"- {item}" for item in items], budget)]
-    if d.fix_changes:
-        lines += ["**Fixes and deviations**", "", *_folded(fix_lines(d), budget, fence="diff")]
+            written = [section.md_item.format(item) for item in items]
+            head = list(section.md_head) or None
+            lines += [section.md_title, "", *_folded(written, budget, head=head, fence=section.md_fence)]
     return "\n".join(lines)
 
 
