@@ -137,3 +137,36 @@ def test_skip_non_specs_never_breaks_on_any_yaml_mapping(tmp_path, data):
         assert "a capplan plan" not in result.stderr  # these mappings are no plan files
     elif result.exit_code:
         assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_the_review_policy_leads_each_diff_and_a_denied_plan_fails_the_job(repo, tmp_path):
+    (repo / ".capplan").mkdir()
+    (repo / ".capplan" / "review.yaml").write_text("thresholds:\n  graphs: {deny: 5}\n  lora_case_moves: {warn: 0}\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "policy")
+    (repo / "configs" / "deploy.yaml").write_text(SPEC.replace("max_loras: 4", "max_loras: 5"))
+    _capplan(repo, "compile", "configs/deploy.yaml", "--plan-dir", "examples")
+    _git(repo, "commit", "-qam", "max_loras 5")
+    code, summary, stderr = _review(repo, tmp_path)
+    assert code == 0, stderr  # a warning is shown, not a failure
+    assert "⚠️ **Verdict: WARN: +" in summary
+    (repo / "configs" / "deploy.yaml").write_text(SPEC.replace("max_num_seqs: 16", "max_num_seqs: 64"))
+    _capplan(repo, "compile", "configs/deploy.yaml", "--plan-dir", "examples")
+    _git(repo, "commit", "-qam", "max_num_seqs 64")
+    code, summary, stderr = _review(repo, tmp_path)
+    assert code == 4, stderr
+    assert "⛔ **Verdict: DENY: +" in summary and "(over deny 5)" in summary
+    assert "to accept this plan, add under overrides: in `.capplan/review.yaml`" in summary
+
+
+def test_a_vllm_yaml_edit_fails_the_job_through_the_spec_that_reads_it(repo, tmp_path):
+    (repo / "configs" / "deploy.yaml").write_text(
+        "deployment: {config: vllm.yaml}\nscheduler: {max_num_batched_tokens: 2048, max_model_len: 4096}\n"
+    )
+    _capplan(repo, "compile", "configs/deploy.yaml", "--plan-dir", "examples")
+    _git(repo, "commit", "-qam", "read the vLLM config")
+    assert _review(repo, tmp_path)[0] == 0
+    (repo / "configs" / "vllm.yaml").write_text(VLLM_YAML.replace("max-loras: 4", "max-loras: 10"))
+    code, summary, _ = _review(repo, tmp_path)
+    assert code == 1
+    assert "configs/vllm.yaml now sets lora.max_loras 10 (--max-loras 10), the plan has 4" in summary

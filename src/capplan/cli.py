@@ -276,18 +276,23 @@ def diff_cmd(
     calibration: h.CalibrationOption = None,
     plot: h.DiffPlot = None,
     model_config: h.ModelConfigOption = None,
+    policy: h.DiffPolicy = None,
 ) -> None:
-    from capplan.commands.diff import diff
+    from capplan.commands.diff import VERDICT_EXIT, diff
     from capplan.present.diff import diff_json, render_markdown, render_text
 
-    result = diff(old, new, fmt, specs, calibration, plot, model_config)
+    result, verdict = diff(old, new, fmt, specs, calibration, plot, model_config, policy)
+    said = printable(str(policy)) if policy is not None else ""
     if fmt == "json":
-        typer.echo(dumps(diff_json(result), indent=2))
+        typer.echo(dumps(diff_json(result, verdict), indent=2))
     elif fmt == "markdown":
-        sys.stdout.write(render_markdown(result))
+        sys.stdout.write(render_markdown(result, verdict, said))
     else:
-        sys.stdout.write(render_text(result))
-    if not result.equal:
+        sys.stdout.write(render_text(result, verdict, said))
+    if verdict is not None:
+        if VERDICT_EXIT[verdict.level]:
+            raise typer.Exit(code=VERDICT_EXIT[verdict.level])
+    elif not result.equal:
         raise typer.Exit(code=2)
 
 

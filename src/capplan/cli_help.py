@@ -371,11 +371,36 @@ show prices it (with an interval and what it rests on, or "not priced" and
 what would price it).
 
 Exit 0 when the plans are equal, 2 when they differ, 1 on error.
+
+With --policy, a verdict leads: pass, warn or deny from the thresholds the
+repository sets (graphs, capture_seconds, graph_memory_gib, batches_to_eager,
+lora_case_moves, graphs_not_priced; each an increase above warn/deny, or
+warn_percent/deny_percent of the old plan's value), or pass where an override
+names the new plan's fingerprint (a change of its graphs clears it). The exit
+code is then the verdict's, for CI to gate on: 0 pass, 3 warn, 4 deny (1 on
+error). A policy file:
+
+  thresholds:
+    graphs: {warn_percent: 10, deny: 200}
+    capture_seconds: {warn: 10, deny: 60}
+    batches_to_eager: {deny: 0}
+    lora_case_moves: {warn: 0}
+    graphs_not_priced: {warn: 0}
+  overrides:
+    - {fingerprint: "sha256:...", reason: "8 adapters for the new tenant", by: "alice"}
 """
 DiffOld = Annotated[Path, typer.Argument(help="Old plan (or spec with --spec).", show_default=False)]
 DiffNew = Annotated[Path, typer.Argument(help="New plan (or spec with --spec).", show_default=False)]
 DiffFmt = Annotated[str, typer.Option("--format", help="text | markdown (pastes into a pull request) | json.")]
 DiffSpecs = Annotated[bool, typer.Option("--spec", help="OLD and NEW are specs: compile both in memory and compare.")]
+DiffPolicy = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="The repository's review policy (e.g. .capplan/review.yaml): lead with a verdict, pass, warn or "
+        "deny, and exit with it (0, 3, 4).",
+    ),
+]
 DiffPlot = Annotated[
     Path | None,
     typer.Option(

@@ -224,3 +224,21 @@ def load_steps(path: Path | None = None):
     from capplan.traffic.steps import step_times
 
     return step_times(load_checked_calibration(path))
+
+
+def load_policy(path: Path):
+    """A review policy file (`diff --policy`), validated; refused as one line naming the file."""
+    from capplan.files import read_yaml
+    from capplan.schemas.review import ReviewPolicy
+
+    data = read_yaml(Path(path), "review policy", InputError)
+    if data is None:
+        data = {}
+    try:
+        return ReviewPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(
+            f"{printable(str(path))}: {describe_validation_error(exc, ReviewPolicy)}",
+            "thresholds: {MEASURE: {warn: N, deny: N, warn_percent: P, deny_percent: P}}; overrides: "
+            "[{fingerprint: sha256:..., reason: WHY}]",
+        ) from None

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capplan.analysis.diff import PlanDiff
+from capplan.analysis.review import Verdict
 from capplan.commands import inputs
 from capplan.errors import CapplanError, UsageError, printable
 from capplan.schemas.plan import Plan
 
 FORMATS = ("text", "markdown", "json")
+VERDICT_EXIT = {"pass": 0, "warn": 3, "deny": 4}  # diff --policy's exit codes, for CI to gate on
 
 
 def diff(
@@ -23,10 +25,16 @@ def diff(
     calibration: Path | None,
     plot: Path | None,
     model_config: Path | None = None,
-) -> PlanDiff:
-    """The semantic diff of two plans (or specs); with `plot`, drawn there. A refusal
-    exits 1, since this command's exit 2 means "the plans differ"."""
+    policy: Path | None = None,
+) -> tuple[PlanDiff, Verdict | None]:
+    """The semantic diff of two plans (or specs); with `plot`, drawn there; with `policy`, the
+    review's verdict on it. A refusal exits 1, since this command's exit 2 means "the plans
+    differ" (and, with a policy, 3 and 4 mean warn and deny)."""
+    from capplan.analysis.review import review
+    from capplan.loading import load_policy
+
     try:
+        rules = None if policy is None else load_policy(policy)
         result, a, b = _diff(old, new, fmt, specs, calibration, model_config)
         if plot is not None:
             from capplan.files import write_atomic
@@ -40,7 +48,7 @@ def diff(
     except UsageError as exc:
         exc.exit_code = 1
         raise
-    return result
+    return result, None if rules is None else review(result, rules, b.fingerprint)
 
 
 def _diff(

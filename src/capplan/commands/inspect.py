@@ -280,7 +280,8 @@ def deployment_flags(spec_path: Path, form: str) -> str:
     import shlex
 
     from capplan.commands.compile import compile_target
-    from capplan.launcher.engine_args import PLAN_ENV, complete
+    from capplan.envvars import PLAN as PLAN_ENV
+    from capplan.launcher.engine_args import complete
     from capplan.planfile.paths import default_plan_path
 
     plan_path = default_plan_path(spec_path)

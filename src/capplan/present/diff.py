@@ -31,6 +31,7 @@ from capplan.analysis.diff import (
     TierMove,
     TierTotals,
 )
+from capplan.analysis.review import Verdict
 from capplan.calibration.price import Figure
 from capplan.planner.capture_sizes import compact
 from capplan.planner.regions import NONE, Lane, where_text
@@ -423,10 +424,22 @@ def unscheduled(d: PlanDiff) -> list[str]:
     return [f"no longer scheduled: {unscheduled_text(c)}" for c in d.dispatch_unscheduled]
 
 
-def render_text(d: PlanDiff) -> str:
+def verdict_lines(v: Verdict, policy: str) -> list[str]:
+    """The verdict's findings below its headline, what it could not judge, and how to accept it."""
+    lines = [f.text if f.level == v.judged else f"{f.level}: {f.text}" for f in v.findings if f.level != v.judged]
+    lines += [f"not judged: {x}" for x in v.not_judged]
+    if v.judged != "pass" and v.override is None:
+        lines.append(f"to accept this plan, add under overrides: in {policy}: {v.accept_line()}")
+    return lines
+
+
+def render_text(d: PlanDiff, verdict: Verdict | None = None, policy: str = "") -> str:
     lines = [f"capplan diff {d.old_name} -> {d.new_name}: {headline(d)}"]
+    if verdict is not None:
+        lines.insert(0, f"verdict: {verdict.headline}")
+        lines[1:1] = [f"  {line}" for line in verdict_lines(verdict, policy)]
     if d.equal:
-        return lines[0] + "\n"
+        return "\n".join(lines) + "\n"
     lines += [f"  ! {line}" for line in moves(d)]
     lines += [f"  {line}" for line in price_lines(d)]
     for section in SECTIONS:
@@ -506,8 +519,15 @@ def _code(name: str) -> str:
     return f"{fence}{pad}{name}{pad}{fence}"
 
 
-def render_markdown(d: PlanDiff) -> str:
-    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", "", f"**{headline(d)}**", ""]
+def render_markdown(d: PlanDiff, verdict: Verdict | None = None, policy: str = "") -> str:
+    lines = [f"### capplan plan diff: {_code(d.old_name)} → {_code(d.new_name)}", ""]
+    if verdict is not None:
+        mark = {"pass": "✅", "warn": "⚠️", "deny": "⛔"}[verdict.level]
+        lines += [f"{mark} **Verdict: {verdict.headline}**", ""]
+        more = verdict_lines(verdict, _code(policy))
+        if more:
+            lines += [*(f"- {line}" for line in more), ""]
+    lines += [f"**{headline(d)}**", ""]
     if d.equal:
         return "\n".join(lines)
     if d.regression:
@@ -592,9 +612,25 @@ RECORD_TYPES: dict[type, str] = {
 }
 
 
-def diff_json(d: PlanDiff) -> dict[str, Any]:
+def verdict_json(v: Verdict | None) -> dict[str, Any] | None:
+    """The review verdict (null without a policy)."""
+    if v is None:
+        return None
+    return {
+        "level": v.level,
+        "judged": v.judged,
+        "fingerprint": v.fingerprint,
+        "headline": v.headline,
+        "findings": [_record(f, f.text) for f in v.findings],
+        "not_judged": list(v.not_judged),
+        "override": None if v.override is None else v.override.model_dump(mode="json"),
+    }
+
+
+def diff_json(d: PlanDiff, verdict: Verdict | None = None) -> dict[str, Any]:
     """`capplan diff --format json` (docs/cli.md, "JSON output", lists every field)."""
     return {
+        "verdict": verdict_json(verdict),
         "old": d.old_name,
         "new": d.new_name,
         "equal": d.equal,
