@@ -232,3 +232,31 @@ def test_the_header_of_a_spec_with_any_line_ending_is_its_comment_lines_only(tmp
     spec = tmp_path / "deploy.yaml"
     spec.write_bytes(newline.join(["# one", "# two", *SPEC.splitlines()]).encode())
     assert user_comment(spec) == "# one\n# two\n"
+
+
+def test_other_traffic_the_choice_loses_on_keeps_the_specs_sizes_and_says_where(tmp_path):
+    """Fitted on decodes of 1..8 tokens; other traffic of 120-token decodes pads far more under
+    the fitted sizes than under vLLM's: the spec's own sizes are written, naming that trace."""
+    spec, trace = _write(tmp_path, [_decodes(1 + i % 8, 5) for i in range(400)])
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(_decodes(120, 10)) + "\n" for _ in range(50)))
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps(_decodes(1 + i % 8, 5)) + "\n" for i in range(50)))
+    out = tmp_path / "out.yaml"
+    fitted = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(out),
+                                 "--judge-on", str(same), "--json"])  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    doc = json.loads(fitted.stdout)
+    assert doc["kept_default"] is None and [j["trace"] for j in doc["judged_on"]] == [str(same)]
+    assert doc["judged_on"][0]["padding"] <= doc["judged_on"][0]["default_padding"]
+    kept = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(tmp_path / "k.yaml"),
+                               "--judge-on", str(same), "--judge-on", str(other)])  # fmt: skip
+    assert kept.exit_code == 0, kept.output
+    (reason,) = [line for line in kept.stderr.splitlines() + kept.stdout.splitlines() if line.startswith("kept:")]
+    assert f"do worse than the spec's own on {other} (" in reason and "not fitted on): padding " in reason
+    written = yaml.safe_load((tmp_path / "k.yaml").read_text())
+    assert written["cudagraph"]["capture_sizes"] is None  # the spec's own: vLLM's sizes
+    missing = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o",
+                                  str(tmp_path / "m.yaml"), "--judge-on", str(tmp_path / "nope.jsonl")])  # fmt: skip
+    assert missing.exit_code == 1 and "nope.jsonl: no such file" in missing.stderr
+    assert not (tmp_path / "m.yaml").exists()

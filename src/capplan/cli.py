@@ -243,6 +243,7 @@ def optimize_cmd(
     holdout: h.OptimizeHoldout = 0.2,
     drop_unschedulable: h.DropUnschedulable = False,
     model_config: h.ModelConfigOption = None,
+    judge_on: h.OptimizeJudgeOn = None,
 ) -> None:
     from capplan.commands.traffic import OptimizeRequest, optimize
     from capplan.present.optimize import optimize_json, render_curve, written_lines
@@ -250,20 +251,31 @@ def optimize_cmd(
     request = OptimizeRequest(
         spec, traces, max_graphs, max_graph_memory, max_capture_seconds, max_slowdown, objective,
         padding_fallback, output, plot, calibration, shared_sizes, ready_share, max_pad_ratio, holdout,
-        drop_unschedulable, model_config,
+        drop_unschedulable, model_config, tuple(judge_on or ()),
     )  # fmt: skip
     outcome = optimize(request, _note)
     if as_json:
         typer.echo(
             dumps(
-                optimize_json(outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default),
+                optimize_json(
+                    outcome.result,
+                    outcome.output,
+                    outcome.ready,
+                    outcome.held_out,
+                    outcome.kept_default,
+                    outcome.judged,
+                ),
                 indent=2,
             )
         )
         return
     if outcome.result is not None:
         typer.echo(render_curve(outcome.result, full_curve, outcome.held_out, outcome.kept_default))
-    _echo_lines(written_lines(outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default))
+    _echo_lines(
+        written_lines(
+            outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default, outcome.judged
+        )
+    )
 
 
 @app.command("diff", help=h.DIFF_HELP)

@@ -361,6 +361,16 @@ OptimizeHoldout = Annotated[
         "against the default sizes (0: fit on all of it). One trace only; DP rank traces are fitted whole.",
     ),
 ]
+OptimizeJudgeOn = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--judge-on",
+        help="Other traffic (a trace file; repeat for more) the choice is judged on and never fitted on: under "
+        "the padded-tokens objective, where it pads more or runs more steps eager than the spec's own sizes on "
+        "any of them, the spec's own sizes are written, with the reason.",
+        show_default=False,
+    ),
+]
 OptimizeFullCurve = Annotated[
     bool, typer.Option("--full-curve", help="Print every point of the curve, not only those near the budget.")
 ]

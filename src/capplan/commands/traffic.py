@@ -95,6 +95,7 @@ class OptimizeRequest:
     holdout: float = 0.2
     drop_unschedulable: bool = False  # leave out batches the spec's deployment never schedules, counted
     model_config: Path | None = None  # the model's config.json: its shape, for the shape model's prices
+    judge_on: tuple[Path, ...] = ()  # other traffic the choice is judged on, never fitted on
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,53 @@ class HeldOut:
             f"{self.part()}: padding {self.padding:.2%} vs {self.default_padding:.2%} by default, {self.eager} eager "
             f"steps vs {self.default_eager}; no batch pads past {self.worst_pad:.2f}x{bound}"
         )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The choice scored on other traffic (a trace it was not fitted on, `--judge-on`), against
+    the spec's own sizes on the same steps."""
+
+    trace: str
+    steps: int
+    padding: float
+    default_padding: float
+    eager: int
+    default_eager: int
+
+    def part(self) -> str:
+        return f"on {self.trace} ({self.steps} steps, not fitted on)"
+
+    def worse(self) -> str | None:
+        """Why the fitted sizes do worse than the spec's own on this traffic, or None."""
+        if self.padding > self.default_padding:
+            return f"padding {self.padding:.2%} against {self.default_padding:.2%}"
+        if self.eager > self.default_eager:
+            return f"{self.eager} eager steps against {self.default_eager}"
+        return None
+
+    def line(self) -> str:
+        return (
+            f"{self.part()}: padding {self.padding:.2%} vs {self.default_padding:.2%} by default, {self.eager} eager "
+            f"steps vs {self.default_eager}"
+        )
+
+
+def _judged(result: Optimized, name: str, trace: list) -> Judged:
+    from capplan.planner.compiler import compile_plan
+    from capplan.traffic.simulate import simulate
+
+    top = result.default.capture_sizes[-1] if result.default.capture_sizes else 0
+    chosen = simulate(result.plan, trace, leave_out_above=top).total
+    default = simulate(compile_plan(result.default.spec), trace, leave_out_above=top).total
+    return Judged(
+        trace=name,
+        steps=sum(item.count for item in trace),
+        padding=chosen.padding_overhead,
+        default_padding=default.padding_overhead,
+        eager=chosen.eager_steps,
+        default_eager=default.eager_steps,
+    )
 
 
 def split_in_time(trace: list, share: float) -> tuple[list, list]:
@@ -187,6 +235,7 @@ class OptimizeOutcome:
     ready: ReadyChoice | None = None
     held_out: HeldOut | None = None  # None: --holdout 0, or DP rank traces
     kept_default: str | None = None  # why the spec's own sizes were written instead of the fitted ones
+    judged: tuple[Judged, ...] = ()  # the choice on other traffic (--judge-on)
 
 
 def optimized_path(spec: Path) -> Path:
@@ -206,7 +255,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
 
     r = request
     out = r.output or optimized_path(r.spec)
-    sources = inputs(r.spec, *r.traces, r.calibration)
+    sources = inputs(r.spec, *r.traces, *r.judge_on, r.calibration)
     if r.plot is not None and os.path.realpath(r.plot) == os.path.realpath(out):
         raise UsageError(
             f"--plot {printable(str(r.plot))} is also the optimized spec's path", "give the picture its own"
@@ -252,7 +301,11 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         max_pad=r.max_pad_ratio,
     )
     held_out = _held_out(result, fitted[0], held, r.holdout, r.max_pad_ratio) if held is not None else None
-    kept = _keep_default(result, held_out)
+    judged = tuple(
+        _judged(result, printable(str(path)), read_rank_traces([path], loaded, r.drop_unschedulable)[0].batches)
+        for path in r.judge_on
+    )  # each trace on its own: other traffic of one engine
+    kept = _keep_default(result, held_out, judged)
     if kept is not None:  # the spec's own sizes: the user's spec as it is (the point stays the best fitted)
         result = replace(result, spec=loaded, plan=compile_plan(loaded))
     tiered: ReadyChoice | None = None
@@ -278,25 +331,27 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     write_atomic(out, text, sources)
     if r.plot is not None and picture is not None:
         write_atomic(r.plot, picture, sources)
-    return OptimizeOutcome(result, out, tiered, held_out, kept)
+    return OptimizeOutcome(result, out, tiered, held_out, kept, judged)
 
 
-def _keep_default(result: Optimized, held_out: HeldOut | None) -> str | None:
+def _keep_default(result: Optimized, held_out: HeldOut | None, judged: tuple[Judged, ...] = ()) -> str | None:
     """Why the spec's own sizes are the better choice, or None: the fitted sizes pad more (or run
-    more steps eager) than the spec's own on the held-out steps, under the padded-tokens objective
-    (under step time the held-out figures are reported, and the choice stands)."""
+    more steps eager) than the spec's own somewhere they were judged (the held-out steps, each
+    trace of other traffic), under the padded-tokens objective (under step time the figures are
+    reported, and the choice stands)."""
     p, d = result.point, result.default
-    if held_out is None or result.objective != "padding":
+    if result.objective != "padding":
         return None
     if p.capture_sizes == d.capture_sizes and p.spec.cudagraph.lora_case_sizes is None:
         return None  # the fitted set is the spec's own
-    why = held_out.worse()
-    if why is None:
-        return None
-    return (
-        f"the best {p.sizes} sizes within {result.budget} ({p.graphs} graphs) do worse than the spec's own "
-        f"{held_out.part()}: {why}"
-    )
+    for where in (held_out, *judged):
+        why = None if where is None else where.worse()
+        if where is not None and why is not None:
+            return (
+                f"the best {p.sizes} sizes within {result.budget} ({p.graphs} graphs) do worse than the spec's own "
+                f"{where.part()}: {why}"
+            )
+    return None
 
 
 def user_comment(spec: Path) -> str:

@@ -82,6 +82,7 @@ def written_lines(
     ready: ReadyChoice | None = None,
     held_out: Any = None,
     kept_default: str | None = None,
+    judged: tuple[Any, ...] = (),
 ) -> list[str]:
     """What optimize says after writing the spec: what was chosen against the default (one
     padding figure each, on the held-out steps when some were held out), why the spec's own
@@ -117,8 +118,10 @@ def written_lines(
         lines.append(printable(describe(ready)))
     if kept_default is not None:
         lines.append(f"kept: {printable(kept_default)}")  # last: why the fitted sizes were not written
-    elif held_out is not None:
-        lines.append(printable(held_out.line()))  # last: how the choice does on steps it was not fitted on
+    else:
+        if held_out is not None:
+            lines.append(printable(held_out.line()))  # how the choice does on steps it was not fitted on
+        lines += [printable(j.line()) for j in judged]  # and on other traffic
     return lines
 
 
@@ -128,6 +131,7 @@ def optimize_json(
     ready: ReadyChoice | None = None,
     held_out: Any = None,
     kept_default: str | None = None,
+    judged: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
     """`optimize --json`: the curve, the choice and the default, the ready tier, and where the
     spec went (the curve's keys are null when only the ready tier was chosen)."""
@@ -160,4 +164,5 @@ def optimize_json(
         "curve": [c.to_json() for c in result.curve],
         "held_out": None if held_out is None else {k: v for k, v in held_out.__dict__.items()},
         "kept_default": kept_default,
+        "judged_on": [dict(j.__dict__) for j in judged],
     }
