@@ -10,7 +10,9 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-BACKEND_LINE = re.compile(r"Using (\w+) (?:attention )?backend")
+# vLLM's line where it picks the backend ("Using FLASH_ATTN attention backend out of potential backends: ...")
+# and where --attention-backend names it ("Using AttentionBackendEnum.TRITON_ATTN backend.")
+BACKEND_LINE = re.compile(r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend")
 
 
 def identity() -> dict:

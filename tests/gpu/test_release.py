@@ -37,7 +37,9 @@ def run(tmp_path_factory):
 def test_the_plan_is_in_force_once_and_captures_every_planned_graph_once(run):
     for name in ("planned", "dummy"):
         server = run[name]
-        assert "error" not in server and server["tracebacks"] == 0, server.get("log_tail")
+        # no traceback the reference server (same bundle, same settings, no plan) did not log too: a
+        # bundle's optional-module probe (DeepGEMM on 0.32.0's) logs one in every server
+        assert "error" not in server and server["tracebacks"] <= run["reference"]["tracebacks"], server.get("log_tail")
         report = server["report"]
         assert report["graphs_captured"] == report["graphs_planned"] > 0
         assert server["in_force_lines"] == 1
@@ -51,7 +53,7 @@ def test_vllm_alone_shows_the_no_lora_slot_bug_and_the_plan_does_not(run):
 def test_a_mismatched_plan_is_refused_before_weights_load(run):
     mismatch = run["mismatch"]
     assert mismatch["returncode"] not in (0, None) and not mismatch["weights_loaded"]
-    assert "lora.max_loras: plan 2, engine 3" in mismatch["last_stderr_lines"][-1]
+    assert "--max-loras 3: the plan has lora.max_loras 2" in mismatch["last_stderr_lines"][-1]
     v1 = run["v1"]
     assert v1["returncode"] not in (0, None) and "V1 model runner" in v1["last_stderr_lines"][-1]
 
