@@ -260,3 +260,25 @@ def test_other_traffic_the_choice_loses_on_keeps_the_specs_sizes_and_says_where(
                                   str(tmp_path / "m.yaml"), "--judge-on", str(tmp_path / "nope.jsonl")])  # fmt: skip
     assert missing.exit_code == 1 and "nope.jsonl: no such file" in missing.stderr
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_many_steps_above_the_largest_graph_propose_a_larger_one(tmp_path):
+    """30% of steps are 400-token prefills, above the largest graph (256 tokens, vLLM's ceiling
+    for 128 sequences): optimize proposes the ceiling that covers 99% of steps, with vLLM's sizes
+    up to it counted and simulated; the spec it writes is unchanged by the proposal."""
+    prefill = {"num_reqs": 1, "num_tokens": 400, "max_query_len": 400, "count": 3}
+    spec, trace = _write(tmp_path, [_decodes(1 + i % 8, 7) if i % 2 else prefill for i in range(200)])
+    out = tmp_path / "out.yaml"
+    result = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    larger = json.loads(result.stdout)["raise_largest"]
+    assert (larger["top"], larger["ceiling"], larger["eager"]) == (256, 400, 0)
+    assert larger["above"] == 300 and larger["steps"] == 1000 and larger["graphs"] > larger["default_graphs"]
+    assert (yaml.safe_load(out.read_text()).get("cudagraph") or {}).get("max_capture_size") is None
+    text = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(tmp_path / "t.yaml")])
+    assert "raise the largest graph? 300 of 1000 steps (30.0%) are above it (256 tokens)" in text.output
+    assert "with cudagraph.max_capture_size: 400 (99% of the steps are at most that)" in text.output
+    spec.write_text(HEADER + SPEC + "cudagraph: {capture_sizes: [1, 2, 4, 8, 16, 32, 64, 128, 256]}\n")
+    listed = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(tmp_path / "l.yaml"),
+                                 "--json"])  # fmt: skip
+    assert listed.exit_code == 0 and json.loads(listed.stdout)["raise_largest"] is None  # sizes the spec lists

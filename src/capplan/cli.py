@@ -264,6 +264,7 @@ def optimize_cmd(
                     outcome.held_out,
                     outcome.kept_default,
                     outcome.judged,
+                    outcome.raise_largest,
                 ),
                 indent=2,
             )
@@ -273,7 +274,13 @@ def optimize_cmd(
         typer.echo(render_curve(outcome.result, full_curve, outcome.held_out, outcome.kept_default))
     _echo_lines(
         written_lines(
-            outcome.result, outcome.output, outcome.ready, outcome.held_out, outcome.kept_default, outcome.judged
+            outcome.result,
+            outcome.output,
+            outcome.ready,
+            outcome.held_out,
+            outcome.kept_default,
+            outcome.judged,
+            outcome.raise_largest,
         )
     )
 

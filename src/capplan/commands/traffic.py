@@ -183,6 +183,70 @@ def _judged(result: Optimized, name: str, trace: list) -> Judged:
     )
 
 
+RAISE_SHARE = 0.05  # steps above the largest graph, as a share of the trace, worth proposing a larger one
+RAISE_COVER = 0.99  # the share of steps the proposed largest graph covers
+
+
+@dataclass(frozen=True)
+class Raise:
+    """A larger largest graph, proposed where many steps run above it (eager under every
+    candidate, so that no choice of sizes below it can help them): vLLM's own sizes up to the
+    proposed ceiling, counted and simulated on the whole traffic."""
+
+    top: int
+    steps: int
+    above: int
+    ceiling: int
+    graphs: int
+    default_graphs: int
+    eager: int
+
+    def line(self) -> str:
+        return (
+            f"raise the largest graph? {self.above} of {self.steps} steps ({self.above / self.steps:.1%}) are above "
+            f"it ({self.top} tokens) and run eager under every candidate; with cudagraph.max_capture_size: "
+            f"{self.ceiling} ({RAISE_COVER:.0%} of the steps are at most that), vLLM's sizes capture {self.graphs} "
+            f"graphs ({self.graphs - self.default_graphs:+d}) and {self.eager} steps run eager: set it in the spec "
+            "and optimize again to weigh it"
+        )
+
+
+def _raise(spec: Any, traces: list[list], default_graphs: int) -> Raise | None:
+    """The larger largest graph to propose for this traffic, or None (few steps above the
+    largest, sizes the spec lists itself, or no larger ceiling within the token budget)."""
+    from capplan.planner.capture_sizes import resolve_capture_sizes
+    from capplan.planner.compiler import compile_plan
+    from capplan.traffic.simulate import simulate
+
+    if spec.cudagraph.capture_sizes is not None or spec.cudagraph.lora_case_sizes is not None:
+        return None
+    _, top = resolve_capture_sizes(spec)
+    counts: dict[int, int] = {}
+    for trace in traces:
+        for item in trace:
+            counts[item.batch.num_tokens] = counts.get(item.batch.num_tokens, 0) + item.count
+    steps = sum(counts.values())
+    above = sum(n for tokens, n in counts.items() if tokens > top)
+    if not top or not steps or above < RAISE_SHARE * steps:
+        return None
+    seen, cover = 0, top
+    for tokens in sorted(counts):
+        seen += counts[tokens]
+        if seen >= RAISE_COVER * steps:
+            cover = tokens
+            break
+    ceiling = min(spec.scheduler.max_num_batched_tokens, -(-cover // 16) * 16)
+    if ceiling <= top:
+        return None
+    raised = spec.model_copy(update={"cudagraph": spec.cudagraph.model_copy(update={"max_capture_size": ceiling})})
+    try:
+        plan = compile_plan(raised)
+    except CapplanError:
+        return None  # more graphs than a plan can hold: nothing to propose
+    eager = sum(simulate(plan, trace).total.eager_steps for trace in traces)
+    return Raise(top, steps, above, ceiling, len(plan.graphs), default_graphs, eager)
+
+
 def split_in_time(trace: list, share: float) -> tuple[list, list]:
     """(the first 1 - share of a trace's steps, the rest), a run of repeats cut where it falls."""
     from capplan.traffic.simulate import TraceBatch
@@ -236,6 +300,7 @@ class OptimizeOutcome:
     held_out: HeldOut | None = None  # None: --holdout 0, or DP rank traces
     kept_default: str | None = None  # why the spec's own sizes were written instead of the fitted ones
     judged: tuple[Judged, ...] = ()  # the choice on other traffic (--judge-on)
+    raise_largest: Raise | None = None  # a larger largest graph, where many steps run above it
 
 
 def optimized_path(spec: Path) -> Path:
@@ -306,6 +371,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         for path in r.judge_on
     )  # each trace on its own: other traffic of one engine
     kept = _keep_default(result, held_out, judged)
+    larger = _raise(loaded, [f.batches for f in files], result.default.graphs)
     if kept is not None:  # the spec's own sizes: the user's spec as it is (the point stays the best fitted)
         result = replace(result, spec=loaded, plan=compile_plan(loaded))
     tiered: ReadyChoice | None = None
@@ -331,7 +397,7 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
     write_atomic(out, text, sources)
     if r.plot is not None and picture is not None:
         write_atomic(r.plot, picture, sources)
-    return OptimizeOutcome(result, out, tiered, held_out, kept, judged)
+    return OptimizeOutcome(result, out, tiered, held_out, kept, judged, larger)
 
 
 def _keep_default(result: Optimized, held_out: HeldOut | None, judged: tuple[Judged, ...] = ()) -> str | None:

@@ -83,6 +83,7 @@ def written_lines(
     held_out: Any = None,
     kept_default: str | None = None,
     judged: tuple[Any, ...] = (),
+    raise_largest: Any = None,
 ) -> list[str]:
     """What optimize says after writing the spec: what was chosen against the default (one
     padding figure each, on the held-out steps when some were held out), why the spec's own
@@ -122,6 +123,8 @@ def written_lines(
         if held_out is not None:
             lines.append(printable(held_out.line()))  # how the choice does on steps it was not fitted on
         lines += [printable(j.line()) for j in judged]  # and on other traffic
+    if raise_largest is not None:
+        lines.append(printable(raise_largest.line()))
     return lines
 
 
@@ -132,6 +135,7 @@ def optimize_json(
     held_out: Any = None,
     kept_default: str | None = None,
     judged: tuple[Any, ...] = (),
+    raise_largest: Any = None,
 ) -> dict[str, Any]:
     """`optimize --json`: the curve, the choice and the default, the ready tier, and where the
     spec went (the curve's keys are null when only the ready tier was chosen)."""
@@ -165,4 +169,5 @@ def optimize_json(
         "held_out": None if held_out is None else {k: v for k, v in held_out.__dict__.items()},
         "kept_default": kept_default,
         "judged_on": [dict(j.__dict__) for j in judged],
+        "raise_largest": None if raise_largest is None else dict(raise_largest.__dict__),
     }
