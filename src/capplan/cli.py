@@ -254,35 +254,14 @@ def optimize_cmd(
         drop_unschedulable, model_config, tuple(judge_on or ()),
     )  # fmt: skip
     outcome = optimize(request, _note)
+    o = outcome
+    said = (o.result, o.output, o.ready, o.held_out, o.kept_default, o.judged, o.raise_largest)
     if as_json:
-        typer.echo(
-            dumps(
-                optimize_json(
-                    outcome.result,
-                    outcome.output,
-                    outcome.ready,
-                    outcome.held_out,
-                    outcome.kept_default,
-                    outcome.judged,
-                    outcome.raise_largest,
-                ),
-                indent=2,
-            )
-        )
+        typer.echo(dumps(optimize_json(*said), indent=2))
         return
-    if outcome.result is not None:
-        typer.echo(render_curve(outcome.result, full_curve, outcome.held_out, outcome.kept_default))
-    _echo_lines(
-        written_lines(
-            outcome.result,
-            outcome.output,
-            outcome.ready,
-            outcome.held_out,
-            outcome.kept_default,
-            outcome.judged,
-            outcome.raise_largest,
-        )
-    )
+    if o.result is not None:
+        typer.echo(render_curve(o.result, full_curve, o.held_out, o.kept_default))
+    _echo_lines(written_lines(*said))
 
 
 @app.command("diff", help=h.DIFF_HELP)

@@ -98,6 +98,27 @@ class OptimizeRequest:
     judge_on: tuple[Path, ...] = ()  # other traffic the choice is judged on, never fitted on
 
 
+def worse_than_default(padding: float, default_padding: float, eager: int, default_eager: int) -> str | None:
+    """Why the fitted sizes do worse than the spec's own on some steps (more padding, else more
+    steps eager), or None."""
+    if padding > default_padding:
+        return f"padding {padding:.2%} against {default_padding:.2%}"
+    if eager > default_eager:
+        return f"{eager} eager steps against {default_eager}"
+    return None
+
+
+def scored(result: Optimized, trace: list) -> tuple[Any, Any]:
+    """The chosen plan's and the spec's own plan's totals on `trace` (steps above the spec's
+    largest graph left out: eager under both)."""
+    from capplan.planner.compiler import compile_plan
+    from capplan.traffic.simulate import simulate
+
+    top = result.default.capture_sizes[-1] if result.default.capture_sizes else 0
+    chosen = simulate(result.plan, trace, leave_out_above=top).total
+    return chosen, simulate(compile_plan(result.default.spec), trace, leave_out_above=top).total
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """The choice scored on the part of the trace it was not fitted on (the last `share` of
@@ -122,11 +143,7 @@ class HeldOut:
 
     def worse(self) -> str | None:
         """Why the fitted sizes do worse than the default on the held-out steps, or None."""
-        if self.padding > self.default_padding:
-            return f"padding {self.padding:.2%} against {self.default_padding:.2%}"
-        if self.eager > self.default_eager:
-            return f"{self.eager} eager steps against {self.default_eager}"
-        return None
+        return worse_than_default(self.padding, self.default_padding, self.eager, self.default_eager)
 
     def line(self) -> str:
         bound = f" (bound {self.max_pad:g}x)" if self.max_pad is not None else " (unbounded)"
@@ -153,11 +170,7 @@ class Judged:
 
     def worse(self) -> str | None:
         """Why the fitted sizes do worse than the spec's own on this traffic, or None."""
-        if self.padding > self.default_padding:
-            return f"padding {self.padding:.2%} against {self.default_padding:.2%}"
-        if self.eager > self.default_eager:
-            return f"{self.eager} eager steps against {self.default_eager}"
-        return None
+        return worse_than_default(self.padding, self.default_padding, self.eager, self.default_eager)
 
     def line(self) -> str:
         return (
@@ -167,12 +180,7 @@ class Judged:
 
 
 def _judged(result: Optimized, name: str, trace: list) -> Judged:
-    from capplan.planner.compiler import compile_plan
-    from capplan.traffic.simulate import simulate
-
-    top = result.default.capture_sizes[-1] if result.default.capture_sizes else 0
-    chosen = simulate(result.plan, trace, leave_out_above=top).total
-    default = simulate(compile_plan(result.default.spec), trace, leave_out_above=top).total
+    chosen, default = scored(result, trace)
     return Judged(
         trace=name,
         steps=sum(item.count for item in trace),
@@ -267,13 +275,9 @@ def split_in_time(trace: list, share: float) -> tuple[list, list]:
 
 
 def _held_out(result: Optimized, fit: list, held: list, share: float, max_pad: float | None) -> HeldOut:
-    from capplan.planner.compiler import compile_plan
     from capplan.traffic.optimize import worst_pad
-    from capplan.traffic.simulate import simulate
 
-    top = result.default.capture_sizes[-1] if result.default.capture_sizes else 0
-    chosen = simulate(result.plan, held, leave_out_above=top).total
-    default = simulate(compile_plan(result.default.spec), held, leave_out_above=top).total
+    chosen, default = scored(result, held)
     spec = result.spec
     sets = [result.point.capture_sizes] + [e.sizes for e in spec.cudagraph.lora_case_sizes or []]
     return HeldOut(
