@@ -191,10 +191,8 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
         raise CapplanError(f"{source}: {said}{describe_validation_error(exc, Spec)}") from None
     spec = spec_from_data(data, source)
     plan = compile_plan(spec)
-    not_carried = [  # a limit left to the model, or a spelling vLLM ignores (which says so in parentheses)
-        u if u.endswith(")") else f"{u}: vLLM takes it from the model (give the model's value in the spec)"
-        for u in cmd.unread
-    ]
+    not_carried = [f"{u}: vLLM takes it from the model (give the model's value in the spec)" for u in cmd.unread]
+    not_carried += cmd.ignored  # spellings vLLM ignores, each saying so
     not_carried += contradictions(plan, cmd)
     if cmd.values.get("speculative.present") and "speculative.num_speculative_tokens" not in cmd.values:
         not_carried.append("a speculative config without num_speculative_tokens: the spec plans none")

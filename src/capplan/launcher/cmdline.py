@@ -86,7 +86,8 @@ class Command:
     json_at: dict[str, int] = field(default_factory=dict)  # "compilation"/"speculative" -> index of its JSON
     dotted: dict[str, str] = field(default_factory=dict)  # JSON args given as dotted keys -> the flag vLLM keeps
     in_file: set[str] = field(default_factory=set)  # JSON args whose object comes from the --config file
-    unread: list[str] = field(default_factory=list)  # what capplan did not read (e.g. --config FILE)
+    unread: list[str] = field(default_factory=list)  # values left to the model (`--max-model-len auto`)
+    ignored: list[str] = field(default_factory=list)  # spellings vLLM ignores, each with why (`--config=FILE`)
     from_model: set[str] = field(default_factory=set)  # settings the command leaves to the model (auto): never added
     resolved: Resolved | None = None  # vLLM's own reading of the command, when vLLM was importable
 
@@ -425,7 +426,7 @@ def read_command(argv: list[str]) -> Command | None:
         elif name == "--model":
             i += step
         elif name == "--config":
-            cmd.unread.append(f"--config={inline} (vLLM reads a config file only as `--config FILE`: it ignores it)")
+            cmd.ignored.append(f"--config={inline} (vLLM reads a config file only as `--config FILE`: it ignores it)")
             i += 1
         elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
@@ -554,7 +555,7 @@ def read_resolved(argv: list[str], resolved: Resolved) -> Command:
             cmd.values[spec] = k
             cmd.flags[spec] = f"{SPECULATIVE_FLAGS[0]} {spec_key} {k}{where('speculative_config')}"
     if any(a.startswith("--config=") for a in argv):
-        cmd.unread.append("--config=FILE (vLLM reads a config file only as `--config FILE`: it ignores this one)")
+        cmd.ignored.append("--config=FILE (vLLM reads a config file only as `--config FILE`: it ignores this one)")
     cmd.resolved = resolved
     return cmd
 

@@ -236,6 +236,6 @@ def prepare(
             f"{short(value)}); the engine refuses to start before loading weights if vLLM's differs "
             f"(give {s.flag} {short(value)} to serve the plan's)"
         )
-    if cmd.unread:
-        lines.append(f"capplan: not read here, checked by the engine: {shlex.join(cmd.unread)}")
+    if cmd.unread or cmd.ignored:
+        lines.append(f"capplan: not read here, checked by the engine: {shlex.join([*cmd.unread, *cmd.ignored])}")
     return full, lines
