@@ -160,7 +160,8 @@ def test_a_config_no_spec_reads_is_still_skipped(repo):
         ),
         (
             "deployment: {config: vllm.yaml, command: 'vllm serve M --config x.yaml'}\n",
-            "error: deploy/spec.yaml: deployment: deployment.command gives --config too (give the config file once)",
+            "error: deploy/spec.yaml: deployment.command: the line reads --config x.yaml, which the spec does not "
+            "name (name it as deployment.config (relative to the spec's folder: deploy/x.yaml)",
         ),
     ],
 )
@@ -223,7 +224,10 @@ def test_the_serve_line_from_a_command_or_a_script(repo):
     assert run("compile", "deploy/spec.yaml").exit_code == 0
     Path("deploy/serve.sh").write_text(Path("deploy/serve.sh").read_text().replace("--max-loras 2", "--max-loras 3"))
     hooked = run("compile", "--check", "--skip-non-specs", "deploy/serve.sh")
-    assert hooked.exit_code == 1 and "deploy/serve.sh now sets lora.max_loras 3 (--max-loras 3)" in hooked.stderr
+    assert (
+        hooked.exit_code == 1
+        and "deploy/vllm.yaml and deploy/serve.sh now set lora.max_loras 3 (--max-loras 3)" in hooked.stderr
+    )
     # the plan is never written over its own deployment's files
     refused = run("compile", "deploy/spec.yaml", "-o", "deploy/serve.sh")
     assert refused.exit_code == 2 and "is the deployment's vLLM config" in refused.stderr
@@ -279,6 +283,9 @@ def test_flags_of_a_deployment_spec_keeps_the_operators_line_whole(repo):
         "--gpu-memory-utilization 0.85\n"
     )
     Path("deploy/spec.yaml").write_text("deployment: {config: vllm.yaml, script: serve.sh}\n")
+    missing = run("flags", "deploy/spec.yaml")  # CAPPLAN_PLAN would name a plan not written yet
+    assert missing.exit_code == 1 and "run capplan compile deploy/spec.yaml first" in missing.stderr
+    assert run("compile", "deploy/spec.yaml").exit_code == 0
     result = run("flags", "deploy/spec.yaml")
     assert result.exit_code == 0, result.output
     import shlex
@@ -293,9 +300,80 @@ def test_flags_of_a_deployment_spec_keeps_the_operators_line_whole(repo):
     assert "--max-loras" not in line and "--max-num-seqs" not in line and "--compilation-config" in line
     assert run("flags", "deploy/spec.yaml", "--format", "json").stdout.lstrip().startswith("[")
     assert run("flags", "deploy/spec.yaml", "--format", "yaml").exit_code == 2
-    assert run("compile", "deploy/spec.yaml").exit_code == 0
+    assert run("flags", "deploy/spec.yaml", "--format", "python").exit_code == 2
     from_plan = run("flags", "deploy/spec.plan.yaml")
     assert from_plan.exit_code == 0 and "`capplan flags SPEC` prints the deployment's own line" in from_plan.stderr
     Path("alone.yaml").write_text("lora: {enabled: true}\n")
     alone = run("flags", "alone.yaml")
     assert alone.exit_code == 2 and "a spec with no deployment section" in alone.stderr
+    Path("deploy/serve.sh").write_text(Path("deploy/serve.sh").read_text().replace("--port 8001", "--max-loras 2"))
+    stale = run("flags", "deploy/spec.yaml")
+    assert stale.exit_code == 1 and "is not what deploy/spec.yaml compiles to" in stale.stderr
+
+
+def test_a_compilation_config_in_the_file_that_apply_could_not_complete_is_refused_at_compile(repo):
+    Path("deploy/vllm.yaml").write_text(VLLM_YAML + "compilation-config: {cudagraph_mode: PIECEWISE}\n")
+    result = run("compile", "deploy/spec.yaml")
+    assert result.exit_code == 1 and not Path("deploy/spec.plan.yaml").exists()
+    assert "deploy/vllm.yaml: the plan needs cudagraph_capture_sizes" in result.stderr
+    assert "which the command gives in its --config file" in result.stderr
+
+
+@pytest.mark.parametrize("rank", ["true", "16.0", "'16'", "17"])
+def test_a_rank_that_is_not_one_of_vllms_integers_is_refused(repo, rank):
+    Path("deploy/vllm.yaml").write_text(VLLM_YAML.replace("max-lora-rank: 16", "max-lora-rank: 8"))
+    Path("deploy/spec.yaml").write_text(f"lora: {{enabled: true, max_lora_rank: {rank}}}\n")
+    result = run("compile", "deploy/spec.yaml")
+    assert result.exit_code == 1 and "lora.max_lora_rank" in result.stderr
+
+
+def test_hostile_scripts_lines_and_trees(repo):
+    """What a shell would do differently, or a tree the hook walks, found by a hostile pass."""
+    # a backslash-newline is removed, as the shell removes it: `1\\n6` is 16
+    Path("deploy/serve.sh").write_text(
+        "vllm serve M --enable-lora --max-loras 2 --max-num-seqs 64 --max-num-batched-tokens 2048 "
+        "--max-model-len 4096 --cudagraph-capture-sizes 1 2 4 8 1\\\n6 32\n"
+    )
+    Path("deploy/spec.yaml").write_text("deployment: {script: serve.sh}\n")
+    assert load_spec(Path("deploy/spec.yaml")).cudagraph.capture_sizes == [1, 2, 4, 8, 16, 32]
+    # what the shell expands at launch is not in the file: refused, never read as text
+    for line in ('ARGS="M --max-loras 8"\nvllm serve $ARGS --max-num-seqs 8\n', "vllm serve ${MODEL} --max-loras 2\n",
+                 "vllm serve M --max-loras `cat n`\n"):  # fmt: skip
+        Path("deploy/serve.sh").write_text(line)
+        result = run("compile", "deploy/spec.yaml")
+        assert result.exit_code == 1 and "the shell expands it when the server starts" in result.stderr, line
+    Path("deploy/spec.yaml").write_text("deployment: {command: 'vllm serve $MODEL --max-loras 2'}\n")
+    assert "the shell expands it" in run("compile", "deploy/spec.yaml").stderr
+    # the api_server module takes no positional argument (vLLM refuses it): never read as the model
+    Path("deploy/spec.yaml").write_text(
+        "deployment: {command: 'python -m vllm.entrypoints.openai.api_server M --max-num-seqs 8'}\n"
+    )
+    refused = run("compile", "deploy/spec.yaml")
+    assert refused.exit_code == 1 and "takes no positional argument" in refused.stderr
+    # the line's own --config is the deployment's config, read from the spec's folder; another is refused
+    Path("deploy/serve.sh").write_text("cd /srv && exec vllm serve --config vllm.yaml --port 9\n")
+    Path("deploy/spec.yaml").write_text("deployment: {config: vllm.yaml, script: serve.sh}\n")
+    spec, found = load_deployed_spec(Path("deploy/spec.yaml"))
+    assert found is not None and found.argv.count("--config") == 1 and spec.lora.max_loras == 4
+    Path("deploy/spec.yaml").write_text("deployment: {script: serve.sh}\n")
+    assert "which the spec does not name" in run("compile", "deploy/spec.yaml").stderr
+
+
+def test_the_hook_never_waits_on_a_fifo_or_reads_a_device_and_knows_a_config_in_vllms_own_names(repo):
+    Path("deploy/spec.yaml").write_text(SPEC)
+    assert run("compile", "deploy/spec.yaml").exit_code == 0
+    os.mkfifo("deploy/zz.yaml")
+    os.symlink("/dev/zero", "deploy/zero.yaml")
+    hooked = run("compile", "--check", "--skip-non-specs", "deploy/vllm.yaml")
+    assert hooked.exit_code == 0 and "checked through deploy/spec.yaml" in hooked.stderr
+    fifo = run("compile", "--check", "--skip-non-specs", "deploy/zz.yaml")
+    assert fifo.exit_code == 1 and "Traceback" not in fifo.output
+    # vLLM also reads underscored keys: a config such as this is checked through its spec, not taken for one
+    Path("deploy/vllm.yaml").write_text(
+        "model: Qwen/Qwen2.5-7B-Instruct\nenable_lora: true\nmax_loras: 6\nmax_num_seqs: 128\n"
+        "max_num_batched_tokens: 8192\nmax_model_len: 32768\n"
+    )
+    moved = run("compile", "--check", "--skip-non-specs", "deploy/vllm.yaml")
+    assert moved.exit_code == 1 and "now sets lora.max_loras 6" in moved.stderr
+    Path("other.yaml").write_text("model: Qwen/Qwen3-8B\n")  # read by no spec, and no spec either
+    assert "skipped, not a capplan spec" in run("compile", "--check", "--skip-non-specs", "other.yaml").stderr

@@ -282,3 +282,7 @@ def test_many_steps_above_the_largest_graph_propose_a_larger_one(tmp_path):
     listed = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o", str(tmp_path / "l.yaml"),
                                  "--json"])  # fmt: skip
     assert listed.exit_code == 0 and json.loads(listed.stdout)["raise_largest"] is None  # sizes the spec lists
+    spec.write_text(HEADER + SPEC + "cudagraph: {mode: FULL_DECODE_ONLY}\n")  # no mixed graph to raise
+    decode_only = runner.invoke(app, ["optimize", str(spec), str(trace), "--max-graphs", "20", "-o",
+                                      str(tmp_path / "d.yaml"), "--json"])  # fmt: skip
+    assert decode_only.exit_code == 0 and json.loads(decode_only.stdout)["raise_largest"] is None

@@ -59,10 +59,24 @@ def test_thresholds_absolute_and_percent_give_pass_warn_and_deny():
 
 
 def test_unpriced_measures_are_said_and_graphs_not_priced_gates_them():
-    old, new = plan(), plan(lora__max_loras=8)
-    _, v = verdict(old, new, {"thresholds": {"capture_seconds": {"deny": 0}, "graphs_not_priced": {"warn": 0}}})
+    old, new = plan(), plan(scheduler__max_num_seqs=64)
+    policy = {"thresholds": {"capture_seconds": {"deny": 0}, "graphs_not_priced": {"warn": 0}}}
+    _, v = verdict(old, new, policy)
     assert v.level == "warn" and v.not_judged == ("capture_seconds: not priced (graphs_not_priced gates what is not)",)
-    assert v.findings[0].measure == "graphs_not_priced" and v.findings[0].change == len(new.graphs)
+    assert v.findings[0].measure == "graphs_not_priced"
+    assert v.findings[0].change == len(new.graphs) - len(old.graphs)  # the graphs left unpriced that were not
+    assert verdict(new, old, policy)[1].level == "pass"  # fewer unpriced graphs: a decrease passes
+
+
+def test_a_percent_of_nothing_and_a_percent_of_a_count():
+    empty = compile_plan(spec_from_data({"cudagraph": {"mode": "NONE"}}, "s"))
+    grown = plan()
+    d, v = verdict(empty, grown, {"thresholds": {"graphs": {"deny_percent": 10}}})
+    assert d.price.old.graphs == 0 and v.level == "deny"  # from none: more than any percent
+    assert v.findings[0].percent is None and "from none" in v.findings[0].text
+    assert json.dumps(json.loads(json.dumps(v.findings[0].percent))) == "null"
+    with pytest.raises(ValueError, match="no old value to take a percent of"):
+        ReviewPolicy.model_validate({"thresholds": {"batches_to_eager": {"deny_percent": 0}}})
 
 
 def test_batches_sent_eager_and_lora_case_moves():
@@ -126,7 +140,7 @@ def test_exit_codes_and_every_format_lead_with_the_verdict(specs, policy, code, 
     ("thresholds: {graphs: {warn: 5, deny: 1}}\n", "review.yaml: thresholds.graphs: warn (5) is above deny (1)"),
     ("thresholds: {graphs: {warn: -1}}\n", "review.yaml: thresholds.graphs.warn: must be >= 0"),
     ("thresholds: {graphs: {warn: yes}}\n", "review.yaml: thresholds.graphs.warn: "),
-    ("overrides: [{fingerprint: abc, reason: x}]\n", "review.yaml: overrides.0.fingerprint: "),
+    ("overrides: [{fingerprint: abc, reason: x}]\n", "review.yaml: overrides.0.fingerprint: must be sha256: and 64"),
     ("overrides: [{fingerprint: 'sha256:" + "0" * 64 + "'}]\n", "review.yaml: overrides.0.reason: is required"),
     ("- 1\n", "review.yaml: "),
 ])  # fmt: skip

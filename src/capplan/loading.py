@@ -122,7 +122,7 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
     import sys
 
     from capplan.files import read_text
-    from capplan.launcher.deployment import read_settings, serve_line_of, server_argv
+    from capplan.launcher.deployment import read_settings, serve_line_of, server_argv, unexpanded, without_prefixes
     from capplan.schemas.spec import Deployment
     from capplan.settings import SETTINGS
 
@@ -145,14 +145,18 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
         raise SpecError(f"{name}: deployment.{key}: {exc.message}", exc.hint) from None
     words: list[str] = []
     label = "deployment.command"
+    base = folder  # where the line's relative paths are read from
     if source.command is not None:
         try:
-            words = shlex.split(source.command)
+            words = without_prefixes(shlex.split(source.command))
         except ValueError as exc:
             raise SpecError(f"{name}: deployment.command: does not split as a shell line ({exc})") from None
+        unexpanded(words, f"{name}: deployment.command", SpecError)
     elif script is not None and text is not None:
         label = printable(str(script))
         words = serve_line_of(text, label, SpecError)
+        base = script.parent
+    words = _line_config(words, base, config, f"{name}: {label}")
     try:
         argv, label = server_argv(config, words, label)
         found = read_settings(argv, label, sys.executable, dict(os.environ), "spell it out in the vLLM config")
@@ -182,6 +186,25 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
                 f"set the value vLLM derives as {setting.name} in the spec, or give {setting.flag} in the vLLM config",
             )
     return merged, found
+
+
+def _line_config(words: list[str], base: Path, config: Path | None, where: str) -> list[str]:
+    """The serve line without its `--config FILE` where that file is the deployment's config
+    (read from the spec's `deployment.config`, so that compile reads it from the spec's folder and
+    the hook watches it); refused where the line names a config file the spec does not."""
+    import os
+
+    at = next((i for i, w in enumerate(words) if w == "--config" or w.startswith("--config=")), None)
+    if at is None:
+        return words
+    named = words[at].partition("=")[2] if "=" in words[at] else (words[at + 1] if at + 1 < len(words) else "")
+    if config is None or not named or os.path.realpath(base / named) != os.path.realpath(config):
+        raise SpecError(
+            f"{where}: the line reads --config {printable(named)[:60]}, which the spec does not name",
+            f"name it as deployment.config (relative to the spec's folder: {printable(str(base / named))[:80]}), so "
+            "that compile reads it and a change to it fails --check",
+        )
+    return words[:at] + words[at + (1 if "=" in words[at] else 2) :]
 
 
 def load_calibration(path: Path | None = None):

@@ -5,6 +5,7 @@ an override recorded against the new plan's fingerprint accepts it. Pure: no I/O
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,7 +20,7 @@ UNITS: dict[Measure, str] = {
     "graph_memory_gib": "GiB graph memory",
     "batches_to_eager": "batch shape(s) sent eager",
     "lora_case_moves": "LoRA count(s) whose case moves",
-    "graphs_not_priced": "graph(s) not priced",
+    "graphs_not_priced": "graph(s) left unpriced",
 }
 
 
@@ -79,11 +80,21 @@ def _measure(d: PlanDiff, measure: Measure) -> tuple[float | None, float | None,
             c for c in d.lora_map_changes if isinstance(c, LoraCountChange) and c.old_case is not None
         ]  # a count the old plan scheduled, now in another case or none (a new count moves nothing)
         return float(len(moved)), None, None
-    return float(p.new.graphs if not p.new.priced and p.new.graphs else 0), None, None
+    unpriced = [x.graphs if not x.priced else 0 for x in (p.old, p.new)]
+    return float(unpriced[1] - unpriced[0]), None, None  # graphs left unpriced that were not before
+
+
+def _percent(change: float, base: float | None) -> float | None:
+    """The change as a percent of the old value (growth from nothing: infinite), or None."""
+    if base is None:
+        return None
+    if base == 0:
+        return math.inf if change > 0 else 0.0
+    return 100.0 * change / base
 
 
 def _over(limit: Limit, change: float, base: float | None) -> list[tuple[Level, str]]:
-    percent = None if not base else 100.0 * change / base
+    percent = _percent(change, base)
     out: list[tuple[Level, str]] = []
     for level in ("deny", "warn"):
         absolute, relative = getattr(limit, level), getattr(limit, f"{level}_percent")
@@ -109,10 +120,12 @@ def review(d: PlanDiff, policy: ReviewPolicy, new_fingerprint: str) -> Verdict:
         over = _over(limit, change, base)
         if over:
             found, which = over[0]  # deny before warn
-            percent = None if not base else round(100.0 * change / base, 1)
-            shown = {"capture_seconds": f"{change:+.1f}", "graph_memory_gib": f"{change:+.3f}",
-                     "graphs_not_priced": f"{change:g}"}.get(measure, f"{change:+g}")  # fmt: skip
-            pct = f", {percent:+g}%" if percent is not None else ""
+            exact = _percent(change, base)
+            percent = None if exact is None or math.isinf(exact) else round(exact, 1)  # JSON holds no infinity
+            shown = {"capture_seconds": f"{change:+.1f}", "graph_memory_gib": f"{change:+.3f}"}.get(
+                measure, f"{change:+g}"
+            )
+            pct = f", {percent:+g}%" if percent is not None else (", from none" if base == 0 else "")
             findings.append(Finding(measure, change, percent, found, which,
                                     f"{shown} {UNITS[measure]}{pct} (over {which})"))  # fmt: skip
     judged: Level = max((f.level for f in findings), key=RANK.__getitem__, default="pass")

@@ -70,12 +70,14 @@ def plan_targets(specs: Sequence[Path], options: CompileOptions, notes: Notes = 
     written: dict[str, Path] = {}  # real path of each plan -> the spec writing it
     queue = list(specs)
     given = {os.path.realpath(s) for s in specs}  # and the specs that read a vLLM config given in their place
+    index: dict[str, list[Path]] | None = None  # a vLLM config or script -> the specs whose deployment reads it
     while queue:
         spec = queue.pop(0)
         kind = yaml_kind(spec) if options.skip_non_specs else "spec"
-        if kind == "other":
-            readers = specs_reading(spec)
-            if readers:
+        if options.skip_non_specs and kind != "plan":
+            index = deployment_index() if index is None else index
+            readers = index.get(_real(spec), [])
+            if readers:  # a vLLM config (or launch script) a spec reads, whatever else it looks like
                 notes(f"{printable(str(spec))}: checked through {', '.join(printable(str(r)) for r in readers)} "
                       "(whose deployment reads it)")  # fmt: skip
                 queue += [r for r in readers if os.path.realpath(r) not in given]
@@ -125,7 +127,7 @@ def compile_target(spec: Path, plan_path: Path) -> Compiled:
 def _compiled(spec: Path) -> tuple[Plan, DeploymentSettings | None]:
     """The plan a spec compiles to, and what its deployment's vLLM config sets; refused where
     that config gives a value the plan cannot hold (what `capplan apply` would refuse in it)."""
-    from capplan.launcher.engine_args import contradictions
+    from capplan.launcher.engine_args import complete, contradictions
     from capplan.loading import load_deployed_spec
     from capplan.planner import compile_plan
 
@@ -138,6 +140,10 @@ def _compiled(spec: Path) -> tuple[Plan, DeploymentSettings | None]:
                 f"{printable(str(spec))}: {found.label}: {printable(problems[0])}",
                 "change the vLLM config: capplan apply would refuse to start it with this plan",
             )
+        try:  # what apply adds to the line, it must be able to add
+            complete(plan, found.cmd)
+        except CapplanError as exc:
+            raise SpecError(f"{printable(str(spec))}: {found.label}: {exc.message}", exc.hint) from None
     return plan, found
 
 
@@ -194,7 +200,7 @@ def _deployment_moves(job: Compiled) -> str | None:
             moves.append(f"{name} {short(want)} ({said}), the plan has {short(have)}")
     if not moves:
         return None
-    return f"{found.label} now sets " + "; ".join(moves)
+    return f"{found.label} now set{'' if ' and ' in found.label else 's'} " + "; ".join(moves)
 
 
 def refuse_stale(outcomes: Sequence[CompileOutcome]) -> None:
@@ -228,20 +234,28 @@ def compile_spec(spec: Path) -> Plan:
 
 
 SEARCH_LIMIT = 20000  # YAML files looked at for specs reading a changed vLLM config
+SEARCH_BYTES = 1 << 20  # a larger file is no spec
 
 
-def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
-    """The specs under `root` (default: the working directory, where the pre-commit hook and the
-    CI job run) whose `deployment` section reads `path` (its config or its script), each as a
-    path relative to `root`. Hidden folders and virtual environments are not searched."""
+def _real(path: Path | str) -> str:
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return ""
+
+
+def deployment_index(root: Path | None = None) -> dict[str, list[Path]]:
+    """Every vLLM config and launch script a spec under `root` (default: the working directory,
+    where the pre-commit hook and the CI job run) reads through its `deployment` section, by real
+    path, with those specs (relative to `root`). Only regular files are read (a fifo or a device
+    named *.yaml is passed over, never opened); hidden folders and virtual environments are not
+    searched."""
+    import stat
+
     from capplan.files import read_yaml
 
     root = root or Path(".")
-    try:
-        target = os.path.realpath(path)
-    except (OSError, ValueError):
-        return []
-    found: list[Path] = []
+    index: dict[str, list[Path]] = {}
     seen = 0
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "venv", "__pycache__"))
@@ -250,11 +264,15 @@ def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
                 continue
             seen += 1
             if seen > SEARCH_LIMIT:
-                return found
+                return index
             candidate = Path(folder) / name
             try:
-                if os.path.getsize(candidate) > 1 << 20 or b"deployment" not in candidate.read_bytes():
+                info = os.lstat(candidate)
+                if not stat.S_ISREG(info.st_mode) or info.st_size > SEARCH_BYTES:
                     continue
+                with open(candidate, "rb") as f:
+                    if b"deployment" not in f.read(SEARCH_BYTES):
+                        continue
                 data = read_yaml(candidate, "spec", SpecError)
             except (OSError, SpecError):
                 continue
@@ -264,10 +282,15 @@ def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
             for key in ("config", "script"):
                 named = source.get(key)
                 if isinstance(named, str) and named and "\x00" not in named:
-                    if os.path.realpath(candidate.parent / named) == target:
-                        found.append(Path(os.path.normpath(candidate)))
-                        break
-    return found
+                    real = _real(candidate.parent / named)
+                    if real:
+                        index.setdefault(real, []).append(Path(os.path.normpath(candidate)))
+    return index
+
+
+def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
+    """The specs under `root` whose `deployment` section reads `path` (its config or its script)."""
+    return deployment_index(root).get(_real(path), [])
 
 
 SKIPPED = {
@@ -279,8 +302,16 @@ SKIPPED = {
 def yaml_kind(path: Path) -> Literal["spec", "plan", "other"]:
     """What a YAML file is, for `compile --skip-non-specs` (the pre-commit hook and the example
     CI job pass every YAML file): a capplan spec, a capplan plan, or another tool's file."""
+    import stat
+
     if not path.name.endswith((".yaml", ".yml")):
         return "other"  # a script the hook passes: checked through the specs that read it, if any
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        regular = False
+    if not regular:
+        return "spec"  # a fifo, a device, a folder or nothing: the spec loader refuses it, never waits on it
     if looks_like_plan(path):
         return "plan"
     return "spec" if looks_like_spec(path) else "other"
@@ -325,4 +356,9 @@ def looks_like_spec(path: Path) -> bool:
     # vLLM's dashed option names and no spec section holding a mapping it is not a spec.
     dashed = any(isinstance(k, str) and "-" in k for k in data)
     holds_section = any(isinstance(v, (dict, list)) for k, v in data.items() if k in Spec.model_fields)
-    return holds_section or not dashed
+    if holds_section:
+        return True
+    # No section holds a mapping: a vLLM config in vLLM's own names (`model: NAME`, `max_num_seqs: 128`,
+    # dashed or not) unless every key is a spec section and none is a model named as text.
+    others = any(k not in Spec.model_fields for k in data)
+    return not (dashed or others or isinstance(data.get("model"), str))

@@ -9,7 +9,7 @@ from typing import Any
 from capplan.analysis.verify import VerifyReport
 from capplan.calibration.price import Priced
 from capplan.commands import inputs
-from capplan.errors import UsageError, printable
+from capplan.errors import CapplanError, UsageError, printable
 from capplan.planfile.read import load_plan
 from capplan.planner.dispatch import Batch, Dispatch
 from capplan.schemas.plan import Plan
@@ -291,10 +291,18 @@ def deployment_flags(spec_path: Path, form: str) -> str:
             f"{printable(str(spec_path))}: a spec with no deployment section (the plan alone gives the arguments)",
             "give its plan: capplan flags PLAN",
         )
-    if form == "yaml":
+    if form in ("yaml", "python"):
         raise UsageError(
-            f"{printable(str(spec_path))}: its settings are in the deployment's own vLLM config already",
-            "use --format serve or json, or capplan flags PLAN --format yaml for the plan's keys alone",
+            f"--format {form}: for a deployment spec capplan prints the deployment's own line as it is",
+            "use --format serve (the line) or json (its arguments), or capplan flags PLAN for the plan alone",
+        )
+    from capplan.planfile.compare import stale_reason
+
+    why = stale_reason(plan_path, job.data)
+    if why is not None:  # CAPPLAN_PLAN would name a plan that is not this spec's
+        raise CapplanError(
+            f"{printable(str(plan_path))} is not what {printable(str(spec_path))} compiles to ({why})",
+            f"run capplan compile {printable(str(spec_path))} first",
         )
     full, _ = complete(job.plan, job.deployment.cmd)
     if form == "json":

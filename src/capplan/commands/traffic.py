@@ -228,6 +228,8 @@ def _raise(spec: Any, traces: list[list], default_graphs: int) -> Raise | None:
 
     if spec.cudagraph.capture_sizes is not None or spec.cudagraph.lora_case_sizes is not None:
         return None
+    if spec.parallel.synced_size > 1 or spec.cudagraph.mode.value not in ("FULL_AND_PIECEWISE", "PIECEWISE"):
+        return None  # DP ranks pad to one another (steps are not one rank's); no mixed graphs to raise
     _, top = resolve_capture_sizes(spec)
     counts: dict[int, int] = {}
     for trace in traces:
@@ -370,10 +372,9 @@ def optimize(request: OptimizeRequest, notes: Notes = no_notes) -> OptimizeOutco
         max_pad=r.max_pad_ratio,
     )
     held_out = _held_out(result, fitted[0], held, r.holdout, r.max_pad_ratio) if held is not None else None
-    judged = tuple(
-        _judged(result, printable(str(path)), read_rank_traces([path], loaded, r.drop_unschedulable)[0].batches)
-        for path in r.judge_on
-    )  # each trace on its own: other traffic of one engine
+    judged_files = [read_rank_traces([path], loaded, r.drop_unschedulable)[0] for path in r.judge_on]
+    _trace_notes(judged_files, notes)  # each trace on its own: other traffic of one engine
+    judged = tuple(_judged(result, printable(str(p)), f.batches) for p, f in zip(r.judge_on, judged_files))
     kept = _keep_default(result, held_out, judged)
     larger = _raise(loaded, [f.batches for f in files], result.default.graphs)
     if kept is not None:  # the spec's own sizes: the user's spec as it is (the point stays the best fitted)

@@ -292,6 +292,12 @@ def read_command(argv: list[str]) -> Command | None:
         return None
     cmd = Command(list(argv), start)
     serve = Path(argv[0]).name == "vllm" or "vllm.entrypoints.cli.main" in argv
+    if not serve and start < len(argv) and not argv[start].startswith("-"):
+        raise CapplanError(
+            f"{printable(argv[start])[:40]}: the api_server module takes no positional argument: vLLM refuses the "
+            "command",
+            "give the model as --model MODEL",
+        )
     if serve and not argv[start - 1].startswith("-") and argv[start - 1] != "serve":
         twice = next((a for a in argv[start:] if re.match(r"^--model(=.+|$)", a)), None)
         if twice is not None:

@@ -161,6 +161,7 @@ def read_settings(
         found.carried.append(f"{cmd.flags.get(name, name)} -> {name}")
     if "lora" in found.data and "enabled" not in found.data["lora"]:
         found.data["lora"]["enabled"] = False  # vLLM serves no adapter without --enable-lora
+        cmd.flags.setdefault("lora.enabled", "no --enable-lora (vLLM serves no adapter without it)")
     model = served_model(argv, start, config)
     if model is not None:
         found.data.setdefault("model", {})["name"] = model
@@ -175,17 +176,24 @@ def serve_line_of(text: str, where: str, fail: Callable[[str, str | None], Excep
     from capplan.launcher.cmdline import server_start
 
     found: list[list[str]] = []
-    for logical in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines():
+    for logical in text.replace("\\\r\n", "").replace("\\\n", "").splitlines():  # as the shell joins them
         try:
-            words = shlex.split(logical, comments=True)
+            lexer = shlex.shlex(logical, posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split = True
+            tokens = list(lexer)
         except ValueError as exc:
             if "vllm" in logical:
                 raise fail(f"{where}: a line naming vllm does not split as a shell line ({exc})", None) from None
             continue
-        while words and (words[0] == "exec" or ("=" in words[0] and words[0].split("=", 1)[0].isidentifier())):
-            words = words[1:]
-        if words and server_start(words) is not None:
-            found.append(words)
+        commands: list[list[str]] = [[]]  # the line's commands, apart at ;, &&, ||, | and &
+        for token in tokens:
+            if token and set(token) <= set(";&|"):
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for words in map(without_prefixes, commands):
+            if words and server_start(words) is not None:
+                found.append(words)
     if not found:
         raise fail(
             f"{where}: no line starts vLLM (`vllm serve ...` or `python -m vllm.entrypoints.openai.api_server ...`)",
@@ -196,4 +204,24 @@ def serve_line_of(text: str, where: str, fail: Callable[[str, str | None], Excep
             f"{where}: {len(found)} lines start vLLM; capplan reads one",
             "give the line itself as deployment.command",
         )
+    unexpanded(found[0], where, fail)
     return found[0]
+
+
+def without_prefixes(words: list[str]) -> list[str]:
+    """A shell line without what comes before the command it runs: `exec` and `NAME=value`."""
+    while words and (words[0] == "exec" or ("=" in words[0] and words[0].split("=", 1)[0].isidentifier())):
+        words = words[1:]
+    return words
+
+
+def unexpanded(words: list[str], where: str, fail: Callable[[str, str | None], Exception]) -> None:
+    """Refuse a line whose words the shell would still expand at launch (`$ARGS`, `${MODEL}`,
+    `$(...)`, backquotes): what they stand for is not in the file, so it cannot be read."""
+    for word in words:
+        if "$" in word or "`" in word:
+            raise fail(
+                f"{where}: {printable(word)[:60]}: the shell expands it when the server starts, so its value is not "
+                "in the file",
+                "write the value out in the line, or give the deployment's vllm.yaml as deployment.config",
+            )

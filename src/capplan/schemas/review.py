@@ -4,9 +4,10 @@ judges a diff by it). Validation only."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capplan.schemas.spec import PRINTABLE
 
@@ -54,13 +55,23 @@ class Limit(_Strict):
         return self
 
 
+PERCENT_OF_OLD: frozenset[Measure] = frozenset({"graphs", "capture_seconds", "graph_memory_gib"})  # have an old value
+
+
 class Override(_Strict):
     """A reviewer's acceptance of one plan, whatever the thresholds say: it applies to the plan
     of this fingerprint only, so it is cleared when the plan's graphs change."""
 
-    fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$", description="The accepted plan's fingerprint.")
+    fingerprint: str = Field(description="The accepted plan's fingerprint.")
     reason: str = Field(min_length=1, max_length=500, pattern=PRINTABLE, description="Why it was accepted.")
     by: str | None = Field(None, min_length=1, max_length=200, pattern=PRINTABLE, description="Who accepted it.")
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _a_fingerprint(cls, value: str) -> str:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+            raise ValueError("must be sha256: and 64 lowercase hex digits, as `capplan diff --policy` prints it")
+        return value
 
 
 class ReviewPolicy(_Strict):
@@ -68,3 +79,13 @@ class ReviewPolicy(_Strict):
 
     thresholds: dict[Measure, Limit] = Field(default_factory=dict, description="A limit per measure.")
     overrides: list[Override] = Field(default_factory=list, max_length=10_000, description="Accepted plans.")
+
+    @model_validator(mode="after")
+    def _percent_of_an_old_value(self) -> ReviewPolicy:
+        for measure, limit in self.thresholds.items():
+            if measure not in PERCENT_OF_OLD and (limit.warn_percent is not None or limit.deny_percent is not None):
+                raise ValueError(
+                    f"thresholds.{measure}: counts what the change does (no old value to take a percent of); "
+                    "give warn or deny"
+                )
+        return self

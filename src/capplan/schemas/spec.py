@@ -298,6 +298,13 @@ class Lora(_Strict):
         ),
     )
 
+    @field_validator("max_lora_rank", mode="before")
+    @classmethod
+    def _rank_is_an_integer(cls, value: object) -> object:
+        if value is not None and type(value) is not int:  # true == 1 and 16.0 == 16 to a Literal
+            raise ValueError(f"must be an integer, one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (got {value!r})")
+        return value
+
 
 class Speculative(_Strict):
     """vLLM's SpeculativeConfig, as far as it shapes graphs."""
