@@ -230,7 +230,7 @@ def test_the_serve_line_from_a_command_or_a_script(repo):
     )
     # the plan is never written over its own deployment's files
     refused = run("compile", "deploy/spec.yaml", "-o", "deploy/serve.sh")
-    assert refused.exit_code == 2 and "is the deployment's vLLM config" in refused.stderr
+    assert refused.exit_code == 1 and "is the deployment's vLLM config" in refused.stderr
     assert "--max-loras 3" in Path("deploy/serve.sh").read_text()
 
 
@@ -377,3 +377,13 @@ def test_the_hook_never_waits_on_a_fifo_or_reads_a_device_and_knows_a_config_in_
     assert moved.exit_code == 1 and "now sets lora.max_loras 6" in moved.stderr
     Path("other.yaml").write_text("model: Qwen/Qwen3-8B\n")  # read by no spec, and no spec either
     assert "skipped, not a capplan spec" in run("compile", "--check", "--skip-non-specs", "other.yaml").stderr
+
+
+def test_a_bad_value_from_the_config_names_where_it_came_from(repo):
+    Path("deploy/vllm.yaml").write_text(VLLM_YAML.replace("max-lora-rank: 16", "max-lora-rank: 17"))
+    result = run("compile", "deploy/spec.yaml")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        "error: deploy/spec.yaml: lora.max_lora_rank (--max-lora-rank 17 (in --config deploy/vllm.yaml), in "
+        "deploy/vllm.yaml): "
+    ), result.stderr

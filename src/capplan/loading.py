@@ -110,7 +110,17 @@ def load_deployed_spec(path: Path) -> tuple[Spec, DeploymentSettings | None]:
     found = None
     if isinstance(data, dict) and data.get("deployment") is not None:
         data, found = with_deployment(data, path)
-    return spec_from_data(data, str(path)), found
+    try:
+        return spec_from_data(data, str(path)), found
+    except SpecError as exc:
+        if found is None:
+            raise
+        for field in found.fields():  # a value the vLLM config gave: say where it came from
+            head = f"{path}: {field}:"
+            if exc.message.startswith(head):
+                said = f"{path}: {field} ({printable(found.said(field))}, in {found.label}):"
+                raise SpecError(said + exc.message[len(head) :], exc.hint) from None
+        raise
 
 
 def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], DeploymentSettings]:

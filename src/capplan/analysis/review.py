@@ -108,7 +108,7 @@ def _over(limit: Limit, change: float, base: float | None) -> list[tuple[Level, 
 def review(d: PlanDiff, policy: ReviewPolicy, new_fingerprint: str) -> Verdict:
     """The verdict on `d` (whose new plan has `new_fingerprint`) under `policy`."""
     findings: list[Finding] = []
-    not_judged: list[str] = []
+    not_judged: list[str] = [] if policy.thresholds else ["the policy sets no threshold: every change passes"]
     for measure in MEASURES if not d.equal else ():  # an unchanged plan has nothing to review
         limit = policy.thresholds.get(measure)
         if limit is None:

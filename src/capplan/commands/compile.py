@@ -112,9 +112,9 @@ def compile_target(spec: Path, plan_path: Path) -> Compiled:
     if found is not None:
         for source in (found.config, found.script):
             if source is not None and os.path.realpath(source) == os.path.realpath(plan_path):
-                raise UsageError(
-                    f"{printable(str(plan_path))}: is the deployment's vLLM config {spec} reads; refusing to "
-                    "replace it with a plan",
+                raise CapplanError(
+                    f"{printable(str(plan_path))}: is the deployment's vLLM config {printable(str(spec))} reads; "
+                    "refusing to replace it with a plan",
                     "give the plan another name with -o",
                 )
     folder = plan_path.parent
