@@ -155,13 +155,13 @@ def test_a_config_no_spec_reads_is_still_skipped(repo):
         ),
         (
             "deployment: {command: 'ls -l'}\n",
-            "error: deploy/spec.yaml: deployment: ls -l: not a `vllm serve` or `python -m "
+            "error: deploy/spec.yaml: deployment.command: ls -l: not a `vllm serve` or `python -m "
             "vllm.entrypoints.openai.api_server` command (give the line that starts vLLM)",
         ),
         (
             "deployment: {config: vllm.yaml, command: 'vllm serve M --config x.yaml'}\n",
             "error: deploy/spec.yaml: deployment.command: the line reads --config x.yaml, which the spec does not "
-            "name (name it as deployment.config (relative to the spec's folder: deploy/x.yaml)",
+            "name (name it in the spec as deployment.config: x.yaml (a path from the spec's folder)",
         ),
     ],
 )
@@ -230,7 +230,7 @@ def test_the_serve_line_from_a_command_or_a_script(repo):
     )
     # the plan is never written over its own deployment's files
     refused = run("compile", "deploy/spec.yaml", "-o", "deploy/serve.sh")
-    assert refused.exit_code == 1 and "is the deployment's vLLM config" in refused.stderr
+    assert refused.exit_code == 1 and "is the deployment's launch script deploy/spec.yaml reads" in refused.stderr
     assert "--max-loras 3" in Path("deploy/serve.sh").read_text()
 
 

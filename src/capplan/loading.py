@@ -162,16 +162,18 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
         except ValueError as exc:
             raise SpecError(f"{name}: deployment.command: does not split as a shell line ({exc})") from None
         unexpanded(words, f"{name}: deployment.command", SpecError)
+        label = "deployment.command"
     elif script is not None and text is not None:
         label = printable(str(script))
         words = serve_line_of(text, label, SpecError)
         base = script.parent
-    words = _line_config(words, base, config, f"{name}: {label}")
+    words = _line_config(words, base, folder, config, f"{name}: {label}")
     try:
         argv, label = server_argv(config, words, label)
         found = read_settings(argv, label, sys.executable, dict(os.environ), "spell it out in the vLLM config")
     except CapplanError as exc:
-        raise SpecError(f"{name}: deployment: {exc.message}", exc.hint) from None
+        field = "deployment.command" if source.command is not None else "deployment"
+        raise SpecError(f"{name}: {field}: {exc.message}", exc.hint) from None
     found.script = script
     merged = {key: (dict(value) if isinstance(value, dict) else value) for key, value in data.items()}
     for field, value in found.fields().items():
@@ -198,7 +200,7 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
     return merged, found
 
 
-def _line_config(words: list[str], base: Path, config: Path | None, where: str) -> list[str]:
+def _line_config(words: list[str], base: Path, folder: Path, config: Path | None, where: str) -> list[str]:
     """The serve line without its `--config FILE` where that file is the deployment's config
     (read from the spec's `deployment.config`, so that compile reads it from the spec's folder and
     the hook watches it); refused where the line names a config file the spec does not."""
@@ -211,8 +213,8 @@ def _line_config(words: list[str], base: Path, config: Path | None, where: str) 
     if config is None or not named or os.path.realpath(base / named) != os.path.realpath(config):
         raise SpecError(
             f"{where}: the line reads --config {printable(named)[:60]}, which the spec does not name",
-            f"name it as deployment.config (relative to the spec's folder: {printable(str(base / named))[:80]}), so "
-            "that compile reads it and a change to it fails --check",
+            f"name it in the spec as deployment.config: {printable(os.path.relpath(base / named, folder))[:80]} (a "
+            "path from the spec's folder), so that compile reads it and a change to it fails --check",
         )
     return words[:at] + words[at + (1 if "=" in words[at] else 2) :]
 

@@ -113,7 +113,8 @@ def compile_target(spec: Path, plan_path: Path) -> Compiled:
         for source in (found.config, found.script):
             if source is not None and os.path.realpath(source) == os.path.realpath(plan_path):
                 raise CapplanError(
-                    f"{printable(str(plan_path))}: is the deployment's vLLM config {printable(str(spec))} reads; "
+                    f"{printable(str(plan_path))}: is the deployment's "
+                    f"{'vLLM config' if source == found.config else 'launch script'} {printable(str(spec))} reads; "
                     "refusing to replace it with a plan",
                     "give the plan another name with -o",
                 )

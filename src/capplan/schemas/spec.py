@@ -302,7 +302,7 @@ class Lora(_Strict):
     @classmethod
     def _rank_is_an_integer(cls, value: object) -> object:
         if value is not None and type(value) is not int:  # true == 1 and 16.0 == 16 to a Literal
-            raise ValueError(f"must be an integer, one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (got {value!r})")
+            raise ValueError("must be an integer, one of 1, 8, 16, 32, 64, 128, 256, 320, 512")
         return value
 
 
