@@ -304,8 +304,10 @@ def test_capture_seconds_budget():
     spec = make_spec(**SPEC)
     trace = _decode_trace([(3, 100), (20, 5)])
     result = optimize(spec, trace, step_times(cal), pricer=Pricer(cal), max_capture_seconds=10.0)
-    assert result.point.capture_seconds <= 10.0
-    assert result.budget == "10.0 s capture"
+    # held to the budget by the price's upper bound (the scaled runs here have no interval: the value)
+    assert result.point.capture_seconds_hi is not None and result.point.capture_seconds_hi <= 10.0
+    assert result.point.capture_seconds <= result.point.capture_seconds_hi
+    assert result.budget == "10.0 s capture (the price's upper bound)"
 
 
 # --- calibrate's engines ------------------------------------------------------
@@ -544,3 +546,16 @@ def test_calibrate_records_the_model_it_measured(tmp_path):
         "parameters": 2048 * 256 + 256,
     }
     assert Identity.model_validate({"model": got, "gpu": "NVIDIA H200"}).model.parameters == 2048 * 256 + 256
+
+
+def test_a_budget_holds_the_prices_upper_bound_not_its_value():
+    from dataclasses import replace
+
+    from capplan.traffic.optimize import Budget, CurvePoint
+
+    point = CurvePoint(4, 40, 0.9, 9.0, 0, 0.0, [1, 2, 4, 8], make_spec(**SPEC))
+    inside = replace(point, graph_memory_gib_hi=0.95, capture_seconds_hi=9.5)
+    straddles = replace(point, graph_memory_gib_hi=1.2, capture_seconds_hi=12.0)
+    assert Budget(max_graph_memory=1.0).fits(inside) and not Budget(max_graph_memory=1.0).fits(straddles)
+    assert Budget(max_capture_seconds=10.0).fits(inside) and not Budget(max_capture_seconds=10.0).fits(straddles)
+    assert not Budget(max_graph_memory=1.0).fits(point)  # not priced to an upper bound: never within a budget

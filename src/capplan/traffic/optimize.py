@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from capplan.calibration.price import Pricer
+from capplan.calibration.price import Figure, Pricer
 from capplan.errors import UsageError
 from capplan.planner.capture_sizes import resolve_capture_sizes
 from capplan.planner.compiler import compile_plan
@@ -266,6 +266,8 @@ class CurvePoint:
     unpriced: tuple[tuple[Point, int], ...] = ()  # points its replay needs that the calibration lacks
     slowdown_bound: float | None = None  # at most this fraction slower than the default plan (step time)
     fold_padded_tokens: int | None = None  # padded tokens of the fitted blocks, each under sizes fitted without it
+    graph_memory_gib_hi: float | None = None  # the price's upper bound (its value where it has no interval)
+    capture_seconds_hi: float | None = None
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("spec", "unpriced", "step_seconds_bounds")}
@@ -508,10 +510,11 @@ class Budget:
     def fits(self, p: CurvePoint) -> bool:
         if self.max_graphs is not None:
             return p.graphs <= self.max_graphs
+        # a price is held to a budget by its interval's upper bound: within it however the price errs
         if self.max_graph_memory is not None:
-            return p.graph_memory_gib is not None and p.graph_memory_gib <= self.max_graph_memory
+            return p.graph_memory_gib_hi is not None and p.graph_memory_gib_hi <= self.max_graph_memory
         if self.max_capture_seconds is not None:
-            return p.capture_seconds is not None and p.capture_seconds <= self.max_capture_seconds
+            return p.capture_seconds_hi is not None and p.capture_seconds_hi <= self.max_capture_seconds
         return True  # max_slowdown: judged against the default plan once it is scored
 
 
@@ -590,9 +593,9 @@ def optimize(
     if max_graphs is not None:
         budget.text = f"{max_graphs} graphs"
     elif max_graph_memory is not None:
-        budget.text = f"{max_graph_memory} GiB graph memory"
+        budget.text = f"{max_graph_memory} GiB graph memory (the price's upper bound)"
     elif max_capture_seconds is not None:
-        budget.text = f"{max_capture_seconds} s capture"
+        budget.text = f"{max_capture_seconds} s capture (the price's upper bound)"
     else:
         budget.text = f"at most {max_slowdown}% slower steps than the default plan (predicted)"
 
@@ -894,4 +897,13 @@ def _point(
         tuple(sim.unpriced_points()),
         slowdown,
         None if folds is None else round(folds),
+        _upper(priced.gib, 4),
+        _upper(priced.seconds, 2),
     )
+
+
+def _upper(figure: Figure | None, digits: int) -> float | None:
+    """A price's upper bound (its value where it has no interval), what a budget is held to."""
+    if figure is None:
+        return None
+    return round(figure.hi if figure.hi is not None else figure.value, digits)
