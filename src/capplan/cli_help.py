@@ -279,13 +279,14 @@ OptimizeMaxGraphMemory = Annotated[
         "--max-graph-memory",
         min=0.0,
         help="Budget: graph memory in GiB, each candidate priced as show prices it (the deployment's probes and "
-        "starts, --calibration or a .capplan/calibration folder beside the spec; else the shape model).",
+        "starts, --calibration or a .capplan/calibration folder beside the spec; else the shape model) and held "
+        "to it by its price's upper bound.",
     ),
 ]
 OptimizeMaxCaptureSeconds = Annotated[
     float | None,
     typer.Option(
-        "--max-capture-seconds", min=0.0, help="Budget: capture time in seconds (priced as --max-graph-memory)."
+        "--max-capture-seconds", min=0.0, help="Budget: capture time in seconds (priced and held to it as --max-graph-memory)."
     ),
 ]
 OptimizeMaxSlowdown = Annotated[
