@@ -286,7 +286,9 @@ OptimizeMaxGraphMemory = Annotated[
 OptimizeMaxCaptureSeconds = Annotated[
     float | None,
     typer.Option(
-        "--max-capture-seconds", min=0.0, help="Budget: capture time in seconds (priced and held to it as --max-graph-memory)."
+        "--max-capture-seconds",
+        min=0.0,
+        help="Budget: capture time in seconds (priced and held to it as --max-graph-memory).",
     ),
 ]
 OptimizeMaxSlowdown = Annotated[
