@@ -17,6 +17,17 @@ from tests.test_init import EXAMPLE
 
 pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("vllm_parser_in_fork_server")]
 REAL = cmdline.read_with_vllm
+
+
+def oracle_reader(version: str):
+    """`read_with_vllm` as run by the oracle's Python with `version`'s vLLM (whatever Python it is asked for)."""
+
+    def read(python, argvs, env):
+        return REAL(str(PYTHON), argvs, _env(version))
+
+    return read
+
+
 LINE = (
     "HF_HUB_OFFLINE=1 exec vllm serve meta-llama/Llama-3.1-8B-Instruct \\\n  --max-loras 2 -cc.cudagraph_mode=PIECEWISE "
     "\\\n  --max-num-seqs 32 --port 8000  # the line wins over the file\n"
@@ -38,10 +49,7 @@ def test_vllms_parser_and_capplans_reader_make_one_spec_of_a_deployment(version,
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(f'deployment: {section}\ntarget: {{vllm: "{version}"}}\n')
 
-    def with_oracle(python, argvs, env):
-        return REAL(str(PYTHON), argvs, _env(version))
-
-    with patch("capplan.launcher.cmdline.read_with_vllm", with_oracle):
+    with patch("capplan.launcher.cmdline.read_with_vllm", oracle_reader(version)):
         theirs, found = load_deployed_spec(spec_path)
     assert found is not None and found.reader == VLLM_PARSER
     with patch("capplan.launcher.cmdline.read_with_vllm", return_value=None):
@@ -60,10 +68,7 @@ def test_what_only_vllms_parser_reads_is_refused_by_capplans_reader_never_guesse
     line = "vllm serve M --max-num-seqs 48 --max-num-batched-tokens 4096 --max-model-len 4096 -O3"
     spec_path.write_text(f"deployment: {{command: '{line}'}}\ntarget: {{vllm: \"{version}\"}}\n")
 
-    def with_oracle(python, argvs, env):
-        return REAL(str(PYTHON), argvs, _env(version))
-
-    with patch("capplan.launcher.cmdline.read_with_vllm", with_oracle):
+    with patch("capplan.launcher.cmdline.read_with_vllm", oracle_reader(version)):
         theirs, found = load_deployed_spec(spec_path)
     assert found is not None and found.fields()["cudagraph.mode"] == theirs.cudagraph.mode.value
     with patch("capplan.launcher.cmdline.read_with_vllm", return_value=None), pytest.raises(SpecError) as err:

@@ -13,17 +13,16 @@ from unittest.mock import patch
 import pytest
 
 from capplan.commands.init import InitRequest, init
-from capplan.launcher import cmdline
 from capplan.launcher.cmdline import COMPILATION, RESOLVED, read_resolved
 from capplan.launcher.engine_args import complete, contradictions
 from capplan.launcher.vllm_cli import resolution_of
 from capplan.loading import load_deployed_spec
 from capplan.planner.compiler import compile_plan
 from capplan.settings import SETTINGS
+from tests.conformance.test_deployment_vllm import REAL, oracle_reader
 from tests.conformance.test_init_roundtrip import PYTHON, _env, _oracle
 
 pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("vllm_parser_in_fork_server")]
-REAL = cmdline.read_with_vllm
 QWEN = """\
 model: Qwen/Qwen2.5-7B-Instruct
 enable-lora: true
@@ -66,10 +65,7 @@ def test_the_qwen_vllm_yaml_through_a_deployment_spec(version, tmp_path):
     spec_path = tmp_path / "deploy.yaml"
     spec_path.write_text(f'deployment: {{config: vllm.yaml}}\ntarget: {{vllm: "{version}"}}\n')
 
-    def with_oracle(python, argvs, env):
-        return REAL(str(PYTHON), argvs, _env(version))
-
-    with patch("capplan.launcher.cmdline.read_with_vllm", with_oracle):
+    with patch("capplan.launcher.cmdline.read_with_vllm", oracle_reader(version)):
         spec, found = load_deployed_spec(spec_path)
     assert found is not None and (spec.lora.max_lora_rank, spec.scheduler.max_model_len) == (32, 32768)
     added = _added_only_what_vllm_takes(compile_plan(spec), found.argv, version)
