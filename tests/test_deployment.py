@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from capplan.cli import app
-from capplan.commands.compile import specs_reading
+from capplan.commands.compile import deployment_index
 from capplan.errors import SpecError
 from capplan.launcher.deployment import serve_line_of
 from capplan.loading import load_deployed_spec, load_spec
@@ -120,8 +120,9 @@ def test_a_config_no_spec_reads_is_still_skipped(repo):
     Path("other.yaml").write_text("apiVersion: v1\nkind: ConfigMap\n")
     result = run("compile", "--check", "--skip-non-specs", "other.yaml")
     assert result.exit_code == 0 and "other.yaml: skipped, not a capplan spec" in result.stderr
-    assert specs_reading(Path("deploy/vllm.yaml")) == [Path("deploy/spec.yaml")]
-    assert specs_reading(Path("other.yaml")) == []
+    index = deployment_index()
+    assert index[os.path.realpath("deploy/vllm.yaml")] == [Path("deploy/spec.yaml")]
+    assert os.path.realpath("other.yaml") not in index
 
 
 @pytest.mark.parametrize(

@@ -289,11 +289,6 @@ def deployment_index(root: Path | None = None) -> dict[str, list[Path]]:
     return index
 
 
-def specs_reading(path: Path, root: Path | None = None) -> list[Path]:
-    """The specs under `root` whose `deployment` section reads `path` (its config or its script)."""
-    return deployment_index(root).get(_real(path), [])
-
-
 SKIPPED = {
     "plan": "a capplan plan (checked through the spec it is compiled from)",
     "other": "not a capplan spec or plan (no spec section: another tool's YAML)",
