@@ -12,6 +12,7 @@ import functools
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -343,6 +344,8 @@ def test_the_report_counts_every_capture_of_the_plans_graphs_once(monkeypatch):
     assert not deferred.pending and section["all_first_capture"] is True
     assert section["all_graph_memory_gib"] == round(sum(costs[mode[g]] for g in seen) / 2**30, 4)
     assert section["graph_memory_gib"] < section["all_graph_memory_gib"]  # the landed ones alone
+    stamps = [c["landed_unix"] for c in section["captures"]]  # when each landed, to place it against traffic
+    assert stamps == sorted(stamps) and abs(stamps[-1] - time.time()) < 60
 
 
 def profiled(

@@ -51,3 +51,29 @@ def test_the_fault_leaves_captured_graphs_and_eager_alone():
     plan = compile_plan(spec_from_data(yaml.safe_load((RUN / "tiers.yaml").read_text()), "tiers.yaml"))
     assert one_slot_short(plan.graphs, {0}, 0, 0) == 0
     assert one_slot_short(plan.graphs, {0}, 5, -1) == -1
+
+
+def test_the_installed_fault_takes_the_runtimes_resolve_call_as_the_dispatch_hook_makes_it(monkeypatch):
+    """sitecustomize.py wraps GraphSets.resolve: called as the runtime calls it (with the
+    `traffic` flag), it swaps a fallback and still counts the miss; a wrapper whose signature
+    fell behind the runtime's would crash the engine at the first fallback instead of biting."""
+    import sys
+
+    from capplan.runtime.deferred import graphs as graphs_module
+
+    monkeypatch.setenv("CAPPLAN_FAULT", "fallback-one-slot-short")
+    monkeypatch.setattr(graphs_module.GraphSets, "resolve", graphs_module.GraphSets.resolve)  # restored after
+    spec = importlib.util.spec_from_file_location("capplan_fault_site", ROOT / "tests/gpu/faults/sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.delitem(sys.modules, "one_slot_short", raising=False)
+    plan = compile_plan(spec_from_data(yaml.safe_load((RUN / "tiers.yaml").read_text()), "tiers.yaml"))
+    sets = graphs_module.GraphSets(plan)
+    swapped = 0
+    for gid in plan.tiers.deferred:
+        plain = replayed(plan.tiers, gid, sets.captured)
+        got = sets.resolve(gid, True)
+        assert got in sets.captured or got == -1
+        swapped += got != plain
+    assert swapped > 0 and sets.fault_swaps == swapped
+    assert sum(sets.misses.values()) == len(plan.tiers.deferred)  # every call counted as the runtime's

@@ -5,37 +5,44 @@
 
 The model has Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`: 32 layers, hidden 4096,
 intermediate 14336, 32 heads, 8 KV heads, vocabulary 128256) with random bf16 weights built on the
-GPU (lm_head x20, so that greedy tokens are stable), and four random rank-16 LoRA adapters on
-q/k/v/o. Capture time and graph memory depend on shapes, not on weight values. Every server is
-vLLM's OpenAI server with default multiprocessing (the engine core in its own process), vLLM's
-default memory path (its profiling pass sizes the KV cache at `--gpu-memory-utilization 0.92`;
-no fixed KV cache) and the attention backend vLLM picks (none is forced; the log's choice is
-recorded). max_loras 4 with active-count specialization: 258 graphs in the plan.
+GPU (the library's initialisation, std 0.02: logits of a few units, where bfloat16's steps are
+small), and four random rank-16 LoRA adapters on q/k/v/o (scaled x4, so that an adapter left out
+moves every logprob by whole nats). Capture time and graph memory depend on shapes, not on weight
+values. Every server is vLLM's OpenAI server with default multiprocessing (the engine core in its
+own process), the attention backend vLLM picks (none is forced; the log's choice is recorded), and
+the same fixed KV cache (`--kv-cache-memory-bytes`, 40 GiB): vLLM skips its profiling pass in both
+arms, so every graph is a first capture and the two arms' graph memory compares as read. max_loras
+4 with active-count specialization: 258 graphs in the plan.
 
 Starts, one at a time on one compile cache (`VLLM_CACHE_ROOT`), appended to WORK/starts.jsonl so
 that a later call goes on where the last one stopped:
-- `full`:    `capplan apply` with the plan, every graph captured before /health answers;
-- `tiers`:   the same plan with spec tiers (the rest captured while serving);
-- `vanilla`: vLLM alone with `specialize_active_lora` (no plan): its no-LoRA-slot bug is the
-             positive control for the token comparison;
 - `fault`:   the tiers plan with `faults/sitecustomize.py` on the engine's path: every fallback a
              deferred graph replays is swapped for a captured graph of the next smaller LoRA case
              (one adapter slot too few), the failure deferred capture must never have: the positive
-             control for deferred capture itself.
-The order: a full start (it compiles the model into the cache, not counted), the two controls,
-then pairs of counted starts (T F, F T, ...).
+             control for the token comparison. It runs first and compiles the model into the cache
+             (its times are not counted).
+- `tiers`:   the plan with spec tiers (one graph ready, the rest captured while serving);
+- `full`:    `capplan apply` with the plan, every graph captured before /health answers.
+Then pairs of counted starts (T F, F T, ...).
 
 Each start, from the moment /health answers: the check groups (requests of k adapters with and
 without base-model requests, k = 1..4, and base only; 16 greedy tokens, top-5 logprobs kept),
-then traffic of the start's shape (`sustained`: arrivals at a constant rate, no idle gap; `bursts`:
-three bursts with idle gaps; `none`: the check groups alone), streamed, with every inter-token interval; for tiers and fault
-starts the check groups again once every deferred graph landed. Every token and top-5 logprob is
-kept in the start's record. A request's tokens are compared with the first full start's: any
-differing token counts (no near-tie excuse); the controls show whether the rule catches a real
-error in the same run.
+then the sustained traffic (the same requests at the same offsets in every start, from one seed:
+14 arrivals a second for 45 s, no idle gap), streamed, every token's arrival and text kept; for
+tiers and fault starts, once every deferred graph landed, the check groups again. The runtime's
+report is read as the traffic starts and as it ends: the graphs the traffic dispatched to (its
+`hits_by_graph` grew) that were deferred, and when each landed (its capture's `landed_unix`) after
+the first request was sent.
+
+The token comparison: a request is compared with the reference's (the first counted full start's)
+step by step while the greedy tokens agree, through the first step where they differ (until then
+both computed the same prefix): at each step, the largest difference of a token's logprob in
+both top-5 lists, or no match where either side's top token is outside the other's top-5. A
+request differs where that distance exceeds 0.5 nats (fixed before the run). The full starts
+against the reference are the null; the fault start's check from /health the positive control.
 
 Every record names the capplan commit (`CAPPLAN_COMMIT`, else `git rev-parse`), the vLLM release,
-torch, the GPU, the attention backend from the server's log and the exact command.
+torch, the GPU, the host CPU, the attention backend from the server's log and the exact command.
 """
 
 from __future__ import annotations
@@ -72,20 +79,23 @@ cudagraph: {{mode: FULL_AND_PIECEWISE}}
 lora: {{enabled: true, max_loras: 4, specialize: true, specialize_active: true}}
 """
 TIERS = 'tiers: {ready: ["FULL:1x1@0"], every_steps: 8}\n'
-UTIL = "0.92"
+KV_BYTES = 40 * 2**30  # both arms: vLLM skips its profiling pass
+SEED = 20261206  # the traffic's: the same in every start
+LOAD_SECONDS = 45.0
+RATE = 14  # arrivals a second
+TAU = 0.5  # nats: a request differs from the reference's beyond this (see the docstring)
 GROUP = 8
 TOPK = 5
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.-]+) GiB")
 ESTIMATE_LINE = re.compile(r"[Ee]stimated CUDA graph memory:? ([\d.]+) GiB")
-CONTROLS = ("vanilla", "fault")
-FIRST = ("full", *CONTROLS)
+FIRST = ("fault",)  # not counted: compiles the model into the cache
 
 
 # -- the model --------------------------------------------------------------------------------
 def build_model(model: Path) -> None:
-    """Random bf16 weights of Llama-3.1-8B's shape, built on the GPU (lm_head x20), four random
-    peft adapters (rank 16, q/k/v/o, x4 so that dropping one changes tokens) and a word-level
-    tokenizer with one word per token id."""
+    """Random bf16 weights of Llama-3.1-8B's shape, built on the GPU, four random peft adapters
+    (rank 16, q/k/v/o, x4 so that dropping one moves the logprobs) and a word-level tokenizer
+    with one word per token id."""
     if (model / "done.json").exists():
         return
     import torch
@@ -96,8 +106,6 @@ def build_model(model: Path) -> None:
     torch.manual_seed(0)
     with torch.device("cuda"):
         base = LlamaForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        base.lm_head.weight.mul_(20.0)
     base.save_pretrained(model / "base", safe_serialization=True)
     save_word_tokenizer(model / "base", config.vocab_size)
     lora = LoraConfig(
@@ -125,7 +133,7 @@ def server_command(model: Path, port: int) -> list[str]:
         "--enable-lora", "--max-loras", str(ADAPTERS), "--max-lora-rank", str(RANK),
         "--lora-modules", *[f"a{i}={model / f'lora{i}'}" for i in range(1, ADAPTERS + 1)],
         "--max-num-seqs", "128", "--max-num-batched-tokens", "8192", "--max-model-len", "4096",
-        "--gpu-memory-utilization", UTIL, "--dtype", "bfloat16", "--seed", "0", "--specialize-active-lora",
+        "--kv-cache-memory-bytes", str(KV_BYTES), "--dtype", "bfloat16", "--seed", "0", "--specialize-active-lora",
     ]  # fmt: skip
 
 
@@ -152,29 +160,23 @@ def run_groups(port: int) -> dict:
     return release_run.run_groups(port, groups(), prompt, TOPK)
 
 
-def traffic(shape: str, seed: int) -> list[dict]:
-    """`sustained`: 14 arrivals a second for 25 s, no idle gap (each request decodes 64-192
-    tokens, so the engine is never idle while arrivals last); `bursts`: three 4 s bursts at 14 a
-    second with 6 s idle gaps."""
+def traffic(seed: int = SEED) -> list[dict]:
+    """RATE arrivals a second for LOAD_SECONDS, no idle gap: each request decodes 64-192 tokens
+    after a prompt of 64-1024 (log-uniform), 30% on the base model, the rest on one adapter."""
     rng = random.Random(seed)
-    windows = [(0.0, 25.0)] if shape == "sustained" else [(0.0, 4.0), (10.0, 14.0), (20.0, 24.0)]
     out = []
-    for lo, hi in windows:
-        t = lo
-        while True:
-            t += 1 / 14
-            if t >= hi:
-                break
-            plen = int(math.exp(rng.uniform(math.log(64), math.log(1024))))
-            adapter = None if rng.random() < 0.3 else f"a{rng.randint(1, ADAPTERS)}"
-            out.append(
-                {
-                    "at": round(t, 4),
-                    "prompt": [rng.randint(10, 30000) for _ in range(plen)],
-                    "max_tokens": rng.randint(64, 192),
-                    "model": adapter or "base",
-                }
-            )
+    for i in range(1, int(LOAD_SECONDS * RATE)):
+        t = i / RATE
+        plen = int(math.exp(rng.uniform(math.log(64), math.log(1024))))
+        adapter = None if rng.random() < 0.3 else f"a{rng.randint(1, ADAPTERS)}"
+        out.append(
+            {
+                "at": round(t, 4),
+                "prompt": [rng.randint(10, 30000) for _ in range(plen)],
+                "max_tokens": rng.randint(64, 192),
+                "model": adapter or "base",
+            }
+        )
     return out
 
 
@@ -188,17 +190,21 @@ def stream_one(port: int, req: dict, start: float, out: dict) -> None:
     )  # fmt: skip
     out["sent"] = time.perf_counter()
     stamps: list[float] = []
+    text: list[str] = []
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         for raw in conn.getresponse():
             line = raw.strip()
-            if line.startswith(b"data: ") and line != b"data: [DONE]" and json.loads(line[6:]).get("choices"):
-                stamps.append(time.perf_counter())
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                choices = json.loads(line[6:]).get("choices")
+                if choices:
+                    stamps.append(time.perf_counter())
+                    text.append(choices[0].get("text") or "")
         conn.close()
     except Exception as exc:  # noqa: BLE001 - counted as a failed request
         out["error"] = f"{type(exc).__name__}: {exc}"
-    out["stamps"] = stamps
+    out["stamps"], out["text"] = stamps, text
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -207,9 +213,11 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def load(port: int, requests: list[dict]) -> dict:
-    """The requests at their arrival times, streamed; inter-token intervals of every request."""
+    """The requests at their arrival times, streamed: the figures, and every request raw (when
+    it was sent and each chunk arrived, in ms from the load's start, and each chunk's text)."""
     results: list[dict] = [{} for _ in requests]
     start = time.perf_counter() + 0.2
+    start_unix = time.time() + (start - time.perf_counter())
     threads = [threading.Thread(target=stream_one, args=(port, r, start, o)) for r, o in zip(requests, results)]
     for t in threads:
         t.start()
@@ -219,36 +227,59 @@ def load(port: int, requests: list[dict]) -> dict:
     itl = [1000 * (b - a) for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
     ttft = [1000 * (r["stamps"][0] - r["sent"]) for r in ok]
     end = max((r["stamps"][-1] for r in ok), default=start)
+    first = min((r["sent"] for r in results if "sent" in r), default=start)
+    ms = lambda t: round(1000 * (t - start), 2)  # noqa: E731
     return {
         "requests": len(requests),
         "failed": len(requests) - len(ok),
         "errors": sorted({r["error"] for r in results if "error" in r})[:5],
         "duration_s": round(end - start, 2),
         "chunks": len(itl) + len(ok),
+        "throughput_tok_s": round((len(itl) + len(ok)) / (end - first), 1) if end > first else None,
         "itl_ms": {q: pct(itl, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))}
         | {"max": round(max(itl), 2) if itl else None},
         "ttft_ms": {"p50": pct(ttft, 0.5), "p99": pct(ttft, 0.99)},
+        "first_sent_unix": round(start_unix + (first - start), 3),
+        "raw": [
+            {
+                "model": q["model"],
+                "sent_ms": ms(r["sent"]) if "sent" in r else None,
+                "chunk_ms": [ms(t) for t in r.get("stamps", [])],
+                "text": r.get("text", []),
+                **({"error": r["error"]} if "error" in r else {}),
+            }
+            for q, r in zip(requests, results)
+        ],  # fmt: skip
         "end_s": end,
     }
 
 
+def dispatch_snapshot(report: Path) -> dict:
+    """The runtime's report as it stands: dispatches by graph (plan index) and the graphs pending."""
+    time.sleep(1.5)  # the report file is kept at most a second behind
+    rep = read_json(report) or {}
+    return {
+        "hits_by_graph": ((rep.get("dispatch") or {}).get("hits_by_graph")) or {},
+        "pending": list((rep.get("deferred") or {}).get("pending") or []),
+    }
+
+
 # -- one start --------------------------------------------------------------------------------
-def start_once(kind: str, shape: str, work: Path, plans: dict, ident: dict) -> dict:
+def start_once(kind: str, work: Path, plans: dict, ident: dict) -> dict:
     port = free_port()
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_USE_V2_MODEL_RUNNER": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     cmd = server_command(work / "model", port)
-    plan = None if kind == "vanilla" else plans["full" if kind == "full" else "tiers"]
+    plan = plans["full" if kind == "full" else "tiers"]
     n = sum(1 for _ in (work / "starts.jsonl").open()) if (work / "starts.jsonl").exists() else 0
     log_path, report = work / f"start{n}-{kind}.log", work / f"start{n}-{kind}.report.json"
     if kind == "fault":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE / "faults"), env.get("PYTHONPATH", "")])
         env["CAPPLAN_FAULT"] = "fallback-one-slot-short"
-    if plan is not None:
-        cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report),
-               "--", *cmd]  # fmt: skip
+    cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report),
+           "--", *cmd]  # fmt: skip
     report.unlink(missing_ok=True)
-    result: dict = {"kind": kind, "index": n, "shape": shape, "command": cmd, **ident}
+    result: dict = {"kind": kind, "index": n, "traffic_seed": SEED, "command": cmd, **ident}
     if kind == "fault":
         result["env"] = {"CAPPLAN_FAULT": env["CAPPLAN_FAULT"], "PYTHONPATH+": str(HERE / "faults")}
     t0 = time.perf_counter()
@@ -258,13 +289,11 @@ def start_once(kind: str, shape: str, work: Path, plans: dict, ident: dict) -> d
         healthy = time.perf_counter()
         result["check"] = run_groups(port)  # from the moment /health answers
         result["check_s"] = round(time.perf_counter() - healthy, 2)
-        during = read_json(report)
-        if during and during.get("deferred"):
-            result["pending_after_check"] = len(during["deferred"]["pending"])
-        if shape != "none":
-            lo = load(port, traffic(shape, seed=n))
-            result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
-            result["load"] = lo
+        result["before_load"] = dispatch_snapshot(report)
+        lo = load(port, traffic())
+        result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
+        result["load"] = lo
+        result["after_load"] = dispatch_snapshot(report)
         if kind in ("tiers", "fault"):
             landed = wait_landed(report, 240)
             result["landed_after_load_s"] = None if landed is None else round(landed, 2)
@@ -287,14 +316,12 @@ def start_once(kind: str, shape: str, work: Path, plans: dict, ident: dict) -> d
     return result
 
 
-def order(pairs: int) -> list[tuple[str, str]]:
-    """(kind, traffic shape) of every start: the compiling full start, the two controls, then the
-    pairs (T F, F T, ...): the first under sustained load, the second in bursts, the rest with the
-    check groups only (`none`: time to healthy, KV cache and memory need no traffic)."""
-    out = [("full", "bursts"), ("vanilla", "none"), ("fault", "sustained")]
+def order(pairs: int) -> list[str]:
+    """The kind of every start: the fault control (it compiles the model into the cache), then
+    the pairs (T F, F T, ...)."""
+    out = list(FIRST)
     for i in range(pairs):
-        shape = ("sustained", "bursts")[i] if i < 2 else "none"
-        out += [(k, shape) for k in (("tiers", "full") if i % 2 == 0 else ("full", "tiers"))]
+        out += ["tiers", "full"] if i % 2 == 0 else ["full", "tiers"]
     return out
 
 
@@ -308,110 +335,177 @@ def starts(work: Path, out: Path, until: float, pairs: int) -> None:
     build_model(work / "model")
     record = work / "starts.jsonl"
     done = [json.loads(line) for line in record.open()] if record.exists() else []
-    for kind, shape in order(pairs)[len(done) :]:
+    for kind in order(pairs)[len(done) :]:
         spent = [d["wall_s"] for d in done[1:] if "wall_s" in d]
         expect = max(spent) if spent else 300
         if time.monotonic() - T0 + expect > until:
             print(f"stopping: {until - (time.monotonic() - T0):.0f} s left, a start takes up to {expect:.0f} s")
             break
-        result = start_once(kind, shape, work, plans, ident)
+        result = start_once(kind, work, plans, ident)
         done.append(result)
         with record.open("a") as f:
             f.write(json.dumps(result) + "\n")
-        print(json.dumps({k: result.get(k) for k in ("kind", "index", "shape", "healthy_s", "wall_s",
-                                                      "kv_cache_tokens", "attention_backend", "error")}))  # fmt: skip
-    summarize(out, done)
+        print(json.dumps({k: result.get(k) for k in ("kind", "index", "healthy_s", "wall_s", "landed_after_load_s",
+                                                      "attention_backend", "error")}))  # fmt: skip
+    summarize(out, done, work)
 
 
 # -- summary ----------------------------------------------------------------------------------
+def distance(r: dict, o: dict) -> float | None:
+    """How far request `o`'s logprobs are from the reference's `r`: the largest difference of a
+    token's logprob in both top-5 lists, at every step while the greedy tokens agree and at the
+    first step where they differ; None where either side's top token is outside the other's top-5
+    (or a side has no output)."""
+    a, b = r.get("tokens"), o.get("tokens")
+    if not a or not b:
+        return None
+    worst = 0.0
+    for step, (x, y) in enumerate(zip(a, b)):
+        ra, ob = (r.get("top") or [])[step] or {}, (o.get("top") or [])[step] or {}
+        if not ra or not ob or max(ra, key=ra.get) not in ob or max(ob, key=ob.get) not in ra:
+            return None
+        worst = max(worst, max(abs(ra[t] - ob[t]) for t in ra if t in ob))
+        if x != y:
+            break
+    return round(worst, 4)
+
+
 def compare(ref: dict, other: dict) -> dict:
-    """Requests whose tokens differ from the reference's in any position, with the first
-    differing step and both sides' top-5 there."""
-    differing = []
-    for key, r in ref.items():
-        o = other.get(key) or {}
-        a, b = r.get("tokens"), o.get("tokens")
-        if a is not None and a == b:
-            continue
-        step = next((i for i, (x, y) in enumerate(zip(a or [], b or [])) if x != y), None)
-        at = lambda side, s=step: (side.get("top") or [None] * 99)[s] if s is not None else None  # noqa: E731
-        differing.append({"request": key, "adapter": r.get("adapter"), "group": r["group"], "step": step,
-                          "reference_top": at(r), "other_top": at(o)})  # fmt: skip
-    return {"requests": len(ref), "differing": len(differing), "detail": differing}
+    """Every reference request's distance in `other`; those beyond TAU (or with no match) differ."""
+    dist = {key: distance(r, other.get(key) or {}) for key, r in ref.items()}
+    differing = sorted(k for k, d in dist.items() if d is None or d > TAU)
+    known = [d for d in dist.values() if d is not None]
+    return {
+        "requests": len(ref),
+        "differing": len(differing),
+        "differing_requests": differing,
+        "max_distance": max(known) if known else None,
+        "no_match": sum(d is None for d in dist.values()),
+        "tokens_differing": sum((other.get(k) or {}).get("tokens") != r.get("tokens") for k, r in ref.items()),
+        "distances": dist,
+    }
 
 
-def summarize(out: Path, done: list[dict]) -> None:
-    ref = next((d for d in done if d["kind"] == "full" and d.get("check")), None)
+def graph_names(work: Path) -> list[str] | None:
+    """The plan's graphs by index (the report's `hits_by_graph` keys), as captures name them."""
+    from capplan.planfile.read import load_plan
+    from capplan.schemas.plan import address
+
+    path = work / "tiers.plan.yaml"
+    return [address(g.descriptor) for g in load_plan(path).graphs] if path.exists() else None
+
+
+def landing(d: dict, names: list[str]) -> dict | None:
+    """The graphs the start's traffic dispatched to that were still deferred when it began, and
+    when each landed, in seconds after the first request was sent."""
+    before, after = d.get("before_load"), d.get("after_load")
+    captures = ((d.get("report") or {}).get("deferred") or {}).get("captures") or []
+    if not before or not after or not d.get("load"):
+        return None
+    first = d["load"]["first_sent_unix"]
+    used = {names[int(g)] for g, n in after["hits_by_graph"].items() if n > before["hits_by_graph"].get(g, 0)}
+    waiting = used & set(before["pending"])
+    landed = {c["graph"]: round(c["landed_unix"] - first, 2) for c in captures if "landed_unix" in c}
+    when = {g: landed.get(g) for g in sorted(waiting)}
+    times = [t for t in when.values() if t is not None]
+    return {
+        "graphs_used": len(used),
+        "deferred_when_traffic_began": len(waiting),
+        "landed_within_30s": sum(t <= 30 for t in times),
+        "never_landed": sum(t is None for t in when.values()),
+        "last_landed_s": max(times) if times else None,
+        "landed_s": when,
+    }
+
+
+def memory(d: dict) -> float | None:
+    """The start's graph memory, every graph a first capture (no profiling pass in either arm):
+    the full plan's capture, or a tiered start's every capture once all landed."""
+    rep = d.get("report") or {}
+    deferred = rep.get("deferred")
+    if deferred is None:
+        return rep.get("graph_memory_gib")
+    return (
+        deferred.get("all_graph_memory_gib") if deferred.get("all_first_capture") and not deferred["pending"] else None
+    )
+
+
+def summarize(out: Path, done: list[dict], work: Path) -> None:
     counted = [d for d in done if d["index"] >= len(FIRST)]
-    ratios: dict = {}
-    for key in ("healthy_s", "init_engine_s"):
-        rs = []
-        for a, b in zip(counted[0::2], counted[1::2], strict=False):
-            by = {a["kind"]: a, b["kind"]: b}
-            if set(by) == {"tiers", "full"} and by["tiers"].get(key) and by["full"].get(key):
-                rs.append(by["tiers"][key] / by["full"][key])
-        ratios[key] = interval(rs) if rs else None
-    comparisons = {}
+    ref = next((d for d in counted if d["kind"] == "full" and d.get("check")), None)
+    pairs = [
+        {a["kind"]: a, b["kind"]: b}
+        for a, b in zip(counted[0::2], counted[1::2], strict=False)
+        if {a["kind"], b["kind"]} == {"tiers", "full"}
+    ]
+    figures = {
+        "healthy_s": lambda d: d.get("healthy_s"),
+        "init_engine_s": lambda d: d.get("init_engine_s"),
+        "itl_p50_ms": lambda d: ((d.get("load") or {}).get("itl_ms") or {}).get("p50"),
+        "itl_p99_ms": lambda d: ((d.get("load") or {}).get("itl_ms") or {}).get("p99"),
+        "itl_max_ms": lambda d: ((d.get("load") or {}).get("itl_ms") or {}).get("max"),
+        "ttft_p99_ms": lambda d: ((d.get("load") or {}).get("ttft_ms") or {}).get("p99"),
+        "throughput_tok_s": lambda d: (d.get("load") or {}).get("throughput_tok_s"),
+        "graph_memory_gib": memory,
+    }
+    ratios = {}
+    for name, get in figures.items():
+        rs = [get(p["tiers"]) / get(p["full"]) for p in pairs if get(p["tiers"]) and get(p["full"])]
+        ratios[name] = interval(rs) if rs else None
+    comparisons: dict = {}
     if ref is not None:
         for d in done:
             for part in ("check", "check_after_landing"):
                 if d is not ref and d.get(part):
-                    c = compare(ref["check"], d[part])
-                    comparisons[f"start{d['index']}-{d['kind']}:{part}"] = c
-    tiers = [d for d in done if d["kind"] in ("tiers", "fault") and d.get("report", {}).get("deferred")]
+                    comparisons[f"start{d['index']}-{d['kind']}:{part}"] = compare(ref["check"], d[part])
+    names = graph_names(work)
+    landings = {
+        f"start{d['index']}-{d['kind']}": landing(d, names) for d in done if names and d["kind"] in ("tiers", "fault")
+    }
     summary = {
-        "identity": {k: done[0].get(k) for k in ("capplan_commit", "vllm", "torch", "gpu", "python")} if done else {},
+        "identity": {k: done[0].get(k) for k in ("capplan_commit", "vllm", "torch", "gpu", "host_cpu", "python")}
+        if done
+        else {},
         "attention_backend": sorted({b for d in done for b in d.get("attention_backend", [])}),
+        "traffic": {"seed": SEED, "rate_per_s": RATE, "seconds": LOAD_SECONDS, "requests": len(traffic())},
         "reference": None if ref is None else f"start{ref['index']}-full:check",
-        "healthy_ratio_tiers_over_full": ratios["healthy_s"],
-        "init_engine_ratio_tiers_over_full": ratios["init_engine_s"],
+        "rule": f"a request differs where its logprob distance from the reference's exceeds {TAU} nats, or no match",
+        "ratios_tiers_over_full": ratios,
+        "pairs": len(pairs),
         "per_start": [
             {
                 k: d.get(k)
                 for k in (
                     "index",
                     "kind",
-                    "shape",
                     "healthy_s",
                     "init_engine_s",
                     "wall_s",
                     "kv_cache_tokens",
                     "vllm_capture",
-                    "vllm_estimate_gib",
                     "landed_after_load_s",
                     "load_end_after_healthy_s",
-                    "pending_after_check",
                     "fault_installed",
                     "tracebacks",
                     "out_of_memory",
                     "error",
                 )
             }
-            | {"load": d.get("load")}
+            | {"load": {k: v for k, v in (d.get("load") or {}).items() if k != "raw"}, "graph_memory_gib": memory(d)}
             | {
                 "deferred": {
                     k: v
                     for k, v in ((d.get("report") or {}).get("deferred") or {}).items()
-                    if k not in ("captures", "pending")
+                    if k not in ("captures", "pending", "misses_by_graph")
                 }
             }
             for d in done
         ],  # fmt: skip
-        "step_captures": {
-            f"start{d['index']}-{d['kind']}": sum(
-                1 for c in d["report"]["deferred"]["captures"] if c["trigger"] == "step"
-            )
-            for d in tiers
+        "landing": landings,
+        "comparisons": {
+            k: {x: v[x] for x in ("requests", "differing", "max_distance", "no_match", "tokens_differing")}
+            for k, v in comparisons.items()
         },
-        "held_over_used": {
-            f"start{d['index']}-{d['kind']}": round(
-                d["report"]["deferred"]["reserved_gib"] / d["report"]["deferred"]["graph_memory_gib"], 3
-            )
-            if d["report"]["deferred"].get("graph_memory_gib")
-            else None
-            for d in tiers
-        },
-        "comparisons": {k: {x: v[x] for x in ("requests", "differing")} for k, v in comparisons.items()},
         "comparison_detail": comparisons,
     }
     out.write_text(json.dumps(summary, indent=1))
@@ -427,11 +521,11 @@ def main() -> None:
 
     if phase == "summary":
         record = work / "starts.jsonl"
-        summarize(out, [json.loads(line) for line in record.read_text().splitlines() if line.strip()])
+        summarize(out, [json.loads(line) for line in record.read_text().splitlines() if line.strip()], work)
         return
     work.mkdir(parents=True, exist_ok=True)
     if phase == "starts":
-        starts(work, out, float(option("--until", "560")), int(option("--pairs", "5")))
+        starts(work, out, float(option("--until", "560")), int(option("--pairs", "3")))
     else:
         raise SystemExit(f"unknown phase {phase!r}: starts or summary")
 

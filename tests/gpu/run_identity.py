@@ -29,4 +29,15 @@ def identity() -> dict:
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": sys.version.split()[0],
+        "host_cpu": host_cpu(),
     }
+
+
+def host_cpu() -> str:
+    """The host's CPU model and logical cores (capture is host-bound: its seconds depend on it)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]  # fmt: skip
+    except OSError:
+        names = []
+    return f"{names[0] if names else 'unknown'} ({os.cpu_count()} cores)"

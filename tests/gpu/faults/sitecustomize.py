@@ -25,8 +25,8 @@ if os.environ.get("CAPPLAN_FAULT") == "fallback-one-slot-short":
     else:
         _original = _graphs.GraphSets.resolve
 
-        def _resolve(self, graph_id: int) -> int:  # type: ignore[no-untyped-def]
-            got = _original(self, graph_id)
+        def _resolve(self, graph_id: int, *args, **kwargs) -> int:  # type: ignore[no-untyped-def]
+            got = _original(self, graph_id, *args, **kwargs)
             new = one_slot_short(self.graphs, self.captured, graph_id, got)
             if new != got:
                 self.fault_swaps = getattr(self, "fault_swaps", 0) + 1

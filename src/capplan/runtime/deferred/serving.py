@@ -23,6 +23,7 @@ the state's lock (CUDA's global capture mode fails another thread's event waits)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from capplan.runtime.deferred.state import DeferredState
@@ -142,6 +143,7 @@ class Serving:
                 "gpu_wait_seconds": round(got.gpu_wait, 4),  # of those, waiting for the GPU's queued work
                 "trigger": trigger,
                 "memory_mib": round(got.used / 2**20, 2),
+                "landed_unix": round(time.time(), 3),  # wall clock, to place the landing against traffic
             }
         )
         state.ctx.report.deferred_captured(state.ctx.vllm_descs[gid])

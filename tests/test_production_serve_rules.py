@@ -1,0 +1,85 @@
+"""The production-size serve-first run's own rules (tests/gpu/production_serve.py), on the CPU:
+every start gets the same traffic, the token comparison measures what both sides computed from
+the same prefix, and a landing is placed against the traffic's first request."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import production_serve as ps  # noqa: E402
+
+
+def request(tokens: list[str], tops: list[dict[str, float]]) -> dict:
+    return {"tokens": tokens, "top": tops}
+
+
+def test_every_start_gets_the_same_traffic_whatever_its_place_in_the_run():
+    assert ps.traffic() == ps.traffic()
+    got = ps.traffic()
+    assert got[-1]["at"] < ps.LOAD_SECONDS and len(got) == int(ps.LOAD_SECONDS * ps.RATE) - 1
+    assert {r["model"] for r in got} == {"base", "a1", "a2", "a3", "a4"}
+
+
+def test_the_distance_is_zero_for_the_same_output_and_small_at_a_near_tie():
+    ref = request(["a", "b"], [{"a": -0.1, "x": -2.5}, {"b": -0.69, "y": -0.70}])
+    assert ps.distance(ref, ref) == 0.0
+    flipped = request(["a", "y", "q"], [{"a": -0.12, "x": -2.45}, {"y": -0.68, "b": -0.71}, {"q": -9.0}])
+    assert ps.distance(ref, flipped) == 0.05  # the near tie's step counts, the steps after it do not
+    assert ps.distance(ref, flipped) <= ps.TAU
+
+
+def test_a_logprob_moved_by_whole_nats_or_a_top_token_lost_differs():
+    ref = request(["a"], [{"a": -0.1, "x": -2.5}])
+    assert ps.distance(ref, request(["a"], [{"a": -1.4, "x": -0.6}])) == 1.9
+    assert ps.distance(ref, request(["z"], [{"z": -0.1, "q": -3.0}])) is None  # no match
+    assert ps.distance(ref, {"tokens": None}) is None
+    got = ps.compare({"0:0": ref, "0:1": ref}, {"0:0": ref, "0:1": request(["a"], [{"a": -1.4, "x": -0.6}])})
+    assert got["differing"] == 1 and got["differing_requests"] == ["0:1"] and got["max_distance"] == 1.9
+
+
+def test_a_landing_is_placed_against_the_first_request_for_the_deferred_graphs_the_traffic_used():
+    names = ["FULL:1x1@0", "FULL:8x8@1", "PIECEWISE:512@1", "PIECEWISE:1024@0"]
+    start = {
+        "before_load": {"hits_by_graph": {"0": 5, "1": 2}, "pending": names[1:]},
+        "after_load": {"hits_by_graph": {"0": 9, "1": 2, "2": 40}, "pending": []},
+        "load": {"first_sent_unix": 1000.0},
+        "report": {"deferred": {"captures": [
+            {"graph": "FULL:8x8@1", "landed_unix": 1002.0},
+            {"graph": "PIECEWISE:512@1", "landed_unix": 1031.5},
+            {"graph": "PIECEWISE:1024@0", "landed_unix": 1040.0},
+        ]}},
+    }  # fmt: skip
+    got = ps.landing(start, names)
+    # graph 1 was not used by the traffic, graph 3 not used at all, graph 0 was ready
+    assert got["graphs_used"] == 2 and got["deferred_when_traffic_began"] == 1
+    assert got["landed_s"] == {"PIECEWISE:512@1": 31.5} and got["landed_within_30s"] == 0
+
+
+def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_counted_full_start(tmp_path):
+    check = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
+    wrong = {"0:0": request(["a"], [{"a": -2.0, "x": -0.2}])}
+
+    def start(index: int, kind: str, healthy: float, p99: float, gib: float, checked: dict) -> dict:
+        rep = {"graph_memory_gib": gib} if kind == "full" else {
+            "deferred": {"all_graph_memory_gib": gib, "all_first_capture": True, "pending": []}}  # fmt: skip
+        return {"index": index, "kind": kind, "healthy_s": healthy, "check": checked, "report": rep,
+                "load": {"itl_ms": {"p50": 10.0, "p99": p99, "max": 2 * p99}, "throughput_tok_s": 1800.0}}  # fmt: skip
+
+    done = [
+        start(0, "fault", 200.0, 99.0, 1.2, wrong),
+        start(1, "tiers", 80.0, 50.0, 1.2, check),
+        start(2, "full", 100.0, 50.0, 1.2, check),
+        start(3, "full", 110.0, 55.0, 1.2, check),
+        start(4, "tiers", 88.0, 60.5, 1.26, check),
+    ]
+    ps.summarize(tmp_path / "s.json", done, tmp_path)
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got["reference"] == "start2-full:check" and got["pairs"] == 2
+    assert got["ratios_tiers_over_full"]["healthy_s"]["ratios"] == [0.8, 0.8]
+    assert got["ratios_tiers_over_full"]["itl_p99_ms"]["ratios"] == [1.0, 1.1]
+    assert got["ratios_tiers_over_full"]["graph_memory_gib"]["ratios"] == [1.0, 1.05]
+    assert got["comparisons"]["start0-fault:check"]["differing"] == 1  # the control caught
+    assert got["comparisons"]["start3-full:check"]["differing"] == 0  # the null
