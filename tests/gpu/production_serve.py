@@ -375,6 +375,16 @@ def compare(ref: dict, other: dict) -> dict:
     dist = {key: distance(r, other.get(key) or {}) for key, r in ref.items()}
     differing = sorted(k for k, d in dist.items() if d is None or d > TAU)
     known = [d for d in dist.values() if d is not None]
+
+    def overlap(adapter: bool) -> float | None:
+        # the first generated step (both sides computed the same prompt): tokens in both top-5 lists
+        got = [
+            len(set((r.get("top") or [{}])[0] or {}) & set(((other.get(k) or {}).get("top") or [{}])[0] or {}))
+            for k, r in ref.items()
+            if (r.get("adapter") is not None) == adapter
+        ]
+        return round(sum(got) / len(got), 2) if got else None
+
     return {
         "requests": len(ref),
         "differing": len(differing),
@@ -382,6 +392,10 @@ def compare(ref: dict, other: dict) -> dict:
         "max_distance": max(known) if known else None,
         "no_match": sum(d is None for d in dist.values()),
         "tokens_differing": sum((other.get(k) or {}).get("tokens") != r.get("tokens") for k, r in ref.items()),
+        "first_token_differing": sum(
+            ((other.get(k) or {}).get("tokens") or [None])[0] != (r.get("tokens") or [None])[0] for k, r in ref.items()
+        ),
+        "first_step_top5_overlap": {"adapter": overlap(True), "base": overlap(False)},
         "distances": dist,
     }
 
@@ -503,7 +517,18 @@ def summarize(out: Path, done: list[dict], work: Path) -> None:
         ],  # fmt: skip
         "landing": landings,
         "comparisons": {
-            k: {x: v[x] for x in ("requests", "differing", "max_distance", "no_match", "tokens_differing")}
+            k: {
+                x: v[x]
+                for x in (
+                    "requests",
+                    "differing",
+                    "max_distance",
+                    "no_match",
+                    "tokens_differing",
+                    "first_token_differing",
+                    "first_step_top5_overlap",
+                )
+            }  # fmt: skip
             for k, v in comparisons.items()
         },
         "comparison_detail": comparisons,
