@@ -100,6 +100,23 @@ def load_spec(path: Path) -> Spec:
     return load_deployed_spec(path)[0]
 
 
+def target_releases(data: dict[str, Any]) -> tuple[str, ...] | None:
+    """The releases a spec's `target.vllm` (its default where none is given) names, or None where
+    it names none (the spec's own check then says so)."""
+    from capplan.releases import runs_on
+    from capplan.schemas.spec import Target
+
+    target = data.get("target")
+    name = target.get("vllm") if isinstance(target, dict) and "vllm" in target else Target.model_fields["vllm"].default
+    try:
+        return runs_on(str(name))
+    except KeyError:
+        try:
+            return runs_on(Target(vllm=str(name)).vllm)
+        except (KeyError, ValueError):
+            return None
+
+
 def load_deployed_spec(path: Path) -> tuple[Spec, DeploymentSettings | None]:
     """The spec a file holds and, where it has a `deployment` section, what that vLLM config
     sets (read as vLLM reads it; each of those settings is the spec's value)."""
@@ -170,7 +187,9 @@ def with_deployment(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], D
     words = _line_config(words, base, folder, config, f"{name}: {label}")
     try:
         argv, label = server_argv(config, words, label)
-        found = read_settings(argv, label, sys.executable, dict(os.environ), "spell it out in the vLLM config")
+        found = read_settings(
+            argv, label, sys.executable, dict(os.environ), "spell it out in the vLLM config", target_releases(data)
+        )
     except CapplanError as exc:
         field = "deployment.command" if source.command is not None else "deployment"
         raise SpecError(f"{name}: {field}: {exc.message}", exc.hint) from None

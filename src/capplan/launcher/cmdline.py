@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import yaml
 from capplan.errors import CapplanError, printable
 from capplan.files import json_depth
 from capplan.launcher.vllm_cli import Resolved, resolve_lines
+from capplan.launcher.vllm_options import tables
 from capplan.limits import MAX_DEPTH, MAX_INT_DIGITS
 from capplan.settings import COMPILATION_FLAGS, SETTINGS, SPECULATIVE_FLAGS, Kind, Setting
 
@@ -129,13 +131,55 @@ CHECK_WITH_VLLM = (
     "spell it out as `capplan flags PLAN` does, or run the dry run where vLLM is installed: its own parser reads it"
 )
 SPEC_FLAGS = ("--spec-tokens", "--spec-method", "--spec-model")  # vLLM's speculative shorthands
-OFF = {"--no-" + f[2:]: f for f in SWITCHES}  # a switch's off form, in every release
-# vLLM's later releases also take --disable-X for --enable-X; the earlier ones refuse it
-DISABLE = {"--disable-" + f[9:]: f for f in SWITCHES if f.startswith("--enable-")}
-NO_DISABLE = {"--no-" + d[2:] for d in DISABLE}  # no release takes these
-OFF_OF = {d: "--no-" + f[2:] for d, f in DISABLE.items()}
 LEVEL = "--optimization-level"
-KNOWN = {*SCALARS, *SWITCHES, *OFF, *DISABLE, *LISTS, *CHOICES, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
+
+
+def off_forms(flag: str, releases: Sequence[str] | None = None) -> dict[str, set[str]]:
+    """Each spelling that turns switch `flag` off in a release's parser (`--no-X`, or `--disable-Y`
+    where vLLM's action pairs them), with the releases (default: every supported one) that take
+    it: read from vLLM's option tables (capplan.launcher.vllm_options), never guessed."""
+    out: dict[str, set[str]] = {}
+    for release, table in tables().items():
+        if releases is not None and release not in releases:
+            continue
+        if flag not in table:
+            continue
+        dest = table[flag][0]
+        for option, (d, nargs) in table.items():
+            if d == dest and nargs == 0 and option != flag and option.startswith(("--no-", "--disable-")):
+                out.setdefault(option, set()).add(release)
+    return out
+
+
+def _off(releases: Sequence[str] | None = None) -> dict[str, str]:
+    """Off form -> its switch, for the forms every one of `releases` takes."""
+    wanted = set(tables()) if releases is None else set(releases) & set(tables())
+    return {form: f for f in SWITCHES for form, have in off_forms(f, releases).items() if have >= wanted}
+
+
+OFF = _off()  # a switch's off forms that every supported release takes
+SOME = {form: f for f in SWITCHES for form in off_forms(f) if form not in OFF}  # taken by some releases only
+# every option some supported release's parser takes (an abbreviation of one is vLLM's to resolve)
+ALL_OPTIONS = {option for table in tables().values() for option in table}
+# options whose number of values every supported release agrees on: how many arguments they take
+NARGS = {
+    option: got.pop()
+    for option in ALL_OPTIONS
+    if len(got := {table[option][1] for table in tables().values() if option in table}) == 1
+}
+
+
+def _negations(flag: str) -> set[str]:
+    """The spellings an operator might write to turn switch `flag` off."""
+    stem = flag[2:]
+    forms = {"--no-" + stem}
+    if stem.startswith("enable-"):
+        forms |= {"--disable-" + stem[7:], "--no-disable-" + stem[7:]}
+    return forms
+
+
+NONE = {form for f in SWITCHES for form in _negations(f) if form not in ALL_OPTIONS}  # no release takes these
+KNOWN = {*SCALARS, *SWITCHES, *OFF, *SOME, *LISTS, *CHOICES, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
 
 
 @dataclass(frozen=True)
@@ -212,7 +256,7 @@ def config_args(path: str) -> list[str]:
             raise CapplanError(f"--config {name}: the key {printable(repr(key))[:40]} is not a flag name")
         flag = _normalized("--" + key)
         if isinstance(value, bool):
-            if not value and (flag in SWITCHES or flag in OFF or flag in DISABLE):
+            if not value and (flag in SWITCHES or flag in OFF or flag in SOME):
                 raise _refuse(f"--config {name}: {key}: false", "does not read a false switch in a config file")
             out += [flag] if value else []
         elif isinstance(value, list):
@@ -251,9 +295,10 @@ def json_places(args: list[_Arg]) -> dict[str, tuple[int | None, str]]:
 
 
 def _prefix_of_known(name: str) -> bool:
-    """Whether vLLM's parser could read `name` as an abbreviation of a flag this reader reads."""
+    """Whether vLLM's parser could read `name` as an abbreviation of one of its options (of any
+    supported release) or of a flag this reader reads."""
     if name.startswith("--"):
-        return any(k.startswith(name) and k != name for k in KNOWN if k.startswith("--"))
+        return name not in ALL_OPTIONS and any(k.startswith(name) and k != name for k in {*KNOWN, *ALL_OPTIONS})
     shorts = [*SHORT, *(f for f in JSON_ARGS if not f.startswith("--"))]
     return len(name) > 1 and name[1].isalpha() and any(k.startswith(name) and k != name for k in shorts)
 
@@ -283,10 +328,13 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[k] = v
 
 
-def read_command(argv: list[str]) -> Command | None:
+def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Command | None:
     """The plan settings a vLLM server command sets, or None when `argv` is not a vLLM server command.
     CapplanError names a flag whose value vLLM itself would refuse, or a part of the command this
-    reader does not read (an optimization level, an abbreviated flag), which it never completes."""
+    reader does not read (an optimization level, an abbreviated flag, a switch's off form that
+    not every one of `releases` takes: default, every supported release), which it never completes."""
+    off = OFF if releases is None else _off(releases)
+    some = {form: (f, have) for f in SWITCHES for form, have in off_forms(f, releases).items() if form not in off}
     start = server_start(argv)
     if start is None:
         return None
@@ -362,15 +410,22 @@ def read_command(argv: list[str]) -> Command | None:
                 shown = f"{said} {raw}" + (f" (vLLM reads {number})" if raw.strip() != str(number) else "")
                 cmd.flags[setting.name] = shown + origin
             i += step
-        elif name in NO_DISABLE or re.match(r"-(?:tp|dp|pp|pcp|cc|sc)[^a-z=.]", name):
+        elif name in some:
+            switch, have = some[name]
+            others = [f"{_span(by)} {form}" for form, by in off_forms(switch, releases).items() if form != name]
+            raise _refuse(
+                token,
+                f"does not read it: not every vLLM release the line is read for takes it (vLLM {_span(have)} "
+                f"{'does' if len(have) == 1 else 'do'}"
+                + (f"; for {switch}'s off form, {'; '.join(others)})" if others else ")"),
+            )
+        elif name in NONE or re.match(r"-(?:tp|dp|pp|pcp|cc|sc)[^a-z=.]", name):
             raise CapplanError(f"{printable(token)[:60]}: no flag of vLLM's: vLLM's parser refuses the command")
-        elif name in DISABLE:
-            raise _refuse(token, f"does not read it: not every supported vLLM release takes it ({OFF_OF[name]} all do)")
-        elif name in SWITCHES or name in OFF:
+        elif name in SWITCHES or name in off:
             if eq:
                 raise CapplanError(f"{printable(token)[:60]}: {name} takes no value: vLLM refuses the command")
-            setting = SWITCHES[OFF.get(name) or name]
-            cmd.values[setting.name] = name not in OFF
+            setting = SWITCHES[off.get(name) or name]
+            cmd.values[setting.name] = name not in off
             cmd.flags[setting.name] = name + origin
             i += 1
         elif name in CHOICES:
@@ -436,8 +491,10 @@ def read_command(argv: list[str]) -> Command | None:
             i += 1
         elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
+        elif name in NARGS:  # another option of vLLM's: as many values as its parser takes
+            i += 1 if eq else _values_taken(NARGS[name], args, i + 1) + 1
         elif token.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].text.startswith("-"):
-            i += 2  # another flag with its value (--port 8000)
+            i += 2  # an option the releases' parsers disagree on, with what looks like its value
             loose = True
         elif token.startswith("-") or after_unknown:
             i += 1
@@ -476,6 +533,27 @@ def read_command(argv: list[str]) -> Command | None:
 
 READ_KEYS = (*COMPILATION, "mode")  # the compilation-config keys and EngineArgs fields vLLM's parser reports
 READ_FIELDS = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
+
+
+def _values_taken(nargs: Any, args: list[_Arg], at: int) -> int:
+    """How many of `args` from `at` argparse gives an option of `nargs` (0 for a switch, None one
+    value, "?" one if one follows, "+"/"*" up to the next option, a count that many)."""
+    following = 0
+    while at + following < len(args) and not re.match(r"-[^\d]", args[at + following].text):
+        following += 1
+    if nargs is None:
+        return 1 if at < len(args) else 0  # argparse takes the next argument, or refuses
+    if nargs in ("+", "*"):
+        return following
+    if nargs == "?":
+        return min(following, 1)
+    return min(int(nargs), following) if isinstance(nargs, int) else 0
+
+
+def _span(releases: set[str]) -> str:
+    """Releases as the messages name them: the first to the last, or one."""
+    ordered = [r for r in tables() if r in releases]
+    return ordered[0] if len(ordered) == 1 else f"{ordered[0]} to {ordered[-1]}"
 
 
 def read_with_vllm(python: str, argvs: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]] | None:

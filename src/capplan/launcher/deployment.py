@@ -9,7 +9,7 @@ importable, capplan's own reader otherwise, which refuses what it does not read.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,10 +123,11 @@ def read_settings(
     python: str,
     env: dict[str, str],
     refused_hint: str = "spell it out, or run capplan where vLLM is installed",
+    releases: Sequence[str] | None = None,
 ) -> DeploymentSettings:
     """The spec fields a server command (`server_argv`) sets: by vLLM's parser run with `python`
-    where vLLM is importable there, else by capplan's own reader (which refuses what it does not
-    read, with `refused_hint`)."""
+    where vLLM is importable there, else by capplan's own reader for `releases` (default: every
+    supported one), which refuses what it does not read, with `refused_hint`."""
     from capplan.launcher.cmdline import CHECK_WITH_VLLM, read_command, read_resolved, read_with_vllm, server_start
     from capplan.launcher.vllm_cli import resolution_of
     from capplan.settings import BY_NAME, DTYPE_NAMES
@@ -139,7 +140,7 @@ def read_settings(
         reader = VLLM_PARSER
     else:
         try:
-            own = read_command(argv)
+            own = read_command(argv, releases)
         except CapplanError as exc:
             if exc.hint != CHECK_WITH_VLLM:
                 raise

@@ -21,6 +21,7 @@ from capplan.errors import CapplanError, printable
 from capplan.launcher.cmdline import Command, read_command, read_resolved, read_with_vllm, server_start, short
 from capplan.launcher.launch import target_python
 from capplan.launcher.vllm_cli import resolution_of
+from capplan.releases import runs_on
 from capplan.schemas.plan import Plan
 from capplan.settings import BY_NAME, COMPILATION_FLAGS, SETTINGS, Setting, line_values
 
@@ -213,7 +214,7 @@ def prepare(
         resolution = None if results is None else results[0]
     resolved = None if resolution is None else resolution_of(resolution)
     reader: list[str] = []
-    own = None if resolved is not None else read_command(argv)
+    own = None if resolved is not None else read_command(argv, runs_on(plan.spec.target.vllm))
     cmd = read_resolved(argv, resolved) if resolved is not None else own
     assert cmd is not None  # a server command (server_start above)
     if own is not None:

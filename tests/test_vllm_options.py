@@ -1,0 +1,74 @@
+"""What capplan's own launch reader takes from vLLM's option tables (one per supported release,
+generated from its parser; tests/conformance/test_vllm_options.py compares them with it), and
+what the lines capplan writes need from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from capplan.errors import CapplanError
+from capplan.launcher.cmdline import NARGS, OFF, SWITCHES, off_forms, read_command
+from capplan.launcher.engine_args import flags_for
+from capplan.launcher.vllm_options import tables
+from capplan.planfile import load_plan
+from capplan.releases import RELEASES, runs_on
+from capplan.settings import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ["vllm", "serve", "M"]
+
+
+def test_every_supported_release_has_its_table():
+    assert list(tables()) == list(RELEASES)
+
+
+def test_every_flag_capplan_reads_or_writes_is_an_option_of_every_release():
+    for s in SETTINGS:
+        for flag in (f for f in (s.flag, *s.aliases) if f is not None):
+            missing = [r for r, t in tables().items() if flag not in t]
+            assert not missing, (flag, missing)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.plan.yaml")), ids=lambda p: p.name)
+def test_the_flags_capplan_writes_for_a_plan_are_options_of_every_release_it_targets(path):
+    plan = load_plan(path)
+    options = [a.split("=", 1)[0] for a in flags_for(plan) if a.startswith("-")]
+    for release in runs_on(plan.spec.target.vllm):
+        assert [o for o in options if o not in tables()[release]] == [], release
+
+
+def test_a_switchs_off_forms_are_the_releases_own():
+    # vLLM 0.33.0 pairs --enable-X with --disable-X; the releases before it take --no-enable-X
+    assert off_forms("--enable-lora") == {
+        "--no-enable-lora": set(RELEASES) - {"0.33.0"},
+        "--disable-lora": {"0.33.0"},
+    }
+    assert off_forms("--specialize-active-lora") == {"--no-specialize-active-lora": set(RELEASES)}
+    assert "--no-enable-lora" not in OFF and OFF["--no-specialize-active-lora"] == "--specialize-active-lora"
+    assert set(OFF.values()) <= set(SWITCHES)
+
+
+def test_an_off_form_is_read_only_where_every_release_the_line_is_for_takes_it():
+    assert read_command([*SERVE, "--disable-lora"], ("0.33.0",)).values["lora.enabled"] is False
+    assert read_command([*SERVE, "--no-enable-lora"], ("0.25.0", "0.25.1", "0.26.0")).values["lora.enabled"] is False
+    with pytest.raises(CapplanError, match="not every vLLM release the line is read for takes it"):
+        read_command([*SERVE, "--no-enable-lora"], ("0.31.0", "0.32.0", "0.33.0"))
+    with pytest.raises(CapplanError, match="no flag of vLLM's"):
+        read_command([*SERVE, "--no-disable-lora"])
+
+
+def test_another_option_takes_as_many_values_as_vllms_parser_gives_it():
+    # --lora-modules takes every value up to the next option; a switch takes none
+    cmd = read_command([*SERVE, "--lora-modules", "a=/x", "b=/y", "--max-loras", "3", "--enable-prefix-caching"])
+    assert cmd.values["lora.max_loras"] == 3
+    assert NARGS["--lora-modules"] == "+" and NARGS["--enable-prefix-caching"] == 0
+    # a switch followed by a word: the word is no value of the switch (the model is given): refused
+    with pytest.raises(CapplanError, match="an argument no flag takes"):
+        read_command([*SERVE, "--trust-remote-code", "stray"])
+
+
+def test_an_abbreviation_of_any_option_of_vllms_is_refused():
+    with pytest.raises(CapplanError, match="does not resolve abbreviated flags"):
+        read_command([*SERVE, "--lora-mod", "a=/x"])  # vLLM reads it as --lora-modules
