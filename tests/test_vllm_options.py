@@ -72,3 +72,21 @@ def test_another_option_takes_as_many_values_as_vllms_parser_gives_it():
 def test_an_abbreviation_of_any_option_of_vllms_is_refused():
     with pytest.raises(CapplanError, match="does not resolve abbreviated flags"):
         read_command([*SERVE, "--lora-mod", "a=/x"])  # vLLM reads it as --lora-modules
+
+
+def test_capplans_short_aliases_and_json_flags_set_what_their_long_flag_sets_in_every_release():
+    from capplan.settings import COMPILATION_FLAGS, SPECULATIVE_FLAGS
+
+    for s in SETTINGS:
+        for alias in s.aliases:
+            for release, t in tables().items():
+                assert t[alias][0] == t[s.flag][0], (alias, release)
+    for flags, dest in ((COMPILATION_FLAGS, "compilation_config"), (SPECULATIVE_FLAGS, "speculative_config")):
+        for flag in flags:
+            assert all(t[flag][0] == dest for t in tables().values()), flag
+
+
+def test_a_value_glued_to_a_short_option_of_vllms_is_refused_as_its_parser_does():
+    for glued in ("-tp4", "-dp2", "-cc{}"):
+        with pytest.raises(CapplanError, match="no flag of vLLM's"):
+            read_command([*SERVE, glued])

@@ -169,16 +169,6 @@ NARGS = {
 }
 
 
-def _negations(flag: str) -> set[str]:
-    """The spellings an operator might write to turn switch `flag` off."""
-    stem = flag[2:]
-    forms = {"--no-" + stem}
-    if stem.startswith("enable-"):
-        forms |= {"--disable-" + stem[7:], "--no-disable-" + stem[7:]}
-    return forms
-
-
-NONE = {form for f in SWITCHES for form in _negations(f) if form not in ALL_OPTIONS}  # no release takes these
 KNOWN = {*SCALARS, *SWITCHES, *OFF, *SOME, *LISTS, *CHOICES, *JSON_ARGS, *SPEC_FLAGS, LEVEL, "--config", "--model"}
 
 
@@ -370,10 +360,8 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
                 f"`serve {printable(named)[:40]}` with no model: vLLM's parser refuses it",
                 "give the model after `serve`",
             )
-    loose = False  # the previous argument was a flag this reader does not know (it may take more values)
     i = 0
     while i < len(args):
-        after_unknown, loose = loose, False
         arg = args[i]
         token = arg.text
         name, eq, inline = token.partition("=")
@@ -419,8 +407,6 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
                 f"{'does' if len(have) == 1 else 'do'}"
                 + (f"; for {switch}'s off form, {'; '.join(others)})" if others else ")"),
             )
-        elif name in NONE or re.match(r"-(?:tp|dp|pp|pcp|cc|sc)[^a-z=.]", name):
-            raise CapplanError(f"{printable(token)[:60]}: no flag of vLLM's: vLLM's parser refuses the command")
         elif name in SWITCHES or name in off:
             if eq:
                 raise CapplanError(f"{printable(token)[:60]}: {name} takes no value: vLLM refuses the command")
@@ -492,13 +478,21 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
         elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
         elif name in NARGS:  # another option of vLLM's: as many values as its parser takes
+            lacking = {r for r in releases or () if r in tables() and name not in tables()[r]}
+            if lacking:
+                raise CapplanError(
+                    f"{printable(name)[:60]}: no option of vLLM {_span(lacking)}: its parser refuses the command",
+                    "remove it, or target a release that takes it",
+                )
             i += 1 if eq else _values_taken(NARGS[name], args, i + 1) + 1
-        elif token.startswith("-") and not eq and i + 1 < len(args) and not args[i + 1].text.startswith("-"):
-            i += 2  # an option the releases' parsers disagree on, with what looks like its value
-            loose = True
-        elif token.startswith("-") or after_unknown:
-            i += 1
-            loose = not (token.startswith("-") and eq)  # `--flag=value` takes no more
+        elif token.startswith("-") and "." in name and name.split(".", 1)[0] in NARGS:
+            raise _refuse(token, "does not read dotted keys of this option")
+        elif token.startswith("-") and not re.fullmatch(r"-\d[\d.]*", token):
+            raise CapplanError(
+                f"{printable(name)[:60]}: no flag of vLLM's (no supported release's parser takes it): vLLM's parser "
+                "refuses the command",
+                "remove it, or spell it as `vllm serve --help` does",
+            )
         elif free:
             free, i = 0, i + 1  # the model
         else:
