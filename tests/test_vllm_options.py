@@ -90,3 +90,16 @@ def test_a_value_glued_to_a_short_option_of_vllms_is_refused_as_its_parser_does(
     for glued in ("-tp4", "-dp2", "-cc{}"):
         with pytest.raises(CapplanError, match="no flag of vLLM's"):
             read_command([*SERVE, glued])
+
+
+def test_the_table_writer_refuses_with_one_line_and_writes_nothing(capsys, tmp_path):
+    from capplan.launcher.vllm_options import main
+
+    before = {p.name: p.read_bytes() for p in (ROOT / "src/capplan/data/vllm_options").glob("*.json")}
+    assert main([]) == 2
+    assert main(["python", "9.9.9"]) == 2
+    assert main([str(tmp_path / "no-python"), "0.33.0"]) == 1
+    assert main(["/bin/false", "0.33.0"]) == 1  # prints nothing
+    err = capsys.readouterr().err
+    assert "not a supported vLLM release" in err and "could not be dumped" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (ROOT / "src/capplan/data/vllm_options").glob("*.json")} == before

@@ -18,11 +18,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capplan.errors import CapplanError, printable
+from capplan.files import write_atomic
 from capplan.releases import RELEASES
 
 # Runs in a Python where vLLM is importable: prints {"release": ..., "options": {OPTION: [DEST,
@@ -84,14 +87,25 @@ def main(argv: list[str]) -> int:
     if release not in RELEASES:
         print(f"{release}: not a supported vLLM release ({', '.join(RELEASES)})", file=sys.stderr)
         return 2
-    data = dump(python, dict(os.environ))
-    if data["release"] != release:
-        print(f"{python} imports vLLM {data['release']}, not {release}", file=sys.stderr)
+    try:
+        data = dump(python, dict(os.environ))
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        print(f"capplan: {printable(python)}: vLLM's parser could not be dumped ({printable(str(exc))[:200]})",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
+        print(f"capplan: {printable(python)} printed no option table", file=sys.stderr)
+        return 1
+    if data.get("release") != release:
+        print(f"capplan: {printable(python)} imports vLLM {data.get('release')}, not {release}", file=sys.stderr)
         return 1
     path = Path(__file__).resolve().parents[1] / "data" / FOLDER / f"{release}.json"
-    path.parent.mkdir(exist_ok=True)
     rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data["options"].items()))
-    path.write_text(f'{{"release": {json.dumps(release)}, "options": {{\n{rows}\n}}}}\n')
+    try:
+        write_atomic(path, f'{{"release": {json.dumps(release)}, "options": {{\n{rows}\n}}}}\n')
+    except CapplanError as exc:
+        print(f"capplan: {exc.message}", file=sys.stderr)
+        return 1
     print(f"wrote {path}: {len(data['options'])} options")
     return 0
 
