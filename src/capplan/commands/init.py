@@ -150,7 +150,7 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
     from capplan.launcher.deployment import config_of, is_spec_field, read_settings
     from capplan.launcher.engine_args import contradictions
     from capplan.launcher.launch import target_python
-    from capplan.loading import spec_from_data
+    from capplan.loading import spec_from_data, target_releases
     from capplan.planfile.write import render_spec
     from capplan.planner.compiler import compile_plan
     from capplan.schemas.validation import describe_validation_error
@@ -164,16 +164,17 @@ def init(request: InitRequest, notes: Notes = no_notes) -> Initialized:
             raise UsageError(f"{printable(str(out))}: exists; refusing to replace a spec", "give --force to replace it")
     argv, source = _argv(r)
     python = r.python or target_python(argv) or sys.executable
+    target = r.vllm or _installed_vllm(notes)
     found = read_settings(
         argv, source, python, dict(os.environ) if r.env is None else r.env,
-        "spell it out, or run capplan init where vLLM is installed",
+        "spell it out, or run capplan init where vLLM is installed", target_releases({"target": {"vllm": target}}),
     )  # fmt: skip
     cmd, reader, start, config = found.cmd, found.reader, found.start, found.config
     data: dict[str, Any] = {section: dict(values) for section, values in found.data.items()}
     carried = list(found.carried)
     if r.moe is not None:
         data.setdefault("parallel", {})["moe"] = r.moe
-    data["target"] = {"vllm": r.vllm or _installed_vllm(notes)}
+    data["target"] = {"vllm": target}
     try:
         Spec.model_validate(data)
     except ValidationError as exc:

@@ -289,8 +289,8 @@ def _prefix_of_known(name: str) -> bool:
     supported release) or of a flag this reader reads."""
     if name.startswith("--"):
         return name not in ALL_OPTIONS and any(k.startswith(name) and k != name for k in {*KNOWN, *ALL_OPTIONS})
-    shorts = [*SHORT, *(f for f in JSON_ARGS if not f.startswith("--"))]
-    return len(name) > 1 and name[1].isalpha() and any(k.startswith(name) and k != name for k in shorts)
+    shorts = {*SHORT, *(f for f in {*JSON_ARGS, *ALL_OPTIONS} if not f.startswith("--"))}
+    return len(name) > 1 and name[1].isalpha() and name not in shorts and any(k.startswith(name) for k in shorts)
 
 
 def _dotted_value(raw: str, plus: bool) -> object:
@@ -478,16 +478,20 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
         elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
         elif name in NARGS:  # another option of vLLM's: as many values as its parser takes
-            lacking = {r for r in releases or () if r in tables() and name not in tables()[r]}
+            lacking = {r for r in releases or tables() if r in tables() and name not in tables()[r]}
             if lacking:
                 raise CapplanError(
                     f"{printable(name)[:60]}: no option of vLLM {_span(lacking)}: its parser refuses the command",
                     "remove it, or target a release that takes it",
                 )
-            i += 1 if eq else _values_taken(NARGS[name], args, i + 1) + 1
+            if eq and NARGS[name] == 0:
+                raise CapplanError(f"{printable(token)[:60]}: {name} takes no value: vLLM refuses the command")
+            i += 1 if eq else _values_taken(name, NARGS[name], args, i + 1) + 1
         elif token.startswith("-") and "." in name and name.split(".", 1)[0] in NARGS:
             raise _refuse(token, "does not read dotted keys of this option")
-        elif token.startswith("-") and not re.fullmatch(r"-\d[\d.]*", token):
+        elif name[:1] == "-" and name[1:2] != "-" and name[:2] in ALL_OPTIONS and len(name) > 2:
+            raise _refuse(token, f"does not read a value glued to a short option ({name[:2]} {name[2:]})")
+        elif _option_like(token):
             raise CapplanError(
                 f"{printable(name)[:60]}: no flag of vLLM's (no supported release's parser takes it): vLLM's parser "
                 "refuses the command",
@@ -529,19 +533,23 @@ READ_KEYS = (*COMPILATION, "mode")  # the compilation-config keys and EngineArgs
 READ_FIELDS = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
 
 
-def _values_taken(nargs: Any, args: list[_Arg], at: int) -> int:
-    """How many of `args` from `at` argparse gives an option of `nargs` (0 for a switch, None one
-    value, "?" one if one follows, "+"/"*" up to the next option, a count that many)."""
+def _option_like(text: str) -> bool:
+    """Whether argparse reads `text` as an option, not a value: it starts with `-` and is no
+    negative integer (vLLM rewrites `-0.5`, having a `.`, as a dotted key: an option too)."""
+    return text.startswith("-") and not re.fullmatch(r"-\d+", text)
+
+
+def _values_taken(name: str, nargs: Any, args: list[_Arg], at: int) -> int:
+    """How many of `args` from `at` argparse gives option `name` of `nargs` (0 for a switch, None
+    one value, "?" one if one follows, "+"/"*" up to the next option, a count that many);
+    CapplanError where too few follow, as vLLM's parser refuses the command."""
     following = 0
-    while at + following < len(args) and not re.match(r"-[^\d]", args[at + following].text):
+    while at + following < len(args) and not _option_like(args[at + following].text):
         following += 1
-    if nargs is None:
-        return 1 if at < len(args) else 0  # argparse takes the next argument, or refuses
-    if nargs in ("+", "*"):
-        return following
-    if nargs == "?":
-        return min(following, 1)
-    return min(int(nargs), following) if isinstance(nargs, int) else 0
+    need, take = {None: (1, 1), "?": (0, 1), "+": (1, following), "*": (0, following)}.get(nargs, (nargs, nargs))
+    if following < need:
+        raise CapplanError(f"{printable(name)[:60]} needs a value: vLLM's parser refuses the command")
+    return min(take, following)
 
 
 def _span(releases: set[str]) -> str:

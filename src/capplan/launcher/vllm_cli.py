@@ -144,7 +144,7 @@ def one(args):
 def resolution(args, ns, serve):
     # what the operator gave: parsed again with no defaults, with and without the --config file
     # (vLLM's parser may refuse the line without its file, e.g. a model named only there)
-    given_ns, _ = parse(make(False, True, serve), args, Exception)
+    given_ns, _ = parse(make(False, True, serve), args, (Exception, SystemExit))
     cli_args, skip = [], False
     for i, a in enumerate(args):
         if skip:
@@ -156,7 +156,7 @@ def resolution(args, ns, serve):
         if a.startswith("--config="):
             continue
         cli_args.append(a)
-    cli_ns, _ = parse(make(False, True, serve), cli_args, Exception)
+    cli_ns, _ = parse(make(False, True, serve), cli_args, (Exception, SystemExit))  # a refusal, not an exit
     given = sorted(vars(given_ns)) if given_ns is not None else []
     on_cli = set(vars(cli_ns)) if cli_ns is not None else set()  # unknown: all counted as the file's
     if serve and getattr(ns, "model_tag", None) is not None:

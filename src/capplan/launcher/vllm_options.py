@@ -42,10 +42,9 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         from vllm.platforms.cpu import CpuPlatform
         platforms.current_platform = CpuPlatform()
     parser = serve_cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-options = {}
-for action in parser._actions:
-    for option in action.option_strings:
-        options[option] = [action.dest, action.nargs]
+# every option string the parser matches (vLLM hides some from --help by cutting an action's
+# option_strings after registering them: the parser's own map keeps them all)
+options = {option: [action.dest, action.nargs] for option, action in parser._option_string_actions.items()}
 print(json.dumps({"release": vllm.__version__.split("+")[0], "options": dict(sorted(options.items()))}))
 """
 
