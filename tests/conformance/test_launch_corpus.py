@@ -133,6 +133,21 @@ CORPUS: list[tuple[list[str], str | None]] = [
     (["--enable-lora", "yes"], None),
     (["--lora-modules", "a=/x", "b=/y", "--max-num-seqs", "256"], None),
     (["--no-disable-lora"], None),
+    # what vLLM's option tables settle: values taken, off forms, options some releases lack
+    (["--served-model-name", "--max-num-seqs", "8"], None),
+    (["--port"], None),
+    (["--lora-modules", "--max-num-seqs", "8"], None),
+    (["--seed", "-1e5", "--max-num-seqs", "8"], None),
+    (["--seed", "-1", "--max-num-seqs", "8"], None),
+    (["--served-model-name", "x", "-1.5", "--max-num-seqs", "8"], None),
+    (["--gpu-memory-utilization", "-0.5", "--max-num-seqs", "8"], None),
+    (["--trust-remote-code=1"], None),
+    (["-n2", "--max-num-seqs", "8"], None),
+    (["--no-enable-lora", "--max-num-seqs", "8"], None),
+    (["--disable-lora"], None),
+    (["--lora-mod", "a=/x"], None),
+    (["--calculate-kv-scales", "--max-num-seqs", "8"], None),
+    (["--config", "{cfg}", "8"], "max-num-seqs: true\n"),
 ]
 FORMS = [["vllm", "serve", "M"], ["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"]]
 
