@@ -547,9 +547,9 @@ def _values_taken(name: str, nargs: Any, args: list[_Arg], at: int) -> int:
     while at + following < len(args) and not _option_like(args[at + following].text):
         following += 1
     need, take = {None: (1, 1), "?": (0, 1), "+": (1, following), "*": (0, following)}.get(nargs, (nargs, nargs))
-    if following < need:
+    if following < int(need):
         raise CapplanError(f"{printable(name)[:60]} needs a value: vLLM's parser refuses the command")
-    return min(take, following)
+    return min(int(take), following)
 
 
 def _span(releases: set[str]) -> str:

@@ -58,7 +58,10 @@ def dump(python: str, env: dict[str, str]) -> dict[str, Any]:
     out = run_script(python, DUMP, "", env, 600).strip().splitlines()
     if not out:
         raise RuntimeError(f"{python} printed nothing: is vLLM importable there?")
-    return json.loads(out[-1])
+    data = json.loads(out[-1])
+    if not isinstance(data, dict):
+        raise ValueError("not an option table")
+    return data
 
 
 @functools.cache
