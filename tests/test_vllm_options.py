@@ -123,3 +123,19 @@ def test_what_vllms_parser_refuses_or_reads_otherwise_is_refused(args):
 
 def test_a_negative_integer_is_a_value_as_argparse_reads_it():
     assert read_command([*SERVE, "--seed", "-1", "--max-num-seqs", "8"]).values == {"scheduler.max_num_seqs": 8}
+
+
+def test_a_release_without_a_table_is_refused_and_none_named_means_every_release():
+    with pytest.raises(CapplanError, match="no option table of vLLM 9.9.9"):
+        read_command([*SERVE, "--enable-lora", "--no-enable-lora"], ("0.33.0", "9.9.9"))
+    assert read_command([*SERVE, "--enable-lora", "--no-enable-lora"], ()).values["lora.enabled"] is False
+    with pytest.raises(CapplanError, match=r"\(vLLM 0.33.0 does"):
+        read_command([*SERVE, "--disable-lora"], ())
+
+
+def test_values_argparse_reads_as_values_and_help_which_starts_no_server():
+    assert read_command([*SERVE, "--served-model-name", "-my model", "-", "--max-num-seqs", "8"]).values == {
+        "scheduler.max_num_seqs": 8
+    }
+    with pytest.raises(CapplanError, match="prints its help and exits"):
+        read_command([*SERVE, "--help"])

@@ -323,6 +323,13 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
     CapplanError names a flag whose value vLLM itself would refuse, or a part of the command this
     reader does not read (an optimization level, an abbreviated flag, a switch's off form that
     not every one of `releases` takes: default, every supported release), which it never completes."""
+    releases = releases or None  # none named: every supported release
+    unknown = [r for r in releases or () if r not in tables()]
+    if unknown:
+        raise CapplanError(
+            f"{OWN_READER}: no option table of vLLM {', '.join(unknown)}: it cannot read the line for it",
+            CHECK_WITH_VLLM,
+        )
     off = OFF if releases is None else _off(releases)
     some = {form: (f, have) for f in SWITCHES for form, have in off_forms(f, releases).items() if form not in off}
     start = server_start(argv)
@@ -477,6 +484,8 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
             i += 1
         elif token.startswith("-") and _prefix_of_known(name.split(".", 1)[0]):
             raise _refuse(token, "does not resolve abbreviated flags (vLLM's parser reads a flag's unambiguous prefix)")
+        elif name in ("-h", "--help"):
+            raise CapplanError(f"{name}: vLLM prints its help and exits: no server starts", "remove it")
         elif name in NARGS:  # another option of vLLM's: as many values as its parser takes
             lacking = {r for r in releases or tables() if r in tables() and name not in tables()[r]}
             if lacking:
@@ -535,8 +544,9 @@ READ_FIELDS = (*RESOLVED, "optimization_level", "spec_tokens", "spec_method")
 
 def _option_like(text: str) -> bool:
     """Whether argparse reads `text` as an option, not a value: it starts with `-` and is no
-    negative integer (vLLM rewrites `-0.5`, having a `.`, as a dotted key: an option too)."""
-    return text.startswith("-") and not re.fullmatch(r"-\d+", text)
+    negative integer, a lone `-` or a text with a space (vLLM rewrites `-0.5`, having a `.`, as a
+    dotted key: an option too)."""
+    return text.startswith("-") and text != "-" and " " not in text and not re.fullmatch(r"-\d+", text)
 
 
 def _values_taken(name: str, nargs: Any, args: list[_Arg], at: int) -> int:
