@@ -139,3 +139,26 @@ def test_values_argparse_reads_as_values_and_help_which_starts_no_server():
     }
     with pytest.raises(CapplanError, match="prints its help and exits"):
         read_command([*SERVE, "--help"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-cc", '{"cudagraph_mode": "NONE", "x": 1}'],
+        ["-cc.x=1"],
+        ["--compilation-config.level=3"],  # no field of any release's CompilationConfig
+    ],
+)
+def test_a_compilation_config_key_vllms_config_class_forbids_is_refused(args):
+    with pytest.raises(CapplanError, match="compilation config: it refuses the command"):
+        read_command([*SERVE, *args])
+
+
+def test_a_compilation_key_some_targeted_release_lacks_is_refused_for_it():
+    from capplan.launcher.vllm_options import compilation_keys
+
+    newer = sorted(compilation_keys("0.33.0") - compilation_keys("0.25.0"))
+    assert newer  # keys added after 0.25.0
+    line = [*SERVE, f"-cc.{newer[0]}=1"]
+    with pytest.raises(CapplanError, match="vLLM 0.25.0's compilation config"):
+        read_command(line, ("0.25.0",))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from capplan.launcher.vllm_options import dump, table
+from capplan.launcher.vllm_options import compilation_keys, dump, table
 from tests.conformance.releases import releases
 from tests.conformance.test_init_roundtrip import PYTHON, _env, _oracle
 
@@ -23,6 +23,7 @@ def test_the_checked_in_option_table_is_the_releases_own_parser(release):
     assert ours is not None, f"no table checked in for {release}: python -m capplan.launcher.vllm_options"
     assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:20]
     assert {o: v for o, v in ours.items() if theirs[o] != v} == {}
+    assert compilation_keys(release) == frozenset(got["compilation_keys"])
 
 
 def test_a_line_vllm_reads_but_not_without_its_config_file_keeps_the_batch_read(tmp_path):

@@ -27,7 +27,7 @@ import yaml
 from capplan.errors import CapplanError, printable
 from capplan.files import json_depth
 from capplan.launcher.vllm_cli import Resolved, resolve_lines
-from capplan.launcher.vllm_options import tables
+from capplan.launcher.vllm_options import compilation_keys, tables
 from capplan.limits import MAX_DEPTH, MAX_INT_DIGITS
 from capplan.settings import COMPILATION_FLAGS, SETTINGS, SPECULATIVE_FLAGS, Kind, Setting
 
@@ -523,7 +523,7 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
             cmd.dotted[which] = flag
             if flag in dotted_in_file:
                 cmd.in_file.add(which)
-            _read_json(cmd, which, dotted[flag], flag, dotted=True)
+            _read_json(cmd, which, dotted[flag], flag, releases or tuple(tables()), dotted=True)
         else:
             data, name = json_objects[place]
             at = args[place].at
@@ -531,7 +531,7 @@ def read_command(argv: list[str], releases: Sequence[str] | None = None) -> Comm
                 cmd.json_at[which] = at
             else:
                 cmd.in_file.add(which)
-            _read_json(cmd, which, data, name, origin="" if at is not None else where)
+            _read_json(cmd, which, data, name, releases or tuple(tables()), origin="" if at is not None else where)
     if "speculative" in places:
         if any(a.text.partition("=")[0] in SPEC_FLAGS for a in args):
             raise _refuse("--spec-tokens", "does not decide between --spec-* flags and a speculative config")
@@ -748,10 +748,26 @@ def _mode(where: str, got: object) -> str:
 
 
 def _read_json(
-    cmd: Command, which: str, data: dict[str, Any], flag: str, dotted: bool = False, origin: str = ""
+    cmd: Command,
+    which: str,
+    data: dict[str, Any],
+    flag: str,
+    releases: Sequence[str],
+    dotted: bool = False,
+    origin: str = "",
 ) -> None:
     def shown(key: str) -> str:
         return f"{flag}.{key}" if dotted else f"{flag} {key}"
+
+    if which == "compilation":  # vLLM's config classes forbid any other key (its option tables)
+        for given in data:
+            lacking = {r for r in releases if given not in compilation_keys(r)}
+            if lacking:
+                raise CapplanError(
+                    f"{shown(printable(str(given))[:40])}: no key of vLLM {_span(lacking)}'s compilation config: it "
+                    "refuses the command",
+                    "remove it, or spell it as vLLM's CompilationConfig does",
+                )
 
     if which == "speculative":
         key = SPECULATIVE.speculative

@@ -29,8 +29,9 @@ from capplan.files import write_atomic
 from capplan.releases import RELEASES
 
 # Runs in a Python where vLLM is importable: prints {"release": ..., "options": {OPTION: [DEST,
-# NARGS]}} for `vllm serve`'s parser (NARGS: 0 for a switch, null for one value, "?", "+", "*" or
-# a count, as argparse keeps it). No accelerator: the CPU platform stands in, as in vllm_cli.
+# NARGS]}, "compilation_keys": [...]} for `vllm serve`'s parser (NARGS: 0 for a switch, null for
+# one value, "?", "+", "*" or a count, as argparse keeps it) and its compilation config. No
+# accelerator: the CPU platform stands in, as in vllm_cli.
 DUMP = r"""
 import contextlib, io, json, sys
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -45,7 +46,12 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
 # every option string the parser matches (vLLM hides some from --help by cutting an action's
 # option_strings after registering them: the parser's own map keeps them all)
 options = {option: [action.dest, action.nargs] for option, action in parser._option_string_actions.items()}
-print(json.dumps({"release": vllm.__version__.split("+")[0], "options": dict(sorted(options.items()))}))
+# the compilation config's keys (-cc): vLLM's config classes forbid any other
+import dataclasses
+from vllm.config import CompilationConfig
+keys = sorted(f.name for f in dataclasses.fields(CompilationConfig))
+print(json.dumps({"release": vllm.__version__.split("+")[0], "options": dict(sorted(options.items())),
+                  "compilation_keys": keys}))
 """
 
 FOLDER = "vllm_options"
@@ -76,6 +82,16 @@ def table(release: str) -> dict[str, tuple[str, Any]] | None:
 
 
 @functools.cache
+def compilation_keys(release: str) -> frozenset[str]:
+    """The keys `release`'s compilation config takes (empty where no table is checked in)."""
+    try:
+        text = resources.files("capplan.data").joinpath(FOLDER).joinpath(f"{release}.json").read_text()
+    except (FileNotFoundError, OSError):
+        return frozenset()
+    return frozenset(json.loads(text).get("compilation_keys", []))
+
+
+@functools.cache
 def tables() -> dict[str, dict[str, tuple[str, Any]]]:
     """Every supported release's table that is checked in, by release."""
     return {r: t for r in RELEASES if (t := table(r)) is not None}
@@ -103,8 +119,11 @@ def main(argv: list[str]) -> int:
         return 1
     path = Path(__file__).resolve().parents[1] / "data" / FOLDER / f"{release}.json"
     rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data["options"].items()))
+    keys = json.dumps(sorted(data.get("compilation_keys", [])))
     try:
-        write_atomic(path, f'{{"release": {json.dumps(release)}, "options": {{\n{rows}\n}}}}\n')
+        write_atomic(
+            path, f'{{"release": {json.dumps(release)}, "options": {{\n{rows}\n}},\n"compilation_keys": {keys}}}\n'
+        )
     except CapplanError as exc:
         print(f"capplan: {exc.message}", file=sys.stderr)
         return 1
