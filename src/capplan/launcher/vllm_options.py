@@ -71,24 +71,27 @@ def dump(python: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 @functools.cache
-def table(release: str) -> dict[str, tuple[str, Any]] | None:
-    """The option table of `release` (option -> (dest, nargs)), or None where none is checked in."""
+def _checked_in(release: str) -> dict[str, Any] | None:
+    """`release`'s checked-in file, read once, or None where none is checked in."""
     try:
         text = resources.files("capplan.data").joinpath(FOLDER).joinpath(f"{release}.json").read_text()
     except (FileNotFoundError, OSError):
         return None
-    data = json.loads(text)
-    return {option: (dest, nargs) for option, (dest, nargs) in data["options"].items()}
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def table(release: str) -> dict[str, tuple[str, Any]] | None:
+    """The option table of `release` (option -> (dest, nargs)), or None where none is checked in."""
+    data = _checked_in(release)
+    return None if data is None else {option: (dest, nargs) for option, (dest, nargs) in data["options"].items()}
 
 
 @functools.cache
 def compilation_keys(release: str) -> frozenset[str]:
     """The keys `release`'s compilation config takes (empty where no table is checked in)."""
-    try:
-        text = resources.files("capplan.data").joinpath(FOLDER).joinpath(f"{release}.json").read_text()
-    except (FileNotFoundError, OSError):
-        return frozenset()
-    return frozenset(json.loads(text).get("compilation_keys", []))
+    data = _checked_in(release)
+    return frozenset(data.get("compilation_keys", [])) if data is not None else frozenset()
 
 
 @functools.cache
