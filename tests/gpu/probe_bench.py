@@ -1,9 +1,9 @@
 """Probes against full starts: what `capplan calibrate` measures, and how well it prices another plan.
 
-    python tests/gpu/probe_bench.py WORK OUT.json run [--until SECONDS] [--round pairs|inside]
+    python tests/gpu/probe_bench.py WORK OUT.json run [--until SECONDS] [--round pairs|inside|heldout]
 
-Four shapes (`configs/`: Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-14B and the MoE OLMoE-1B-7B, each
-its published config.json) with `--load-format dummy`, vLLM's OpenAI server under default
+Six shapes (`configs/`: Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B, Qwen2.5-7B, Qwen2.5-14B and the
+MoE OLMoE-1B-7B, each its published config.json) with `--load-format dummy`, vLLM's OpenAI server under default
 multiprocessing, 4 adapters at rank 16 with active-count specialization, max_model_len 4096. Plan
 A: max_num_seqs 128, max_loras 4; plan B (the changed plan): max_num_seqs 256, max_loras 8. Jobs,
 in this order, each recorded as it ends in WORK/jobs.jsonl (a later call goes on where one
@@ -23,7 +23,11 @@ start B; then probes of A for the 14B and the MoE; then the 8B's profiled start;
 for the MoE and the 14B. Round `inside` (each graph read inside vLLM's one capture, report format
 2): the 8B's probe of A from a cold compile cache, its start of A (the positive control: the
 plan's memory as a start captures it, and whether the probe's compile served the start from
-vLLM's cache), its probe of A again (a warm cache), then the 1B's probe and start of A. Probes
+vLLM's cache), its probe of A again (a warm cache), then the 1B's probe and start of A. Round
+`heldout` (the prices' held-out test; what each job will be priced at is written before the run by
+`price_predictions.py`): for the 8B, Qwen2.5-7B and Llama-3.2-3B, a probe of A (the first from a
+cold compile cache, as the machine comes) and a start of B; then the 8B's start of A (the machine
+spread, and the probe's memory against a start's); then the 14B's probe of A and start of B. Probes
 keep vLLM's log (`--keep-log`): each one's phases come from it.
 Every record names the capplan commit, vLLM, torch, the GPU, the host CPU and the command.
 """
@@ -53,7 +57,7 @@ cudagraph: {{mode: FULL_AND_PIECEWISE}}
 lora: {{enabled: true, max_loras: {loras}, specialize: true, specialize_active: true}}
 """
 PLANS = {"A": {"seqs": 128, "loras": 4}, "B": {"seqs": 256, "loras": 8}}
-SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-14b", "olmoe-1b-7b")
+SHAPES = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-14b", "olmoe-1b-7b", "qwen2.5-7b", "llama-3.2-3b")
 ROUNDS = {
     "pairs": [
         ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "start", "B"),
@@ -64,6 +68,12 @@ ROUNDS = {
     "inside": [
         ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "A"), ("llama-3.1-8b", "probe-warm", "A"),
         ("llama-3.2-1b", "probe", "A"), ("llama-3.2-1b", "start", "A"),
+    ],
+    "heldout": [
+        ("llama-3.1-8b", "probe", "A"), ("llama-3.1-8b", "start", "B"),
+        ("qwen2.5-7b", "probe", "A"), ("qwen2.5-7b", "start", "B"),
+        ("llama-3.2-3b", "probe", "A"), ("llama-3.2-3b", "start", "B"),
+        ("llama-3.1-8b", "start", "A"), ("qwen2.5-14b", "probe", "A"), ("qwen2.5-14b", "start", "B"),
     ],
 }  # fmt: skip
 KV_BYTES = 4 << 30  # as the probe gives it

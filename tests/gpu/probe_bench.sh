@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of the probe benchmark (probe_bench.py), from the repository root of the GPU
 # machine, after part1a and part1b of a vLLM bundle were unpacked there (tests/gpu/README.md).
-#   bash tests/gpu/probe_bench.sh BUNDLE WAIT_SECONDS [ROUND]   (ROUND: pairs, the default, or inside)
+#   bash tests/gpu/probe_bench.sh BUNDLE WAIT_SECONDS [ROUND]   (ROUND: pairs, the default, inside or heldout)
 # The benchmark runs in the background (/tmp/pb), so that no job is cut by a call's end; every call
 # waits up to WAIT_SECONDS, then brings back what has run so far.
 set -euo pipefail
