@@ -1,0 +1,146 @@
+"""The vLLM bundle of the GPU runs (tests/gpu/bundle/): both scripts parse, the GPU suite's README
+names no path outside the repository, and device_setup.sh joins the pieces of a split part, refusing
+the second piece, with its one-line message, where the first was not kept by an earlier call. Small
+made-up archives in temporary folders (VSITE, VPARTS); no network, no GPU."""
+
+import io
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / "tests" / "gpu" / "bundle"
+SCRIPTS = [BUNDLE / "make_bundle.sh", BUNDLE / "device_setup.sh"]
+
+needs_xz = pytest.mark.skipif(shutil.which("xz") is None, reason="device_setup.sh unpacks with xz")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_gpu_readme_names_no_path_outside_the_repository():
+    readme = (ROOT / "tests" / "gpu" / "README.md").read_text()
+    assert "../shared" not in readme
+    assert "tests/gpu/bundle/make_bundle.sh" in readme
+
+
+def _tar_xz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return lzma.compress(buf.getvalue())
+
+
+def _wheel(folder: Path, name: str) -> None:
+    """A minimal wheel of one module, NAME, that pip installs from the file alone."""
+    dist = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{name}.py", "X = 1\n")
+        whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}/RECORD", "")
+
+
+def _part(bundle: Path, part: str, files: dict[str, bytes]) -> None:
+    """A part of a made-up bundle: its files and the copy of device_setup.sh every part holds."""
+    (bundle / part).mkdir(parents=True)
+    for name, data in files.items():
+        (bundle / part / name).parent.mkdir(parents=True, exist_ok=True)
+        (bundle / part / name).write_bytes(data)
+    shutil.copy(BUNDLE / "device_setup.sh", bundle / part)
+
+
+def _run(tmp_path: Path, bundle: Path, part: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VSITE": str(tmp_path / "vsite"), "VPARTS": str(tmp_path / "parts"), "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(bundle / part / "device_setup.sh"), part, str(bundle)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def _refused(proc: subprocess.CompletedProcess[str], message: str) -> None:
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+@needs_xz
+def test_part1b_refused_without_part1a(tmp_path):
+    bundle = tmp_path / "bundle"
+    _part(bundle, "part1b", {"vllm_C.tar.xz.01": b"second half"})
+    _refused(_run(tmp_path, bundle, "part1b"), "NEED PART1A first")
+    assert not (tmp_path / "vsite" / "vllm").exists()
+
+
+@needs_xz
+def test_part2b_refused_without_part2a(tmp_path):
+    bundle = tmp_path / "bundle"
+    _part(bundle, "part2b", {})
+    (bundle / "part2b" / "whl").mkdir()
+    _wheel(bundle / "part2b" / "whl", "tinydep")
+    _refused(_run(tmp_path, bundle, "part2b"), "NEED PART2A first")
+    assert not (tmp_path / "vsite" / "tinydep.py").exists()
+
+
+@needs_xz
+def test_split_parts_unpack_in_order(tmp_path):
+    """part1a, part1b, part2a, part2b: the site folder gets what part1 and part2 would give."""
+    bundle = tmp_path / "bundle"
+    so = os.urandom(4096)
+    c = _tar_xz({"vllm/_C_stable_libtorch.abi3.so": so})
+    _part(bundle, "part1a", {"vllm_C.tar.xz.00": c[: len(c) // 2]})
+    _part(bundle, "part1b", {"vllm_C.tar.xz.01": c[len(c) // 2 :]})
+    py = _tar_xz({"vllm/__init__.py": b"", "vllm-0.0.dist-info/METADATA": b"Name: vllm\n"})
+    fa3 = _tar_xz({"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3"})
+    _part(bundle, "part2a", {"vllm_py.tar.xz": py, "vllm_fa3.tar.xz": fa3})
+    _part(bundle, "part2b", {})
+    (bundle / "part2b" / "whl").mkdir()
+    _wheel(bundle / "part2b" / "whl", "tinydep")
+
+    # part2 pieces before part1: the archives are kept, but part2b needs part1 in the site
+    assert _run(tmp_path, bundle, "part2a").returncode == 0
+    _refused(_run(tmp_path, bundle, "part2b"), "NEED PART1 first")
+    for part in ("part1a", "part1b", "part2b"):
+        proc = _run(tmp_path, bundle, part)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    site = tmp_path / "vsite"
+    assert (site / "vllm" / "_C_stable_libtorch.abi3.so").read_bytes() == so
+    assert (site / "vllm" / "vllm_flash_attn" / "_vllm_fa3_C.abi3.so").read_bytes() == b"fa3"
+    assert (site / "vllm-0.0.dist-info" / "METADATA").exists()
+    assert (site / "tinydep.py").read_text() == "X = 1\n"
+
+
+@needs_xz
+def test_pieces_of_two_bundles_are_not_joined(tmp_path):
+    one, two = tmp_path / "vllm032", tmp_path / "vllm033"
+    _part(one, "part1a", {"vllm_C.tar.xz.00": b"first half"})
+    _part(two, "part1b", {"vllm_C.tar.xz.01": b"second half"})
+    assert _run(tmp_path, one, "part1a").returncode == 0
+    _refused(_run(tmp_path, two, "part1b"), f"is from {one}, not {two}")
+
+
+def test_make_bundle_refuses_a_folder_every_call_would_carry():
+    """A bundle inside the checkout that git does not ignore would travel with every device call."""
+    out = ROOT / "tests" / "gpu" / "bundle" / "not-ignored"
+    proc = subprocess.run(
+        ["bash", str(BUNDLE / "make_bundle.sh"), str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not git-ignored" in proc.stderr
+    assert not out.exists()
