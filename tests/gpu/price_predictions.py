@@ -41,8 +41,10 @@ def main() -> None:
         "capplan_commit": commit,
         "calibrations": [c.name for c in cals],
         "pair_band": {
-            what: {"pairs": [{"calibration": e.calibration, "error": e.error} for e in errs],
-                   "band": error_band(errs)}  # fmt: skip
+            what: {
+                "pairs": [{"calibration": e.calibration, "error": e.error} for e in errs],
+                "band": error_band(errs),
+            }  # fmt: skip
             for what, errs in (("seconds", pairs.seconds), ("gib", pairs.gib))
         },
         "shape_model": {},
@@ -51,7 +53,9 @@ def main() -> None:
         plans = {}
         for name, values in PLANS.items():
             spec, plan = Path(tmp) / f"plan{name}.yaml", Path(tmp) / f"plan{name}.plan.yaml"
-            spec.write_text(SPEC.format(release="0.33.0", **values).replace("runner: mrv2,", f'runner: mrv2, gpu: "{GPU}",'))
+            spec.write_text(
+                SPEC.format(release="0.33.0", **values).replace("runner: mrv2,", f'runner: mrv2, gpu: "{GPU}",')
+            )
             subprocess.run([sys.executable, "-m", "capplan", "compile", str(spec), "-o", str(plan)], check=True,
                            capture_output=True)  # fmt: skip
             plans[name] = load_plan(plan)
