@@ -1,6 +1,6 @@
 # Sourced by the device-call scripts (production_run.sh, start_bench.sh, probe_bench.sh, release_bench.sh), from the repository root
-# of the GPU machine, with B the bundle folder: part2 of the vLLM bundle unpacked (after part1, or
-# part1a and part1b), capplan installed from .carry/src.tgz (`git archive` of the commit under
+# of the GPU machine, with B the bundle folder: part2 of the vLLM bundle unpacked by tests/gpu/bundle/device_setup.sh (after part1, or
+# part1a and part1b; part2 whole, or part2b after part2a), capplan installed from .carry/src.tgz (`git archive` of the commit under
 # test, its hash in COMMIT) so that every record names the code that produced it, and the
 # environment every run uses. Leaves the shell in /tmp/capplan-src.
 # /tmp/vsite holds one release: the bundle whose part2 was unpacked there is named in /tmp/vsite/.bundle.
@@ -12,8 +12,12 @@ if [ -f /tmp/vsite/vllm/entrypoints/openai/api_server.py ]; then
     echo "/tmp/vsite holds bundle $(cat /tmp/vsite/.bundle), not $B: empty it and unpack $B's part1 first" >&2
     exit 3
   fi
-else
-  bash "$B/part2/device_setup.sh" part2 "$B" >/dev/null
+else  # part2 carried whole, or its second piece (part2b) after part2a was kept by an earlier call
+  if [ -d "$B/part2b" ] && [ ! -f "$B/part2/vllm_py.tar.xz" ]; then
+    bash tests/gpu/bundle/device_setup.sh part2b "$B" >/dev/null
+  else
+    bash tests/gpu/bundle/device_setup.sh part2 "$B" >/dev/null
+  fi
   echo "$B" >/tmp/vsite/.bundle
 fi
 if [ "$(ls -d /tmp/vsite/vllm-*.dist-info | wc -l)" != 1 ]; then
