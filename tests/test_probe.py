@@ -233,3 +233,45 @@ def test_starts_of_several_plans_each_check_against_their_own_plan(tmp_path):
                                 str(tmp_path / "other.plan.yaml"), "-o", str(tmp_path / "e.yaml")])  # fmt: skip
     assert mixed.exit_code == 1 and "plans of different deployments" in mixed.stderr
     assert not (tmp_path / "e.yaml").exists()
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_and_its_children_with_it(tmp_path):
+    """The probe stops vLLM's whole process group: SIGTERM, then SIGKILL after the grace, so a
+    server that never served cannot hold the probe (or the GPU) past it."""
+    import os
+    import time
+
+    from capplan.commands.calibrate import _stop
+
+    child = tmp_path / "child.pid"
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "c = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        f"open({str(child)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    while not child.exists() or not child.read_text():
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    _stop(proc, 1)
+    took = time.monotonic() - t0
+    assert proc.poll() is not None and 1 <= took < 5
+    grandchild = int(child.read_text())
+
+    def alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is gone too
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    for _ in range(100):  # the kill reaches the group: the child goes too
+        if not alive(grandchild):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the server's child outlived the stop")
