@@ -59,6 +59,13 @@ kept() {
   fi
 }
 
+# join N ARCHIVE: part N's second piece, carried now, after its first, kept by an earlier call: unpacked
+join() {
+  kept "$1" "$2.00"
+  carried "$2.01"
+  cat "$W/vpart$1/$2.00" "$B/$PART/$2.01" | xz -dc | tar -xf - -C "$S"
+}
+
 # part2's contents: the two archives from ARCHIVES, the wheels from WHEELS. The wheels go in with
 # pip from the files alone (no index, no dependencies resolved: the bundle holds what is needed).
 install_part2() {
@@ -78,11 +85,7 @@ case $PART in
     unpack "$B/part1/vllm_C.tar.xz"
     ;;
   part1a) keep 1 vllm_C.tar.xz.00 ;;
-  part1b)
-    kept 1 vllm_C.tar.xz.00
-    carried vllm_C.tar.xz.01
-    cat "$W/vpart1/vllm_C.tar.xz.00" "$B/part1b/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C "$S"
-    ;;
+  part1b) join 1 vllm_C.tar.xz ;;
   part2)
     carried vllm_py.tar.xz
     carried vllm_fa3.tar.xz
@@ -98,11 +101,7 @@ case $PART in
     unpack "$B/part3/vllm_moe.tar.xz"
     ;;
   part3a) keep 3 vllm_moe.tar.xz.00 ;;
-  part3b)
-    kept 3 vllm_moe.tar.xz.00
-    carried vllm_moe.tar.xz.01
-    cat "$W/vpart3/vllm_moe.tar.xz.00" "$B/part3b/vllm_moe.tar.xz.01" | xz -dc | tar -xf - -C "$S"
-    ;;
+  part3b) join 3 vllm_moe.tar.xz ;;
   *) die "unknown part ($usage)" ;;
 esac
 # what the site folder holds now
