@@ -8,6 +8,7 @@ does; the GPU run of the real thing is `tests/gpu/probe_bench.py`.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ if mode == "fail":
     print("Traceback (most recent call last): ... CUDA out of memory", flush=True)
     sys.exit(1)
 if mode == "logged":  # vLLM 0.33.0's own wording of its start's phases
+    print("(APIServer pid=1) INFO 12-06 17:19:24 [startup.py:38] version 0.33.0", flush=True)
+    time.sleep(2.5)
+    print("(EngineCore pid=2) INFO 12-06 17:19:59 [model_runner.py:399] Loading model from scratch...", flush=True)
     print("INFO [model_runner.py:428] Model loading took 15.36 GiB memory and 2.278929 seconds")
     print("INFO [backends.py:310] [backbone] Directly load the compiled graph(s) for compile range (1, 8192)")
     print("INFO [monitor.py:62] [backbone] torch.compile took 5.26 s in total")
@@ -115,8 +119,26 @@ def test_the_probe_s_header_says_where_its_time_went_as_vllm_logged_it(stand_in,
     assert result.exit_code == 0, result.output
     header = out.read_text().splitlines()[0]
     assert "model loading 2 s, torch.compile 5 s (from its cache), capture 31 s" in header, header
+    # the start-up before them, as the probe saw the log grow (its poll is a second)
+    found = re.search(r"vLLM's first log line at (\d+) s, its model loading from (\d+) s, model loading", header)
+    assert found and 2 <= int(found.group(2)) - int(found.group(1)) <= 4, header
     assert "Graph capturing finished in 31 secs" in (tmp_path / "cal.log").read_text()
     assert oct((tmp_path / "cal.log").stat().st_mode & 0o777) == "0o644"
+
+
+def test_start_marks_wait_for_a_line_s_end_and_keep_the_first_time_seen():
+    from capplan.commands.calibrate import StartMarks, log_phases
+
+    m = StartMarks()
+    m.read(b"capplan: running with plan.yaml\n(APIServer pid=1) INFO 12-06 17:19:24 [startup.", 1.0)
+    assert m.first_line is None  # half a line: not read yet
+    m.read(b"py:38] version\n(EngineCore pid=2) INFO 12-06 17:19:59 [model_runner.py:399] Loading mo", 3.0)
+    assert m.first_line == 3.0 and m.loading is None
+    m.read(b"del from scratch...\n", 5.0)
+    m.read(b"INFO [x.py:1] Loading model again\n", 9.0)
+    assert (m.first_line, m.loading) == (3.0, 5.0)
+    assert log_phases("", m) == ": vLLM's first log line at 3 s, its model loading from 5 s"
+    assert log_phases("", StartMarks()) == ""
 
 
 def test_log_phases_guesses_nothing_from_a_log_without_vllm_s_lines():

@@ -661,8 +661,11 @@ The calibration records each capture's seconds and graph-pool growth by
 mode, size and LoRA case, the capture's total, the model's shape, the GPU,
 vLLM, torch and the host's CPU. (Start reports of `capplan apply` record
 vLLM's profiling pass, its graph-memory estimate and the KV cache vLLM
-sized.) Its header says where the probe's time went, as vLLM's log says
-it: model loading, torch.compile (cold, or from vLLM's cache) and capture.
+sized.) Its header says where the probe's time went: when vLLM's first log
+line and its model loading came (seconds from launch, as the probe saw the
+log grow), then, as vLLM's log says them, model loading, torch.compile
+(cold, or from vLLM's cache) and capture. A probe stops vLLM 10 s after
+SIGTERM at the latest (SIGKILL to its process group).
 With MODEL the folder the deployment serves, a cold probe's compile is
 kept in vLLM's cache for the deployment's own start on this machine (vLLM
 keys the cache by the model's path and the compiled settings, not by the

@@ -346,7 +346,8 @@ def probe(
             + ("beside the calibration)" if keep_log else "on failure)")
         )
         t0 = time.monotonic()
-        with log_path.open("wb") as log:
+        marks = StartMarks()
+        with log_path.open("wb") as log, log_path.open("rb") as growing:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 seen, done, timed_out = -1, False, False
@@ -357,6 +358,7 @@ def probe(
                         timed_out = True
                         break
                     time.sleep(1.0)
+                    marks.read(growing.read(), time.monotonic() - t0)
                     try:
                         data = json.loads(report.read_text())
                     except (OSError, ValueError):
@@ -379,7 +381,7 @@ def probe(
                 f"probe failed: {why}; vLLM's log is {shown(kept)}",
                 "read the log's last lines; a start under capplan apply must succeed for a probe to",
             )
-        phases = log_phases(log_path.read_text(errors="replace"))
+        phases = log_phases(log_path.read_text(errors="replace"), marks)
     cal = calibration_from_starts([report], [loaded], Given(shape=shape), name or output.stem)
     ident = cal.identity
     if ident is not None and ident.model is not None and ident.model.name == str(folder) and folder != model:
@@ -406,11 +408,40 @@ _CAPTURED = re.compile(r"Graph capturing finished in ([0-9.]+) sec")
 _LOADED = re.compile(r"Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds")
 
 
-def log_phases(text: str) -> str:
-    """Where a probe's time went, as vLLM's log says it: model loading, torch.compile (from its
-    cache or compiled cold) and graph capture; "" where the log says none of it (another
-    release's wording: nothing is guessed)."""
+_VLLM_LINE = re.compile(rb"\b(?:INFO|WARNING|ERROR|DEBUG)\b[^\n]*\[[\w.]+\.py:\d+\]")
+_LOADING = re.compile(rb"Loading model|Starting to load model")
+
+
+class StartMarks:
+    """When, in seconds from launch, vLLM's log first showed a line of its own and the engine's
+    model loading began: read as the log grows (to the probe's poll, a second), since vLLM's own
+    timestamps have no year or zone."""
+
+    def __init__(self) -> None:
+        self.first_line: float | None = None
+        self.loading: float | None = None
+        self._rest = b""
+
+    def read(self, new: bytes, at: float) -> None:
+        text = self._rest + new
+        whole, _, self._rest = text.rpartition(b"\n")  # a line still being written waits for its end
+        if self.first_line is None and _VLLM_LINE.search(whole):
+            self.first_line = at
+        if self.loading is None and _LOADING.search(whole):
+            self.loading = at
+
+
+def log_phases(text: str, marks: StartMarks | None = None) -> str:
+    """Where a probe's time went: from launch to vLLM's first log line (the interpreter and
+    vLLM's imports) and to the engine's model loading (vLLM's front end, the engine process and
+    its imports), as the probe saw the log grow; then, as vLLM's log says them, model loading,
+    torch.compile (from its cache or compiled cold) and graph capture. "" where the log says none
+    of it (another release's wording: nothing is guessed)."""
     parts = []
+    if marks is not None and marks.first_line is not None:
+        parts.append(f"vLLM's first log line at {marks.first_line:.0f} s")
+    if marks is not None and marks.loading is not None:
+        parts.append(f"its model loading from {marks.loading:.0f} s")
     if m := _LOADED.search(text):
         parts.append(f"model loading {float(m.group(1)):.0f} s")
     compiled = [float(x) for x in _COMPILE.findall(text)]
