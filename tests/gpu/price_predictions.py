@@ -39,6 +39,9 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     result: dict = {
         "capplan_commit": commit,
+        "what": "prices written before the held-out round ran (CPU only: no vLLM, torch or GPU was used)",
+        "command": f"python tests/gpu/price_predictions.py {out.name}",
+        "priced_for": {"gpu": GPU, "vllm": "0.33.0", "plans": "probe_bench.py's plans A and B"},
         "calibrations": [c.name for c in cals],
         "pair_band": {
             what: {
