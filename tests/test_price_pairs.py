@@ -69,7 +69,7 @@ def test_the_interval_is_where_the_truth_lies_given_the_error_band():
     assert fig.lo == pytest.approx(100 / (1 + hi_err)) and fig.hi == pytest.approx(100 / (1 + lo_err))
     assert _within(5.0, _as_errors([0.1])) == _within(5.0, ()) and _within(5.0, ()).lo is None  # no band: none
     assert _within(5.0, ()).text(".1f", "s") == "5.0 s (no interval)"
-    assert error_band((PairError("a", "b", 0.0), PairError("a", "c", 0.0))) == (0.0, 0.0)
+    assert error_band((PairError("a", "b", 2.0, 2.0), PairError("a", "c", 3.0, 3.0))) == (0.0, 0.0)
 
 
 def test_the_readme_example_is_what_diff_prints(tmp_path):

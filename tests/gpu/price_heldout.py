@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from capplan.calibration.price import _plans_of
+
 HERE = Path(__file__).resolve().parent
 ROUND = {  # shape: the round's reports of it, in probe_bench.py's names
     "llama-3.1-8b": ("probe.calibration.report.json", "startB.report.json", "startA.report.json"),
@@ -64,48 +66,27 @@ def calibrations(results: Path) -> dict[str, object]:
 
 
 def judge(results: Path) -> list[Judged]:
-    from capplan.calibration.price import (
-        _keys_of,
-        _plan_of,
-        _plans_of,
-        capture_seconds,
-        memory_split,
-        project_calibrations,
-        scaled_memory,
-    )
+    from capplan.calibration.price import plan_pair_errors, project_calibrations
 
     pred = json.loads((results / "predictions.json").read_text())
     before = [c for c in project_calibrations() if c.name in pred["calibrations"]]
-    split = memory_split(before)  # the split as it stood before the round
     band = {w: pred["pair_band"][w]["band"] for w in ("seconds", "gib")}
     out: list[Judged] = []
     for shape, cal in calibrations(results).items():
-        ident = cal.identity  # type: ignore[attr-defined]
-        by_plan = _plans_of(cal)  # type: ignore[arg-type]
         probe = next(s for s in cal.starts if s.captures)  # type: ignore[attr-defined]
-        name = {fp: "A" if fp == probe.fingerprint else "B" for fp in {*by_plan, probe.fingerprint}}
-        for fp, mine in by_plan.items():
-            others = [s for s in cal.starts if s.fingerprint != fp]  # type: ignore[attr-defined]
-            if not others:
-                continue
-            keys = _keys_of(mine[0])
-            found = capture_seconds(_plan_of(keys), others)
-            truth_s = statistics.median(s.capture_seconds for s in mine)
-            if found is not None:
-                lo, hi = band["seconds"]
-                out.append(Judged(shape, "seconds", name[fp], "pair", found[0], found[0] / (1 + hi),
-                                  found[0] / (1 + lo), truth_s))  # fmt: skip
-            plan_memory = [s for f, ss in by_plan.items() if f != fp for s in ss]  # memory: a plan's readings
-            if not plan_memory:
-                continue
-            guess, _ = scaled_memory(keys, plan_memory, ident.shape, split)
-            lo, hi = band["gib"]
-            truth_m = statistics.median(s.graph_memory_gib for s in mine)
-            out.append(Judged(shape, "gib", name[fp], "pair", guess, guess / (1 + hi), guess / (1 + lo), truth_m))
-        for plan in "AB":
+        plan_a = probe.fingerprint[7:19]
+        # each plan priced from the other plan's figures; the memory split the one from before the round
+        pairs = plan_pair_errors([cal], split_from=before)  # type: ignore[list-item]
+        for what, errs in (("seconds", pairs.seconds), ("gib", pairs.gib)):
+            lo, hi = band[what]
+            for e in errs:
+                plan = "A" if e.changed == plan_a else "B"
+                out.append(Judged(shape, what, plan, "pair", e.predicted, e.predicted / (1 + hi),
+                                  e.predicted / (1 + lo), e.measured))  # fmt: skip
+        by_plan = {"A" if fp[7:19] == plan_a else "B": ss for fp, ss in _plans_of(cal).items()}  # type: ignore[arg-type]
+        for plan, measured in sorted(by_plan.items()):
             model = pred["shape_model"].get(f"{shape}/{plan}")
-            measured = [s for fp, ss in by_plan.items() if name.get(fp) == plan for s in ss]
-            if model is None or not measured:
+            if model is None:
                 continue
             for what, field in (("seconds", "capture_seconds"), ("gib", "graph_memory_gib")):
                 value, lo, hi = model[what]
@@ -116,6 +97,8 @@ def judge(results: Path) -> list[Judged]:
 
 def main() -> None:
     results = Path(sys.argv[1])
+    if not (results / "planA.plan.yaml").exists():
+        raise SystemExit(f"{results}: no round here (probe_bench.py's planA.plan.yaml and reports)")
     for j in judge(results):
         where = "no interval" if j.inside is None else ("inside" if j.inside else "OUTSIDE")
         unit = "s" if j.what == "seconds" else "GiB"

@@ -381,7 +381,12 @@ class PairError:
 
     calibration: str
     changed: str  # the changed plan's fingerprint (12 hex digits)
-    error: float
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
 
 
 @dataclass(frozen=True)
@@ -471,28 +476,29 @@ def scaled_memory(
     return statistics.median(values), "graph memory by graphs and the largest graph's workspace"
 
 
-def plan_pair_errors(cals: list[Calibration]) -> PairErrors:
+def plan_pair_errors(cals: list[Calibration], split_from: list[Calibration] | None = None) -> PairErrors:
     """Every plan pair in the calibrations: within one calibration (one deployment), each plan its
     starts measured priced from the starts of the others (seconds from a probe's captures,
-    memory from first-capture starts, with the mode split solved from the other deployments'
-    pairs: none of a pair's own figures prices it), against the median of its own starts."""
+    memory from first-capture starts), against the median of its own starts. The memory's mode
+    split is solved from `split_from` where given (calibrations measured before these, for a
+    held-out test), else from the other deployments' pairs: none of a pair's own figures prices it."""
     seconds, gib = [], []
     for cal in cals:
         shape = cal.identity.shape if cal.identity else None
         plans = _plans_of(cal)
-        split = memory_split([c for c in cals if c is not cal])
+        split = memory_split(split_from if split_from is not None else [c for c in cals if c is not cal])
         for fp, mine in plans.items():
             others = [s for s in cal.starts if s.fingerprint != fp]
             keys = _keys_of(mine[0])
             found = capture_seconds(_plan_of(keys), others)
             if found is not None:
                 truth = statistics.median(s.capture_seconds for s in mine)
-                seconds.append(PairError(cal.name, fp[7:19], found[0] / truth - 1))
+                seconds.append(PairError(cal.name, fp[7:19], found[0], truth))
             mem = [s for f, ss in plans.items() if f != fp for s in ss]
             if mem:
                 guess, _ = scaled_memory(keys, mem, shape, split)
                 truth = statistics.median(s.graph_memory_gib for s in mine)
-                gib.append(PairError(cal.name, fp[7:19], guess / truth - 1))
+                gib.append(PairError(cal.name, fp[7:19], guess, truth))
     return PairErrors(tuple(seconds), tuple(gib), memory_split(cals))
 
 
@@ -694,7 +700,7 @@ def memory_units(keys: list[tuple[str, int, int]], layers: int, split: float | N
 
 
 def _as_errors(values: list[float]) -> tuple[PairError, ...]:
-    return tuple(PairError("", "", e) for e in values)
+    return tuple(PairError("", "", 1 + e, 1.0) for e in values)
 
 
 @dataclass(frozen=True)
