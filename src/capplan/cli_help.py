@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from capplan.calibration.budget import MARGIN_RULE
-from capplan.runtime.deferred.pauses import DEFAULT_SLOW_EVERY, DEFAULT_STEP_PAUSE_MS
+from capplan.runtime.deferred.pauses import DEFAULT_SLOW_EVERY, DEFAULT_STEP_PAUSE_MS, SLOW_BURST
 
 PlanFile = Annotated[Path, typer.Argument(help="Plan file (.plan.yaml).", show_default=False)]
 PlanOrDeploymentSpec = Annotated[
@@ -542,7 +542,8 @@ ApplySlowEvery = Annotated[
     typer.Option(
         "--slow-capture-every-steps",
         help="Plans with tiers: a graph the traffic missed whose capture is expected to exceed --step-pause-ms "
-        f"is still captured before a step, at most once in this many steps (default {DEFAULT_SLOW_EVERY}: at most "
+        f"is still captured before a step, at most once in this many steps on average after a burst of "
+        f"{SLOW_BURST} at once (default {DEFAULT_SLOW_EVERY}: over a long run at most "
         f"{100 / DEFAULT_SLOW_EVERY:g}% of steps wait on one; 0: never, such graphs land on idle turns only, which "
         "sustained load may never give).",
         show_default=False,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from capplan.releases import RELEASES
+from capplan.runtime.deferred.pauses import SLOW_BURST, Pauses
 from tests.conformance.releases import releases
 from tests.conformance.test_vllm_conformance import ORACLE_DIR, _missing, _oracle_ready, run_check
 
@@ -151,6 +152,10 @@ def test_deferred_capture_in_real_manager(version, tmp_path):
     assert report["miss_counted"] and report["missed_graph_landed_first_under_load"]
     assert report["slow_step_captures_spaced"] and report["default_pauses"]
     assert report["operator_spacing_0_never_pauses"] and report["operator_bound_above_captures_lands"]
+    # Many graphs missed at once: a burst lands at once, the rest paced by the spacing.
+    assert report["burst_graphs_missed"] == 2 + 2  # the check's burst of 2, and 2 more
+    assert SLOW_BURST == Pauses().slow_burst == 8 and f"burst of {SLOW_BURST}" in (ROOT / "docs" / "cli.md").read_text()
+    assert report["burst_lands_at_once"] and report["burst_all_landed"] and report["burst_paced_after"]
     assert report["multi_rank_steps_never_capture"]
     assert report["step_result_passed_through"] and report["output_takes_capture_lock"]
     assert report["idle_loop_returns_original"] and report["busy_loop_calls_no_rpc"]

@@ -7,12 +7,17 @@ passed to the engine in the environment; no vLLM here (the launcher checks them 
   capture is expected to take at most this long (the slowest of its mode's recent captures).
 - The slow-capture spacing (default 100 steps; 0: never): a graph the traffic has missed, whose
   capture is expected to take longer, is still captured before a step, but at most once in this
-  many steps. Under sustained load the engine core is never idle, and captures of an 8B model took
-  about 105 ms (host-bound): left to idle turns, the graphs the load needed landed only after it
-  ended. A missed graph is worth a pause once (each later step that would use it replays a padded
-  fallback, or runs eager); spaced by 100, at most 1% of steps wait on one, which leaves the 99th
-  percentile of inter-token intervals to the steps that do not. Neither default has been measured
-  against a full plan's latency under the same traffic on a GPU yet.
+  many steps on average, with a burst of `SLOW_BURST` at once (a token bucket: one paused step is
+  earned every spacing's steps, up to the burst). Under sustained load the engine core is never
+  idle, and captures of an 8B model took 100 to 230 ms (host-bound): left to idle turns, the
+  graphs the load needed landed only after it ended. A missed graph is worth a pause once (each
+  later step that would use it replays a padded fallback, or runs eager), so the number of paused
+  steps is the number of graphs the traffic missed whatever the spacing; the spacing only sets
+  when they land. Spaced by 100 steps alone (about 2 s a graph at 8B), the last of 15 missed graphs
+  landed 45.7 s after the load began; with the burst, the first 8 land in the first steps that
+  miss them. Over a long run at most 1% of steps wait on one, which leaves the 99th percentile of
+  inter-token intervals to the steps that do not. Neither default has been measured against a
+  full plan's latency under the same traffic on a GPU yet.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ STEP_PAUSE_MS = "CAPPLAN_STEP_PAUSE_MS"
 SLOW_EVERY = "CAPPLAN_SLOW_CAPTURE_EVERY_STEPS"
 DEFAULT_STEP_PAUSE_MS = 50.0
 DEFAULT_SLOW_EVERY = 100
+SLOW_BURST = 8  # slow captures a run may take at once before the spacing paces them
 MAX_STEP_PAUSE_MS = 60_000.0
 MIN_STEP_PAUSE_MS = 0.001  # a microsecond: a smaller one (1e-321 ms) is no pause once in seconds
 MAX_SLOW_EVERY = 1_000_000
@@ -46,6 +52,7 @@ def pause_problem(step_pause_ms: float | None, slow_every: int | None) -> str | 
 class Pauses:
     step_pause_s: float = DEFAULT_STEP_PAUSE_MS / 1000
     slow_every_steps: int = DEFAULT_SLOW_EVERY  # 0: a slow capture never pauses a step
+    slow_burst: int = SLOW_BURST  # slow captures a run may take at once before the spacing paces them
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Pauses:

@@ -49,6 +49,7 @@ def section(state: DeferredState) -> dict[str, Any]:
         "fallback_steps": graphs.fallback_steps,
         "misses_by_graph": {names(g): n for g, n in sorted(graphs.misses.items())},  # fallbacks replayed for it
         "pause_spacing_steps": state.pauses.slow_every_steps,
+        "pause_burst": state.pauses.slow_burst,
         "longest_step_pause_seconds": round(serving.longest_step_pause, 4),
         "step_captures": serving.step_captures,
         "dp_synced_captures": state.synced,
