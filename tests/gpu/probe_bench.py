@@ -101,12 +101,18 @@ def prepare(work: Path, shape: str, release: str) -> tuple[Path, Path, dict[str,
     return folder, config, plans
 
 
-def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict, job: str = "probe") -> dict:
+def plan_args(name: str) -> list[str]:
+    """vLLM's serve flags for plan `name`: the scheduler's sizes the plan was compiled for (vLLM
+    derives its own from the GPU where none is given, and capplan refuses a mismatch)."""
+    return ["--max-num-seqs", str(PLANS[name]["seqs"]), "--max-num-batched-tokens", "8192"]
+
+
+def probe(work: Path, shape: str, plan: Path, model: Path, ident: dict, job: str = "probe", name: str = "A") -> dict:
     out = work / f"{shape}-{job}.calibration.yaml"
     for old in (out, work / f"{shape}-{job}.calibration.report.json", work / f"{shape}-{job}.calibration.log"):
         old.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "capplan", "calibrate", str(plan), "--model", str(model), "-o", str(out),
-           "--keep-log", "--", *SERVE_ARGS]  # fmt: skip
+           "--keep-log", "--", *SERVE_ARGS, *plan_args(name)]  # fmt: skip
     t0 = time.perf_counter()
     got = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
@@ -129,7 +135,7 @@ def start(work: Path, shape: str, name: str, plan: Path, model: Path, ident: dic
     memory = ["--gpu-memory-utilization", "0.92"] if job == "profiled" else ["--kv-cache-memory-bytes", str(KV_BYTES)]
     cmd = [sys.executable, "-m", "capplan", "apply", "--runner", "mrv2", str(plan), "--report", str(report), "--",
            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--load-format", "dummy",
-           "--port", str(port), *memory, *SERVE_ARGS]  # fmt: skip
+           "--port", str(port), *memory, *SERVE_ARGS, *plan_args(name)]  # fmt: skip
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache")}
     result: dict = {"job": job, "shape": shape, "plan": name, "command": cmd, **ident}
     lines: list = []
@@ -178,7 +184,7 @@ def run(work: Path, until: float, round_name: str = "pairs") -> None:
         print(f"{shape} {job} {name}", flush=True)
         if job.startswith("probe"):
             model = config if shape == "llama-3.2-1b" else folder
-            result = probe(work, shape, plans[name], model, ident, job)
+            result = probe(work, shape, plans[name], model, ident, job, name)
         else:
             result = start(work, shape, name, plans[name], folder, ident, job)
         done.append(result)
