@@ -68,6 +68,8 @@ PROBED = [("llama-3.1-8b", "llama3.1-8b", [_A, _B, _PROBE]), ("llama-3.2-1b", "l
 INSIDE = f"{RESULTS}/calibration/0.33.0-h100/inside"  # probes read inside vLLM's one capture, beside a start of A
 INSIDE_RUNS = [("llama-3.1-8b", "llama3.1-8b", [_A, _PROBE, "probe-warm.calibration.report.json"]),
                ("llama-3.2-1b", "llama3.2-1b", [_A, _PROBE])]  # fmt: skip
+HELDOUT = f"{RESULTS}/calibration/0.33.0-h100/heldout"  # the held-out round: a probe of A, a start of B
+HELDOUT_RUNS = [("llama-3.1-8b", "llama3.1-8b"), ("qwen2.5-7b", "qwen2.5-7b")]
 
 
 @pytest.mark.parametrize(
@@ -85,6 +87,9 @@ INSIDE_RUNS = [("llama-3.1-8b", "llama3.1-8b", [_A, _PROBE, "probe-warm.calibrat
            f"{PROBES}/planB.plan.yaml"], f"tests/gpu/configs/{shape}.json", []) for shape, tag, reports in PROBED],
         *[(f"h100-vllm033-{tag}-inside", [f"{INSIDE}/{shape}-{r}" for r in reports], f"{INSIDE}/planA.plan.yaml",
            f"tests/gpu/configs/{shape}.json", []) for shape, tag, reports in INSIDE_RUNS],
+        *[(f"h100-vllm033-{tag}-heldout", [f"{HELDOUT}/{shape}-{r}" for r in (_PROBE, _B)],
+           [f"{HELDOUT}/planA.plan.yaml", f"{HELDOUT}/planB.plan.yaml"], f"tests/gpu/configs/{shape}.json", [])
+          for shape, tag in HELDOUT_RUNS],
     ],
 )  # fmt: skip
 def test_the_shipped_calibrations_are_what_the_kept_reports_give(
@@ -98,7 +103,9 @@ def test_the_shipped_calibrations_are_what_the_kept_reports_give(
     made = yaml.safe_load(out.read_text())
     shipped = yaml.safe_load((DATA / "calibrations" / f"{name}.yaml").read_text())
     assert made == shipped
-    assert len(made["starts"]) == len(reports) and (made["identity"]["given"] or name.endswith(("probe", "inside")))
+    assert len(made["starts"]) == len(reports) and (
+        made["identity"]["given"] or name.endswith(("probe", "inside", "heldout"))
+    )
     assert oct(out.stat().st_mode & 0o777) == "0o644"
 
 
@@ -188,7 +195,7 @@ def test_an_8b_llama_on_an_h100_is_predicted_from_its_measured_shape_and_a_70b_i
 
 def test_the_shape_model_s_held_out_errors_are_the_ones_the_benchmarks_state():
     model = fit_shape_model(project_calibrations())
-    assert model is not None and len(model.held) == len(model.held_out) == len(project_calibrations()) == 9
+    assert model is not None and len(model.held) == len(model.held_out) == len(project_calibrations()) == 11
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     for h in model.held_out:
         gib = "-" if h.gib_error is None else f"{100 * h.gib_error:+.0f}%"

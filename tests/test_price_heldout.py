@@ -81,3 +81,6 @@ def test_the_judge_prints_one_line_a_figure_of_the_round():
     lines = out.stdout.splitlines()
     assert len(lines) == len(judge(folder))
     assert all((" inside" in line) != (" OUTSIDE" in line) for line in lines)
+    readme = (folder / "README.md").read_text()
+    assert all(f"    {line}\n" in readme for line in lines)  # the round's README quotes the judge as it prints
+    assert f"All {len(lines)} inside" in readme.replace("ten", "10") or any(" OUTSIDE" in line for line in lines)

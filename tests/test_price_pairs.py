@@ -36,6 +36,13 @@ README = (RUN / "README.md").read_text()
 
 @pytest.fixture(scope="module")
 def errors():
+    """The pairs of the `probes/` run, as its README states them (the calibrations of that run)."""
+    return plan_pair_errors([c for c in project_calibrations() if c.name.endswith("-probe")])
+
+
+@pytest.fixture(scope="module")
+def all_errors():
+    """Every plan pair of the calibrations capplan ships: what a price's interval rests on."""
     return plan_pair_errors(project_calibrations())
 
 
@@ -61,6 +68,21 @@ def test_held_out_pairs_inside_the_interval_the_others_give_as_the_readme_counts
     assert f"is {100 * lo:.1f}% to +{100 * hi:.1f}%" in README.replace("\n", " ")
 
 
+def test_every_shipped_pair_lies_inside_the_interval_the_others_give_as_the_benchmarks_count(all_errors):
+    """Six seconds pairs on three H100 machines (five shapes), six memory pairs (three shapes: a
+    pair repeated to the byte by another machine counts once)."""
+    assert len(all_errors.seconds) == 6 and len(all_errors.gib) == 6
+    assert all(abs(e.error) < 0.15 for e in all_errors.seconds) and all(abs(e.error) < 0.05 for e in all_errors.gib)
+    doc = README_BENCH.replace("\n", " ")
+    for what, errs in (("seconds", all_errors.seconds), ("memory", all_errors.gib)):
+        held = [tuple(x for j, x in enumerate(errs) if j != i) for i in range(len(errs))]
+        inside = sum(error_band(h)[0] <= e.error <= error_band(h)[1] for e, h in zip(errs, held))
+        assert inside == len(errs)
+        lo, hi = error_band(errs)
+        assert f"{what} {100 * lo:.1f}% to +{100 * hi:.1f}%" in doc, (what, lo, hi)
+    assert "Held out, each of the 6 seconds pairs and each of the 6 memory pairs" in doc
+
+
 def test_the_interval_is_where_the_truth_lies_given_the_error_band():
     errs = _as_errors([0.02, -0.01, 0.03])
     lo_err, hi_err = error_band(errs)
@@ -83,7 +105,7 @@ def test_the_readme_example_is_what_diff_prints(tmp_path):
     out = runner.invoke(app, ["diff", str(RUN / "planA.plan.yaml"), str(RUN / "planB.plan.yaml"), "--calibration",
                               str(cal)]).stdout  # fmt: skip
     said = re.search(
-        r"\+238 graphs, \+25\.5 \[\+19\.6\.\.\+30\.9\] s capture, \+0\.957 \[\+0\.859\.\.\+1\.059\] GiB", out
+        r"\+238 graphs, \+25\.5 \[\+20\.3\.\.\+31\.4\] s capture, \+0\.957 \[\+0\.889\.\.\+1\.026\] GiB", out
     )
     assert said and said.group(0).replace("\n", " ") in README.replace("\n      ", " ").replace("\n", " ")
     shipped = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
@@ -115,7 +137,7 @@ def test_a_probe_report_of_format_1_prices_seconds_but_no_memory_and_no_reserve(
 def test_the_shape_model_memory_errors_are_not_one_sided_and_come_from_first_captures():
     model = fit_shape_model(project_calibrations())
     gib = model.gib_errors  # one per shape: two runs of one shape read the same growth
-    assert len(gib) == 4 and min(gib) < 0 < max(gib) and max(abs(e) for e in gib) < 0.1
+    assert len(gib) == 5 and min(gib) < 0 < max(gib) and max(abs(e) for e in gib) < 0.1
     assert {h.name for h in model.held_out if h.gib_error is None} == {
         "h100-vllm033-llama3.1-8b",
         "h200-vllm033-llama0.9b",

@@ -481,8 +481,12 @@ def plan_pair_errors(cals: list[Calibration], split_from: list[Calibration] | No
     starts measured priced from the starts of the others (seconds from a probe's captures,
     memory from first-capture starts), against the median of its own starts. The memory's mode
     split is solved from `split_from` where given (calibrations measured before these, for a
-    held-out test), else from the other deployments' pairs: none of a pair's own figures prices it."""
+    held-out test), else from the other deployments' pairs: none of a pair's own figures prices it.
+    Graph memory is the same to the byte on every machine for one shape and plan: a memory pair
+    that repeats another's shape, plans and readings exactly is that measurement again and counts
+    once (seconds are the machine's, and each deployment's pair counts)."""
     seconds, gib = [], []
+    seen: set[tuple[object, ...]] = set()
     for cal in cals:
         shape = cal.identity.shape if cal.identity else None
         plans = _plans_of(cal)
@@ -498,7 +502,10 @@ def plan_pair_errors(cals: list[Calibration], split_from: list[Calibration] | No
             if mem:
                 guess, _ = scaled_memory(keys, mem, shape, split)
                 truth = statistics.median(s.graph_memory_gib for s in mine)
-                gib.append(PairError(cal.name, fp[7:19], guess, truth))
+                again = (repr(shape), fp, truth, tuple(sorted((s.fingerprint, s.graph_memory_gib) for s in mem)))
+                if again not in seen:
+                    seen.add(again)
+                    gib.append(PairError(cal.name, fp[7:19], guess, truth))
     return PairErrors(tuple(seconds), tuple(gib), memory_split(cals))
 
 

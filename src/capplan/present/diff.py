@@ -350,7 +350,7 @@ def _brief(change: SpecChange, d: PlanDiff) -> str:
 
 
 def headline(d: PlanDiff) -> str:
-    """`lora.max_loras: 4 -> 8: +238 graphs, +25.5 [+19.6..+30.9] s capture, +0.957 [...] GiB graph
+    """`lora.max_loras: 4 -> 8: +238 graphs, +25.5 [+20.3..+31.4] s capture, +0.957 [...] GiB graph
     memory (scaled)`, or the graphs and "not priced"."""
     if d.equal:
         return "no changes"
