@@ -304,6 +304,9 @@ def test_the_operator_s_pause_bounds_reach_the_engine_and_are_said(fake_vllm):
         "capplan: deferred capture: a step waits on a capture expected to take at most 120 ms; a longer one, of a "
         "graph the traffic missed, never (idle turns only)"
     ) in proc.stderr
+    spaced = apply_tiers("--slow-capture-every-steps", "40", env=fake_vllm)
+    assert spaced.returncode == 0, spaced.stderr
+    assert "a longer one, of a graph the traffic missed, at most 8 in a row, then once in 40 steps" in spaced.stderr
     unset = apply_tiers(env=fake_vllm)  # the engine's defaults: nothing passed, nothing said
     assert unset.returncode == 0 and unset.stdout.split() == ["None", "None"] and "deferred capture" not in unset.stderr
 

@@ -105,7 +105,7 @@ def test_the_readme_example_is_what_diff_prints(tmp_path):
     out = runner.invoke(app, ["diff", str(RUN / "planA.plan.yaml"), str(RUN / "planB.plan.yaml"), "--calibration",
                               str(cal)]).stdout  # fmt: skip
     said = re.search(
-        r"\+238 graphs, \+25\.5 \[\+20\.3\.\.\+31\.4\] s capture, \+0\.957 \[\+0\.889\.\.\+1\.026\] GiB", out
+        r"\+238 graphs, \+25\.5 \[\+20\.3\.\.\+31\.4\] s capture, \+0\.967 \[\+0\.920\.\.\+1\.015\] GiB", out
     )
     assert said and said.group(0).replace("\n", " ") in README.replace("\n      ", " ").replace("\n", " ")
     shipped = load_calibration(RUN / "llama-3.1-8b-planA.calibration.yaml")
@@ -180,3 +180,32 @@ def test_the_shape_model_s_intervals_hold_its_held_out_shapes():
                    for i, e in enumerate(gib))  # fmt: skip
     said = f"seconds {inside} of {total}, memory {g_inside} of {len(gib)}"
     assert said in README_BENCH.replace("\n", " "), said
+
+
+def test_the_benchmarks_shape_model_example_is_what_diff_prints(tmp_path, monkeypatch):
+    """docs/benchmarks.md's diff of an 8B deployment no calibration holds, priced by the shape model."""
+    old = (
+        'target: {runner: mrv2, vllm: "0.33.0", gpu: "NVIDIA H100 80GB HBM3"}\n'
+        "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048, max_model_len: 4096}\n"
+        "cudagraph: {mode: FULL_AND_PIECEWISE}\n"
+        "lora: {enabled: true, max_loras: 4, specialize: true, specialize_active: false}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    Path("old.yaml").write_text(old)
+    Path("new.yaml").write_text(
+        old.replace("max_num_seqs: 64", "max_num_seqs: 48").replace("max_loras: 4", "max_loras: 6")
+    )
+    config = ROOT / "tests" / "gpu" / "configs" / "llama-3.1-8b.json"
+    out = CliRunner().invoke(app, ["diff", "--spec", "old.yaml", "new.yaml", "--model-config", str(config)])
+    assert out.exit_code == 2, out.output  # a batch goes from a graph to eager: diff's REGRESSION exit
+    lines = out.stdout.splitlines()
+    head = [
+        lines[0].split(": ", 1)[1],
+        *[line for line in lines[1:12] if line.startswith("  ") and not line.startswith("  !")],
+    ]
+    head = [re.sub(r"calibration\(s\) \(.*\); worst", "calibration(s) (...); worst", line) for line in head]
+    for line in head:
+        assert (
+            f"    {line.strip() if line.startswith('  ') else line}" in README_BENCH
+            or f"      {line.strip()}" in README_BENCH
+        ), line

@@ -542,10 +542,10 @@ ApplySlowEvery = Annotated[
     typer.Option(
         "--slow-capture-every-steps",
         help="Plans with tiers: a graph the traffic missed whose capture is expected to exceed --step-pause-ms "
-        f"is still captured before a step, at most once in this many steps on average after a burst of "
-        f"{SLOW_BURST} at once (default {DEFAULT_SLOW_EVERY}: over a long run at most "
-        f"{100 / DEFAULT_SLOW_EVERY:g}% of steps wait on one; 0: never, such graphs land on idle turns only, which "
-        "sustained load may never give).",
+        f"is still captured before a step: up to {SLOW_BURST} on consecutive capture turns, then once in this "
+        f"many steps (a token bucket: in any run of S steps at most {SLOW_BURST} + S / N; default "
+        f"{DEFAULT_SLOW_EVERY}: over a long run at most {100 / DEFAULT_SLOW_EVERY:g}% of steps wait on one; 0: never, "
+        "such graphs land on idle turns only, which sustained load may never give).",
         show_default=False,
     ),
 ]

@@ -99,11 +99,28 @@ def main() -> None:
     results = Path(sys.argv[1])
     if not (results / "planA.plan.yaml").exists():
         raise SystemExit(f"{results}: no round here (probe_bench.py's planA.plan.yaml and reports)")
-    for j in judge(results):
+    judged = judge(results)
+    for j in judged:
         where = "no interval" if j.inside is None else ("inside" if j.inside else "OUTSIDE")
         unit = "s" if j.what == "seconds" else "GiB"
         print(f"{j.shape:13} {j.what:7} plan {j.plan} {j.basis:11} predicted {j.predicted:.4f} "
               f"[{j.lo:.4f}..{j.hi:.4f}] measured {j.measured:.4f} {unit}: {100 * j.error:+.1f}% {where}")  # fmt: skip
+    for line in not_measured(results, judged):
+        print(line)
+
+
+def not_measured(results: Path, judged: list[Judged]) -> list[str]:
+    """What the round was to measure and did not: each shape of the round with no probe and start
+    back, and each shape-model price written beforehand with no measurement of its plan."""
+    pred = json.loads((results / "predictions.json").read_text())
+    seen = {j.shape for j in judged}
+    out = [f"{shape:13} not measured: no probe and start of it came back" for shape in ROUND if shape not in seen]
+    priced = {(j.shape, j.plan) for j in judged if j.basis == "shape model"}
+    for key in pred["shape_model"]:
+        shape, plan = key.split("/")
+        if shape in seen and (shape, plan) not in priced:
+            out.append(f"{shape:13} plan {plan} shape model: not measured")
+    return out
 
 
 if __name__ == "__main__":

@@ -413,18 +413,33 @@ def _plans_of(cal: Calibration) -> dict[str, list[Start]]:
     return out
 
 
+def memory_readings(cal: Calibration) -> tuple[object, ...] | None:
+    """What a calibration measured of graph memory: its model shape and each plan's first-capture
+    readings. Graph memory is the same to the byte on every machine for one shape and plan, so two
+    calibrations with the same readings are one measurement made twice (seconds are the
+    machine's and differ). None: no plan's memory measured."""
+    plans = _plans_of(cal)
+    if not plans:
+        return None
+    shape = cal.identity.shape.model_dump_json() if cal.identity and cal.identity.shape else None
+    return (shape, *sorted((fp, tuple(sorted(s.graph_memory_gib for s in ss))) for fp, ss in plans.items()))
+
+
 def memory_split(cals: list[Calibration]) -> float | None:
     """A PIECEWISE graph's memory over a FULL graph's, per layer of the model: a PIECEWISE graph is
     one graph per piece between attention layers, a FULL graph one graph. Solved from every
     deployment whose first-capture starts measured two plans of different mixes (two plans, two
     unknowns: a FULL graph's and a PIECEWISE graph's share beside the workspace); the median
-    over deployments. None: no deployment measured two plans."""
+    over deployments, a deployment measured again to the byte counted once (`memory_readings`).
+    None: no deployment measured two plans."""
     ratios = []
+    seen = set()
     for cal in cals:
         shape = cal.identity.shape if cal.identity else None
         plans = list(_plans_of(cal).values())
-        if shape is None or len(plans) < 2:
+        if shape is None or len(plans) < 2 or memory_readings(cal) in seen:
             continue
+        seen.add(memory_readings(cal))
         rows = []
         for starts in plans[:2]:
             keys = _keys_of(starts[0])
@@ -481,16 +496,20 @@ def plan_pair_errors(cals: list[Calibration], split_from: list[Calibration] | No
     starts measured priced from the starts of the others (seconds from a probe's captures,
     memory from first-capture starts), against the median of its own starts. The memory's mode
     split is solved from `split_from` where given (calibrations measured before these, for a
-    held-out test), else from the other deployments' pairs: none of a pair's own figures prices it.
-    Graph memory is the same to the byte on every machine for one shape and plan: a memory pair
-    that repeats another's shape, plans and readings exactly is that measurement again and counts
-    once (seconds are the machine's, and each deployment's pair counts)."""
+    held-out test), else from the other deployments' pairs: none of a pair's own figures prices it,
+    nor the same readings made again on another machine. A deployment's memory measured again to
+    the byte (`memory_readings`) gives its memory pairs once; seconds are the machine's, and each
+    deployment's seconds pair counts."""
     seconds, gib = [], []
-    seen: set[tuple[object, ...]] = set()
+    seen = set()
     for cal in cals:
         shape = cal.identity.shape if cal.identity else None
         plans = _plans_of(cal)
-        split = memory_split(split_from if split_from is not None else [c for c in cals if c is not cal])
+        mine_read = memory_readings(cal)
+        others_cals = [c for c in cals if c is not cal and (mine_read is None or memory_readings(c) != mine_read)]
+        split = memory_split(split_from if split_from is not None else others_cals)
+        repeated = mine_read in seen
+        seen.add(mine_read)
         for fp, mine in plans.items():
             others = [s for s in cal.starts if s.fingerprint != fp]
             keys = _keys_of(mine[0])
@@ -499,13 +518,10 @@ def plan_pair_errors(cals: list[Calibration], split_from: list[Calibration] | No
                 truth = statistics.median(s.capture_seconds for s in mine)
                 seconds.append(PairError(cal.name, fp[7:19], found[0], truth))
             mem = [s for f, ss in plans.items() if f != fp for s in ss]
-            if mem:
+            if mem and not repeated:
                 guess, _ = scaled_memory(keys, mem, shape, split)
                 truth = statistics.median(s.graph_memory_gib for s in mine)
-                again = (repr(shape), fp, truth, tuple(sorted((s.fingerprint, s.graph_memory_gib) for s in mem)))
-                if again not in seen:
-                    seen.add(again)
-                    gib.append(PairError(cal.name, fp[7:19], guess, truth))
+                gib.append(PairError(cal.name, fp[7:19], guess, truth))
     return PairErrors(tuple(seconds), tuple(gib), memory_split(cals))
 
 

@@ -144,7 +144,7 @@ def pause_note(env: dict[str, str]) -> list[str]:
         return []
     pauses = Pauses.from_env(env)
     every = pauses.slow_every_steps
-    spaced = f"at most once in {every} steps" if every else "never (idle turns only)"
+    spaced = f"at most {pauses.slow_burst} in a row, then once in {every} steps" if every else "never (idle turns only)"
     return [
         f"capplan: deferred capture: a step waits on a capture expected to take at most {pauses.step_pause_s * 1000:g} "
         f"ms; a longer one, of a graph the traffic missed, {spaced}"

@@ -5,18 +5,19 @@ passed to the engine in the environment; no vLLM here (the launcher checks them 
 
 - The step pause bound (default 50 ms): a step waits for a deferred capture only when that
   capture is expected to take at most this long (the slowest of its mode's recent captures).
-- The slow-capture spacing (default 100 steps; 0: never): a graph the traffic has missed, whose
-  capture is expected to take longer, is still captured before a step, but at most once in this
-  many steps on average, with a burst of `SLOW_BURST` at once (a token bucket: one paused step is
-  earned every spacing's steps, up to the burst). Under sustained load the engine core is never
-  idle, and captures of an 8B model took 100 to 230 ms (host-bound): left to idle turns, the
-  graphs the load needed landed only after it ended. A missed graph is worth a pause once (each
-  later step that would use it replays a padded fallback, or runs eager), so the number of paused
-  steps is the number of graphs the traffic missed whatever the spacing; the spacing only sets
-  when they land. Spaced by 100 steps alone (about 2 s a graph at 8B), the last of 15 missed graphs
-  landed 45.7 s after the load began; with the burst, the first 8 land in the first steps that
-  miss them. Over a long run at most 1% of steps wait on one, which leaves the 99th percentile of
-  inter-token intervals to the steps that do not. Neither default has been measured against a
+- The slow-capture spacing N (default 100 steps; 0: never): a graph the traffic has missed, whose
+  capture is expected to take longer, is still captured before a step, within a token bucket:
+  in any run of S steps at most `SLOW_BURST` (8) + S / N such captures. A quiet stretch of 8 x N
+  steps fills the bucket, and up to 8 then run on consecutive capture turns (each `every_steps`-th
+  step); after that, one per N steps. Under sustained load the engine core is never idle, and
+  captures of an 8B model took 79 to 236 ms (host-bound): left to idle turns, the graphs the load
+  needed landed only after it ended. A missed graph is worth a pause once (each later step that
+  would use it replays a padded fallback, or runs eager), so the number of paused steps is the
+  number of graphs the traffic missed whatever the spacing; the spacing only sets when they land.
+  Spaced by 100 steps alone (about 2.3 s a graph at 8B), the last graph the load used landed 40 to
+  46 s after its first request; with the burst, the first 8 land on the first capture turns that
+  miss them. Over a long run at most 1 in N steps waits on one, which leaves the 99th percentile
+  of inter-token intervals to the steps that do not. Neither default has been measured against a
   full plan's latency under the same traffic on a GPU yet.
 """
 

@@ -4,9 +4,9 @@ When a capture runs:
 
 - Single-rank engine: before every `every_steps`-th model-runner step (as it starts, before its
   inputs are prepared), unless one of the last `RECENT` captures of its mode took longer than
-  the step pause bound: then only a graph the traffic has missed, at most once every
-  slow-capture spacing's steps on average after a burst (`Pauses.slow_burst`), else it waits for
-  an idle turn (the operator's two settings,
+  the step pause bound: then only a graph the traffic has missed, and within a token bucket
+  (`pauses`: at most the burst plus one per slow-capture spacing's steps in any run of steps),
+  else it waits for an idle turn (the operator's two settings,
   `pauses.Pauses`); and one per idle turn of the
   engine core. The next graph is the pending one the traffic missed most (`GraphSets.next`);
   ranks that capture together keep plan order.
@@ -51,14 +51,14 @@ class Serving:
             return  # a step's sampling is still pending: not between steps
         record.steps += 1
         every = state.pauses.slow_every_steps
-        if every:  # each spacing's steps earn one slow capture back
-            record.slow_debt = max(0.0, record.slow_debt - 1 / every)
+        record.slow_debt_steps = max(0, record.slow_debt_steps - 1)  # each spacing's steps earn one capture back
         if record.step_captures and record.steps % state.tiers.every_steps == 0:
             gid = self.next_graph()
             trigger = "step"
             if self.slow(gid):
-                if every and state.graphs.misses[gid] > 0 and record.slow_debt + 1 <= state.pauses.slow_burst:
-                    record.slow_debt += 1
+                burst = state.pauses.slow_burst
+                if every and state.graphs.misses[gid] > 0 and record.slow_debt_steps + every <= burst * every:
+                    record.slow_debt_steps += every
                     trigger = "missed"
                 else:  # the most missed graph of a mode whose captures are fast, if any, lands instead
                     fast = next((g for g in state.graphs.ranked() if not self.slow(g)), None)

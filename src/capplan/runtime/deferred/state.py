@@ -60,7 +60,7 @@ class ServingRecord:
     longest_step_pause: float = 0.0
     longest_idle_capture: float = 0.0
     left_to_idle: int = 0  # step captures not taken: expected above the step-pause budget
-    slow_debt: float = 0.0  # slow captures taken on step turns not yet earned back by the spacing (a token bucket)
+    slow_debt_steps: int = 0  # steps the spacing has still to pass for the slow captures taken (a token bucket)
     recent_seconds: dict[str, deque[float]] = field(default_factory=dict)  # latest captures, per mode ("any": all)
 
 
