@@ -53,7 +53,7 @@ def test_the_fault_leaves_captured_graphs_and_eager_alone():
     assert one_slot_short(plan.graphs, {0}, 5, -1) == -1
 
 
-def test_the_installed_fault_takes_the_runtimes_resolve_call_as_the_dispatch_hook_makes_it(monkeypatch):
+def test_the_installed_fault_takes_the_runtimes_resolve_call_as_the_dispatch_hook_makes_it(monkeypatch, capsys):
     """sitecustomize.py wraps GraphSets.resolve: called as the runtime calls it (with the
     `traffic` flag), it swaps a fallback and still counts the miss; a wrapper whose signature
     fell behind the runtime's would crash the engine at the first fallback instead of biting."""
@@ -76,4 +76,7 @@ def test_the_installed_fault_takes_the_runtimes_resolve_call_as_the_dispatch_hoo
         assert got in sets.captured or got == -1
         swapped += got != plain
     assert swapped > 0 and sets.fault_swaps == swapped
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("capplan-fault: swap ")]
+    assert len(said) == sum(1 for n in range(1, swapped + 1) if n <= 20 or n % 100 == 0)
+    assert said[0].startswith("capplan-fault: swap 1: graph ")
     assert sum(sets.misses.values()) == len(plan.tiers.deferred)  # every call counted as the runtime's

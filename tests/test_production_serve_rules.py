@@ -83,3 +83,24 @@ def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_counte
     assert got["ratios_tiers_over_full"]["graph_memory_gib"]["ratios"] == [1.0, 1.05]
     assert got["comparisons"]["start0-fault:check"]["differing"] == 1  # the control caught
     assert got["comparisons"]["start3-full:check"]["differing"] == 0  # the null
+    assert got["verdict"] == {
+        "null_differing": {"start3-full:check": 0},
+        "fault_differing": {"start0-fault:check": 1},
+        "tiers_differing": {"start1-tiers:check": 0, "start4-tiers:check": 0},
+        "power": True,
+        "tiers_agree": True,
+    }
+
+
+def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_control_caught():
+    def comparisons(null: int, fault: int, tiers: int) -> dict:
+        return {"start3-full:check": {"differing": null}, "start0-fault:check": {"differing": fault},
+                "start1-tiers:check": {"differing": tiers}}  # fmt: skip
+
+    assert ps.judge(comparisons(0, 3, 0))["tiers_agree"] is True
+    assert ps.judge(comparisons(0, 3, 1))["tiers_agree"] is False
+    noisy = ps.judge(comparisons(2, 3, 0))  # the null differs: no power, no verdict on the tiers
+    assert noisy["power"] is False and noisy["tiers_agree"] is None
+    missed = ps.judge(comparisons(0, 0, 0))  # the control was not caught
+    assert missed["power"] is False and missed["tiers_agree"] is None
+    assert ps.judge({})["power"] is False

@@ -6,7 +6,8 @@ deferred capture sends to a fallback graph, replays instead a captured graph of 
 next smaller LoRA case (one adapter slot too few: its LoRA kernels' grid was frozen for fewer
 adapters) and enough tokens and requests (`one_slot_short.py`). That is the failure deferred
 capture must never have; a comparison that does not see it cannot vouch for the real runs. The
-engine log gets "capplan-fault: installed" so a result shows the fault was in force.
+engine log gets "capplan-fault: installed" so a result shows the fault was in force, and
+"capplan-fault: swap N" for the first 20 swaps and every 100th, so it shows how often it bit.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ if os.environ.get("CAPPLAN_FAULT") == "fallback-one-slot-short":
             got = _original(self, graph_id, *args, **kwargs)
             new = one_slot_short(self.graphs, self.captured, graph_id, got)
             if new != got:
-                self.fault_swaps = getattr(self, "fault_swaps", 0) + 1
+                self.fault_swaps = n = getattr(self, "fault_swaps", 0) + 1
+                if n <= 20 or n % 100 == 0:  # the log shows the fault bit, and how often
+                    print(f"capplan-fault: swap {n}: graph {got} -> {new} for {graph_id}", file=sys.stderr, flush=True)
             return new
 
         _graphs.GraphSets.resolve = _resolve  # type: ignore[method-assign]
