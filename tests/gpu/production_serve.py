@@ -6,13 +6,14 @@
 The model has Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`: 32 layers, hidden 4096,
 intermediate 14336, 32 heads, 8 KV heads, vocabulary 128256) with random bf16 weights built on the
 GPU (the library's initialisation, std 0.02: logits of a few units, where bfloat16's steps are
-small), and four random rank-16 LoRA adapters on q/k/v/o (peft's random initialisation, unscaled:
-each adapter's weight delta is about half the size of the weight it adds to). The adapters' size
-was fixed on a CPU before the run (`adapter_noise.py`, its output in the results): at this size,
-bf16-scale noise in every layer moves the first step's top-5 logprobs by at most 0.22 nats with
-the adapter, 0.16 without, while leaving the adapter out moves the top token out of the other's
-top-5. Adapters 16 times larger (the last run's) are chaotic: noise alone does that. Capture time
-and graph memory depend on shapes, not on weight values. Every server is vLLM's OpenAI server with
+small), and four random rank-16 LoRA adapters on q/k/v/o (peft's random initialisation, A and B
+each halved: each adapter's weight delta is about an eighth of the weight it adds to). The
+adapters' size was fixed on a CPU before the run (`adapter_noise.py`, its output in the results):
+at this size, bf16-scale noise in every layer (relative 2**-8, and 2**-7) moves the first step's
+top-5 logprobs by at most 0.25 and 0.28 nats with such an adapter, 0.13 and 0.19 without one,
+while leaving the adapter out moves the top token out of the other's top-5. Unhalved adapters
+reach 0.44 nats at 2**-7; adapters 16 times larger (the last run's) are chaotic: noise alone moves
+the top token out. Capture time and graph memory depend on shapes, not on weight values. Every server is vLLM's OpenAI server with
 default multiprocessing (the engine core in its own process), the attention backend vLLM picks
 (none is forced; the log's choice is recorded), and the same fixed KV cache
 (`--kv-cache-memory-bytes`, 40 GiB): vLLM skips its profiling pass in both arms, so every graph is
@@ -78,6 +79,7 @@ T0 = time.monotonic()
 CONFIG = HERE / "configs" / "llama-3.1-8b.json"
 ADAPTERS = 4
 RANK = 16
+ADAPTER_SCALE = 0.5  # A and B each: sized by adapter_noise.py (the module's docstring)
 SPEC = """\
 # Llama-3.1-8B's shape, four rank-16 adapters, active-count specialization.
 target: {{runner: mrv2, vllm: "{release}"}}
@@ -102,7 +104,7 @@ FIRST = ("fault",)  # not counted: compiles the model into the cache
 # -- the model --------------------------------------------------------------------------------
 def build_model(model: Path) -> None:
     """Random bf16 weights of Llama-3.1-8B's shape, built on the GPU, four random peft adapters
-    (rank 16, q/k/v/o, unscaled: see the module's docstring) and a word-level tokenizer with one
+    (rank 16, q/k/v/o, A and B halved: see the module's docstring) and a word-level tokenizer with one
     word per token id."""
     if (model / "done.json").exists():
         return
@@ -126,6 +128,7 @@ def build_model(model: Path) -> None:
             for name, param in peft_model.named_parameters():
                 if "lora_" in name:
                     torch.nn.init.kaiming_uniform_(param, a=math.sqrt(5))
+                    param.mul_(ADAPTER_SCALE)
         peft_model.save_pretrained(model / f"lora{i}")
     (model / "done.json").write_text(json.dumps({"config": CONFIG.name, "adapters": ADAPTERS, "rank": RANK}))
     del peft_model, base
