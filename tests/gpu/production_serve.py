@@ -35,8 +35,8 @@ Each start, from the moment /health answers: the check groups (requests of k ada
 without base-model requests, k = 1..4, and base only; 16 greedy tokens, top-5 logprobs kept),
 then the sustained traffic (the same requests at the same offsets in every start, from one seed:
 14 arrivals a second for 45 s, no idle gap), streamed, every token's arrival and text kept; for
-tiers and fault starts, the wait until every deferred graph landed (the graph memory is read
-then). The check groups run once: run again, they meet vLLM's prefix cache and prefill other
+tiers starts, the wait until every deferred graph landed (the graph memory is read then). The
+fault start stops after its check (its load would show nothing the tiered starts do not). The check groups run once: run again, they meet vLLM's prefix cache and prefill other
 shapes, which no longer compares with the reference. The runtime's
 report is read as the traffic starts and as it ends: the graphs the traffic dispatched to (its
 `hits_by_graph` grew) that were deferred, and when each landed (its capture's `landed_unix`) after
@@ -299,12 +299,13 @@ def start_once(kind: str, work: Path, plans: dict, ident: dict) -> dict:
         healthy = time.perf_counter()
         result["check"] = run_groups(port)  # from the moment /health answers
         result["check_s"] = round(time.perf_counter() - healthy, 2)
-        result["before_load"] = dispatch_snapshot(report)
-        lo = load(port, traffic())
-        result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
-        result["load"] = lo
-        result["after_load"] = dispatch_snapshot(report)
-        if kind in ("tiers", "fault"):
+        if kind != "fault":  # the control's part is its check: no load, to spare device time
+            result["before_load"] = dispatch_snapshot(report)
+            lo = load(port, traffic())
+            result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
+            result["load"] = lo
+            result["after_load"] = dispatch_snapshot(report)
+        if kind == "tiers":
             landed = wait_landed(report, 240)
             result["landed_after_load_s"] = None if landed is None else round(landed, 2)
         time.sleep(2)  # the report file is kept at most a second behind
