@@ -36,11 +36,11 @@ without base-model requests, k = 1..4, and base only; 16 greedy tokens, top-5 lo
 then the sustained traffic (the same requests at the same offsets in every start, from one seed:
 14 arrivals a second for 45 s, no idle gap), streamed, every token's arrival and text kept; for
 tiers starts, the wait until every deferred graph landed (the graph memory is read then). The
-fault start stops after its check (its load would show nothing the tiered starts do not). The check groups run once: run again, they meet vLLM's prefix cache and prefill other
-shapes, which no longer compares with the reference. The runtime's
-report is read as the traffic starts and as it ends: the graphs the traffic dispatched to (its
-`hits_by_graph` grew) that were deferred, and when each landed (its capture's `landed_unix`) after
-the first request was sent.
+fault start stops after its check (its load would show nothing the tiered starts do not). The
+check groups run once: run again, they meet vLLM's prefix cache and prefill other shapes, which
+no longer compares with the reference. The runtime's report is read as the traffic starts and as
+it ends: the graphs the traffic dispatched to (its `hits_by_graph` grew) that were deferred, and
+when each landed (its capture's `landed_unix`) after the first request was sent.
 
 The token comparison: a request is compared with the reference's (the first counted full start's)
 step by step while the greedy tokens agree, through the first step where they differ (until then
