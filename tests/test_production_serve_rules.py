@@ -16,8 +16,9 @@ def request(tokens: list[str], tops: list[dict[str, float]]) -> dict:
     return {"tokens": tokens, "top": tops}
 
 
-def test_the_fault_control_runs_first_then_the_pairs_alternate_which_arm_leads():
-    assert ps.order(3) == ["fault", "full", "tiers", "tiers", "full", "full", "tiers"]
+def test_the_fault_control_runs_first_then_the_null_comes_third_and_the_pairs_alternate_which_arm_leads():
+    assert ps.order(3) == ["fault", "full", "tiers", "full", "tiers", "tiers", "full"]
+    assert ps.order(4)[-2:] == ["full", "tiers"] and ps.order(1) == ["fault", "full", "tiers"]
 
 
 def test_every_start_gets_the_same_traffic_whatever_its_place_in_the_run():

@@ -29,8 +29,8 @@ that a later call goes on where the last one stopped:
              (its times are not counted).
 - `tiers`:   the plan with spec tiers (one graph ready, the rest captured while serving);
 - `full`:    `capplan apply` with the plan, every graph captured before /health answers.
-Then pairs of counted starts (F T, T F, ...): where device time ends during the last pair, its
-full start is still a null.
+Then pairs of counted starts (F T, F T, T F, F T, T F, ...): the third start is the second full
+one, so that a run cut short by device time has its null after three.
 
 Each start, from the moment /health answers: the check groups (requests of k adapters with and
 without base-model requests, k = 1..4, and base only; 16 greedy tokens, top-5 logprobs kept),
@@ -330,10 +330,10 @@ def start_once(kind: str, work: Path, plans: dict, ident: dict) -> dict:
 
 def order(pairs: int) -> list[str]:
     """The kind of every start: the fault control (it compiles the model into the cache), then
-    the pairs (F T, T F, ...)."""
+    the pairs (F T, F T, T F, F T, T F, ...): the null (a second full start) comes third."""
     out = list(FIRST)
     for i in range(pairs):
-        out += ["full", "tiers"] if i % 2 == 0 else ["tiers", "full"]
+        out += ["tiers", "full"] if i > 0 and i % 2 == 0 else ["full", "tiers"]
     return out
 
 
