@@ -33,7 +33,7 @@ def test_the_pair_band_written_before_the_round_comes_from_the_calibrations_it_n
     for what, errs in (("seconds", pairs.seconds), ("gib", pairs.gib)):
         written = pred["pair_band"][what]
         assert [p["error"] for p in written["pairs"]] == pytest.approx([e.error for e in errs], abs=1e-12)
-        assert written["band"] == pytest.approx(error_band(errs), abs=1e-12)
+        assert written["band"] == pytest.approx(error_band([e.error for e in errs]), abs=1e-12)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from capplan.calibration.price import (
     PairError,
-    _as_errors,
     _within,
     error_band,
     fit_shape_model,
@@ -58,13 +57,13 @@ def test_held_out_pairs_inside_the_interval_the_others_give_as_the_readme_counts
     def inside(errs):
         out = 0
         for i, e in enumerate(errs):
-            lo, hi = error_band(tuple(x for j, x in enumerate(errs) if j != i))
+            lo, hi = error_band([x.error for j, x in enumerate(errs) if j != i])
             out += lo <= e.error <= hi
         return out
 
     assert inside(errors.seconds) == 3 and "3 of the 4\npairs lie inside" in README
     assert inside(errors.gib) == 4 and "each of the four lies\ninside" in README
-    lo, hi = error_band(errors.seconds)
+    lo, hi = error_band([e.error for e in errors.seconds])
     assert f"is {100 * lo:.1f}% to +{100 * hi:.1f}%" in README.replace("\n", " ")
 
 
@@ -75,23 +74,24 @@ def test_every_shipped_pair_lies_inside_the_interval_the_others_give_as_the_benc
     assert all(abs(e.error) < 0.15 for e in all_errors.seconds) and all(abs(e.error) < 0.05 for e in all_errors.gib)
     doc = README_BENCH.replace("\n", " ")
     for what, errs in (("seconds", all_errors.seconds), ("memory", all_errors.gib)):
-        held = [tuple(x for j, x in enumerate(errs) if j != i) for i in range(len(errs))]
+        held = [[x.error for j, x in enumerate(errs) if j != i] for i in range(len(errs))]
         inside = sum(error_band(h)[0] <= e.error <= error_band(h)[1] for e, h in zip(errs, held))
         assert inside == len(errs)
-        lo, hi = error_band(errs)
+        lo, hi = error_band([e.error for e in errs])
         assert f"{what} {100 * lo:.1f}% to +{100 * hi:.1f}%" in doc, (what, lo, hi)
     assert "Held out, each of the 6 seconds pairs and each of the 6 memory pairs" in doc
 
 
 def test_the_interval_is_where_the_truth_lies_given_the_error_band():
-    errs = _as_errors([0.02, -0.01, 0.03])
+    errs = [0.02, -0.01, 0.03]
     lo_err, hi_err = error_band(errs)
     fig = _within(100.0, errs)
     # predicted / true - 1 in [lo_err, hi_err]  <=>  true in [100 / (1 + hi_err), 100 / (1 + lo_err)]
     assert fig.lo == pytest.approx(100 / (1 + hi_err)) and fig.hi == pytest.approx(100 / (1 + lo_err))
-    assert _within(5.0, _as_errors([0.1])) == _within(5.0, ()) and _within(5.0, ()).lo is None  # no band: none
-    assert _within(5.0, ()).text(".1f", "s") == "5.0 s (no interval)"
-    assert error_band((PairError("a", "b", 2.0, 2.0), PairError("a", "c", 3.0, 3.0))) == (0.0, 0.0)
+    assert _within(5.0, [0.1]) == _within(5.0, []) and _within(5.0, []).lo is None  # no band: none
+    assert _within(5.0, []).text(".1f", "s") == "5.0 s (no interval)"
+    assert error_band([0.0, 0.0]) == (0.0, 0.0)
+    assert PairError("a", "b", 2.2, 2.0).error == pytest.approx(0.1)
 
 
 def test_the_readme_example_is_what_diff_prints(tmp_path):
@@ -173,10 +173,10 @@ def test_the_shape_model_s_intervals_hold_its_held_out_shapes():
     inside = total = 0
     for h in model.held_out:
         others = [x.seconds_error for x in model.held_out if x.shape != h.shape]
-        lo, hi = error_band(_as_errors(others))
+        lo, hi = error_band(others)
         inside, total = inside + (lo <= h.seconds_error <= hi), total + 1
     gib = model.gib_errors
-    g_inside = sum(error_band(_as_errors(gib[:i] + gib[i + 1 :]))[0] <= e <= error_band(_as_errors(gib[:i] + gib[i + 1 :]))[1]
+    g_inside = sum(error_band(gib[:i] + gib[i + 1 :])[0] <= e <= error_band(gib[:i] + gib[i + 1 :])[1]
                    for i, e in enumerate(gib))  # fmt: skip
     said = f"seconds {inside} of {total}, memory {g_inside} of {len(gib)}"
     assert said in README_BENCH.replace("\n", " "), said

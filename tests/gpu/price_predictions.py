@@ -46,7 +46,7 @@ def main() -> None:
         "pair_band": {
             what: {
                 "pairs": [{"calibration": e.calibration, "error": e.error} for e in errs],
-                "band": error_band(errs),
+                "band": error_band([e.error for e in errs]),
             }  # fmt: skip
             for what, errs in (("seconds", pairs.seconds), ("gib", pairs.gib))
         },

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -176,8 +177,8 @@ def price_from_starts(plan: Plan, cal: Calibration, errors: PairErrors | None = 
     secs, how = by_capture if by_capture is not None else rate_seconds(plan, cal)
     first = [s for s in memory if s.after_profiling is False]
     mem, mem_how = scaled_memory(_graph_keys(plan), first or memory, shape, errors.split if first else None)
-    seconds_errs = errors.seconds if by_capture is not None else ()
-    seconds_fig, gib_fig = _within(secs, seconds_errs), _within(mem, errors.gib if first else ())
+    seconds_errs = [e.error for e in errors.seconds] if by_capture is not None else []
+    seconds_fig, gib_fig = _within(secs, seconds_errs), _within(mem, [e.error for e in errors.gib] if first else [])
     notes = [*how, mem_how, *_release_note(plan, cal), _host_note(cal.starts, seconds_fig)]
     if not first:
         notes += [*_after_profiling_note(memory), "graph memory scaled from no first-capture start: no interval"]
@@ -547,20 +548,20 @@ T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
 
 
-def error_band(errors: tuple[PairError, ...]) -> tuple[float, float] | None:
-    """Where the next pair's error lies, 95%: the measured pairs' errors (as log ratios) as a
-    normal sample, mean +/- t x sd x sqrt(1 + 1/n); None under two pairs."""
+def error_band(errors: Sequence[float]) -> tuple[float, float] | None:
+    """Where the next pair's error (predicted / measured - 1) lies, 95%: the measured errors (as
+    log ratios) as a normal sample, mean +/- t x sd x sqrt(1 + 1/n); None under two."""
     n = len(errors)
     if n < 2:
         return None
-    logs = [math.log1p(e.error) for e in errors]
+    logs = [math.log1p(e) for e in errors]
     mean = statistics.fmean(logs)
     t = T975[max(k for k in T975 if k <= n - 1)] if n - 1 <= 30 else 1.96  # a df between two listed: the larger t
     half = t * statistics.stdev(logs) * math.sqrt(1 + 1 / n)
     return math.expm1(mean - half), math.expm1(mean + half)
 
 
-def _within(value: float, errors: tuple[PairError, ...]) -> Figure:
+def _within(value: float, errors: Sequence[float]) -> Figure:
     """The value and where the truth lies, 95%, if scaling errs as on the plan pairs measured on
     the GPU (`error_band`); no interval under two pairs."""
     band = error_band(errors)
@@ -571,7 +572,7 @@ def _within(value: float, errors: tuple[PairError, ...]) -> Figure:
 
 
 def _error_note(what: str, errors: tuple[PairError, ...]) -> str:
-    band = error_band(errors)
+    band = error_band([e.error for e in errors])
     if band is None:
         return f"{what}: under two plan pairs measured, so no interval: the figure's error is not known"
     spread = ", ".join(f"{100 * e.error:+.1f}%" for e in errors)
@@ -722,10 +723,6 @@ def memory_units(keys: list[tuple[str, int, int]], layers: int, split: float | N
     return sum(1.0 if m == "FULL" else split * layers for m, _, _ in keys)
 
 
-def _as_errors(values: list[float]) -> tuple[PairError, ...]:
-    return tuple(PairError("", "", 1 + e, 1.0) for e in values)
-
-
 @dataclass(frozen=True)
 class ShapeModel:
     held: tuple[Held, ...]
@@ -766,11 +763,11 @@ class ShapeModel:
 
     def predict(self, plan: Plan, shape: ModelShape, gpu: str | None) -> Priced:
         graphs, top = _plan_figures(plan)
-        seconds = _within(self.seconds_rate * shape.num_layers * graphs, _as_errors(self.seconds_errors))
+        seconds = _within(self.seconds_rate * shape.num_layers * graphs, self.seconds_errors)
         notes = self.extrapolated(plan, shape, gpu)
         assert self.memory_rate is not None  # Pricer.price asks only then
         units = memory_units(_graph_keys(plan), shape.num_layers, self.split)
-        gib = _within(self.memory_rate * units + workspace_gib(shape, top), _as_errors(self.gib_errors))
+        gib = _within(self.memory_rate * units + workspace_gib(shape, top), self.gib_errors)
         notes.append(
             "intervals: 95% from the model's errors on each measured shape held out of the fit "
             f"({len(self.seconds_errors)} for seconds, {len(self.gib_errors)} for memory); "
