@@ -19,6 +19,7 @@ def request(tokens: list[str], tops: list[dict[str, float]]) -> dict:
 def test_the_fault_control_runs_first_then_the_null_comes_third_and_the_pairs_alternate_which_arm_leads():
     assert ps.order(3) == ["fault", "full", "tiers", "full", "tiers", "tiers", "full"]
     assert ps.order(4)[-2:] == ["full", "tiers"] and ps.order(1) == ["fault", "full", "tiers"]
+    assert ps.short_order() == ["fault", "full", "tiers", "null"]
 
 
 def test_every_start_gets_the_same_traffic_whatever_its_place_in_the_run():
@@ -106,6 +107,9 @@ def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_
     assert ps.judge(comparisons(0, 3, 1))["tiers_agree"] is False
     noisy = ps.judge(comparisons(2, 3, 0))  # the null differs: no power, no verdict on the tiers
     assert noisy["power"] is False and noisy["tiers_agree"] is None
+    short = {"start3-null:check": {"differing": 0}, "start0-fault:check": {"differing": 2},
+             "start2-tiers:check": {"differing": 0}}  # fmt: skip
+    assert ps.judge(short)["null_differing"] == {"start3-null:check": 0} and ps.judge(short)["tiers_agree"] is True
     missed = ps.judge(comparisons(0, 0, 0))  # the control was not caught
     assert missed["power"] is False and missed["tiers_agree"] is None
     assert ps.judge({})["power"] is False

@@ -1,6 +1,6 @@
 """Serve first at production size: tiers against the full plan on an 8B-class Llama under `vllm serve`.
 
-    python tests/gpu/production_serve.py WORK OUT.json starts [--pairs N] [--until SECONDS]
+    python tests/gpu/production_serve.py WORK OUT.json starts [--pairs N | --short] [--until SECONDS]
     python tests/gpu/production_serve.py WORK OUT.json summary
 
 The model has Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`: 32 layers, hidden 4096,
@@ -281,7 +281,7 @@ def start_once(kind: str, work: Path, plans: dict, ident: dict) -> dict:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_USE_V2_MODEL_RUNNER": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     cmd = server_command(work / "model", port)
-    plan = plans["full" if kind == "full" else "tiers"]
+    plan = plans["tiers" if kind in ("tiers", "fault") else "full"]
     n = sum(1 for _ in (work / "starts.jsonl").open()) if (work / "starts.jsonl").exists() else 0
     log_path, report = work / f"start{n}-{kind}.log", work / f"start{n}-{kind}.report.json"
     if kind == "fault":
@@ -300,7 +300,7 @@ def start_once(kind: str, work: Path, plans: dict, ident: dict) -> dict:
         healthy = time.perf_counter()
         result["check"] = run_groups(port)  # from the moment /health answers
         result["check_s"] = round(time.perf_counter() - healthy, 2)
-        if kind != "fault":  # the control's part is its check: no load, to spare device time
+        if kind not in ("fault", "null"):  # a control's part is its check: no load, to spare device time
             result["before_load"] = dispatch_snapshot(report)
             lo = load(port, traffic())
             result["load_end_after_healthy_s"] = round(lo.pop("end_s") - healthy, 2)
@@ -337,7 +337,13 @@ def order(pairs: int) -> list[str]:
     return out
 
 
-def starts(work: Path, out: Path, until: float, pairs: int) -> None:
+def short_order() -> list[str]:
+    """Where device time allows no more than four starts: the fault control, one pair, and a
+    second full start that only runs the check (`null`): the token comparison's null."""
+    return [*FIRST, "full", "tiers", "null"]
+
+
+def starts(work: Path, out: Path, until: float, pairs: int, short: bool = False) -> None:
     ident = identity()
     release = ident["vllm"].split("+")[0]
     plans = {
@@ -347,7 +353,7 @@ def starts(work: Path, out: Path, until: float, pairs: int) -> None:
     build_model(work / "model")
     record = work / "starts.jsonl"
     done = [json.loads(line) for line in record.open()] if record.exists() else []
-    for kind in order(pairs)[len(done) :]:
+    for kind in (short_order() if short else order(pairs))[len(done) :]:
         spent = [d["wall_s"] for d in done[1:] if "wall_s" in d]
         expect = max(spent) if spent else 300
         if time.monotonic() - T0 + expect > until:
@@ -417,7 +423,7 @@ def judge(comparisons: dict) -> dict:
     from the reference on any request and the fault start does on some; only then does it judge
     the tiered starts, which pass where none of their requests differs."""
     differing = {name: c["differing"] for name, c in comparisons.items()}
-    null = {k: n for k, n in differing.items() if "-full:" in k}
+    null = {k: n for k, n in differing.items() if "-full:" in k or "-null:" in k}
     fault = {k: n for k, n in differing.items() if "-fault:" in k}
     tiers = {k: n for k, n in differing.items() if "-tiers:" in k}
     power = bool(null) and bool(fault) and not any(null.values()) and all(fault.values())
@@ -582,7 +588,7 @@ def main() -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     if phase == "starts":
-        starts(work, out, float(option("--until", "560")), int(option("--pairs", "3")))
+        starts(work, out, float(option("--until", "560")), int(option("--pairs", "3")), "--short" in args)
     else:
         raise SystemExit(f"unknown phase {phase!r}: starts or summary")
 
