@@ -19,7 +19,6 @@ def request(tokens: list[str], tops: list[dict[str, float]]) -> dict:
 def test_the_fault_control_runs_first_then_the_null_comes_third_and_the_pairs_alternate_which_arm_leads():
     assert ps.order(3) == ["fault", "full", "tiers", "full", "tiers", "tiers", "full"]
     assert ps.order(4)[-2:] == ["full", "tiers"] and ps.order(1) == ["fault", "full", "tiers"]
-    assert ps.short_order() == ["fault", "full", "tiers", "null"]
 
 
 def test_every_start_gets_the_same_traffic_whatever_its_place_in_the_run():
@@ -113,3 +112,18 @@ def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_
     missed = ps.judge(comparisons(0, 0, 0))  # the control was not caught
     assert missed["power"] is False and missed["tiers_agree"] is None
     assert ps.judge({})["power"] is False
+
+
+def test_a_run_without_the_fault_control_counts_its_first_start(tmp_path):
+    check = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
+    done = [
+        {"index": 0, "kind": "full", "check": check, "report": {"graph_memory_gib": 1.2},
+         "load": {"itl_ms": {"p99": 50.0}}},
+        {"index": 1, "kind": "tiers", "check": check, "report": {"deferred": {
+            "all_graph_memory_gib": 1.1, "all_first_capture": True, "pending": []}}, "load": {"itl_ms": {"p99": 55.0}}},
+    ]  # fmt: skip
+    ps.summarize(tmp_path / "s.json", done, tmp_path)
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got["pairs"] == 1 and got["reference"] == "start0-full:check"
+    assert got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}  # one pair: no interval
+    assert got["verdict"]["power"] is False and got["verdict"]["tiers_agree"] is None  # no null, no control

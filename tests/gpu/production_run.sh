@@ -4,8 +4,9 @@
 # unpacked there (tests/gpu/README.md). capplan runs from .carry/src.tgz (`git archive` of the
 # commit under test, its hash in COMMIT), not from the working tree, so that the result names the
 # code that produced it.
-#   bash tests/gpu/production_run.sh BUNDLE WAIT_SECONDS [PAIRS|short]
-# (short: the fault control, one pair and a full start that runs only the check, the null)
+#   bash tests/gpu/production_run.sh BUNDLE WAIT_SECONDS [PAIRS | KIND,KIND,...]
+# (an explicit order of starts where device time is short: fault, tiers, full, or null, a full start
+# that runs only the check)
 # The run goes on in the background (/tmp/prod), started once; every call waits up to WAIT_SECONDS,
 # then brings back what exists: bench.out, starts.jsonl.gz (every record so far), summary.json once
 # written, each start's log (compressed) and report, the specs and plans.
@@ -16,7 +17,7 @@ mkdir -p /tmp/prod
 running() { [ -f /tmp/prod/bench.pid ] && kill -0 "$(cat /tmp/prod/bench.pid)" 2>/dev/null; }
 if ! running && [ ! -f /tmp/prod/started ]; then
   touch /tmp/prod/started
-  setsid nohup python3 tests/gpu/production_serve.py /tmp/prod /tmp/prod/summary.json starts $([ "$PAIRS" = short ] && echo --short || echo --pairs "$PAIRS") \
+  setsid nohup python3 tests/gpu/production_serve.py /tmp/prod /tmp/prod/summary.json starts $(case $PAIRS in *[a-z]*) echo --order "$PAIRS" ;; *) echo --pairs "$PAIRS" ;; esac) \
     --until 100000 >>/tmp/prod/bench.out 2>&1 </dev/null &
   echo $! >/tmp/prod/bench.pid
 fi

@@ -1,6 +1,6 @@
 """Serve first at production size: tiers against the full plan on an 8B-class Llama under `vllm serve`.
 
-    python tests/gpu/production_serve.py WORK OUT.json starts [--pairs N | --short] [--until SECONDS]
+    python tests/gpu/production_serve.py WORK OUT.json starts [--pairs N | --order K,K,...] [--until SECONDS]
     python tests/gpu/production_serve.py WORK OUT.json summary
 
 The model has Llama-3.1-8B's shape (`configs/llama-3.1-8b.json`: 32 layers, hidden 4096,
@@ -337,13 +337,10 @@ def order(pairs: int) -> list[str]:
     return out
 
 
-def short_order() -> list[str]:
-    """Where device time allows no more than four starts: the fault control, one pair, and a
-    second full start that only runs the check (`null`): the token comparison's null."""
-    return [*FIRST, "full", "tiers", "null"]
+KINDS = ("fault", "tiers", "full", "null")  # null: a full start that only runs the check
 
 
-def starts(work: Path, out: Path, until: float, pairs: int, short: bool = False) -> None:
+def starts(work: Path, out: Path, until: float, kinds: list[str]) -> None:
     ident = identity()
     release = ident["vllm"].split("+")[0]
     plans = {
@@ -353,7 +350,7 @@ def starts(work: Path, out: Path, until: float, pairs: int, short: bool = False)
     build_model(work / "model")
     record = work / "starts.jsonl"
     done = [json.loads(line) for line in record.open()] if record.exists() else []
-    for kind in (short_order() if short else order(pairs))[len(done) :]:
+    for kind in kinds[len(done) :]:
         spent = [d["wall_s"] for d in done[1:] if "wall_s" in d]
         expect = max(spent) if spent else 300
         if time.monotonic() - T0 + expect > until:
@@ -481,7 +478,7 @@ def memory(d: dict) -> float | None:
 
 
 def summarize(out: Path, done: list[dict], work: Path) -> None:
-    counted = [d for d in done if d["index"] >= len(FIRST)]
+    counted = [d for d in done if d["kind"] not in FIRST]
     ref = next((d for d in counted if d["kind"] == "full" and d.get("check")), None)
     pairs = [
         {a["kind"]: a, b["kind"]: b}
@@ -588,7 +585,10 @@ def main() -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     if phase == "starts":
-        starts(work, out, float(option("--until", "560")), int(option("--pairs", "3")), "--short" in args)
+        kinds = option("--order", "").split(",") if "--order" in args else order(int(option("--pairs", "3")))
+        if not kinds or any(k not in KINDS for k in kinds):
+            raise SystemExit(f"--order: a comma-separated list of {', '.join(KINDS)}")
+        starts(work, out, float(option("--until", "560")), kinds)
     else:
         raise SystemExit(f"unknown phase {phase!r}: starts or summary")
 
