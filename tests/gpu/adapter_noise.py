@@ -5,7 +5,7 @@ on a CPU (torch and transformers, about 17 GB of memory, a few minutes on 2 core
 
 Llama-3.1-8B's shape with random bf16 weights (the library's initialisation) and one random
 rank-16 adapter on q/k/v/o (kaiming-uniform A and B as peft's random initialisation draws them,
-lora_alpha 2r, then A and B each multiplied by the scale given). For four prompts, the first
+lora_alpha 2r, then A and B each multiplied by the scale given). For 16 prompts, the first
 generated step's top-5 logprobs are compared by production_serve.distance's rule (the largest
 difference of a token's logprob in both lists; None where a top token is outside the other's
 top-5):
@@ -96,10 +96,17 @@ def main() -> None:
         return [distance(x, y) for x, y in zip(a, b)]
 
     base = top(0.0, False)
-    print(f"no adapter: noise {row(base, top(0.0, True))}", flush=True)
+
+    def said(values: list) -> str:
+        known = sorted(v for v in values if v is not None)
+        worst = f", largest {known[-1]}" if known else ""
+        return f"{values} ({sum(v is None for v in values)} no match{worst})"
+
+    print(f"no adapter: noise {said(row(base, top(0.0, True)))}", flush=True)
     for s in scales:
         clean = top(s, False)
-        print(f"scale {s}: noise {row(clean, top(s, True))}, effect (adapter left out) {row(clean, base)}", flush=True)
+        print(f"scale {s}: noise {said(row(clean, top(s, True)))}", flush=True)
+        print(f"scale {s}: effect (adapter left out) {said(row(clean, base))}", flush=True)
 
 
 if __name__ == "__main__":
