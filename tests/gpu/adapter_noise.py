@@ -73,11 +73,8 @@ def main() -> None:
             lin = getattr(layer.self_attn, name)
             lin.register_forward_hook(adapter(kaiming((RANK, lin.in_features)), kaiming((lin.out_features, RANK))))
         layer.register_forward_hook(perturb)
-    prompts = torch.tensor(
-        [
-            [(7919 * g + 104729 * i + 31 * t) % 30000 + 10 for t in range(12)]
-            for g, i in ((0, 0), (1, 2), (3, 4), (5, 6))
-        ]
+    prompts = torch.tensor(  # 16 prompts of 12 tokens, drawn as production_serve.prompt draws them
+        [[(7919 * g + 104729 * i + 31 * t) % 30000 + 10 for t in range(12)] for g in range(8) for i in (0, 5)]
     )
 
     def top(scale: float, with_noise: bool) -> list[dict[int, float]]:
