@@ -135,6 +135,56 @@ def test_pieces_of_two_bundles_are_not_joined(tmp_path):
     _refused(_run(tmp_path, two, "part1b"), f"is from {one}, not {two}")
 
 
+def _fa2_pieces(bundle: Path, data: bytes, n: int = 3) -> None:
+    """part4a.. of a made-up bundle: FlashAttention-2's archive cut in n pieces, each with the count."""
+    archive = _tar_xz({"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": data})
+    cut = [len(archive) * i // n for i in range(n + 1)]
+    for i in range(n):
+        _part(
+            bundle,
+            f"part4{'abcdefgh'[i]}",
+            {f"vllm_fa2.tar.xz.{i:02d}": archive[cut[i] : cut[i + 1]], "pieces": b"%d\n" % n},
+        )
+
+
+@needs_xz
+def test_flash_attention_2_pieces_join_on_the_last_call_in_place_of_fa3(tmp_path):
+    """A release whose FlashAttention-3 extension links torch's unstable ABI (0.27.x): part2 has no
+    vllm_fa3.tar.xz, and part4a, part4b, part4c bring FlashAttention-2, unpacked by the last one."""
+    bundle = tmp_path / "bundle"
+    so = os.urandom(4096)
+    _part(bundle, "part1", {"vllm_C.tar.xz": _tar_xz({"vllm/_C_stable_libtorch.abi3.so": so})})
+    py = _tar_xz({"vllm/__init__.py": b"", "vllm-0.0.dist-info/METADATA": b"Name: vllm\n"})
+    _part(bundle, "part2a", {"vllm_py.tar.xz": py})
+    _part(bundle, "part2b", {})
+    (bundle / "part2b" / "whl").mkdir()
+    _wheel(bundle / "part2b" / "whl", "tinydep")
+    fa2 = os.urandom(8192)
+    _fa2_pieces(bundle, fa2)
+    site = tmp_path / "vsite"
+    for part in ("part1", "part2a", "part2b", "part4a", "part4b"):
+        proc = _run(tmp_path, bundle, part)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (site / "vllm" / "vllm_flash_attn").exists()  # not yet: one piece to go
+    proc = _run(tmp_path, bundle, "part4c")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (site / "vllm" / "vllm_flash_attn" / "_vllm_fa2_C.abi3.so").read_bytes() == fa2
+    assert not (site / "vllm" / "vllm_flash_attn" / "_vllm_fa3_C.abi3.so").exists()
+    assert not (tmp_path / "parts" / "vpart4").exists()  # the pieces go once joined
+
+
+@needs_xz
+def test_a_flash_attention_2_piece_is_refused_out_of_order_or_from_another_bundle(tmp_path):
+    one, two = tmp_path / "vllm027", tmp_path / "vllm0271"
+    _fa2_pieces(one, b"x" * 512)
+    _fa2_pieces(two, b"y" * 512)
+    _refused(_run(tmp_path, one, "part4b"), "NEED PART4A first")
+    assert _run(tmp_path, one, "part4a").returncode == 0
+    _refused(_run(tmp_path, one, "part4c"), "NEED PART4B first")
+    _refused(_run(tmp_path, two, "part4b"), f"are from {one}, not {two}")
+    assert not (tmp_path / "vsite" / "vllm").exists()
+
+
 def test_make_bundle_refuses_a_folder_every_call_would_carry():
     """A bundle inside the checkout that git does not ignore would travel with every device call."""
     out = ROOT / "tests" / "gpu" / "bundle" / "not-ignored"

@@ -21,11 +21,13 @@
 # within the 30 s it stays warm). release_run.py runs from /tmp/capplan-src (the commit under test);
 # this script itself runs from the working tree.
 set -euo pipefail
-# keep whichever pieces of bundle $1 this call carried: part1a, part1b, part2's wheels, device_setup.sh
+# keep whichever pieces of bundle $1 this call carried: part1a, part1b, part2's wheels, device_setup.sh,
+# and FlashAttention-2's pieces (part4a, part4b, ...: releases whose FlashAttention-3 would not load)
 stage() {
   local f
   mkdir -p "$P/whl"
-  for f in "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh; do
+  for f in "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh \
+    "$1"/part4?/vllm_fa2.tar.xz.?? "$1"/part4a/pieces; do
     if [ -f "$f" ]; then cp "$f" "$P/" && echo "staged $f"; fi
   done
   if ls "$1"/part2/whl/*.whl >/dev/null 2>&1; then cp "$1"/part2/whl/*.whl "$P/whl/" && echo "staged $1/part2/whl"; fi
@@ -52,8 +54,13 @@ if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
   stage "$B"
   [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ] || { echo "NEED part1a and part1b of $B staged ($P)" >&2; exit 3; }
   echo "switching /tmp/vsite to $B (was: $(cat /tmp/vsite/.bundle 2>/dev/null || echo none))"
+  if [ -f "$P/pieces" ] && [ "$(ls "$P"/vllm_fa2.tar.xz.?? | wc -l)" != "$(cat "$P/pieces")" ]; then
+    echo "NEED all $(cat "$P/pieces") pieces of $B's FlashAttention-2 (part4a, part4b, ...) staged ($P)" >&2
+    exit 3
+  fi
   rm -rf /tmp/vsite && mkdir -p /tmp/vsite
   cat "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C /tmp/vsite
+  if [ -f "$P/pieces" ]; then cat "$P"/vllm_fa2.tar.xz.?? | xz -dc | tar -xf - -C /tmp/vsite; fi
 fi
 # part2 may come in pieces: its wheels staged by an earlier call, the archives carried now
 if [ -f "$B/part2/vllm_py.tar.xz" ] && ! ls "$B"/part2/whl/*.whl >/dev/null 2>&1 && ls "$P"/whl/*.whl >/dev/null 2>&1; then

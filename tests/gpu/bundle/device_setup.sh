@@ -9,6 +9,9 @@
 #   bash B/part2a/device_setup.sh part2a B    or, where the checkout leaves no room for part2:
 #   bash B/part2b/device_setup.sh part2b B    keeps the two archives, then unpacks them with the wheels
 #   bash B/part3/device_setup.sh part3 B      the MoE extension (MOE=1 bundles; split: part3a, part3b)
+#   bash B/part4a/device_setup.sh part4a B    FlashAttention-2, where FlashAttention-3 would not load
+#   bash B/part4b/device_setup.sh part4b B    (0.27.x): N pieces, one call each, in order; the last
+#   ...                                       one joins them and unpacks the extension
 # One call each, in that order, on one machine: part2 needs what part1 unpacked, and the pieces of a
 # split part wait in /tmp/vpart1, /tmp/vpart2 or /tmp/vpart3, which go when the machine goes back.
 # Then run with PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 (flashinfer is
@@ -17,7 +20,7 @@
 # machine; PYTHON names the interpreter whose pip installs the wheels (default python3, 3.12 there).
 set -euo pipefail
 shopt -s nullglob
-usage="usage: device_setup.sh part1|part1a|part1b|part2|part2a|part2b|part3|part3a|part3b BUNDLE_DIR"
+usage="usage: device_setup.sh part1|part1a|part1b|part2|part2a|part2b|part3|part3a|part3b|part4a..part4h BUNDLE_DIR"
 PART=${1:?$usage}
 B=${2:?$usage}
 B=${B%/}
@@ -74,8 +77,34 @@ install_part2() {
     "NEED PART1 first: $S/vllm/_C_stable_libtorch.abi3.so missing (part1 not unpacked, or the machine was given back)"
   [ ${#wheels[@]} -gt 0 ] || die "no wheels in $2: carry them in this call"
   unpack "$archives/vllm_py.tar.xz"
-  unpack "$archives/vllm_fa3.tar.xz"
+  [ ! -f "$archives/vllm_fa3.tar.xz" ] || unpack "$archives/vllm_fa3.tar.xz" # else part4 brings FlashAttention-2
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$S" "${wheels[@]}"
+}
+
+# piece4: the carried piece of part4 (FlashAttention-2) waits in $W/vpart4 with the pieces before
+# it; the last of `pieces` joins them all and unpacks the extension
+piece4() {
+  local letters=abcdefgh i n
+  i=${letters%%"${PART#part4}"*}
+  i=${#i}
+  carried pieces
+  n=$(cat "$B/$PART/pieces")
+  carried "vllm_fa2.tar.xz.$(printf %02d "$i")"
+  if [ "$i" = 0 ]; then
+    rm -rf "$W/vpart4" && mkdir -p "$W/vpart4" && echo "$B" >"$W/vpart4/bundle"
+  else
+    local prev="part4${letters:i-1:1}"
+    need "$W/vpart4/vllm_fa2.tar.xz.$(printf %02d $((i - 1)))" \
+      "NEED ${prev^^} first: the piece before this one is not kept in $W/vpart4 ($prev not run, or the machine was given back)"
+    [ "$(cat "$W/vpart4/bundle")" = "$B" ] || die "the pieces kept in $W/vpart4 are from $(cat "$W/vpart4/bundle"), not $B: run $B's part4a first"
+  fi
+  cp "$B/$PART/vllm_fa2.tar.xz.$(printf %02d "$i")" "$W/vpart4/"
+  if [ $((i + 1)) -lt "$n" ]; then
+    echo "kept piece $((i + 1)) of $n in $W/vpart4"
+    return
+  fi
+  cat "$W"/vpart4/vllm_fa2.tar.xz.* | xz -dc | tar -xf - -C "$S"
+  rm -rf "$W/vpart4"
 }
 
 mkdir -p "$S"
@@ -91,9 +120,9 @@ case $PART in
     carried vllm_fa3.tar.xz
     install_part2 "$B/part2" "$B/part2/whl"
     ;;
-  part2a) keep 2 vllm_py.tar.xz vllm_fa3.tar.xz ;;
+  part2a) keep 2 vllm_py.tar.xz $(cd "$B/part2a" && ls vllm_fa3.tar.xz 2>/dev/null) ;;
   part2b)
-    kept 2 vllm_py.tar.xz vllm_fa3.tar.xz
+    kept 2 vllm_py.tar.xz
     install_part2 "$W/vpart2" "$B/part2b/whl"
     ;;
   part3)
@@ -102,6 +131,7 @@ case $PART in
     ;;
   part3a) keep 3 vllm_moe.tar.xz.00 ;;
   part3b) join 3 vllm_moe.tar.xz ;;
+  part4[a-h]) piece4 ;;
   *) die "unknown part ($usage)" ;;
 esac
 # what the site folder holds now

@@ -18,6 +18,11 @@
 #   part2/whl/*.whl         the wheels the image lacks (wheels.txt; wheels-from-0.27.txt from 0.27.0)
 #   part3/vllm_moe.tar.xz   vllm/_moe_C_stable_libtorch.abi3.so, with MOE=1 (data parallel runs need
 #                           a MoE model: vLLM refuses offline data parallel for dense ones)
+#   part4/vllm_fa2.tar.xz   vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so, in place of vllm_fa3.tar.xz,
+#                           where the FlashAttention-3 extension links torch's unstable C++ ABI (its
+#                           undefined symbols name at::, c10:: or torch:: functions; 0.27.x): it
+#                           would not load on the machine's torch. About 85 MB, so always written
+#                           in pieces, part4a, part4b, ... (vllm_fa2.tar.xz.00, .01, ...), one call each.
 # Left out of the wheel: the FlashAttention-2 extension (the runs use the TRITON_ATTN backend), the
 # MoE extension but in part3, the vllm-rs binary, DeepGEMM's extension, C++ and CUDA headers and
 # sources. flashinfer is not carried: the runs set VLLM_USE_FLASHINFER_SAMPLER=0.
@@ -63,7 +68,7 @@ fi
 [ ${#wheel[@]} = 1 ] || { echo "make_bundle.sh: expected one vllm $VER wheel in $CACHE/wheel" >&2; exit 2; }
 
 # 2. A fresh set of parts: what an earlier build left in OUTDIR goes first.
-for p in part1 part1a part1b part2 part2a part2b part3 part3a part3b; do rm -rf "${OUT:?}/$p"; done
+for p in "$OUT"/part*/; do rm -rf "${p:?}"; done
 mkdir -p "$OUT/part1" "$OUT/part2/whl"
 
 # 3. The dependency wheels; releases from 0.27.0 import more packages in the engine core.
@@ -81,6 +86,18 @@ cd "$X"
 for f in vllm/_C_stable_libtorch.abi3.so vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so; do
   [ -f "$f" ] || { echo "make_bundle.sh: vllm $VER's wheel has no $f" >&2; exit 2; }
 done
+# links_unstable_abi SO: the extension calls torch's C++ functions (mangled at::, c10::, torch::
+# names), whose ABI changes between torch releases, so it loads only on the torch it was built for.
+links_unstable_abi() { nm -D --undefined-only "$1" | grep -qE '_ZNK?(2at|3c10|5torch)'; }
+FA=vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
+if links_unstable_abi "$FA"; then
+  FA=vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
+  if [ ! -f "$FA" ] || links_unstable_abi "$FA"; then
+    echo "make_bundle.sh: vllm $VER's FlashAttention extensions link torch's unstable C++ ABI: none would load" >&2
+    exit 2
+  fi
+  echo "vllm $VER: FlashAttention-3 links torch's unstable C++ ABI; FlashAttention-2 goes instead (part4)"
+fi
 LEAVE_OUT=(
   -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.inl' -o -name '*.cu' # headers, CUDA sources
   -o -path vllm/vllm-rs                                 # a binary the Python runs never start
@@ -94,7 +111,12 @@ find vllm vllm-*.dist-info -type f ! \( "${LEAVE_OUT[@]}" \) | LC_ALL=C sort >"$
 
 # 5. The archives: xz at its strongest where the gain is worth the time, on every core.
 tar -cf - -T "$CACHE/py.list" | xz -9e -T0 >"$OUT/part2/vllm_py.tar.xz"
-tar -cf - vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so | xz -9 -T0 >"$OUT/part2/vllm_fa3.tar.xz"
+if [ "$FA" = vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so ]; then
+  tar -cf - "$FA" | xz -9 -T0 >"$OUT/part2/vllm_fa3.tar.xz"
+else
+  mkdir -p "$OUT/part4"
+  tar -cf - "$FA" | xz -9e -T0 >"$OUT/part4/vllm_fa2.tar.xz"
+fi
 tar -cf - vllm/_C_stable_libtorch.abi3.so | xz -9e -T0 >"$OUT/part1/vllm_C.tar.xz"
 if [ "${MOE:-0}" = 1 ]; then
   mkdir -p "$OUT/part3"
@@ -133,7 +155,7 @@ if fits part2; then
   plan+=(part2)
 else
   mkdir -p "$OUT/part2a" "$OUT/part2b"
-  cp "$OUT/part2/vllm_py.tar.xz" "$OUT/part2/vllm_fa3.tar.xz" "$HERE/device_setup.sh" "$OUT/part2a/"
+  cp "$OUT"/part2/vllm_*.tar.xz "$HERE/device_setup.sh" "$OUT/part2a/"
   cp -r "$OUT/part2/whl" "$HERE/device_setup.sh" "$OUT/part2b/"
   plan+=(part2a part2b)
 fi
@@ -144,6 +166,23 @@ if [ -d "$OUT/part3" ]; then
     halve part3 vllm_moe.tar.xz
     plan+=(part3a part3b)
   fi
+fi
+
+if [ -d "$OUT/part4" ]; then # in as many pieces as it takes, each with the count in `pieces`
+  n=$(( ($(bytes "$OUT/part4/vllm_fa2.tar.xz") + ROOM - 1) / ROOM ))
+  [ "$n" -ge 2 ] || n=2
+  split -n "$n" -d "$OUT/part4/vllm_fa2.tar.xz" "$OUT/part4/vllm_fa2.tar.xz."
+  i=0
+  for letter in a b c d e f g h; do
+    [ "$i" -lt "$n" ] || break
+    mkdir -p "$OUT/part4$letter"
+    mv "$OUT/part4/vllm_fa2.tar.xz.$(printf %02d "$i")" "$OUT/part4$letter/"
+    echo "$n" >"$OUT/part4$letter/pieces"
+    cp "$HERE/device_setup.sh" "$OUT/part4$letter/"
+    plan+=("part4$letter")
+    i=$((i + 1))
+  done
+  rm -rf "$OUT/part4"
 fi
 
 # 7. The calls to make.
