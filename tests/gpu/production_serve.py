@@ -8,17 +8,17 @@ intermediate 14336, 32 heads, 8 KV heads, vocabulary 128256) with random bf16 we
 GPU (the library's initialisation, std 0.02: logits of a few units, where bfloat16's steps are
 small), and four random rank-16 LoRA adapters on q/k/v/o (peft's random initialisation, A and B
 each halved: each adapter's weight delta is about an eighth of the weight it adds to). The
-adapters' size was fixed on a CPU before the run (`adapter_noise.py`, its output in the results):
-at this size, bf16-scale noise in every layer (relative 2**-8, and 2**-7) moves the first step's
-top-5 logprobs by at most 0.25 and 0.28 nats with such an adapter, 0.13 and 0.19 without one,
-while leaving the adapter out moves the top token out of the other's top-5. Unhalved adapters
-reach 0.44 nats at 2**-7; adapters 16 times larger (the last run's) are chaotic: noise alone moves
-the top token out. Capture time and graph memory depend on shapes, not on weight values. Every server is vLLM's OpenAI server with
-default multiprocessing (the engine core in its own process), the attention backend vLLM picks
-(none is forced; the log's choice is recorded), and the same fixed KV cache
-(`--kv-cache-memory-bytes`, 40 GiB): vLLM skips its profiling pass in both arms, so every graph is
-a first capture and the two arms' graph memory compares as read. max_loras 4 with active-count
-specialization: 258 graphs in the plan.
+adapters' size was fixed on a CPU before any run (`adapter_noise.py`, its output in
+`results/production/adapter-noise/`): at this size, bf16-scale noise in every layer (relative
+2**-8, and 2**-7) moves the first step's top-5 logprobs of 16 prompts by at most 0.22 and 0.28 nats
+with such an adapter, 0.19 and 0.38 without one, while leaving the adapter out moves the top token
+out of the other's top-5 on 15 of 16 prompts (the 16th by 0.1 nats). Adapters 16 times larger (the
+last run's) are chaotic: noise alone does that on 15 of 16. Capture time and graph memory depend on
+shapes, not on weight values. Every server is vLLM's OpenAI server with default multiprocessing
+(the engine core in its own process), the attention backend vLLM picks (none is forced; the log's
+choice is recorded), and the same fixed KV cache (`--kv-cache-memory-bytes`, 40 GiB): vLLM skips
+its profiling pass in both arms, so every graph is a first capture and the two arms' graph memory
+compares as read. max_loras 4 with active-count specialization: 258 graphs in the plan.
 
 Starts, one at a time on one compile cache (`VLLM_CACHE_ROOT`), appended to WORK/starts.jsonl so
 that a later call goes on where the last one stopped:
