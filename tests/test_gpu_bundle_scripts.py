@@ -174,6 +174,22 @@ def test_flash_attention_2_pieces_join_on_the_last_call_in_place_of_fa3(tmp_path
 
 
 @needs_xz
+def test_part2_carried_whole_needs_no_flash_attention_3_where_part4_brings_2(tmp_path):
+    bundle = tmp_path / "bundle"
+    _part(bundle, "part1", {"vllm_C.tar.xz": _tar_xz({"vllm/_C_stable_libtorch.abi3.so": b"c"})})
+    py = _tar_xz({"vllm/__init__.py": b"", "vllm-0.0.dist-info/METADATA": b"Name: vllm\n"})
+    _part(bundle, "part2", {"vllm_py.tar.xz": py})
+    (bundle / "part2" / "whl").mkdir()
+    _wheel(bundle / "part2" / "whl", "tinydep")
+    _fa2_pieces(bundle, b"fa2", n=2)
+    for part in ("part1", "part2", "part4a", "part4b"):
+        proc = _run(tmp_path, bundle, part)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "vsite" / "vllm" / "vllm_flash_attn" / "_vllm_fa2_C.abi3.so").read_bytes() == b"fa2"
+    assert (tmp_path / "vsite" / "tinydep.py").exists()
+
+
+@needs_xz
 def test_a_flash_attention_2_piece_is_refused_out_of_order_or_from_another_bundle(tmp_path):
     one, two = tmp_path / "vllm027", tmp_path / "vllm0271"
     _fa2_pieces(one, b"x" * 512)

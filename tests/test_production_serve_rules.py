@@ -63,22 +63,26 @@ def test_a_landing_is_placed_against_the_first_request_for_the_deferred_graphs_t
     assert got["landed_s"] == {"PIECEWISE:512@1": 31.5} and got["landed_within_30s"] == 0
 
 
-def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_counted_full_start(tmp_path):
-    check = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
-    wrong = {"0:0": request(["a"], [{"a": -2.0, "x": -0.2}])}
+def _start(index: int, kind: str, healthy: float, p99: float, gib: float, checked: dict) -> dict:
+    rep = {"graph_memory_gib": gib} if kind in ("full", "null") else {
+        "deferred": {"all_graph_memory_gib": gib, "all_first_capture": True, "pending": []}}  # fmt: skip
+    out = {"index": index, "kind": kind, "healthy_s": healthy, "check": checked, "report": rep}
+    if kind in ("fault", "null"):  # a control runs its check only
+        return out | ({"fault_installed": True, "fault_swaps_at_least": 20} if kind == "fault" else {})
+    return out | {"load": {"itl_ms": {"p50": 10.0, "p99": p99, "max": 2 * p99}, "throughput_tok_s": 1800.0}}
 
-    def start(index: int, kind: str, healthy: float, p99: float, gib: float, checked: dict) -> dict:
-        rep = {"graph_memory_gib": gib} if kind == "full" else {
-            "deferred": {"all_graph_memory_gib": gib, "all_first_capture": True, "pending": []}}  # fmt: skip
-        return {"index": index, "kind": kind, "healthy_s": healthy, "check": checked, "report": rep,
-                "load": {"itl_ms": {"p50": 10.0, "p99": p99, "max": 2 * p99}, "throughput_tok_s": 1800.0}}  # fmt: skip
 
+CHECK = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
+WRONG = {"0:0": request(["a"], [{"a": -2.0, "x": -0.2}])}
+
+
+def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_full_plan_start(tmp_path):
     done = [
-        start(0, "fault", 200.0, 99.0, 1.2, wrong),
-        start(1, "tiers", 80.0, 50.0, 1.2, check),
-        start(2, "full", 100.0, 50.0, 1.2, check),
-        start(3, "full", 110.0, 55.0, 1.2, check),
-        start(4, "tiers", 88.0, 60.5, 1.26, check),
+        _start(0, "fault", 200.0, 99.0, 1.2, WRONG),
+        _start(1, "tiers", 80.0, 50.0, 1.2, CHECK),
+        _start(2, "full", 100.0, 50.0, 1.2, CHECK),
+        _start(3, "full", 110.0, 55.0, 1.2, CHECK),
+        _start(4, "tiers", 88.0, 60.5, 1.26, CHECK),
     ]
     ps.summarize(tmp_path / "s.json", done, tmp_path)
     got = json.loads((tmp_path / "s.json").read_text())
@@ -89,41 +93,65 @@ def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_counte
     assert got["comparisons"]["start0-fault:check"]["differing"] == 1  # the control caught
     assert got["comparisons"]["start3-full:check"]["differing"] == 0  # the null
     assert got["verdict"] == {
-        "null_differing": {"start3-full:check": 0},
-        "fault_differing": {"start0-fault:check": 1},
-        "tiers_differing": {"start1-tiers:check": 0, "start4-tiers:check": 0},
+        "null_differing": {"start3-full": 0},
+        "fault_differing": {"start0-fault": 1},
+        "fault_bit": True,
+        "tiers_differing": {"start1-tiers": 0, "start4-tiers": 0},
+        "errors": {},
         "power": True,
         "tiers_agree": True,
     }
 
 
-def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_control_caught():
-    def comparisons(null: int, fault: int, tiers: int) -> dict:
-        return {"start3-full:check": {"differing": null}, "start0-fault:check": {"differing": fault},
-                "start1-tiers:check": {"differing": tiers}}  # fmt: skip
-
-    assert ps.judge(comparisons(0, 3, 0))["tiers_agree"] is True
-    assert ps.judge(comparisons(0, 3, 1))["tiers_agree"] is False
-    noisy = ps.judge(comparisons(2, 3, 0))  # the null differs: no power, no verdict on the tiers
-    assert noisy["power"] is False and noisy["tiers_agree"] is None
-    short = {"start3-null:check": {"differing": 0}, "start0-fault:check": {"differing": 2},
-             "start2-tiers:check": {"differing": 0}}  # fmt: skip
-    assert ps.judge(short)["null_differing"] == {"start3-null:check": 0} and ps.judge(short)["tiers_agree"] is True
-    missed = ps.judge(comparisons(0, 0, 0))  # the control was not caught
-    assert missed["power"] is False and missed["tiers_agree"] is None
-    assert ps.judge({})["power"] is False
-
-
-def test_a_run_without_the_fault_control_counts_its_first_start(tmp_path):
-    check = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
+def test_a_check_only_null_start_is_compared_but_never_paired(tmp_path):
+    """fault, full, null, tiers: the null sits between the pair's two starts."""
     done = [
-        {"index": 0, "kind": "full", "check": check, "report": {"graph_memory_gib": 1.2},
-         "load": {"itl_ms": {"p99": 50.0}}},
-        {"index": 1, "kind": "tiers", "check": check, "report": {"deferred": {
-            "all_graph_memory_gib": 1.1, "all_first_capture": True, "pending": []}}, "load": {"itl_ms": {"p99": 55.0}}},
-    ]  # fmt: skip
+        _start(0, "fault", 200.0, 99.0, 1.2, WRONG),
+        _start(1, "full", 100.0, 50.0, 1.2, CHECK),
+        _start(2, "null", 100.0, 50.0, 1.2, CHECK),
+        _start(3, "tiers", 80.0, 55.0, 1.1, CHECK),
+    ]
+    ps.summarize(tmp_path / "s.json", done, tmp_path)
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got["pairs"] == 1 and got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}
+    assert got["verdict"]["null_differing"] == {"start2-null": 0} and got["verdict"]["tiers_agree"] is True
+
+
+def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_control_caught():
+    ref = _start(1, "full", 100.0, 50.0, 1.2, CHECK)
+
+    def verdict(null: int, fault: int, tiers: int | None, **fault_facts) -> dict:
+        done = [_start(0, "fault", 1, 1, 1, {}) | fault_facts, ref, _start(2, "full", 1, 1, 1, {}),
+                _start(3, "tiers", 1, 1, 1, {})]  # fmt: skip
+        comparisons = {"start2-full:check": {"differing": null}, "start0-fault:check": {"differing": fault}}
+        if tiers is not None:
+            comparisons["start3-tiers:check"] = {"differing": tiers}
+        return ps.judge(done, ref, comparisons)
+
+    assert verdict(0, 3, 0)["tiers_agree"] is True
+    assert verdict(0, 3, 1)["tiers_agree"] is False
+    assert verdict(0, 3, None)["tiers_agree"] is False  # a tiered start that never ran its check
+    noisy = verdict(2, 3, 0)  # the null differs: no power, no verdict on the tiers
+    assert noisy["power"] is False and noisy["tiers_agree"] is None
+    missed = verdict(0, 0, 0)  # the control was not caught
+    assert missed["power"] is False and missed["tiers_agree"] is None
+    idle = verdict(0, 3, 0, fault_swaps_at_least=0)  # differences the fault did not cause
+    assert idle["fault_bit"] is False and idle["power"] is False
+    assert verdict(0, 3, 0, fault_installed=False)["power"] is False
+    assert ps.judge([], None, {})["power"] is False
+
+
+def test_the_first_start_compiles_the_cache_and_is_never_paired(tmp_path):
+    """Without the fault control first (--order full,tiers,full,tiers), the first start still pays
+    the compile: its ratios would say nothing of the plans."""
+    done = [
+        _start(0, "full", 300.0, 90.0, 1.2, CHECK),
+        _start(1, "tiers", 80.0, 55.0, 1.1, CHECK),
+        _start(2, "full", 100.0, 50.0, 1.2, CHECK),
+        _start(3, "tiers", 88.0, 50.0, 1.1, CHECK),
+    ]
     ps.summarize(tmp_path / "s.json", done, tmp_path)
     got = json.loads((tmp_path / "s.json").read_text())
     assert got["pairs"] == 1 and got["reference"] == "start0-full:check"
-    assert got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}  # one pair: no interval
-    assert got["verdict"]["power"] is False and got["verdict"]["tiers_agree"] is None  # no null, no control
+    assert got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}  # tiers 1 with full 2
+    assert got["verdict"]["power"] is False and got["verdict"]["tiers_agree"] is None  # no control

@@ -12,8 +12,8 @@ adapters' size was fixed on a CPU before any run (`adapter_noise.py`, its output
 `results/production/adapter-noise/`): at this size, bf16-scale noise in every layer (relative
 2**-8, and 2**-7) moves the first step's top-5 logprobs of 16 prompts by at most 0.22 and 0.28 nats
 with such an adapter, 0.19 and 0.38 without one, while leaving the adapter out moves the top token
-out of the other's top-5 on 15 of 16 prompts (the 16th by 0.1 nats). Adapters 16 times larger (the
-last run's) are chaotic: noise alone does that on 15 of 16. Capture time and graph memory depend on
+out of the other's top-5 on 15 of 16 prompts (the 16th by 0.1 nats). A and B each 8 times larger
+(the last run's, x4) are chaotic: noise alone does that on 15 of 16. Capture time and graph memory depend on
 shapes, not on weight values. Every server is vLLM's OpenAI server with default multiprocessing
 (the engine core in its own process), the attention backend vLLM picks (none is forced; the log's
 choice is recorded), and the same fixed KV cache (`--kv-cache-memory-bytes`, 40 GiB): vLLM skips
@@ -415,21 +415,34 @@ def compare(ref: dict, other: dict) -> dict:
     }
 
 
-def judge(comparisons: dict) -> dict:
-    """The rule fixed before the run, applied: it has power where no null (full) start differs
-    from the reference on any request and the fault start does on some; only then does it judge
-    the tiered starts, which pass where none of their requests differs."""
-    differing = {name: c["differing"] for name, c in comparisons.items()}
-    null = {k: n for k, n in differing.items() if "-full:" in k or "-null:" in k}
-    fault = {k: n for k, n in differing.items() if "-fault:" in k}
-    tiers = {k: n for k, n in differing.items() if "-tiers:" in k}
-    power = bool(null) and bool(fault) and not any(null.values()) and all(fault.values())
+def judge(done: list[dict], ref: dict | None, comparisons: dict) -> dict:
+    """The rule fixed before the run, applied: it has power where no null start (a full-plan
+    start other than the reference) differs from the reference on any request, and every fault
+    start, its fault installed and seen to swap, differs on some; only then does it judge the
+    tiered starts, which agree where every one of them ran its check and none of their requests
+    differs."""
+
+    def differing(d: dict) -> int | None:
+        got = comparisons.get(f"start{d['index']}-{d['kind']}:check")
+        return None if got is None else got["differing"]
+
+    def of(kinds: tuple[str, ...]) -> dict:
+        return {f"start{d['index']}-{d['kind']}": differing(d) for d in done if d["kind"] in kinds and d is not ref}
+
+    null, fault, tiers = of(("full", "null")), of(("fault",)), of(("tiers",))
+    bit = all(d.get("fault_installed") and d.get("fault_swaps_at_least", 0) > 0 for d in done if d["kind"] == "fault")
+    power = (
+        ref is not None and bool(null) and bool(fault) and bit
+        and all(n == 0 for n in null.values()) and all(n for n in fault.values())
+    )  # fmt: skip
     return {
         "null_differing": null,
         "fault_differing": fault,
+        "fault_bit": bit,
         "tiers_differing": tiers,
+        "errors": {f"start{d['index']}-{d['kind']}": d["error"] for d in done if d.get("error")},
         "power": power,
-        "tiers_agree": (not any(tiers.values())) if power and tiers else None,
+        "tiers_agree": all(n == 0 for n in tiers.values()) if power and tiers else None,
     }
 
 
@@ -478,8 +491,9 @@ def memory(d: dict) -> float | None:
 
 
 def summarize(out: Path, done: list[dict], work: Path) -> None:
-    counted = [d for d in done if d["kind"] not in FIRST]
-    ref = next((d for d in counted if d["kind"] == "full" and d.get("check")), None)
+    # the run's first start compiles the model into the cache: never in a pair, whatever its kind
+    counted = [d for d in done[1:] if d["kind"] in ("tiers", "full")]
+    ref = next((d for d in done if d["kind"] in ("full", "null") and d.get("check")), None)
     pairs = [
         {a["kind"]: a, b["kind"]: b}
         for a, b in zip(counted[0::2], counted[1::2], strict=False)
@@ -505,7 +519,7 @@ def summarize(out: Path, done: list[dict], work: Path) -> None:
             if d is not ref and d.get("check"):
                 comparisons[f"start{d['index']}-{d['kind']}:check"] = compare(ref["check"], d["check"])
     names = graph_names(work)
-    verdict = judge(comparisons)
+    verdict = judge(done, ref, comparisons)
     landings = {
         f"start{d['index']}-{d['kind']}": landing(d, names) for d in done if names and d["kind"] in ("tiers", "fault")
     }
@@ -515,7 +529,7 @@ def summarize(out: Path, done: list[dict], work: Path) -> None:
         else {},
         "attention_backend": sorted({b for d in done for b in d.get("attention_backend", [])}),
         "traffic": {"seed": SEED, "rate_per_s": RATE, "seconds": LOAD_SECONDS, "requests": len(traffic())},
-        "reference": None if ref is None else f"start{ref['index']}-full:check",
+        "reference": None if ref is None else f"start{ref['index']}-{ref['kind']}:check",
         "rule": f"a request differs where its logprob distance from the reference's exceeds {TAU} nats, or no match",
         "verdict": verdict,
         "ratios_tiers_over_full": ratios,
@@ -577,7 +591,11 @@ def main() -> None:
     args = sys.argv[4:]
 
     def option(name: str, default: str) -> str:
-        return args[args.index(name) + 1] if name in args else default
+        if name not in args:
+            return default
+        if args.index(name) + 1 == len(args):
+            raise SystemExit(f"{name} needs a value")
+        return args[args.index(name) + 1]
 
     if phase == "summary":
         record = work / "starts.jsonl"

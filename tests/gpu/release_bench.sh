@@ -54,6 +54,10 @@ if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
   stage "$B"
   [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ] || { echo "NEED part1a and part1b of $B staged ($P)" >&2; exit 3; }
   echo "switching /tmp/vsite to $B (was: $(cat /tmp/vsite/.bundle 2>/dev/null || echo none))"
+  if [ -f "$B/part2/vllm_py.tar.xz" ] && [ ! -f "$B/part2/vllm_fa3.tar.xz" ] && [ ! -f "$P/pieces" ]; then
+    echo "NEED $B's FlashAttention-2 (part4a, part4b, ...) staged ($P): its part2 has no FlashAttention-3" >&2
+    exit 3
+  fi
   if [ -f "$P/pieces" ] && [ "$(ls "$P"/vllm_fa2.tar.xz.?? | wc -l)" != "$(cat "$P/pieces")" ]; then
     echo "NEED all $(cat "$P/pieces") pieces of $B's FlashAttention-2 (part4a, part4b, ...) staged ($P)" >&2
     exit 3

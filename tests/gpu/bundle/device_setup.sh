@@ -116,8 +116,7 @@ case $PART in
   part1a) keep 1 vllm_C.tar.xz.00 ;;
   part1b) join 1 vllm_C.tar.xz ;;
   part2)
-    carried vllm_py.tar.xz
-    carried vllm_fa3.tar.xz
+    carried vllm_py.tar.xz # vllm_fa3.tar.xz too, but where part4 brings FlashAttention-2
     install_part2 "$B/part2" "$B/part2/whl"
     ;;
   part2a) keep 2 vllm_py.tar.xz $(cd "$B/part2a" && ls vllm_fa3.tar.xz 2>/dev/null) ;;

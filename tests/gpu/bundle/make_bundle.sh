@@ -68,7 +68,7 @@ fi
 [ ${#wheel[@]} = 1 ] || { echo "make_bundle.sh: expected one vllm $VER wheel in $CACHE/wheel" >&2; exit 2; }
 
 # 2. A fresh set of parts: what an earlier build left in OUTDIR goes first.
-for p in "$OUT"/part*/; do rm -rf "${p:?}"; done
+for p in "$OUT"/part*/; do rm -rf "${p%/}"; done # the entry itself, never a linked folder's contents
 mkdir -p "$OUT/part1" "$OUT/part2/whl"
 
 # 3. The dependency wheels; releases from 0.27.0 import more packages in the engine core.
@@ -88,7 +88,13 @@ for f in vllm/_C_stable_libtorch.abi3.so vllm/vllm_flash_attn/_vllm_fa3_C.abi3.s
 done
 # links_unstable_abi SO: the extension calls torch's C++ functions (mangled at::, c10::, torch::
 # names), whose ABI changes between torch releases, so it loads only on the torch it was built for.
-links_unstable_abi() { nm -D --undefined-only "$1" | grep -qE '_ZNK?(2at|3c10|5torch)'; }
+# (nm's whole output is read first: `grep -q` ending a pipeline early would fail it under pipefail)
+command -v nm >/dev/null || { echo "make_bundle.sh: needs nm (binutils) to read the extensions' symbols" >&2; exit 2; }
+links_unstable_abi() {
+  local syms
+  syms=$(nm -D --undefined-only "$1") || { echo "make_bundle.sh: nm could not read $1" >&2; exit 2; }
+  grep -qE '_ZNK?(2at|3c10|5torch)' <<<"$syms"
+}
 FA=vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
 if links_unstable_abi "$FA"; then
   FA=vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
@@ -169,8 +175,13 @@ if [ -d "$OUT/part3" ]; then
 fi
 
 if [ -d "$OUT/part4" ]; then # in as many pieces as it takes, each with the count in `pieces`
-  n=$(( ($(bytes "$OUT/part4/vllm_fa2.tar.xz") + ROOM - 1) / ROOM ))
+  room=$((ROOM - 65536)) # beside each piece: device_setup.sh, `pieces` and the folder itself
+  n=$(( ($(bytes "$OUT/part4/vllm_fa2.tar.xz") + room - 1) / room ))
   [ "$n" -ge 2 ] || n=2
+  if [ "$n" -gt 8 ]; then
+    echo "make_bundle.sh: FlashAttention-2 would take $n pieces, more than part4a..part4h: make room in the checkout" >&2
+    exit 2
+  fi
   split -n "$n" -d "$OUT/part4/vllm_fa2.tar.xz" "$OUT/part4/vllm_fa2.tar.xz."
   i=0
   for letter in a b c d e f g h; do
