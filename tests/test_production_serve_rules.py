@@ -76,16 +76,21 @@ CHECK = {"0:0": request(["a"], [{"a": -0.1, "x": -2.5}])}
 WRONG = {"0:0": request(["a"], [{"a": -2.0, "x": -0.2}])}
 
 
+def _summary(tmp_path, *starts: tuple) -> dict:
+    """The summary of starts given as (kind, healthy, p99, graph memory, check), in run order."""
+    ps.summarize(tmp_path / "s.json", [_start(i, *s) for i, s in enumerate(starts)], tmp_path)
+    return json.loads((tmp_path / "s.json").read_text())
+
+
 def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_full_plan_start(tmp_path):
-    done = [
-        _start(0, "fault", 200.0, 99.0, 1.2, WRONG),
-        _start(1, "tiers", 80.0, 50.0, 1.2, CHECK),
-        _start(2, "full", 100.0, 50.0, 1.2, CHECK),
-        _start(3, "full", 110.0, 55.0, 1.2, CHECK),
-        _start(4, "tiers", 88.0, 60.5, 1.26, CHECK),
-    ]
-    ps.summarize(tmp_path / "s.json", done, tmp_path)
-    got = json.loads((tmp_path / "s.json").read_text())
+    got = _summary(
+        tmp_path,
+        ("fault", 200.0, 99.0, 1.2, WRONG),
+        ("tiers", 80.0, 50.0, 1.2, CHECK),
+        ("full", 100.0, 50.0, 1.2, CHECK),
+        ("full", 110.0, 55.0, 1.2, CHECK),
+        ("tiers", 88.0, 60.5, 1.26, CHECK),
+    )
     assert got["reference"] == "start2-full:check" and got["pairs"] == 2
     assert got["ratios_tiers_over_full"]["healthy_s"]["ratios"] == [0.8, 0.8]
     assert got["ratios_tiers_over_full"]["itl_p99_ms"]["ratios"] == [1.0, 1.1]
@@ -105,14 +110,13 @@ def test_the_summary_pairs_tiers_with_full_and_compares_against_the_first_full_p
 
 def test_a_check_only_null_start_is_compared_but_never_paired(tmp_path):
     """fault, full, null, tiers: the null sits between the pair's two starts."""
-    done = [
-        _start(0, "fault", 200.0, 99.0, 1.2, WRONG),
-        _start(1, "full", 100.0, 50.0, 1.2, CHECK),
-        _start(2, "null", 100.0, 50.0, 1.2, CHECK),
-        _start(3, "tiers", 80.0, 55.0, 1.1, CHECK),
-    ]
-    ps.summarize(tmp_path / "s.json", done, tmp_path)
-    got = json.loads((tmp_path / "s.json").read_text())
+    got = _summary(
+        tmp_path,
+        ("fault", 200.0, 99.0, 1.2, WRONG),
+        ("full", 100.0, 50.0, 1.2, CHECK),
+        ("null", 100.0, 50.0, 1.2, CHECK),
+        ("tiers", 80.0, 55.0, 1.1, CHECK),
+    )
     assert got["pairs"] == 1 and got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}
     assert got["verdict"]["null_differing"] == {"start2-null": 0} and got["verdict"]["tiers_agree"] is True
 
@@ -144,14 +148,13 @@ def test_the_rule_judges_the_tiered_starts_only_where_the_null_is_quiet_and_the_
 def test_the_first_start_compiles_the_cache_and_is_never_paired(tmp_path):
     """Without the fault control first (--order full,tiers,full,tiers), the first start still pays
     the compile: its ratios would say nothing of the plans."""
-    done = [
-        _start(0, "full", 300.0, 90.0, 1.2, CHECK),
-        _start(1, "tiers", 80.0, 55.0, 1.1, CHECK),
-        _start(2, "full", 100.0, 50.0, 1.2, CHECK),
-        _start(3, "tiers", 88.0, 50.0, 1.1, CHECK),
-    ]
-    ps.summarize(tmp_path / "s.json", done, tmp_path)
-    got = json.loads((tmp_path / "s.json").read_text())
+    got = _summary(
+        tmp_path,
+        ("full", 300.0, 90.0, 1.2, CHECK),
+        ("tiers", 80.0, 55.0, 1.1, CHECK),
+        ("full", 100.0, 50.0, 1.2, CHECK),
+        ("tiers", 88.0, 50.0, 1.1, CHECK),
+    )
     assert got["pairs"] == 1 and got["reference"] == "start0-full:check"
     assert got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}  # tiers 1 with full 2
     assert got["verdict"]["power"] is False and got["verdict"]["tiers_agree"] is None  # no control
