@@ -13,12 +13,13 @@ adapters' size was fixed on a CPU before any run (`adapter_noise.py`, its output
 2**-8, and 2**-7) moves the first step's top-5 logprobs of 16 prompts by at most 0.22 and 0.28 nats
 with such an adapter, 0.19 and 0.38 without one, while leaving the adapter out moves the top token
 out of the other's top-5 on 15 of 16 prompts (the 16th by 0.1 nats). A and B each 8 times larger
-(the last run's, x4) are chaotic: noise alone does that on 15 of 16. Capture time and graph memory depend on
-shapes, not on weight values. Every server is vLLM's OpenAI server with default multiprocessing
-(the engine core in its own process), the attention backend vLLM picks (none is forced; the log's
-choice is recorded), and the same fixed KV cache (`--kv-cache-memory-bytes`, 40 GiB): vLLM skips
-its profiling pass in both arms, so every graph is a first capture and the two arms' graph memory
-compares as read. max_loras 4 with active-count specialization: 258 graphs in the plan.
+(the last run's, x4) are chaotic: noise alone does that on 15 of 16. Capture time and graph memory
+depend on shapes, not on weight values. Every server is vLLM's OpenAI server with default
+multiprocessing (the engine core in its own process), the attention backend vLLM picks (none is
+forced; the log's choice is recorded), and the same fixed KV cache (`--kv-cache-memory-bytes`, 40
+GiB): vLLM skips its profiling pass in both arms, so every graph is a first capture and the two
+arms' graph memory compares as read. max_loras 4 with active-count specialization: 258 graphs in
+the plan.
 
 Starts, one at a time on one compile cache (`VLLM_CACHE_ROOT`), appended to WORK/starts.jsonl so
 that a later call goes on where the last one stopped:
@@ -43,7 +44,7 @@ no longer compares with the reference. The runtime's report is read as the traff
 it ends: the graphs the traffic dispatched to (its `hits_by_graph` grew) that were deferred, and
 when each landed (its capture's `landed_unix`) after the first request was sent.
 
-The token comparison: a request is compared with the reference's (the first counted full start's)
+The token comparison: a request is compared with the reference's (the first full-plan start's)
 step by step while the greedy tokens agree, through the first step where they differ (until then
 both computed the same prefix): at each step, the largest difference of a token's logprob in
 both top-5 lists, or no match where either side's top token is outside the other's top-5. A
@@ -99,7 +100,7 @@ TOPK = 5
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.-]+) GiB")
 ESTIMATE_LINE = re.compile(r"[Ee]stimated CUDA graph memory:? ([\d.]+) GiB")
 FAULT_SWAP_LINE = re.compile(r"capplan-fault: swap (\d+)")
-FIRST = ("fault",)  # not counted: compiles the model into the cache
+FIRST = ("fault",)  # the run's first start compiles the model into the cache: never in a pair
 
 
 # -- the model --------------------------------------------------------------------------------
