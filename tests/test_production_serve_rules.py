@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
@@ -158,3 +160,16 @@ def test_the_first_start_compiles_the_cache_and_is_never_paired(tmp_path):
     assert got["pairs"] == 1 and got["reference"] == "start0-full:check"
     assert got["ratios_tiers_over_full"]["itl_p99_ms"] == {"pairs": 1, "geomean": 1.1}  # tiers 1 with full 2
     assert got["verdict"]["power"] is False and got["verdict"]["tiers_agree"] is None  # no control
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--order", "full,bogus"], ["--order", ""], ["--order"], ["--pairs", "x"], ["--until", "soon"]],
+)
+def test_bad_arguments_stop_with_one_line_and_write_nothing(tmp_path, monkeypatch, args):
+    work = tmp_path / "work"
+    monkeypatch.setattr(sys, "argv", ["production_serve.py", str(work), str(tmp_path / "s.json"), "starts", *args])
+    with pytest.raises(SystemExit) as stop:
+        ps.main()
+    assert isinstance(stop.value.code, str) and "\n" not in stop.value.code
+    assert not work.exists() and not (tmp_path / "s.json").exists()

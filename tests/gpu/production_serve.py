@@ -602,14 +602,16 @@ def main() -> None:
         record = work / "starts.jsonl"
         summarize(out, [json.loads(line) for line in record.read_text().splitlines() if line.strip()], work)
         return
-    work.mkdir(parents=True, exist_ok=True)
-    if phase == "starts":
-        kinds = option("--order", "").split(",") if "--order" in args else order(int(option("--pairs", "3")))
-        if not kinds or any(k not in KINDS for k in kinds):
-            raise SystemExit(f"--order: a comma-separated list of {', '.join(KINDS)}")
-        starts(work, out, float(option("--until", "560")), kinds)
-    else:
+    if phase != "starts":
         raise SystemExit(f"unknown phase {phase!r}: starts or summary")
+    pairs, until = option("--pairs", "3"), option("--until", "560")
+    if not pairs.isdigit() or not until.replace(".", "", 1).isdigit():
+        raise SystemExit("--pairs: a whole number; --until: seconds")
+    kinds = option("--order", "").split(",") if "--order" in args else order(int(pairs))
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise SystemExit(f"--order: a comma-separated list of {', '.join(KINDS)}")
+    work.mkdir(parents=True, exist_ok=True)
+    starts(work, out, float(until), kinds)
 
 
 if __name__ == "__main__":
