@@ -34,9 +34,15 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = json.loads(open(sys.argv[1]).read())
-    scales = [float(x) for x in sys.argv[2:]]
-    noise = 2.0 ** -int(os.environ.get("NOISE_EXP", "8"))
+    usage = "usage: [NOISE_EXP=8] adapter_noise.py CONFIG.json SCALE [SCALE ...] (scales: positive numbers)"
+    try:
+        cfg = json.loads(open(sys.argv[1]).read())
+        scales = [float(x) for x in sys.argv[2:]]
+        noise = 2.0 ** -int(os.environ.get("NOISE_EXP", "8"))
+    except (IndexError, OSError, ValueError) as exc:
+        raise SystemExit(f"{usage}: {exc}") from None
+    if not scales or any(not x > 0 for x in scales):
+        raise SystemExit(usage)
     t0 = time.time()
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
