@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "tests" / "gpu" / "bundle"
-SCRIPTS = [BUNDLE / "make_bundle.sh", BUNDLE / "device_setup.sh"]
+SCRIPTS = [BUNDLE / "make_bundle.sh", BUNDLE / "device_setup.sh", ROOT / "tests" / "gpu" / "release_bench.sh"]
 
 needs_xz = pytest.mark.skipif(shutil.which("xz") is None, reason="device_setup.sh unpacks with xz")
 
@@ -210,3 +210,43 @@ def test_make_bundle_refuses_a_folder_every_call_would_carry():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not git-ignored" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["soon"], "WAIT_SECONDS"), (["10", "--alone"], "--together"), (["-5"], "WAIT_SECONDS")],
+)
+def test_release_bench_refuses_bad_arguments_in_one_line_before_it_stages(tmp_path, args, named):
+    bundle = tmp_path / "vllm-made-up"
+    _part(bundle, "part1a", {"vllm_C.tar.xz.00": b"x"})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tests" / "gpu" / "release_bench.sh"), str(bundle), *args],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout
+    assert not Path(f"/tmp/vstage-{bundle.name}").exists()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["part1-whole", "part1a-part1b"])
+def test_release_bench_stages_part1_whole_or_in_pieces(tmp_path, split):
+    bundle = tmp_path / f"vllm-made-up-{os.getpid()}-{int(split)}"
+    if split:
+        _part(bundle, "part1a", {"vllm_C.tar.xz.00": b"a"})
+        _part(bundle, "part1b", {"vllm_C.tar.xz.01": b"b"})
+        kept = ["vllm_C.tar.xz.00", "vllm_C.tar.xz.01"]
+    else:
+        _part(bundle, "part1", {"vllm_C.tar.xz": b"whole"})
+        kept = ["vllm_C.tar.xz"]
+    stage = Path(f"/tmp/vstage-{bundle.name}")
+    try:
+        proc = subprocess.run(
+            ["bash", str(ROOT / "tests" / "gpu" / "release_bench.sh"), "stage", str(bundle)],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.name for p in stage.glob("vllm_C*")) == kept
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

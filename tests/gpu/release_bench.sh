@@ -2,8 +2,10 @@
 # release_run.py (the plan in force under `vllm serve`, every server alone, one after another) on one
 # vLLM release, in device calls of at most 10 minutes, from the repository root of the GPU machine.
 #   bash tests/gpu/release_bench.sh stage BUNDLE          # keep the bundle's pieces carried in this call
-#   bash tests/gpu/release_bench.sh BUNDLE WAIT_SECONDS   # run (first call) or go on waiting (later calls)
-# `stage` copies whichever of BUNDLE/part1a, BUNDLE/part1b and BUNDLE/part2/whl this call carried to
+#   bash tests/gpu/release_bench.sh BUNDLE WAIT_SECONDS [--together]   # run (first call) or go on waiting
+# --together (releases before 0.29.0, whose memory profiling captures no graphs) passes release_run.py's
+# --together: every server at once with a fixed KV cache, about 150 s a release instead of about 470 s.
+# `stage` copies whichever of BUNDLE/part1 (or part1a, part1b) and BUNDLE/part2/whl this call carried to
 # /tmp/vstage-NAME (NAME: the bundle folder's name); it touches nothing else, so it can ride on a call
 # that waits for another release's run (the pieces of one bundle with the checkout exceed one call's
 # 64 MiB). A run call with part2 carried (its wheels may be staged instead; .carry/src.tgz on a fresh
@@ -26,7 +28,7 @@ set -euo pipefail
 stage() {
   local f
   mkdir -p "$P/whl"
-  for f in "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh \
+  for f in "$1"/part1/vllm_C.tar.xz "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh \
     "$1"/part4?/vllm_fa2.tar.xz.?? "$1"/part4a/pieces; do
     if [ -f "$f" ]; then cp "$f" "$P/" && echo "staged $f"; fi
   done
@@ -38,7 +40,9 @@ if [ "${1:-}" = stage ]; then
   ls -la "$P" && echo "$(ls "$P/whl" | wc -l) wheels staged"
   exit 0
 fi
-B=${1:?bundle folder}; B=${B%/}; WAIT=${2:?seconds}
+B=${1:?bundle folder}; B=${B%/}; WAIT=${2:?seconds}; MODE=${3:-}
+case "$WAIT" in '' | *[!0-9]*) echo "release_bench.sh: WAIT_SECONDS must be a whole number of seconds, not '$WAIT'" >&2; exit 2 ;; esac
+case "$MODE" in '' | --together) ;; *) echo "release_bench.sh: the third argument can only be --together, not '$MODE'" >&2; exit 2 ;; esac
 NAME=$(basename "$B"); P=/tmp/vstage-$NAME
 running() { [ -f "$1/job.pid" ] && kill -0 "$(cat "$1/job.pid")" 2>/dev/null; }
 REPO=$PWD
@@ -52,7 +56,11 @@ if [ -n "$busy" ] && [ "$(cat "$busy/bundle")" != "$B" ]; then
 fi
 if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
   stage "$B"
-  [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ] || { echo "NEED part1a and part1b of $B staged ($P)" >&2; exit 3; }
+  [ -f "$P/vllm_C.tar.xz" ] || { [ -f "$P/vllm_C.tar.xz.00" ] && [ -f "$P/vllm_C.tar.xz.01" ]; } ||
+    { echo "NEED part1 (or part1a and part1b) of $B staged ($P)" >&2; exit 3; }
+  for d in /tmp/vlm-*/; do # a multimodal run (vlm_bench.sh) loads vLLM from /tmp/vsite too
+    if [ -d "$d" ] && running "${d%/}"; then echo "a multimodal run is going on (${d%/}): wait for it first" >&2; exit 3; fi
+  done
   echo "switching /tmp/vsite to $B (was: $(cat /tmp/vsite/.bundle 2>/dev/null || echo none))"
   if [ -f "$B/part2/vllm_py.tar.xz" ] && [ ! -f "$B/part2/vllm_fa3.tar.xz" ] && [ ! -f "$P/pieces" ]; then
     echo "NEED $B's FlashAttention-2 (part4a, part4b, ...) staged ($P): its part2 has no FlashAttention-3" >&2
@@ -63,7 +71,8 @@ if [ -z "$busy" ] && [ "$(cat /tmp/vsite/.bundle 2>/dev/null)" != "$B" ]; then
     exit 3
   fi
   rm -rf /tmp/vsite && mkdir -p /tmp/vsite
-  cat "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C /tmp/vsite
+  if [ -f "$P/vllm_C.tar.xz" ]; then xz -dc "$P/vllm_C.tar.xz" | tar -xf - -C /tmp/vsite
+  else cat "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01" | xz -dc | tar -xf - -C /tmp/vsite; fi
   if [ -f "$P/pieces" ]; then cat "$P"/vllm_fa2.tar.xz.?? | xz -dc | tar -xf - -C /tmp/vsite; fi
 fi
 # part2 may come in pieces: its wheels staged by an earlier call, the archives carried now
@@ -79,9 +88,9 @@ W=/tmp/rr-$REL
 mkdir -p "$W"
 if [ ! -f "$W/job.pid" ]; then
   echo "$B" >"$W/bundle"
-  CMD="python3 tests/gpu/release_run.py $W $W/release_run.json"
+  CMD="python3 tests/gpu/release_run.py $W $W/release_run.json${MODE:+ $MODE}"
   {
-    echo "command: $CMD   (cwd /tmp/capplan-src, started by tests/gpu/release_bench.sh $B $WAIT)"
+    echo "command: $CMD   (cwd /tmp/capplan-src, started by tests/gpu/release_bench.sh $B $WAIT${MODE:+ $MODE})"
     echo "started: $(date -u +%FT%TZ)"
     echo "capplan commit: $CAPPLAN_COMMIT (/tmp/capplan-src from .carry/src.tgz)"
     echo "vllm: $REL ($B; /tmp/vsite/.bundle: $(cat /tmp/vsite/.bundle))"
