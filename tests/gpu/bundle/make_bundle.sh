@@ -95,11 +95,16 @@ links_unstable_abi() {
   syms=$(nm -D --undefined-only "$1") || { echo "make_bundle.sh: nm could not read $1" >&2; exit 2; }
   grep -qE '_ZNK?(2at|3c10|5torch)' <<<"$syms"
 }
+# An extension built for the machine's own torch loads whatever ABI it links: the releases that pin
+# torch 2.11.0 (0.25.0 to 0.26.0) keep FlashAttention-3.
+MACHINE_TORCH=2.11.0
+PIN=$(sed -n 's/^Requires-Dist: torch *==\([0-9.]*\).*/\1/p' vllm-"$VER".dist-info/METADATA | head -n 1)
+[ -n "$PIN" ] || { echo "make_bundle.sh: vllm $VER's METADATA pins no torch version" >&2; exit 2; }
 FA=vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
-if links_unstable_abi "$FA"; then
+if [ "$PIN" != "$MACHINE_TORCH" ] && links_unstable_abi "$FA"; then
   FA=vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
   if [ ! -f "$FA" ] || links_unstable_abi "$FA"; then
-    echo "make_bundle.sh: vllm $VER's FlashAttention extensions link torch's unstable C++ ABI: none would load" >&2
+    echo "make_bundle.sh: vllm $VER's FlashAttention extensions link torch's unstable C++ ABI: none would load on torch $MACHINE_TORCH (it pins $PIN)" >&2
     exit 2
   fi
   echo "vllm $VER: FlashAttention-3 links torch's unstable C++ ABI; FlashAttention-2 goes instead (part4)"
