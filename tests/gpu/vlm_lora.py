@@ -1,15 +1,19 @@
 """Tower/connector LoRA of a vision-language model on vLLM MRV2, with and without capplan's plan.
 
-    python tests/gpu/vlm_lora.py WORKDIR [--specialize-active] [--no-hf] [--stages a,b,...]
+    python tests/gpu/vlm_lora.py WORKDIR [--encoder-graphs] [--parallel] [--specialize-active] [--no-hf]
+        [--stages a,b,...] [--limit SECONDS]
 
-Offline, one shot, for an H200 with vLLM 0.25.x set up as tests/gpu/README.md says
-(the project installed with `pip install -e .`, so vLLM loads the capplan plugin).
-Stages, each engine in its own process (VLLM_USE_V2_MODEL_RUNNER=1, vLLM's default
-multiprocessing: the engine core in a process of its own; a fresh compile cache):
+Offline, one shot, on one GPU with a vLLM release capplan supports, set up as tests/gpu/README.md
+says (the project installed, so vLLM loads the capplan plugin). Stages, each engine in its own
+process (VLLM_USE_V2_MODEL_RUNNER=1, vLLM's default multiprocessing: the engine core in a process
+of its own, its log in the engine's WORKDIR/NAME.log; a fresh compile cache; a fixed 512 MiB KV
+cache, so no engine runs vLLM's memory profiling, which fails when another process on the GPU
+frees memory meanwhile):
 - build:     tests/gpu/make_vlm.py: a tiny random Qwen2-VL, adapters lora1 (vision
              tower, merger and language model) and lora2 (tower and merger only), and
              its transformers/peft check;
-- plan:      `python -m capplan compile` of a spec matching the engines below;
+- plan:      `python -m capplan compile` of a spec matching the engines below, for the
+             installed release exactly;
 - reference: enforce_eager, enable_tower_connector_lora on, no plan;
 - planned:   CUDA graphs (FULL_AND_PIECEWISE, sizes 1, 2, 4, 8) with CAPPLAN_PLAN;
 - control:   enforce_eager with enable_tower_connector_lora off: vLLM then wraps no
@@ -17,21 +21,35 @@ multiprocessing: the engine core in a process of its own; a fresh compile cache)
              lora2 with an image must answer like the base model;
 - vanilla:   the planned engine's graphs, no plan (vLLM alone);
 - hf:        transformers + peft greedy tokens of the same requests (no vLLM).
+--encoder-graphs (vLLM 0.28.0 and later: capplan's release rule `encoder_graphs`) turns on
+MRV2's encoder CUDA graphs in the planned and vanilla engines (`cudagraph_mm_encoder`, token
+budgets 16, 32 and 64, at most 4 images a graph) and in the spec; every engine then runs the
+tower's attention with TRITON_ATTN (TORCH_SDPA splits by sequence lengths read back to the host,
+which a CUDA graph cannot capture). --parallel starts the four engines at once (each its own
+share of the GPU), after build and plan.
 Every engine gets the same groups of requests (each group one generate() call):
 images (random pixels, fixed seeds) with no adapter, lora1 or lora2 side by side,
-and text-only requests. Greedy, ignore_eos, 8 tokens, top-2 logprobs.
+and text-only requests. Greedy, ignore_eos, 8 tokens, top-2 logprobs. vLLM encodes each
+(image, adapter) pair once per run (its encoder cache keys images by adapter too), so the
+groups are ordered by what the encoder does with graphs on: one graph batch of same-sized
+images first (pair, mixed4), then two images packed smallest first, against the order their
+tower LoRA mapping was given in (reorder), then six images, more than one graph takes
+(mixed8). A probe in the engine core records each set_active_mm_loras call and each encoder
+graph run (graphs captured, items replayed and run eager, item sizes per call).
 
 Results go to $CAPPLAN_GPU_OUT/gpu_vlm.json (default ./out), rewritten after every
 stage, so a run cut short still says how far it got; a failed stage keeps its
-traceback and the tail of its log. The summary printed at the end says, per engine,
-how many requests equal the reference (tokens), how many differ only after a near-tie
-of the reference (top-1/top-2 logprob gap below 0.5), and how many image requests
-with an adapter differ from the same image without one.
+traceback and the tail of its log, and an engine that fails keeps the groups it answered.
+The summary printed at the end says, per engine, how many requests equal the reference
+(tokens), how many differ only after a near-tie of the reference (top-1/top-2 logprob gap
+below 0.5), which groups differ, and how many image requests with an adapter differ from the
+same image without one.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -46,6 +64,16 @@ HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("CAPPLAN_GPU_OUT", "out"))
 CAPTURE_SIZES = [1, 2, 4, 8]
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, max_loras=2)
+# Encoder graphs (--encoder-graphs): given in full, so that the graphs do not depend on the
+# model's own budget range (Qwen2-VL's: 64 up to the scheduler's tokens), and small enough that
+# this model's images (4 to 16 tokens) replay each of them.
+ENCODER_BUDGETS = [16, 32, 64]
+ENCODER_ITEMS = 4
+# Each engine's share of the GPU: only checked against the free memory at start, since the KV
+# cache is given (KV_CACHE_BYTES; this model needs 1 KiB a token). Small, so that four engines
+# and another test's servers fit on one GPU.
+GPU_SHARE = 0.1
+KV_CACHE_BYTES = 512 * 2**20
 ADAPTER_IDS = {"lora1": 1, "lora2": 2}
 MAX_TOKENS = 8
 # A reference step whose top-1 and top-2 logprobs are closer than this may flip between two bf16
@@ -53,9 +81,17 @@ MAX_TOKENS = 8
 # 0.23 on CPU, and 5% of steps have a gap below 0.13.
 NEAR_TIE = 0.5
 # (image index or None, adapter or None); a group is one generate() call, at most max_num_seqs requests.
-# An image with an adapter has its base answer in the same group (same batch), except in the
-# last two groups: adapters without base requests (lora2_only) and a lone request (one).
+# Image tokens by index (make_vlm.make_image): 16, 12, 8, 4, repeating. An image with an adapter has
+# its base answer in the same group (same batch), except in reorder, lora2_only (adapters without
+# base requests; encoded in mixed8 already) and one (a lone request). With encoder graphs on (budgets
+# 16/32/64, 4 images a graph), the images each group brings to the encoder:
+# pair 4+4 tokens, one graph; mixed4 3 x 8, one graph; one: none new; reorder: lora1's 12 tokens
+# then a base image's 4, packed smallest first into one graph; mixed8: 3 x 16 and 3 x 12, two graphs.
 GROUPS = {
+    "pair": [(3, None), (3, "lora2")],
+    "mixed4": [(2, None), (2, "lora1"), (2, "lora2"), (None, "lora2")],
+    "one": [(2, "lora2")],
+    "reorder": [(5, "lora1"), (7, None)],
     "mixed8": [
         (0, None),
         (0, "lora1"),
@@ -66,10 +102,7 @@ GROUPS = {
         (None, None),
         (None, "lora1"),
     ],
-    "mixed4": [(2, None), (2, "lora1"), (2, "lora2"), (None, "lora2")],
-    "pair": [(3, None), (3, "lora2")],
     "lora2_only": [(0, "lora2"), (1, "lora2")],
-    "one": [(2, "lora2")],
 }
 # In the order they run: if time runs short, the last ones are skipped (the control says more
 # about tower LoRA than vLLM's graphs without the plan do, so it runs before them).
@@ -82,16 +115,94 @@ ENGINES = {
 STAGES = ["build", "plan", *ENGINES, "hf"]
 STAGE_CAP_S = dict(build=150, plan=60, reference=200, planned=240, vanilla=240, control=200, hf=120)
 SPEC = """\
-# The engines of tests/gpu/vlm_lora.py: a tiny Qwen2-VL, tower/connector LoRA, vLLM 0.25 MRV2.
-target: {{runner: mrv2, vllm: "{version}"}}
+# The engines of tests/gpu/vlm_lora.py: a tiny Qwen2-VL, tower/connector LoRA, vLLM {target} MRV2.
+target: {{runner: mrv2, vllm: "{target}"}}
 scheduler: {{max_num_seqs: {max_num_seqs}, max_num_batched_tokens: {max_num_batched_tokens}, max_model_len: {max_model_len}}}
 cudagraph: {{mode: FULL_AND_PIECEWISE, capture_sizes: {sizes}}}
 lora: {{enabled: true, max_loras: {max_loras}, specialize: true, specialize_active: {specialize_active}}}
 speculative: {{num_speculative_tokens: 0}}
 parallel: {{data_parallel_size: 1}}
-multimodal: {{tower_connector_lora: true, encoder_cudagraphs: false}}
+multimodal: {{{multimodal}}}
 """
-KEY_LINES = ("capplan", "Graph capturing finished", "tower", "Traceback", "Error", "error:", "Killed")
+KEY_LINES = (
+    "capplan",
+    "Graph capturing finished",
+    "EncoderCudaGraphManager",
+    "Encoder CUDA graph",
+    "MMEncoderAttention",
+    "tower",
+    "Traceback",
+    "Error",
+    "error:",
+    "Killed",
+)
+
+
+def spec_text(target: str, specialize_active: bool, encoder_graphs: bool) -> str:
+    """The spec of the planned engine (engine_kwargs("planned", ...)) for vLLM `target`."""
+    multimodal = "tower_connector_lora: true, encoder_cudagraphs: false"
+    if encoder_graphs:
+        multimodal = (
+            f"tower_connector_lora: true, encoder_cudagraphs: true, token_budgets: {ENCODER_BUDGETS}, "
+            f"max_vision_items_per_batch: {ENCODER_ITEMS}"
+        )
+    return SPEC.format(
+        target=target,
+        sizes=CAPTURE_SIZES,
+        specialize_active=str(specialize_active).lower(),
+        multimodal=multimodal,
+        **ENGINE,
+    )
+
+
+def engine_kwargs(name: str, model: Path, specialize_active: bool, encoder_graphs: bool) -> dict:
+    """vLLM LLM(...) keywords of one engine (pure: no vLLM import)."""
+    cfg = ENGINES[name]
+    kwargs = dict(
+        model=str(model / "base"),
+        enable_lora=True,
+        max_lora_rank=8,
+        enable_tower_connector_lora=cfg["tower"],
+        specialize_active_lora=specialize_active,
+        gpu_memory_utilization=GPU_SHARE,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        attention_backend="TRITON_ATTN",
+        # The tower's attention: the same kernel in every engine; one a CUDA graph can capture
+        # where the encoder has graphs (torch SDPA reads the sequence lengths back to the host).
+        mm_encoder_attn_backend="TRITON_ATTN" if encoder_graphs else "TORCH_SDPA",
+        dtype="bfloat16",
+        seed=0,
+        enforce_eager=cfg["eager"],
+        # Video off: no video dummy inputs at start-up, only the image path is exercised.
+        limit_mm_per_prompt={"image": 1, "video": 0},
+        # Every request runs its prefill (no prefix cache hits).
+        enable_prefix_caching=False,
+        **ENGINE,
+    )
+    if not cfg["eager"]:
+        compilation: dict = {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": CAPTURE_SIZES}
+        if encoder_graphs:
+            compilation.update(
+                cudagraph_mm_encoder=True,
+                encoder_cudagraph_token_budgets=ENCODER_BUDGETS,
+                encoder_cudagraph_max_vision_items_per_batch=ENCODER_ITEMS,
+            )
+        kwargs["compilation_config"] = compilation
+    return kwargs
+
+
+def release_problem(version: str | None, encoder_graphs: bool) -> str | None:
+    """Why this script cannot run on vLLM `version` (None: not installed), or None."""
+    from capplan.releases import SUPPORTED, installed_release
+
+    if not version:
+        return "vLLM is not installed in this Python (no package metadata names it)"
+    release = installed_release(version)
+    if release is None:
+        return f"vLLM {version} is not a release capplan supports ({SUPPORTED})"
+    if encoder_graphs and not release.rules.encoder_graphs:
+        return f"--encoder-graphs: MRV2 of vLLM {version} captures no encoder graphs (vLLM 0.28.0 and later do)"
+    return None
 
 
 def requests() -> list[dict]:
@@ -132,29 +243,74 @@ def _observe(record: dict, kwargs: dict) -> None:
         record["lora_layers"] = parts
 
 
+def _dump(record: dict, path: Path) -> None:
+    """Write what the probe saw so far (atomically: the engine's process may read it any time)."""
+    record["pid"] = os.getpid()
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(record))
+    part.replace(path)
+
+
+def _observe_encoder(record: dict, manager, mm_kwargs, before: tuple[int, int]) -> None:
+    """One run of vLLM's encoder graph manager: graphs captured, items replayed and run eager."""
+    enc = record.setdefault("encoder_graphs", {"execute_calls": 0, "calls": []})
+    enc["execute_calls"] += 1
+    enc["graphs_captured"] = sum(len(g) for g in getattr(manager, "budget_graphs", {}).values())
+    enc["token_budgets"] = list(getattr(manager, "token_budgets", []))
+    enc["max_batch_size"] = getattr(manager, "max_batch_size", None)
+    enc["max_frames_per_batch"] = getattr(manager, "max_frames_per_batch", None)
+    enc["graph_hits"], enc["graph_misses"] = manager.graph_hits, manager.graph_misses
+    if len(enc["calls"]) < 40:
+        try:  # the items' output tokens in the order given (vLLM packs them smallest first)
+            tokens = manager._get_per_item_out_tokens(mm_kwargs)
+        except Exception as exc:  # noqa: BLE001 - informative only
+            tokens = f"{type(exc).__name__}: {exc}"
+        enc["calls"].append(
+            {"item_tokens": tokens, "hits": manager.graph_hits - before[0], "misses": manager.graph_misses - before[1]}
+        )
+
+
 def _probe(record: dict, path: Path) -> None:
     """Wrap MRV2's set_active_mm_loras (called before the encoder runs) to see that it is
     reached, with which adapters' requests, and what vLLM wrapped with LoRA (read at the
-    first call); it only observes. The engine core runs in a process of its own (vLLM's
-    default), forked from this one after the wrapper is installed: the wrapper runs there
-    and writes what it saw to `path` after each call, which this process reads back. A
-    spawned engine core would not carry the wrapper, and the probe would say 0 calls."""
+    first call), and, where the release has encoder graphs, the encoder graph manager's
+    execute (what it captured, replayed and ran eager); both only observe. The engine core
+    runs in a process of its own (vLLM's default), forked from this one after the wrappers
+    are installed: they run there and write what they saw to `path` after each call, which
+    this process reads back. A spawned engine core would not carry them, and the probe would
+    say 0 calls. capplan hooks the manager's capture, never its execute."""
     import vllm.v1.worker.gpu.model_runner as runner_mod
 
     original = runner_mod.set_active_mm_loras
 
+    @functools.wraps(original)
     def set_active_mm_loras(*args, **kwargs):
         try:
             _observe(record, kwargs)
-            record["pid"] = os.getpid()
-            part = path.with_name(path.name + ".part")
-            part.write_text(json.dumps(record))
-            part.replace(path)
+            _dump(record, path)
         except Exception as exc:  # noqa: BLE001 - never let the probe change the run
             record["observe_error"] = f"{type(exc).__name__}: {exc}"
         return original(*args, **kwargs)
 
     runner_mod.set_active_mm_loras = set_active_mm_loras
+    try:
+        from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+    except ImportError:
+        return  # a release without encoder graphs
+    execute = EncoderCudaGraphManager.execute
+
+    @functools.wraps(execute)
+    def execute_observed(self, mm_kwargs, *args, **kwargs):
+        before = (self.graph_hits, self.graph_misses)
+        out = execute(self, mm_kwargs, *args, **kwargs)
+        try:
+            _observe_encoder(record, self, mm_kwargs, before)
+            _dump(record, path)
+        except Exception as exc:  # noqa: BLE001 - never let the probe change the run
+            record["encoder_observe_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+    EncoderCudaGraphManager.execute = execute_observed
 
 
 def _resolved(llm) -> dict:
@@ -183,10 +339,11 @@ def _shutdown(llm) -> None:
         print(f"engine core shutdown: {type(exc).__name__}: {exc}", flush=True)
 
 
-def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> None:
+def run_engine(name: str, model: Path, out: Path, specialize_active: bool, encoder_graphs: bool) -> None:
     cfg = ENGINES[name]
     result: dict = {"engine": name, **cfg}
     t0 = time.perf_counter()
+    probe_path = out.with_name(out.name + ".probe")
     try:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         import vllm
@@ -200,36 +357,13 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
         result["import_s"] = round(time.perf_counter() - t0, 1)
         probe = {"calls": 0, "calls_with_encoder_inputs": 0, "adapter_ids_seen": []}
         result["probe"] = probe
-        probe_path = out.with_name(out.name + ".probe")
         probe_path.unlink(missing_ok=True)
         try:
             _probe(probe, probe_path)
         except Exception as exc:  # noqa: BLE001 - the probe only observes; the run goes on without it
             probe["error"] = f"{type(exc).__name__}: {exc}"
-        kwargs = dict(
-            model=str(model / "base"),
-            enable_lora=True,
-            max_lora_rank=8,
-            enable_tower_connector_lora=cfg["tower"],
-            specialize_active_lora=specialize_active,
-            gpu_memory_utilization=0.3,
-            attention_backend="TRITON_ATTN",
-            # The tower's attention: plain torch SDPA, the same kernel in every engine.
-            mm_encoder_attn_backend="TORCH_SDPA",
-            dtype="bfloat16",
-            seed=0,
-            enforce_eager=cfg["eager"],
-            # Video off: no video dummy inputs at start-up, only the image path is exercised.
-            limit_mm_per_prompt={"image": 1, "video": 0},
-            # Every request runs its prefill and its encoder input (no prefix cache hits).
-            enable_prefix_caching=False,
-            **ENGINE,
-        )
-        if not cfg["eager"]:
-            kwargs["compilation_config"] = {
-                "cudagraph_mode": "FULL_AND_PIECEWISE",
-                "cudagraph_capture_sizes": CAPTURE_SIZES,
-            }
+        kwargs = engine_kwargs(name, model, specialize_active, encoder_graphs)
+        result["kwargs"] = kwargs
         t1 = time.perf_counter()
         llm = LLM(**kwargs)
         result["startup_s"] = round(time.perf_counter() - t1, 1)
@@ -237,9 +371,11 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2, detokenize=False)
         adapters = {n: LoRARequest(n, i, str(model / n)) for n, i in ADAPTER_IDS.items()}
         images = {}
-        rows = []
+        rows: list[dict] = []
+        result["results"] = rows  # the groups answered so far, kept if a later one fails
         t2 = time.perf_counter()
         for group, reqs in GROUPS.items():
+            result["group_running"] = group
             prompts, loras = [], []
             for image, lora in reqs:
                 item = {"prompt": prompt(image is not None)}
@@ -270,17 +406,20 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool) -> No
                         "top": top,
                     }
                 )
+        del result["group_running"]
         result["generate_s"] = round(time.perf_counter() - t2, 1)
-        result["results"] = rows
-        if probe_path.exists():  # what the wrapper saw in the engine core's process
-            result["probe"] = {**json.loads(probe_path.read_text()), "engine_core_pid_differs": None}
-            result["probe"]["engine_core_pid_differs"] = result["probe"].get("pid") != os.getpid()
         _shutdown(llm)
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - one shot: whatever broke must be in the JSON
         result["ok"] = False
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = tail(traceback.format_exc(), 6000)
+    try:
+        if probe_path.exists():  # what the wrappers saw in the engine core's process
+            result["probe"] = json.loads(probe_path.read_text())
+            result["probe"]["engine_core_pid_differs"] = result["probe"].get("pid") != os.getpid()
+    except Exception as exc:  # noqa: BLE001 - informative only
+        result["probe_read_error"] = f"{type(exc).__name__}: {exc}"
     result["total_s"] = round(time.perf_counter() - t0, 1)
     out.write_text(json.dumps(result))
     print(f"engine {name}: ok={result['ok']} total {result['total_s']} s", flush=True)
@@ -336,11 +475,18 @@ class Run:
             "script": "tests/gpu/vlm_lora.py",
             "workdir": str(work),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "command": [sys.executable, *sys.argv],
             "settings": {
                 "engine": ENGINE,
                 "capture_sizes": CAPTURE_SIZES,
                 "max_tokens": MAX_TOKENS,
                 "specialize_active_lora": args.specialize_active,
+                "encoder_graphs": args.encoder_graphs,
+                "encoder_budgets": ENCODER_BUDGETS if args.encoder_graphs else None,
+                "encoder_max_items": ENCODER_ITEMS if args.encoder_graphs else None,
+                "parallel": args.parallel,
+                "gpu_memory_utilization": GPU_SHARE,
+                "kv_cache_memory_bytes": KV_CACHE_BYTES,
                 "groups": {g: [list(r) for r in reqs] for g, reqs in GROUPS.items()},
             },
             "env": environment(),
@@ -356,42 +502,56 @@ class Run:
     def save(self) -> None:
         self.data["elapsed_s"] = round(self.elapsed(), 1)
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "gpu_vlm.json").write_text(json.dumps(self.data, indent=1))
+        part = OUT / "gpu_vlm.json.part"
+        part.write_text(json.dumps(self.data, indent=1))
+        part.replace(OUT / "gpu_vlm.json")
+
+    def launch(self, name: str, cmd: list[str], env: dict, cap: int) -> dict:
+        """Start cmd in its own session with its output in WORKDIR/name.log (the engine core,
+        vLLM's child process, writes there too); it must end within cap seconds and the run's limit."""
+        handle = (self.work / f"{name}.log").open("w")
+        proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + max(min(cap, self.args.limit - self.elapsed()), 1)
+        return {"name": name, "proc": proc, "handle": handle, "t0": time.monotonic(), "deadline": deadline}
+
+    def reap(self, child: dict) -> tuple[int | None, str, float]:
+        """Wait for a launched child; kill its whole process group at the deadline (the engine
+        core and torch.compile's workers are in it)."""
+        proc = child["proc"]
+        try:
+            code: int | None = proc.wait(timeout=max(child["deadline"] - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # an engine core left behind by a child that failed
+        except OSError:
+            pass  # none left
+        child["handle"].close()
+        text = (self.work / f"{child['name']}.log").read_text(errors="replace")
+        return code, text, time.monotonic() - child["t0"]
 
     def child(self, name: str, cmd: list[str], env: dict, cap: int) -> tuple[int | None, str, float]:
-        """Run cmd in its own session with its output in WORKDIR/name.log; kill its whole
-        process group at the deadline (torch.compile may leave worker processes)."""
-        timeout = min(cap, self.args.limit - self.elapsed())
-        log_path = self.work / f"{name}.log"
-        t0 = time.monotonic()
-        with log_path.open("w") as handle:
-            proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                code: int | None = proc.wait(timeout=max(timeout, 1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = None
-        return code, log_path.read_text(errors="replace"), time.monotonic() - t0
+        return self.reap(self.launch(name, cmd, env, cap))
 
     def stage(self, name: str, fn) -> dict:
         if name not in self.args.stages:
             return {"skipped": "not in --stages"}
         left = self.args.limit - self.elapsed()
         if left < 30:
-            info = {"ok": False, "skipped": f"no time left ({left:.0f} s before the run's limit)"}
-            self.data["stages"][name] = info
-            self.save()
-            self.log(f"{name}: skipped, no time left")
-            return info
+            return self.record(name, {"ok": False, "skipped": f"no time left ({left:.0f} s before the run's limit)"})
         self.log(f"{name}: start")
         try:
             info = fn()
         except BaseException as exc:  # noqa: BLE001 - a stage's own failure, not a child's
             info = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": tail(traceback.format_exc())}
+        return self.record(name, info)
+
+    def record(self, name: str, info: dict) -> dict:
         self.data["stages"][name] = info
         self.save()
-        status = "ok" if info.get("ok") else f"FAILED: {info.get('error', '?')}"
+        status = "ok" if info.get("ok") else f"FAILED: {info.get('error') or info.get('skipped', '?')}"
         self.log(f"{name}: {status} ({info.get('seconds', 0):.0f} s)")
         if not info.get("ok") and (info.get("traceback") or info.get("log_tail")):
             print(tail(info.get("traceback") or info["log_tail"], 1500), flush=True)
@@ -407,8 +567,12 @@ class Run:
         # MRV2, and vLLM's default multiprocessing: the engine core in a process of its own, as operators run it.
         env.update(
             VLLM_CACHE_ROOT=str(cache),
+            TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+            # Triton's kernels, shared by this run's engines only (not with another test's on the GPU).
+            TRITON_CACHE_DIR=str(self.work / "triton-cache"),
             VLLM_USE_V2_MODEL_RUNNER="1",
             PYTHONUNBUFFERED="1",
+            PYTHONFAULTHANDLER="1",  # a crashing process (the engine core too) prints its Python stack
         )
         for key, value in dict(
             VLLM_USE_FLASHINFER_SAMPLER="0",  # flashinfer is not in the device bundle
@@ -442,18 +606,14 @@ class Run:
         return info
 
     def plan(self) -> dict:
-        version = self.data["env"].get("vllm") or ""
-        # This script is meant for 0.25.x; an unreadable version is taken as that.
-        semantics = "0.33" if version and not version.startswith("0.25") else "0.25"
+        import yaml
+
+        from capplan.releases import installed_release
+
+        release = installed_release(self.data["env"].get("vllm") or "")
+        assert release is not None  # main() refused the run otherwise
         spec = self.work / "vlm.yaml"
-        spec.write_text(
-            SPEC.format(
-                version=semantics,
-                sizes=CAPTURE_SIZES,
-                specialize_active=str(self.args.specialize_active).lower(),
-                **ENGINE,
-            )
-        )
+        spec.write_text(spec_text(release.version, self.args.specialize_active, self.args.encoder_graphs))
         plan = self.work / "vlm.plan.yaml"
         plan.unlink(missing_ok=True)
         t0 = time.monotonic()
@@ -466,26 +626,42 @@ class Run:
         info = {
             "ok": proc.returncode == 0 and plan.exists(),
             "seconds": round(time.monotonic() - t0, 1),
-            "semantics": semantics,
+            "target": release.version,
             "spec": spec.read_text(),
             "output": tail(proc.stdout + proc.stderr, 1000),
         }
-        if not info["ok"]:
+        if info["ok"]:
+            doc = yaml.safe_load(plan.read_text())
+            info["graphs"] = len(doc.get("graphs") or [])
+            info["encoder"] = doc.get("encoder")
+        else:
             info["error"] = f"capplan compile exited {proc.returncode}"
             info["log_tail"] = tail(proc.stderr)
         return info
 
-    def engine(self, name: str) -> dict:
-        cfg = ENGINES[name]
-        plan = self.work / "vlm.plan.yaml" if cfg["plan"] else None
-        if plan is not None and not plan.exists():
-            return {"ok": False, "error": "no plan (the plan stage failed or was skipped)"}
-        out = self.work / f"{name}.json"
-        out.unlink(missing_ok=True)
+    def engine_cmd(self, name: str) -> tuple[list[str], Path | None]:
+        plan = self.work / "vlm.plan.yaml" if ENGINES[name]["plan"] else None
         cmd = [sys.executable, str(Path(__file__).resolve()), str(self.work), "--engine", name]
         if self.args.specialize_active:
             cmd.append("--specialize-active")
-        code, text, secs = self.child(name, cmd, self.env_for(name, plan), STAGE_CAP_S[name])
+        if self.args.encoder_graphs:
+            cmd.append("--encoder-graphs")
+        return cmd, plan
+
+    def start_engine(self, name: str) -> dict:
+        """A launched engine, or {"info": why it could not start}."""
+        cmd, plan = self.engine_cmd(name)
+        if plan is not None and not plan.exists():
+            return {"info": {"ok": False, "error": "no plan (the plan stage failed or was skipped)"}}
+        (self.work / f"{name}.json").unlink(missing_ok=True)
+        return self.launch(name, cmd, self.env_for(name, plan), STAGE_CAP_S[name])
+
+    def finish_engine(self, child: dict) -> dict:
+        if "info" in child:
+            return child["info"]
+        name = child["name"]
+        code, text, secs = self.reap(child)
+        out = self.work / f"{name}.json"
         info: dict = json.loads(out.read_text()) if out.exists() else {"ok": False}
         info["seconds"] = round(secs, 1)
         info["returncode"] = code
@@ -496,10 +672,34 @@ class Run:
             info["error"] = f"exited {code} before writing its JSON"
         if not info.get("ok"):
             info["log_tail"] = tail(text)
-        if plan is not None:
+        if ENGINES[name]["plan"]:
             report = self.work / f"{name}.report.json"
             info["report"] = json.loads(report.read_text()) if report.exists() else None
         return info
+
+    def engine(self, name: str) -> dict:
+        return self.finish_engine(self.start_engine(name))
+
+    def engines(self) -> None:
+        """Every engine of --stages: one after another, or (--parallel) all started at once."""
+        names = [n for n in ENGINES if n in self.args.stages]
+        if not self.args.parallel:
+            for name in names:
+                self.stage(name, lambda name=name: self.engine(name))
+            return
+        left = self.args.limit - self.elapsed()
+        if left < 30:
+            for name in names:
+                self.record(name, {"ok": False, "skipped": f"no time left ({left:.0f} s before the run's limit)"})
+            return
+        self.log(f"{', '.join(names)}: start together")
+        children = {name: self.start_engine(name) for name in names}
+        for name, child in children.items():
+            try:
+                info = self.finish_engine(child)
+            except BaseException as exc:  # noqa: BLE001 - this stage's own failure, not the engine's
+                info = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": tail(traceback.format_exc())}
+            self.record(name, info)
 
     def hf(self) -> dict:
         out = self.work / "hf.json"
@@ -591,6 +791,7 @@ def compare_to(ref_rows: list[dict], rows: list[dict]) -> dict:
         "equal": len(ref) - len(diffs),
         "differ_after_near_tie": sum(1 for d in diffs.values() if d.get("near_tie")),
         "differ_clearly": sum(1 for d in diffs.values() if not d.get("near_tie")),
+        "differ_by_group": {g: sum(1 for k, d in diffs.items() if k[0] == g and not d.get("near_tie")) for g in GROUPS},
         "differing": [
             {"group": k[0], "req": k[1], "image": ref[k]["image"], "lora": ref[k]["lora"], **d}
             for k, d in sorted(diffs.items())
@@ -646,18 +847,25 @@ def adapter_effects(rows: list[dict]) -> dict:
 
 def evaluate(data: dict) -> dict:
     stages = data["stages"]
-    rows = {
-        n: stages[n]["results"] for n in (*ENGINES, "hf") if stages.get(n, {}).get("ok") and stages[n].get("results")
+    # An engine that failed part way keeps the groups it answered: compared on those only.
+    rows = {n: stages[n]["results"] for n in (*ENGINES, "hf") if stages.get(n, {}).get("results")}
+    out: dict = {
+        "engines_with_results": sorted(rows),
+        "engines_with_some_groups_only": sorted(n for n in rows if not stages[n].get("ok")),
     }
-    out: dict = {"engines_with_results": sorted(rows)}
     for name, r in rows.items():
         out[f"{name}_adapter_effects"] = adapter_effects(r)
+
+    def answered(ref: list[dict], other: list[dict]) -> list[dict]:
+        groups = {r["group"] for r in other}
+        return [r for r in ref if r["group"] in groups]
+
     if "reference" in rows:
         for name in ("planned", "vanilla", "control", "hf"):
             if name in rows:
-                out[f"{name}_vs_reference"] = compare_to(rows["reference"], rows[name])
+                out[f"{name}_vs_reference"] = compare_to(answered(rows["reference"], rows[name]), rows[name])
     if "planned" in rows and "vanilla" in rows:
-        out["planned_vs_vanilla"] = compare_to(rows["vanilla"], rows["planned"])
+        out["planned_vs_vanilla"] = compare_to(answered(rows["vanilla"], rows["planned"]), rows["planned"])
     verdict: dict = {}
     ref = out.get("reference_adapter_effects")
     if ref:
@@ -692,7 +900,7 @@ def evaluate(data: dict) -> dict:
             changed = sum(1 for d in cmp["differing"] if d["image"] is not None and d["lora"] is not None)
             verdict["control_image_adapter_requests_differing_from_reference"] = f"{changed}/{len(image_adapter)}"
     planned = stages.get("planned", {})
-    report = planned.get("report") if planned.get("ok") else None
+    report = planned.get("report")  # written as the engine went, kept where it failed later
     if report:
         verdict["plan_in_force"] = bool(report.get("graphs_captured")) and report.get("graphs_captured") == report.get(
             "graphs_planned"
@@ -701,6 +909,27 @@ def evaluate(data: dict) -> dict:
         verdict["plan_dispatch"] = report.get("dispatch")
     elif "planned" in stages:
         verdict["plan_in_force"] = False
+    for name in ("planned", "vanilla"):
+        st = stages.get(name, {})
+        enc = (st.get("probe") or {}).get("encoder_graphs")
+        if data["settings"].get("encoder_graphs") and name in stages:
+            verdict[f"{name}_encoder_graphs"] = (
+                None
+                if enc is None
+                else {
+                    k: enc.get(k)
+                    for k in ("graphs_captured", "token_budgets", "max_batch_size", "graph_hits", "graph_misses")
+                }
+            )
+    plan_encoder = stages.get("plan", {}).get("encoder")
+    enc = verdict.get("planned_encoder_graphs")
+    if plan_encoder and "planned_encoder_graphs" in verdict:
+        # the plan's graphs all captured (none under encoder_lora_eager), and images replayed on them
+        planned_graphs = len(plan_encoder.get("graphs") or [])
+        verdict["planned_encoder_graphs_captured_as_planned"] = (
+            enc is not None and enc["graphs_captured"] == planned_graphs
+        ) or (enc is None and planned_graphs == 0)
+        verdict["planned_encoder_graph_replays"] = bool(enc and enc["graph_hits"])
     cmp = out.get("hf_vs_reference")
     if cmp:
         verdict["hf_equals_reference_but_near_ties"] = cmp["differ_clearly"] == 0
@@ -723,7 +952,14 @@ def summary_lines(data: dict) -> list[str]:
         if st is None:
             continue
         if not st.get("ok"):
-            lines.append(f"  {name:9s} FAILED: {st.get('error') or st.get('skipped')}")
+            where = f" (in group {st['group_running']})" if st.get("group_running") else ""
+            lines.append(f"  {name:9s} FAILED{where}: {st.get('error') or st.get('skipped')}")
+            cmp = ev.get(f"{name}_vs_reference")
+            if cmp:  # the groups it answered before it failed
+                lines.append(
+                    f"  {'':9s} before that: {cmp['equal']}/{cmp['requests']} equal to the reference, "
+                    f"{cmp['differ_clearly']} clearly different by group {cmp['differ_by_group']}"
+                )
             continue
         extra = ""
         if name in ENGINES:
@@ -747,6 +983,14 @@ def summary_lines(data: dict) -> list[str]:
             if st.get("report"):
                 rep = st["report"]
                 extra += f"; plan: {rep.get('graphs_captured')}/{rep.get('graphs_planned')} graphs"
+            enc = probe.get("encoder_graphs")
+            if enc:
+                extra += (
+                    f"; encoder graphs {enc.get('graphs_captured')} captured {enc.get('token_budgets')}, "
+                    f"{enc.get('graph_hits')} images replayed, {enc.get('graph_misses')} eager"
+                )
+            if cmp and cmp["differ_clearly"]:
+                extra += f"; clearly different by group {cmp['differ_by_group']}"
         elif name == "hf":
             cmp = ev.get("hf_vs_reference")
             if cmp:
@@ -760,7 +1004,8 @@ def summary_lines(data: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a bad one stops with one line (argparse's usage and error)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
@@ -768,31 +1013,55 @@ def main() -> None:
     parser.add_argument(
         "--specialize-active", action="store_true", help="specialize_active_lora on in every engine and the spec"
     )
+    parser.add_argument(
+        "--encoder-graphs",
+        action="store_true",
+        help="MRV2 encoder CUDA graphs in the graph engines and the spec (vLLM 0.28.0 and later)",
+    )
+    parser.add_argument(
+        "--parallel", action="store_true", help="start the engines at once, after build and plan (one GPU, shared)"
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     parser.add_argument(
         "--limit", type=float, default=540, help="seconds from start after which no stage starts or keeps running"
     )
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.engine or args.hf:
+        return args
+    if not args.limit > 0:
+        parser.error(f"--limit must be a positive number of seconds, got {args.limit:g}")
+    args.stages = [s for s in args.stages.split(",") if s and not (args.no_hf and s == "hf")]
+    unknown = sorted(set(args.stages) - set(STAGES))
+    if unknown:
+        parser.error(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
+    if not args.stages:
+        parser.error(f"--stages names no stage; known: {', '.join(STAGES)}")
+    if args.workdir.exists() and not args.workdir.is_dir():
+        parser.error(f"{args.workdir}: exists and is not a folder")
+    problem = release_problem(environment().get("vllm"), args.encoder_graphs)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     work = args.workdir.resolve()
     if args.engine:
-        run_engine(args.engine, work / "model", work / f"{args.engine}.json", args.specialize_active)
+        model, out = work / "model", work / f"{args.engine}.json"
+        run_engine(args.engine, model, out, args.specialize_active, args.encoder_graphs)
         return
     if args.hf:
         run_hf(work / "model", work / "hf.json")
         return
-    args.stages = [s for s in args.stages.split(",") if s and not (args.no_hf and s == "hf")]
-    unknown = sorted(set(args.stages) - set(STAGES))
-    if unknown:
-        parser.error(f"unknown stage(s) {unknown}; known: {STAGES}")
     work.mkdir(parents=True, exist_ok=True)
     run = Run(work, args)
     run.log(f"environment: {json.dumps(run.data['env'])}")
     run.save()
     run.stage("build", run.build)
     run.stage("plan", run.plan)
-    for name in ENGINES:
-        run.stage(name, lambda name=name: run.engine(name))
+    run.engines()
     run.stage("hf", run.hf)
     try:
         run.data["evaluation"] = evaluate(run.data)
