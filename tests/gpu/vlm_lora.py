@@ -2,6 +2,7 @@
 
     python tests/gpu/vlm_lora.py WORKDIR [--encoder-graphs] [--parallel] [--specialize-active] [--no-hf]
         [--stages a,b,...] [--limit SECONDS]
+    python tests/gpu/vlm_lora.py DIR --evaluate
 
 Offline, one shot, on one GPU with a vLLM release capplan supports, set up as tests/gpu/README.md
 says (the project installed, so vLLM loads the capplan plugin). Stages, each engine in its own
@@ -19,13 +20,16 @@ frees memory meanwhile):
 - control:   enforce_eager with enable_tower_connector_lora off: vLLM then wraps no
              tower or merger layer, so the adapters' tower weights are ignored and
              lora2 with an image must answer like the base model;
+- graphs_control: the control with the planned engine's graphs (encoder graphs too where
+             --encoder-graphs), no plan: against the control, it says whether graphs alone
+             change image answers, and whether a graph engine's crash needs tower LoRA;
 - vanilla:   the planned engine's graphs, no plan (vLLM alone);
 - hf:        transformers + peft greedy tokens of the same requests (no vLLM).
 --encoder-graphs (vLLM 0.28.0 and later: capplan's release rule `encoder_graphs`) turns on
-MRV2's encoder CUDA graphs in the planned and vanilla engines (`cudagraph_mm_encoder`, token
+MRV2's encoder CUDA graphs in the planned, graphs_control and vanilla engines (`cudagraph_mm_encoder`, token
 budgets 16, 32 and 64, at most 4 images a graph) and in the spec; every engine then runs the
 tower's attention with TRITON_ATTN (TORCH_SDPA splits by sequence lengths read back to the host,
-which a CUDA graph cannot capture). --parallel starts the four engines at once (each its own
+which a CUDA graph cannot capture). --parallel starts the five engines at once (each its own
 share of the GPU), after build and plan.
 Every engine gets the same groups of requests (each group one generate() call):
 images (random pixels, fixed seeds) with no adapter, lora1 or lora2 side by side,
@@ -40,6 +44,10 @@ graph run (graphs captured, items replayed and run eager, item sizes per call).
 Results go to $CAPPLAN_GPU_OUT/gpu_vlm.json (default ./out), rewritten after every
 stage, so a run cut short still says how far it got; a failed stage keeps its
 traceback and the tail of its log, and an engine that fails keeps the groups it answered.
+An engine whose engine core process dies without telling its client (a CUDA assert that
+aborts it) ends within seconds, its failure and group recorded, instead of waiting in
+generate() until its cap. `vlm_lora.py --evaluate DIR` prints the evaluation and summary of
+DIR/gpu_vlm.json again, with this script's comparison (it writes nothing).
 The summary printed at the end says, per engine, how many requests equal the reference
 (tokens), how many differ only after a near-tie of the reference (top-1/top-2 logprob gap
 below 0.5), which groups differ, and how many image requests with an adapter differ from the
@@ -56,8 +64,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -70,8 +80,8 @@ ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, max
 ENCODER_BUDGETS = [16, 32, 64]
 ENCODER_ITEMS = 4
 # Each engine's share of the GPU: only checked against the free memory at start, since the KV
-# cache is given (KV_CACHE_BYTES; this model needs 1 KiB a token). Small, so that four engines
-# and another test's servers fit on one GPU.
+# cache is given (KV_CACHE_BYTES; this model needs 1 KiB a token). Small, so that the five engines
+# (half the GPU in all) and another test's servers fit on one GPU.
 GPU_SHARE = 0.1
 KV_CACHE_BYTES = 512 * 2**20
 ADAPTER_IDS = {"lora1": 1, "lora2": 2}
@@ -104,18 +114,29 @@ GROUPS = {
     ],
     "lora2_only": [(0, "lora2"), (1, "lora2")],
 }
-# In the order they run: if time runs short, the last ones are skipped (the control says more
-# about tower LoRA than vLLM's graphs without the plan do, so it runs before them).
+# In the order they run: if time runs short, the last ones are skipped (the controls say more
+# about tower LoRA than vLLM's graphs without the plan do, so they run before them).
 ENGINES = {
     "reference": dict(eager=True, tower=True, plan=False),
     "planned": dict(eager=False, tower=True, plan=True),
     "control": dict(eager=True, tower=False, plan=False),
+    # the planned engine's graphs (encoder graphs too), tower LoRA off, no plan: against the control,
+    # what graphs alone do to image answers; against planned/vanilla, what tower LoRA under graphs does
+    "graphs_control": dict(eager=False, tower=False, plan=False),
     "vanilla": dict(eager=False, tower=True, plan=False),
 }
 STAGES = ["build", "plan", *ENGINES, "hf"]
 STAGE_CAP_S = dict(
-    build=150, plan=60, reference=360, planned=400, vanilla=400, control=360, hf=120
+    build=150, plan=60, reference=360, planned=400, vanilla=400, control=360, graphs_control=400, hf=120
 )  # engines may start beside a release run
+# An engine core that died without telling its client leaves generate() waiting for ever: the
+# engine's process records the failure ENGINE_CORE_GRACE_S after the engine core is gone (time for
+# vLLM's own EngineDeadError to arrive first), and the parent kills an engine whose log says its
+# engine core died (or that it failed) and that has not exited PARENT_GRACE_S later.
+ENGINE_CORE_GRACE_S = 15.0
+PARENT_GRACE_S = 45.0
+# Log lines that say an engine is dead: its engine core gone (vLLM's client, a crash), or its own failure printed.
+ENGINE_DEAD_MARKERS = ("engine core exited unexpectedly", "EngineDeadError", "Fatal Python error", ": ok=False total")
 SPEC = """\
 # The engines of tests/gpu/vlm_lora.py: a tiny Qwen2-VL, tower/connector LoRA, vLLM {target} MRV2.
 target: {{runner: mrv2, vllm: "{target}"}}
@@ -341,11 +362,98 @@ def _shutdown(llm) -> None:
         print(f"engine core shutdown: {type(exc).__name__}: {exc}", flush=True)
 
 
+def _child_pids(pid: int) -> list[int]:
+    pids: set[int] = set()
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids.update(int(x) for x in children.read_text().split())
+        except (OSError, ValueError):
+            pass
+    return sorted(pids)
+
+
+def _proc_alive(pid: int) -> bool:
+    """Running (a zombie, or a process gone, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] not in (["Z"], ["X"])
+
+
+def _engine_core_pids() -> list[int]:
+    """This process's engine core processes (vLLM titles them VLLM::EngineCore), else all its children."""
+    pids, cores = _child_pids(os.getpid()), []
+    for pid in pids:
+        try:
+            names = Path(f"/proc/{pid}/comm").read_text() + Path(f"/proc/{pid}/cmdline").read_bytes().decode(
+                errors="replace"
+            )
+        except OSError:
+            continue
+        if "EngineCor" in names:  # comm keeps 15 characters: VLLM::EngineCor
+            cores.append(pid)
+    return cores or pids
+
+
+def _watch_engine_core(
+    alive: Callable[[], bool], done: threading.Event, on_dead: Callable[[float], None], grace: float, poll: float = 1.0
+) -> None:
+    """Until `done` is set: once alive() says False, wait `grace` seconds more for `done` (vLLM's own
+    EngineDeadError, raised in generate()), then call on_dead(seconds since the death was seen)."""
+    dead_at = None
+    while not done.wait(poll):
+        if dead_at is None:
+            if not alive():
+                dead_at = time.monotonic()
+        elif time.monotonic() - dead_at >= grace:
+            on_dead(time.monotonic() - dead_at)
+            return
+
+
+_FINISHING = threading.Lock()
+
+
+def _finish(result: dict, out: Path, probe_path: Path, t0: float, update: dict | None = None) -> None:
+    """Write the engine's JSON and leave the process (once: the main thread or the engine core watch,
+    whichever comes first; the other waits here until os._exit ends both)."""
+    _FINISHING.acquire()
+    if update:
+        result.update(update)
+        if "results" in result:
+            result["results"] = list(result["results"])  # a snapshot: generate() may still be running
+    try:
+        if probe_path.exists():  # what the wrappers saw in the engine core's process
+            result["probe"] = json.loads(probe_path.read_text())
+            result["probe"]["engine_core_pid_differs"] = result["probe"].get("pid") != os.getpid()
+    except Exception as exc:  # noqa: BLE001 - informative only
+        result["probe_read_error"] = f"{type(exc).__name__}: {exc}"
+    result["total_s"] = round(time.perf_counter() - t0, 1)
+    out.write_text(json.dumps(result))
+    print(f"engine {result['engine']}: ok={result['ok']} total {result['total_s']} s", flush=True)
+    if not result["ok"]:
+        print(f"engine {result['engine']} failed: {result.get('error')}", flush=True)
+    # Leave at once (vLLM's teardown of an engine can hang after the JSON is
+    # written), but first let capplan write its final report, which atexit would have done.
+    try:
+        from capplan.runtime.registry import installed
+
+        state = installed()
+        if state is not None:
+            state.report.finish()
+    except Exception as exc:  # noqa: BLE001
+        print(f"capplan report not finished: {exc}", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if result["ok"] else 1)
+
+
 def run_engine(name: str, model: Path, out: Path, specialize_active: bool, encoder_graphs: bool) -> None:
     cfg = ENGINES[name]
     result: dict = {"engine": name, **cfg}
     t0 = time.perf_counter()
     probe_path = out.with_name(out.name + ".probe")
+    done = threading.Event()  # no more engine core process expected to live: the groups ended or failed
     try:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         import vllm
@@ -370,6 +478,34 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool, encod
         llm = LLM(**kwargs)
         result["startup_s"] = round(time.perf_counter() - t1, 1)
         result["resolved"] = _resolved(llm)
+        # An engine core that aborts (a CUDA device-side assert kills it from C++) sends its client
+        # no EngineDeadError: vLLM cleans up, but generate() waits for ever (vanilla on 0.33.0).
+        cores = _engine_core_pids()
+        result["engine_core_pids"] = cores
+
+        def on_dead(secs: float) -> None:
+            group = result.get("group_running")
+            _finish(
+                result,
+                out,
+                probe_path,
+                t0,
+                {
+                    "ok": False,
+                    "engine_core_died": True,
+                    "error": f"EngineCoreDied: the engine core process {cores} is gone (in group {group}); "
+                    f"generate() had not returned {secs:.0f} s later",
+                },
+            )
+
+        if cores:
+            watch = threading.Thread(
+                target=_watch_engine_core,
+                args=(lambda: all(_proc_alive(p) for p in cores), done, on_dead, ENGINE_CORE_GRACE_S),
+                daemon=True,
+                name="engine-core-watch",
+            )
+            watch.start()
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2, detokenize=False)
         adapters = {n: LoRARequest(n, i, str(model / n)) for n, i in ADAPTER_IDS.items()}
         images = {}
@@ -408,36 +544,16 @@ def run_engine(name: str, model: Path, out: Path, specialize_active: bool, encod
                         "top": top,
                     }
                 )
+        done.set()  # the shutdown below stops the engine core on purpose
         del result["group_running"]
         result["generate_s"] = round(time.perf_counter() - t2, 1)
         _shutdown(llm)
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - one shot: whatever broke must be in the JSON
-        result["ok"] = False
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        result["traceback"] = tail(traceback.format_exc(), 6000)
-    try:
-        if probe_path.exists():  # what the wrappers saw in the engine core's process
-            result["probe"] = json.loads(probe_path.read_text())
-            result["probe"]["engine_core_pid_differs"] = result["probe"].get("pid") != os.getpid()
-    except Exception as exc:  # noqa: BLE001 - informative only
-        result["probe_read_error"] = f"{type(exc).__name__}: {exc}"
-    result["total_s"] = round(time.perf_counter() - t0, 1)
-    out.write_text(json.dumps(result))
-    print(f"engine {name}: ok={result['ok']} total {result['total_s']} s", flush=True)
-    # Leave at once (vLLM's teardown of an engine can hang after the JSON is
-    # written), but first let capplan write its final report, which atexit would have done.
-    try:
-        from capplan.runtime.registry import installed
-
-        state = installed()
-        if state is not None:
-            state.report.finish()
-    except Exception as exc:  # noqa: BLE001
-        print(f"capplan report not finished: {exc}", flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if result["ok"] else 1)
+        done.set()
+        update = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": tail(traceback.format_exc(), 6000)}
+        _finish(result, out, probe_path, t0, update)
+    _finish(result, out, probe_path, t0)
 
 
 def run_hf(model: Path, out: Path) -> None:
@@ -518,14 +634,32 @@ class Run:
 
     def reap(self, child: dict) -> tuple[int | None, str, float]:
         """Wait for a launched child; kill its whole process group at the deadline (the engine
-        core and torch.compile's workers are in it)."""
-        proc = child["proc"]
-        try:
-            code: int | None = proc.wait(timeout=max(child["deadline"] - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
+        core and torch.compile's workers are in it), or PARENT_GRACE_S after its log says that its
+        engine core died or it failed (child["dead_engine_line"]: the line that said so)."""
+        proc, log = child["proc"], self.work / f"{child['name']}.log"
+        seen, died_at = 0, None
+        code: int | None = None
+        while True:
+            try:
+                code = proc.wait(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if died_at is None:
+                with log.open("rb") as fh:  # only what was written since the last look
+                    fh.seek(max(seen - 200, 0))
+                    new = fh.read().decode(errors="replace")
+                    seen = fh.tell()
+                line = dead_engine_line(new)
+                if line:
+                    child["dead_engine_line"], died_at = line[:300], now
+            if now >= child["deadline"] or (died_at is not None and now - died_at >= PARENT_GRACE_S):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = None
+                child["killed_after_death"] = died_at is not None and now < child["deadline"]
+                break
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # an engine core left behind by a child that failed
         except OSError:
@@ -668,7 +802,16 @@ class Run:
         info["seconds"] = round(secs, 1)
         info["returncode"] = code
         info["log_lines"] = [line[:300] for line in text.splitlines() if any(k in line for k in KEY_LINES)][-25:]
-        if code is None:
+        if child.get("dead_engine_line"):
+            info["dead_engine_log_line"] = child["dead_engine_line"]
+        if code is None and child.get("killed_after_death"):
+            info.update(
+                ok=False,
+                error=info.get("error")
+                or f"engine dead (log: {child['dead_engine_line'][:120]}); the engine's process had not "
+                f"exited {PARENT_GRACE_S:.0f} s later: killed after {secs:.0f} s",
+            )
+        elif code is None:
             info.update(ok=False, error=f"timed out after {secs:.0f} s")
         elif not out.exists():
             info["error"] = f"exited {code} before writing its JSON"
@@ -715,6 +858,14 @@ class Run:
         if not info.get("ok"):
             info["log_tail"] = tail(text)
         return info
+
+
+def dead_engine_line(log_text: str) -> str | None:
+    """The first line of an engine's log that says its engine core died or it failed, or None."""
+    for line in log_text.splitlines():
+        if any(k in line for k in ENGINE_DEAD_MARKERS):
+            return line.strip()
+    return None
 
 
 def _json_objects(text: str) -> list[dict]:
@@ -847,6 +998,75 @@ def adapter_effects(rows: list[dict]) -> dict:
     return out
 
 
+def _clear_image_diffs(cmp: dict) -> int:
+    return sum(1 for d in cmp["differing"] if d["image"] is not None and not d.get("near_tie"))
+
+
+def graphs_control_verdict(stages: dict, out: dict) -> dict:
+    """What graphs_control (the planned engine's graphs, tower LoRA off) against the control (eager,
+    tower LoRA off) says: whether graphs alone change image answers (None where it cannot tell: an
+    engine without results, or equal on the groups compared while one of them failed before the
+    end), and whether the groups where planned or vanilla died need tower LoRA to die (None where
+    graphs_control did not get as far)."""
+    verdict: dict = {}
+    ctl, gctl = stages.get("control", {}), stages.get("graphs_control", {})
+    cmp = out.get("graphs_control_vs_control")
+    alone = None
+    if cmp is not None:
+        if _clear_image_diffs(cmp):
+            alone = True  # a clear difference is one, however many groups were compared
+        elif ctl.get("ok") and gctl.get("ok"):
+            alone = False
+        verdict["graphs_control_vs_control_image_requests_differing_clearly"] = (
+            f"{_clear_image_diffs(cmp)}/{sum(1 for r in gctl.get('results') or [] if r['image'] is not None)}"
+        )
+        verdict["graphs_control_vs_control_text_only_equal"] = not any(
+            d["image"] is None and not d.get("near_tie") for d in cmp["differing"]
+        )
+    verdict["encoder_graphs_alone_change_image_outputs"] = alone
+    # Where the graph engines with tower LoRA differ from the (eager) reference on image requests:
+    # from the graphs themselves if the graphs without tower LoRA differ from the eager control too.
+    differing = [
+        n
+        for n in ("planned", "vanilla")
+        if out.get(f"{n}_vs_reference") and _clear_image_diffs(out[f"{n}_vs_reference"])
+    ]
+    compared = [n for n in ("planned", "vanilla") if out.get(f"{n}_vs_reference")]
+    if compared:
+        if not differing:
+            verb = "equal" if len(compared) > 1 else "equals"
+            cause = f"none: {' and '.join(compared)} {verb} the reference on image requests (but near-ties)"
+        elif alone is None:
+            cause = None
+        elif alone:
+            cause = "encoder graphs themselves: without tower LoRA, graphs already differ from the eager control"
+        else:
+            cause = "tower/connector LoRA under graphs: without tower LoRA, graphs equal the eager control"
+        verdict["image_differences_cause"] = cause
+        verdict["image_differences_in"] = differing
+    # The groups where a graph engine with tower LoRA died (an engine core crash, or any failure
+    # inside a group), and whether graphs_control got through them.
+    died = {
+        n: stages[n]["group_running"]
+        for n in ("planned", "vanilla")
+        if stages.get(n) and not stages[n].get("ok") and stages[n].get("group_running")
+    }
+    verdict["graph_engines_died_in"] = died
+    needs = None
+    if died:
+        groups = set(died.values())
+        answered = {r["group"] for r in gctl.get("results") or []}
+        if groups <= answered:
+            needs = True  # graphs_control answered every group they died in
+        elif not gctl.get("ok") and gctl.get("group_running") in groups:
+            needs = False  # graphs_control died in such a group too
+        verdict["graphs_control_failed"] = (
+            "not run" if not gctl else None if gctl.get("ok") else (gctl.get("error") or gctl.get("skipped"))
+        )
+    verdict["crash_needs_tower_lora"] = needs
+    return verdict
+
+
 def evaluate(data: dict) -> dict:
     stages = data["stages"]
     # An engine that failed part way keeps the groups it answered: compared on those only.
@@ -863,11 +1083,16 @@ def evaluate(data: dict) -> dict:
         return [r for r in ref if r["group"] in groups]
 
     if "reference" in rows:
-        for name in ("planned", "vanilla", "control", "hf"):
+        for name in ("planned", "vanilla", "control", "graphs_control", "hf"):
             if name in rows:
                 out[f"{name}_vs_reference"] = compare_to(answered(rows["reference"], rows[name]), rows[name])
     if "planned" in rows and "vanilla" in rows:
         out["planned_vs_vanilla"] = compare_to(answered(rows["vanilla"], rows["planned"]), rows["planned"])
+    if "control" in rows and "graphs_control" in rows:
+        # tower LoRA off in both: any difference is the graphs' (decoder and encoder)
+        out["graphs_control_vs_control"] = compare_to(
+            answered(rows["control"], rows["graphs_control"]), rows["graphs_control"]
+        )
     verdict: dict = {}
     ref = out.get("reference_adapter_effects")
     if ref:
@@ -898,7 +1123,7 @@ def evaluate(data: dict) -> dict:
             # Everything the tower LoRA does not touch must equal the reference (both eager).
             untouched = [d for d in cmp["differing"] if (d["image"] is None or d["lora"] is None) and not d["near_tie"]]
             verdict["control_equals_reference_without_image_adapters"] = not untouched
-            image_adapter = [r for r in ctl["pairs"] if r["image"] is not None]
+            image_adapter = [r for r in rows["control"] if r["image"] is not None and r["lora"] is not None]
             changed = sum(1 for d in cmp["differing"] if d["image"] is not None and d["lora"] is not None)
             verdict["control_image_adapter_requests_differing_from_reference"] = f"{changed}/{len(image_adapter)}"
     planned = stages.get("planned", {})
@@ -911,7 +1136,7 @@ def evaluate(data: dict) -> dict:
         verdict["plan_dispatch"] = report.get("dispatch")
     elif "planned" in stages:
         verdict["plan_in_force"] = False
-    for name in ("planned", "vanilla"):
+    for name in ("planned", "graphs_control", "vanilla"):
         st = stages.get(name, {})
         enc = (st.get("probe") or {}).get("encoder_graphs")
         if data["settings"].get("encoder_graphs") and name in stages:
@@ -932,6 +1157,7 @@ def evaluate(data: dict) -> dict:
             enc is not None and enc["graphs_captured"] == planned_graphs
         ) or (enc is None and planned_graphs == 0)
         verdict["planned_encoder_graph_replays"] = bool(enc and enc["graph_hits"])
+    verdict.update(graphs_control_verdict(stages, out))
     cmp = out.get("hf_vs_reference")
     if cmp:
         verdict["hf_equals_reference_but_near_ties"] = cmp["differ_clearly"] == 0
@@ -955,11 +1181,11 @@ def summary_lines(data: dict) -> list[str]:
             continue
         if not st.get("ok"):
             where = f" (in group {st['group_running']})" if st.get("group_running") else ""
-            lines.append(f"  {name:9s} FAILED{where}: {st.get('error') or st.get('skipped')}")
+            lines.append(f"  {name:14s} FAILED{where}: {st.get('error') or st.get('skipped')}")
             cmp = ev.get(f"{name}_vs_reference")
             if cmp:  # the groups it answered before it failed
                 lines.append(
-                    f"  {'':9s} before that: {cmp['equal']}/{cmp['requests']} equal to the reference, "
+                    f"  {'':14s} before that: {cmp['equal']}/{cmp['requests']} equal to the reference, "
                     f"{cmp['differ_clearly']} clearly different by group {cmp['differ_by_group']}"
                 )
             continue
@@ -1000,7 +1226,7 @@ def summary_lines(data: dict) -> list[str]:
                     f"vs reference: {cmp['equal']}/{cmp['requests']} equal, {cmp['differ_after_near_tie']} after a "
                     f"near-tie, {cmp['differ_clearly']} clearly different (logprob noise {cmp['max_logprob_diff_on_equal_tokens']})"
                 )
-        lines.append(f"  {name:9s} ok  {extra}".rstrip())
+        lines.append(f"  {name:14s} ok  {extra}".rstrip())
     for key, value in ev.get("verdict", {}).items():
         lines.append(f"  verdict {key}: {value}")
     return lines
@@ -1012,6 +1238,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--hf", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="print the evaluation and summary of WORKDIR/gpu_vlm.json again (runs nothing, writes nothing)",
+    )
     parser.add_argument(
         "--specialize-active", action="store_true", help="specialize_active_lora on in every engine and the spec"
     )
@@ -1030,6 +1261,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     args = parser.parse_args(argv)
     if args.engine or args.hf:
+        return args
+    if args.evaluate:
+        if not (args.workdir / "gpu_vlm.json").is_file():
+            parser.error(f"--evaluate: no {args.workdir / 'gpu_vlm.json'}")
         return args
     if not args.limit > 0:
         parser.error(f"--limit must be a positive number of seconds, got {args.limit:g}")
@@ -1056,6 +1291,11 @@ def main() -> None:
         return
     if args.hf:
         run_hf(work / "model", work / "hf.json")
+        return
+    if args.evaluate:
+        data = json.loads((work / "gpu_vlm.json").read_text())
+        data["evaluation"] = evaluate(data)
+        print("\n".join(summary_lines(data)), flush=True)
         return
     work.mkdir(parents=True, exist_ok=True)
     run = Run(work, args)
