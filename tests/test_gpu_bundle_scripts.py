@@ -217,7 +217,7 @@ def test_make_bundle_refuses_a_folder_every_call_would_carry():
     [(["soon"], "WAIT_SECONDS"), (["10", "--alone"], "--together"), (["-5"], "WAIT_SECONDS")],
 )
 def test_release_bench_refuses_bad_arguments_in_one_line_before_it_stages(tmp_path, args, named):
-    bundle = tmp_path / "vllm-made-up"
+    bundle = tmp_path / f"vllm-made-up-{os.getpid()}-args"
     _part(bundle, "part1a", {"vllm_C.tar.xz.00": b"x"})
     proc = subprocess.run(
         ["bash", str(ROOT / "tests" / "gpu" / "release_bench.sh"), str(bundle), *args],
@@ -250,3 +250,42 @@ def test_release_bench_stages_part1_whole_or_in_pieces(tmp_path, split):
         assert sorted(p.name for p in stage.glob("vllm_C*")) == kept
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _release_bench(tmp_path, *args):
+    return subprocess.run(
+        ["bash", str(ROOT / "tests" / "gpu" / "release_bench.sh"), *args],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_release_bench_stages_one_form_of_part1_at_a_time(tmp_path):
+    """A part1 carried whole after its pieces (or the pieces after it) replaces what was staged: the
+    switch would otherwise unpack the stale form."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    name = f"vllm-made-up-{os.getpid()}-forms"
+    _part(whole / name, "part1", {"vllm_C.tar.xz": b"whole"})
+    _part(split / name, "part1a", {"vllm_C.tar.xz.00": b"a"})
+    _part(split / name, "part1b", {"vllm_C.tar.xz.01": b"b"})
+    stage = Path(f"/tmp/vstage-{name}")
+    try:
+        assert _release_bench(tmp_path, "stage", str(split / name)).returncode == 0
+        assert _release_bench(tmp_path, "stage", str(whole / name)).returncode == 0
+        assert sorted(p.name for p in stage.glob("vllm_C*")) == ["vllm_C.tar.xz"]
+        assert _release_bench(tmp_path, "stage", str(split / name)).returncode == 0
+        assert sorted(p.name for p in stage.glob("vllm_C*")) == ["vllm_C.tar.xz.00", "vllm_C.tar.xz.01"]
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@pytest.mark.skipif(Path("/tmp/vsite").exists(), reason="a GPU machine's /tmp/vsite is not touched")
+def test_release_bench_run_without_part1_staged_says_what_it_needs(tmp_path):
+    bundle = tmp_path / f"vllm-made-up-{os.getpid()}-need"
+    _part(bundle, "part2", {"vllm_py.tar.xz": b"x"})
+    try:
+        proc = _release_bench(tmp_path, str(bundle), "5")
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("NEED part1 (or part1a and part1b)")
+        assert not Path("/tmp/vsite").exists()
+    finally:
+        shutil.rmtree(f"/tmp/vstage-{bundle.name}", ignore_errors=True)

@@ -28,6 +28,9 @@ set -euo pipefail
 stage() {
   local f
   mkdir -p "$P/whl"
+  # part1 whole and part1 in pieces never both stay staged: the one carried now replaces the other
+  if [ -f "$1/part1/vllm_C.tar.xz" ]; then rm -f "$P/vllm_C.tar.xz.00" "$P/vllm_C.tar.xz.01"; fi
+  if [ -f "$1/part1a/vllm_C.tar.xz.00" ] || [ -f "$1/part1b/vllm_C.tar.xz.01" ]; then rm -f "$P/vllm_C.tar.xz"; fi
   for f in "$1"/part1/vllm_C.tar.xz "$1"/part1a/vllm_C.tar.xz.00 "$1"/part1b/vllm_C.tar.xz.01 "$1"/part*/device_setup.sh \
     "$1"/part4?/vllm_fa2.tar.xz.?? "$1"/part4a/pieces; do
     if [ -f "$f" ]; then cp "$f" "$P/" && echo "staged $f"; fi
@@ -84,6 +87,10 @@ if [ -f "$B/part2/vllm_py.tar.xz" ] && [ ! -f "$B/part2/device_setup.sh" ] && [ 
 fi
 source tests/gpu/device_env.sh          # part2 if not there yet, capplan from src.tgz; cd /tmp/capplan-src
 REL=$(basename /tmp/vsite/vllm-*.dist-info .dist-info); REL=${REL#vllm-}
+if [ -n "$MODE" ] && printf '%s\n' 0.29.0 "$REL" | sort -V -C; then
+  echo "release_bench.sh: --together is for releases before 0.29.0; vLLM $REL's memory profiling captures graphs, so its servers run alone" >&2
+  exit 2
+fi
 W=/tmp/rr-$REL
 mkdir -p "$W"
 if [ ! -f "$W/job.pid" ]; then

@@ -33,7 +33,7 @@ if [ ! -f /tmp/capplan-src/COMMIT ]; then
   exit 3
 fi
 REPO=$PWD
-B=$(cat /tmp/vsite/.bundle)  # device_env.sh checks that /tmp/vsite holds this bundle, and only it
+B=$(cat /tmp/vsite/.bundle)  # the bundle in /tmp/vsite; device_env.sh checks that one release lies there
 # shellcheck source=tests/gpu/device_env.sh
 source tests/gpu/device_env.sh  # nothing to unpack or install here; its environment; cd /tmp/capplan-src
 REL=$(basename /tmp/vsite/vllm-*.dist-info .dist-info); REL=${REL#vllm-}
@@ -60,8 +60,8 @@ if [ ! -f "$W/job.pid" ]; then
   CAPPLAN_GPU_OUT=$W setsid nohup "${CMD[@]}" >>"$W/bench.out" 2>&1 </dev/null &
   echo $! >"$W/job.pid"
   echo "vlm run $REL started in $W (pid $(cat "$W/job.pid"))"
-elif ! running && [ ! -f "$W/gpu_vlm.json" ]; then
-  echo "the run in $W ended without gpu_vlm.json: not started again (see bench.out)"
+elif ! running; then
+  echo "the run in $W has ended: not started again (see bench.out and gpu_vlm.json; a new run needs an empty $W)"
 else
   echo "vlm run $REL already started ($(sed -n 's/^command: //p' "$W/env.txt" | cut -d' ' -f1-40)); waiting"
 fi
