@@ -289,3 +289,23 @@ def test_release_bench_run_without_part1_staged_says_what_it_needs(tmp_path):
         assert not Path("/tmp/vsite").exists()
     finally:
         shutil.rmtree(f"/tmp/vstage-{bundle.name}", ignore_errors=True)
+
+
+@pytest.mark.skipif(Path("/tmp/vsite").exists(), reason="a GPU machine's /tmp/vsite is not touched")
+def test_release_bench_never_switches_releases_under_a_multimodal_run(tmp_path):
+    """vlm_bench.sh's run loads vLLM from /tmp/vsite: while it goes on (its job.pid names a live
+    process, here this test's own), the switch to another bundle stops in one line."""
+    bundle = tmp_path / f"vllm-made-up-{os.getpid()}-switch"
+    _part(bundle, "part1a", {"vllm_C.tar.xz.00": b"a"})
+    _part(bundle, "part1b", {"vllm_C.tar.xz.01": b"b"})
+    run = Path(f"/tmp/vlm-made-up-{os.getpid()}")
+    run.mkdir()
+    (run / "job.pid").write_text(f"{os.getpid()}\n")
+    try:
+        proc = _release_bench(tmp_path, str(bundle), "5")
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == f"a multimodal run is going on ({run}): wait for it first"
+        assert not Path("/tmp/vsite").exists()
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(f"/tmp/vstage-{bundle.name}", ignore_errors=True)
