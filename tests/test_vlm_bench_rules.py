@@ -312,3 +312,11 @@ def test_the_engine_core_of_this_process_is_found_alive_and_then_gone():
     assert not vlm_lora._proc_alive(proc.pid)  # a zombie until reaped counts as gone
     proc.wait()
     assert not vlm_lora._proc_alive(proc.pid)
+
+
+def test_every_kept_result_names_the_commit_under_test(monkeypatch):
+    monkeypatch.setenv("CAPPLAN_COMMIT", "0123abc")
+    stamped = vlm_lora._stamped({"engine": "planned", "ok": True})
+    assert list(stamped)[0] == "capplan_commit" and stamped["capplan_commit"] == "0123abc"
+    env = vlm_lora.environment()
+    assert env["capplan_commit"] == "0123abc" and env["host_cpu"]

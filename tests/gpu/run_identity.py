@@ -15,16 +15,21 @@ from pathlib import Path
 BACKEND_LINE = re.compile(r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend")
 
 
-def identity() -> dict:
-    """The capplan commit (`CAPPLAN_COMMIT`, else `git rev-parse HEAD`), vLLM, torch, the GPU."""
+def capplan_commit() -> str | None:
+    """The commit under test: `CAPPLAN_COMMIT` (the device scripts set it), else `git rev-parse HEAD`."""
     commit = os.environ.get("CAPPLAN_COMMIT")
     if not commit:
         got = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
         commit = got.stdout.strip() or None
+    return commit
+
+
+def identity() -> dict:
+    """The capplan commit, vLLM, torch, the GPU."""
     import torch
 
     return {
-        "capplan_commit": commit,
+        "capplan_commit": capplan_commit(),
         "vllm": version("vllm"),
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

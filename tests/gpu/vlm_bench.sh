@@ -5,7 +5,7 @@
 #   bash tests/gpu/vlm_bench.sh WAIT_SECONDS [vlm_lora.py options]   # default: --encoder-graphs --parallel --no-hf
 # Needs what release_bench.sh left: a release unpacked in /tmp/vsite (named in /tmp/vsite/.bundle) and
 # the commit under test installed from /tmp/capplan-src; nothing carried. The first call copies
-# vlm_lora.py and make_vlm.py from the working tree to /tmp/vlm-RELEASE/scripts (the run uses those
+# vlm_lora.py, make_vlm.py and run_identity.py from the working tree to /tmp/vlm-RELEASE/scripts (the run uses those
 # copies; env.txt has their sha256) and starts the run there in the background (setsid nohup), once: a
 # run going on or ended is never started again, and later calls only wait. Every call waits up to
 # WAIT_SECONDS (counted from the call's start), then brings back what exists: gpu_vlm.json (the
@@ -42,7 +42,7 @@ running() { [ -f "$W/job.pid" ] && kill -0 "$(cat "$W/job.pid")" 2>/dev/null; }
 mkdir -p "$W"
 if [ ! -f "$W/job.pid" ]; then
   mkdir -p "$W/scripts"
-  cp "$REPO/tests/gpu/vlm_lora.py" "$REPO/tests/gpu/make_vlm.py" "$W/scripts/"
+  cp "$REPO/tests/gpu/vlm_lora.py" "$REPO/tests/gpu/make_vlm.py" "$REPO/tests/gpu/run_identity.py" "$W/scripts/"
   CMD=(python3 "$W/scripts/vlm_lora.py" "$W" "${ARGS[@]}")
   {
     echo "command: ${CMD[*]}   (cwd /tmp/capplan-src, CAPPLAN_GPU_OUT=$W, started by tests/gpu/vlm_bench.sh $WAIT $*)"
@@ -54,7 +54,7 @@ if [ ! -f "$W/job.pid" ]; then
     echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo '?')"
     echo "gpu processes at start: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';')"
     echo "host cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible"
-    (cd "$W/scripts" && sha256sum vlm_lora.py make_vlm.py | sed 's/^/script sha256: /')
+    (cd "$W/scripts" && sha256sum vlm_lora.py make_vlm.py run_identity.py | sed 's/^/script sha256: /')
     echo "vlm_bench.sh sha256: $(sha256sum "$REPO/tests/gpu/vlm_bench.sh" | cut -c1-64) (working tree)"
   } >"$W/env.txt"
   CAPPLAN_GPU_OUT=$W setsid nohup "${CMD[@]}" >>"$W/bench.out" 2>&1 </dev/null &

@@ -429,7 +429,7 @@ def _finish(result: dict, out: Path, probe_path: Path, t0: float, update: dict |
     except Exception as exc:  # noqa: BLE001 - informative only
         result["probe_read_error"] = f"{type(exc).__name__}: {exc}"
     result["total_s"] = round(time.perf_counter() - t0, 1)
-    out.write_text(json.dumps(result))
+    out.write_text(json.dumps(_stamped(result)))
     print(f"engine {result['engine']}: ok={result['ok']} total {result['total_s']} s", flush=True)
     if not result["ok"]:
         print(f"engine {result['engine']} failed: {result.get('error')}", flush=True)
@@ -577,7 +577,7 @@ def run_hf(model: Path, out: Path) -> None:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = tail(traceback.format_exc(), 6000)
     result["total_s"] = round(time.perf_counter() - t0, 1)
-    out.write_text(json.dumps(result))
+    out.write_text(json.dumps(_stamped(result)))
     sys.exit(0 if result["ok"] else 1)
 
 
@@ -882,12 +882,21 @@ def _json_objects(text: str) -> list[dict]:
     return found
 
 
+def _stamped(result: dict) -> dict:
+    """An engine's result with the commit under test as its first key, as every kept result has."""
+    from run_identity import capplan_commit
+
+    return {"capplan_commit": capplan_commit(), **result}
+
+
 def environment() -> dict:
     """Versions and the plugin's presence, read without importing torch or vLLM."""
     import importlib.metadata as md
     import importlib.util
 
-    env: dict = {"python": sys.version.split()[0]}
+    from run_identity import capplan_commit, host_cpu
+
+    env: dict = {"capplan_commit": capplan_commit(), "python": sys.version.split()[0], "host_cpu": host_cpu()}
     for pkg in ("vllm", "torch", "transformers", "peft", "tokenizers", "torchvision", "pillow", "capplan"):
         try:
             env[pkg] = md.version(pkg)
